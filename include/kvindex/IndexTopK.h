@@ -1,0 +1,71 @@
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <kvindex/KVIndex.h>
+#include <kvindex/KVStorage.h>
+
+namespace kvindex {
+
+/// Search-time knobs of IndexTopK. 0 keeps the retriever's own setting.
+struct SearchParametersTopK : SearchParametersKV {
+    size_t nprobe = 0; ///< IVF retrievers: inverted lists visited
+    int efSearch = 0;  ///< HNSW retrievers: beam width
+};
+
+/** Top-k attention with any Faiss index as the retriever
+ * (papers/topk-million-tokens.txt): the k keys with the largest inner
+ * product with the query (exact for Flat, approximate for IVF / HNSW / ...),
+ * then exact softmax over them, with no correction for the tail.
+ *
+ * The retriever is built by faiss::index_factory(d, retriever_string,
+ * METRIC_INNER_PRODUCT). Retrievers that need training (IVF) train on the
+ * first add, on a random sample of those keys (not a prefix, which would
+ * only see the start of the document).
+ */
+struct IndexTopK : KVIndex {
+    std::string retriever_string;             ///< Faiss factory string
+    std::unique_ptr<faiss::Index> retriever;  ///< holds ntotal keys
+    KVStorage storage;                        ///< keys and values of all tokens
+    idx_t max_train_points = 65536;           ///< cap on the training sample
+    /// keys needed before the retriever trains (IVF: nlist); until then
+    /// search scans the stored keys exactly
+    idx_t min_train_points = 1;
+    uint64_t train_seed = 1234;               ///< seed of the training sample
+
+    IndexTopK(int d, int d_value, const std::string& retriever_string);
+    IndexTopK();
+
+    void search(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params = nullptr) const override;
+    void select(
+            idx_t n,
+            const float* q,
+            Selection* sel,
+            const faiss::SearchParameters* params = nullptr) const override;
+
+    void reset() override;
+    size_t memory_bytes() const override;
+
+    /// Sets a retriever knob by name ("nprobe", "efSearch") for all later
+    /// searches; throws naming the knob if this retriever does not have it.
+    void set_retriever_parameter(const std::string& name, double value);
+
+   protected:
+    /// serialises per-call efSearch on HNSW retrievers (see search)
+    mutable std::mutex retriever_mutex;
+
+    const KVStorage* token_storage() const override {
+        return &storage;
+    }
+    void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+};
+
+} // namespace kvindex

@@ -1,0 +1,90 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <kvindex/KVIndex.h>
+
+namespace kvindex {
+
+/** The KV cache of a model: n_layers x n_kv_heads indexes, built from one
+ * factory string (and optionally another for the dense layers, e.g. layer 0).
+ *
+ * GQA: query head h reads KV head h / (n_q_heads / n_kv_heads), the Llama
+ * (repeat_interleave) convention. The heads of a layer run in parallel with
+ * OpenMP; an exception in any head is rethrown after the loop.
+ *
+ * Array layouts are head-major: keys [n_kv_heads, n, d], queries
+ * [n_q_heads, n, d], outputs [n_q_heads, n, d_value].
+ */
+struct KVCache {
+    int n_layers;
+    int n_q_heads;
+    int n_kv_heads;
+    int d;        ///< head dimension of queries and keys
+    int d_value;  ///< head dimension of values
+    std::string index_string;       ///< factory string of the sparse layers
+    std::string dense_string;       ///< factory string of the dense layers
+    std::vector<int> dense_layers;  ///< layers built from dense_string
+    /// size n_layers * n_kv_heads, index (layer, h) at layer * n_kv_heads + h
+    std::vector<std::unique_ptr<KVIndex>> indexes;
+    RopeParams rope;       ///< fixed by the first prefill; every layer must agree
+    bool has_rope = false; ///< whether a prefill has fixed `rope`
+
+    KVCache(int n_layers,
+            int n_q_heads,
+            int n_kv_heads,
+            int d,
+            int d_value,
+            const std::string& index_string,
+            const std::string& dense_string = "Flat",
+            const std::vector<int>& dense_layers = {});
+
+    int group_size() const {
+        return n_q_heads / n_kv_heads;
+    }
+    /// KV head read by query head h.
+    int kv_head_of(int q_head) const {
+        return q_head / group_size();
+    }
+    KVIndex* index(int layer, int kv_head);
+    const KVIndex* index(int layer, int kv_head) const;
+    idx_t n_tokens(int layer) const;
+
+    /** Prefill of one layer.
+     * @param keys       size n_kv_heads * n * d
+     * @param values     size n_kv_heads * n * d_value
+     * @param queries    size n_q_heads * n_queries * d, or nullptr
+     * @param positions  size n_queries, or nullptr (the last n_queries tokens)
+     */
+    void prefill(
+            int layer,
+            idx_t n,
+            const float* keys,
+            const float* values,
+            idx_t n_queries,
+            const float* queries,
+            const idx_t* positions,
+            const RopeParams& rope);
+
+    /// Appends n tokens to every KV head of a layer (same layouts as prefill).
+    void append(int layer, idx_t n, const float* keys, const float* values);
+
+    /** Attention of n queries per query head of one layer.
+     * @param q    size n_q_heads * n * d
+     * @param out  size n_q_heads * n * d_value
+     * @param lse  size n_q_heads * n, or nullptr
+     */
+    void attend(
+            int layer,
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params = nullptr) const;
+
+    size_t memory_bytes() const;
+};
+
+} // namespace kvindex

@@ -1,0 +1,57 @@
+#pragma once
+
+#include <cstddef>
+
+#include <kvindex/KVIndex.h>
+
+/* The attention-estimator layer: it turns what an index selected into an
+ * attention output and a log-sum-exp (lse). Scores are s_i = <q, k_i> / sqrt(d);
+ * all sums run in log space with the maximum subtracted, so scores of any
+ * magnitude are safe. An empty set gives out = 0 and lse = -inf, which merges
+ * as "nothing".
+ */
+
+namespace kvindex {
+
+const char* estimator_name(Estimator e);
+
+/** Attention of one query over a set of tokens, by one estimator.
+ *
+ * @param keys    rows of size d, indexed by sel.ids
+ * @param values  rows of size dv, indexed by sel.ids
+ * @param out     output, size dv
+ * @return        the lse of the set (-inf when sel is empty)
+ */
+float estimate_attention(
+        Estimator estimator,
+        const float* q,
+        const float* keys,
+        const float* values,
+        size_t d,
+        size_t dv,
+        const Selection& sel,
+        float* out);
+
+/// Exact attention of one query over n contiguous tokens (fused kernel).
+float exact_attention(
+        const float* q,
+        const float* keys,
+        const float* values,
+        size_t d,
+        size_t dv,
+        size_t n,
+        float* out);
+
+/** Merges partial results over disjoint sets:
+ * out = sum_j e^{lse_j - m} out_j / sum_j e^{lse_j - m}, m = max_j lse_j,
+ * lse = m + log sum_j e^{lse_j - m}. Parts with lse = -inf contribute
+ * nothing; if every part is empty, out = 0 and lse = -inf.
+ *
+ * @param outs  n_parts pointers, each to dv floats
+ * @param lses  size n_parts
+ * @param out   size dv (may alias outs[0])
+ */
+float merge_attention(
+        size_t n_parts, const float* const* outs, const float* lses, size_t dv, float* out);
+
+} // namespace kvindex

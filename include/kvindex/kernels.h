@@ -1,0 +1,71 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+/* The hot loops of attention, written once (src/kernels_body.h) and compiled
+ * for several instruction sets. The widest one the CPU supports is chosen at
+ * the first call; KVINDEX_SIMD=generic|avx2|avx512 in the environment or
+ * set_simd_level() overrides it (tests compare every level with a reference).
+ */
+
+namespace kvindex {
+
+enum class SimdLevel { generic = 0, avx2 = 1, avx512 = 2 };
+
+const char* simd_level_name(SimdLevel level);
+/// Levels this CPU can run, generic first.
+std::vector<SimdLevel> available_simd_levels();
+/// The level in use.
+SimdLevel get_simd_level();
+/// Throws if the CPU cannot run `level`.
+void set_simd_level(SimdLevel level);
+
+/// s[i] = scale * <q, x_i> for rows x_i = x + i * d, i < n.
+void inner_products_scaled(
+        const float* q, const float* x, size_t d, size_t n, float scale, float* s);
+
+/// s[i] = scale * <q, x_{ids[i]}>, gathered rows of x (stride d).
+void inner_products_by_ids(
+        const float* q,
+        const float* x,
+        size_t d,
+        const int64_t* ids,
+        size_t n,
+        float scale,
+        float* s);
+
+/** In place s[i] <- exp(s[i] - bias[i] - m) / Z with m the max, Z the sum;
+ * bias may be nullptr (0). Returns log sum_i exp(s[i] - bias[i]),
+ * -infinity when n == 0.
+ */
+float softmax_inplace(float* s, const float* bias, size_t n);
+
+/// out[j] (+)= sum_i w[i] * v_i[j] over rows v_i = v + i * dv. Overwrites out.
+void weighted_sum(const float* w, const float* v, size_t dv, size_t n, float* out);
+
+/// out[j] = sum_i w[i] * v_{ids[i]}[j], gathered rows of v (stride dv).
+void weighted_sum_by_ids(
+        const float* w,
+        const float* v,
+        size_t dv,
+        const int64_t* ids,
+        size_t n,
+        float* out);
+
+/** Fused dense attention of one query over n contiguous tokens, one pass
+ * over keys and values (online softmax in blocks). out (size dv) gets the
+ * output; returns the log-sum-exp of the scaled scores (-inf when n == 0).
+ */
+float dense_attention(
+        const float* q,
+        const float* keys,
+        const float* values,
+        size_t d,
+        size_t dv,
+        size_t n,
+        float scale,
+        float* out);
+
+} // namespace kvindex

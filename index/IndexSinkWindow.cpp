@@ -1,0 +1,259 @@
+#include <kvindex/IndexSinkWindow.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/attention.h>
+#include <kvindex/kernels.h>
+
+#include "checks.h"
+#include "parallel.h"
+
+namespace kvindex {
+
+IndexSinkWindow::IndexSinkWindow() : KVIndex(0, 0) {}
+
+IndexSinkWindow::IndexSinkWindow(
+        idx_t n_sink, idx_t n_window, std::unique_ptr<KVIndex> inner_index)
+        : KVIndex(inner_index ? inner_index->d : 0,
+                  inner_index ? inner_index->d_value : 0),
+          n_sink(n_sink),
+          n_window(n_window),
+          inner(std::move(inner_index)),
+          sink(d, d_value),
+          window(d, d_value) {
+    FAISS_THROW_IF_NOT_MSG(inner, "IndexSinkWindow: inner index missing (nullptr)");
+    FAISS_THROW_IF_NOT_FMT(
+            n_sink >= 0 && n_window >= 0,
+            "IndexSinkWindow: n_sink=%zd and n_window=%zd must be >= 0",
+            size_t(n_sink),
+            size_t(n_window));
+    FAISS_THROW_IF_NOT_FMT(
+            inner->ntotal == 0,
+            "IndexSinkWindow: inner index must be empty, holds %zd tokens",
+            size_t(inner->ntotal));
+}
+
+idx_t IndexSinkWindow::window_start() const {
+    return sink.size() + inner->ntotal;
+}
+
+void IndexSinkWindow::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    idx_t to_sink = std::min(n, n_sink - sink.size());
+    idx_t rest = n - to_sink;
+    idx_t overflow = std::max<idx_t>(0, window.size() + rest - n_window);
+    // The oldest `overflow` tokens of (window, new tokens after the sink)
+    // leave the window for the inner index. Gather them first and add them
+    // in one call, so that a failure in the inner index changes nothing here.
+    if (overflow > 0) {
+        idx_t from_window = std::min(overflow, window.size());
+        idx_t from_new = overflow - from_window;
+        KVStorage moving(d, d_value);
+        moving.append(from_window, window.keys.data(), window.values.data());
+        moving.append(from_new, keys + to_sink * d, values + to_sink * d_value);
+        inner->add_kv(overflow, moving.keys.data(), moving.values.data());
+        window.erase_front(from_window);
+        sink.append(to_sink, keys, values);
+        window.append(
+                rest - from_new,
+                keys + (to_sink + from_new) * d,
+                values + (to_sink + from_new) * d_value);
+    } else {
+        sink.append(to_sink, keys, values);
+        window.append(rest, keys + to_sink * d, values + to_sink * d_value);
+    }
+}
+
+void IndexSinkWindow::prefill(const PrefillInput& in) {
+    check_prefill(in);
+    if (in.n_tokens > 0) {
+        check_not_null(in.keys, "prefill: keys");
+        check_not_null(in.values, "prefill: values");
+        check_finite(in.keys, in.n_tokens, d, "prefill: keys");
+        check_finite(in.values, in.n_tokens, d_value, "prefill: values");
+    }
+    // The inner index gets the middle of the prompt and every query, with
+    // absolute positions so that position-aware indexes stay correct.
+    idx_t n_s = std::min(in.n_tokens, n_sink);
+    idx_t n_mid = std::max<idx_t>(0, in.n_tokens - n_s - n_window);
+    std::vector<idx_t> positions;
+    PrefillInput mid = in;
+    if (in.n_queries > 0 && !in.query_positions) {
+        idx_t end = in.first_position + in.n_tokens;
+        positions.resize(in.n_queries);
+        std::iota(positions.begin(), positions.end(), end - in.n_queries);
+        mid.query_positions = positions.data();
+    }
+    mid.n_tokens = n_mid;
+    mid.keys = in.keys + n_s * d;
+    mid.values = in.values + n_s * d_value;
+    mid.first_position = in.first_position + n_s;
+    inner->prefill(mid);
+    sink.append(n_s, in.keys, in.values);
+    idx_t n_w = in.n_tokens - n_s - n_mid;
+    window.append(n_w, in.keys + (n_s + n_mid) * d, in.values + (n_s + n_mid) * d_value);
+    ntotal = in.n_tokens;
+}
+
+void IndexSinkWindow::search(
+        idx_t n,
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
+    FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
+    check_query_args(n, q, "search: queries");
+    std::vector<float> inner_dis;
+    std::vector<idx_t> inner_ids;
+    if (inner->ntotal > 0) {
+        inner_dis.resize(n * k);
+        inner_ids.resize(n * k);
+        inner->search(n, q, k, inner_dis.data(), inner_ids.data(), params);
+    }
+    idx_t w0 = window_start();
+    parallel_for(n, [&](idx_t i) {
+        // candidates: every static token, scored exactly, and the inner top-k
+        std::vector<std::pair<float, idx_t>> cand;
+        std::vector<float> s(std::max(sink.size(), window.size()));
+        const float* qi = q + i * d;
+        inner_products_scaled(qi, sink.keys.data(), d, sink.size(), 1.0f, s.data());
+        for (idx_t j = 0; j < sink.size(); j++) {
+            cand.emplace_back(s[j], j);
+        }
+        inner_products_scaled(qi, window.keys.data(), d, window.size(), 1.0f, s.data());
+        for (idx_t j = 0; j < window.size(); j++) {
+            cand.emplace_back(s[j], w0 + j);
+        }
+        idx_t n_inner = inner_ids.empty() ? 0 : k;
+        for (idx_t j = 0; j < n_inner; j++) {
+            idx_t id = inner_ids[i * k + j];
+            if (id >= 0) {
+                cand.emplace_back(inner_dis[i * k + j], id + sink.size());
+            }
+        }
+        idx_t kk = std::min<idx_t>(k, cand.size());
+        std::partial_sort(
+                cand.begin(), cand.begin() + kk, cand.end(), [](auto& a, auto& b) {
+                    return a.first > b.first || (a.first == b.first && a.second < b.second);
+                });
+        for (idx_t j = 0; j < k; j++) {
+            distances[i * k + j] = j < kk ? cand[j].first : std::numeric_limits<float>::lowest();
+            labels[i * k + j] = j < kk ? cand[j].second : -1;
+        }
+    });
+}
+
+void IndexSinkWindow::select(
+        idx_t n,
+        const float* q,
+        Selection* sel,
+        const faiss::SearchParameters* params) const {
+    check_query_args(n, q, "select: queries");
+    if (inner->ntotal > 0) {
+        inner->select(n, q, sel, params);
+    }
+    idx_t w0 = window_start();
+    for (idx_t i = 0; i < n; i++) {
+        Selection all;
+        for (idx_t j = 0; j < sink.size(); j++) {
+            all.push_back(j);
+        }
+        if (inner->ntotal > 0) {
+            for (size_t j = 0; j < sel[i].size(); j++) {
+                all.push_back(sel[i].ids[j] + sink.size(), sel[i].inclusion[j]);
+            }
+        }
+        for (idx_t j = 0; j < window.size(); j++) {
+            all.push_back(w0 + j);
+        }
+        sel[i] = std::move(all);
+    }
+}
+
+void IndexSinkWindow::attend(
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    check_query_args(n, q, "attend: queries");
+    FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
+    check_not_null(out, "attend: out");
+    std::vector<float> inner_out, inner_lse;
+    if (inner->ntotal > 0) {
+        inner_out.resize(n * d_value);
+        inner_lse.resize(n);
+        inner->attend(n, q, inner_out.data(), inner_lse.data(), params);
+    }
+    parallel_for(n, [&](idx_t i) {
+        const float* qi = q + i * d;
+        std::vector<float> parts(2 * d_value);
+        float lses[3];
+        lses[0] = exact_attention(
+                qi, sink.keys.data(), sink.values.data(), d, d_value, sink.size(),
+                parts.data());
+        lses[1] = exact_attention(
+                qi, window.keys.data(), window.values.data(), d, d_value,
+                window.size(), parts.data() + d_value);
+        const float* outs[3] = {parts.data(), parts.data() + d_value, nullptr};
+        size_t n_parts = 2;
+        if (inner->ntotal > 0) {
+            outs[2] = inner_out.data() + i * d_value;
+            lses[2] = inner_lse[i];
+            n_parts = 3;
+        }
+        float l = merge_attention(n_parts, outs, lses, d_value, out + i * d_value);
+        if (lse) {
+            lse[i] = l;
+        }
+    });
+}
+
+void IndexSinkWindow::reset() {
+    sink.clear();
+    window.clear();
+    inner->reset();
+    ntotal = 0;
+}
+
+void IndexSinkWindow::reconstruct(idx_t key, float* recons) const {
+    FAISS_THROW_IF_NOT_FMT(
+            key >= 0 && key < ntotal,
+            "reconstruct: id %zd out of [0, %zd)",
+            size_t(key),
+            size_t(ntotal));
+    if (key < sink.size()) {
+        std::memcpy(recons, sink.key(key), sizeof(float) * d);
+    } else if (key >= window_start()) {
+        std::memcpy(recons, window.key(key - window_start()), sizeof(float) * d);
+    } else {
+        inner->reconstruct(key - sink.size(), recons);
+    }
+}
+
+void IndexSinkWindow::reconstruct_value(idx_t key, float* value) const {
+    FAISS_THROW_IF_NOT_FMT(
+            key >= 0 && key < ntotal,
+            "reconstruct_value: id %zd out of [0, %zd)",
+            size_t(key),
+            size_t(ntotal));
+    if (key < sink.size()) {
+        std::memcpy(value, sink.value(key), sizeof(float) * d_value);
+    } else if (key >= window_start()) {
+        std::memcpy(value, window.value(key - window_start()), sizeof(float) * d_value);
+    } else {
+        inner->reconstruct_value(key - sink.size(), value);
+    }
+}
+
+size_t IndexSinkWindow::memory_bytes() const {
+    return sink.memory_bytes() + window.memory_bytes() + inner->memory_bytes();
+}
+
+} // namespace kvindex

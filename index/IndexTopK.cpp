@@ -1,0 +1,205 @@
+#include <kvindex/IndexTopK.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <faiss/AutoTune.h>
+#include <faiss/IndexHNSW.h>
+#include <faiss/IVFlib.h>
+#include <faiss/IndexIVF.h>
+#include <faiss/impl/FaissAssert.h>
+#include <faiss/impl/io.h>
+#include <faiss/index_factory.h>
+#include <faiss/index_io.h>
+
+#include <kvindex/IndexKVFlat.h>
+
+#include "checks.h"
+#include "parallel.h"
+
+namespace kvindex {
+
+namespace {
+
+/// Keys an untrained retriever needs before it can train: IVF k-means needs
+/// at least one key per list.
+idx_t min_keys_to_train(const faiss::Index* retriever) {
+    if (auto ivf = faiss::ivflib::try_extract_index_ivf(retriever)) {
+        return idx_t(ivf->nlist);
+    }
+    return 1;
+}
+
+} // namespace
+
+IndexTopK::IndexTopK() : KVIndex(0, 0) {}
+
+IndexTopK::IndexTopK(int d, int d_value, const std::string& retriever_string)
+        : KVIndex(d, d_value),
+          retriever_string(retriever_string),
+          storage(d, this->d_value) {
+    FAISS_THROW_IF_NOT_FMT(d > 0, "TopK: key dimension d=%d must be > 0", d);
+    try {
+        retriever.reset(faiss::index_factory(
+                d, retriever_string.c_str(), faiss::METRIC_INNER_PRODUCT));
+    } catch (const std::exception& e) {
+        FAISS_THROW_FMT(
+                "TopK(%s): Faiss cannot build this retriever: %s",
+                retriever_string.c_str(),
+                e.what());
+    }
+    min_train_points = min_keys_to_train(retriever.get());
+}
+
+void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    storage.append(n, keys, values);
+    try {
+        if (retriever->is_trained) {
+            retriever->add(n, keys);
+            return;
+        }
+        if (storage.size() < min_train_points) {
+            return; // search scans exactly until the retriever can train
+        }
+        // Train on a random sample of all keys so far: a prefix would see
+        // only the start of the document.
+        idx_t nt = storage.size();
+        std::vector<idx_t> perm(nt);
+        std::iota(perm.begin(), perm.end(), 0);
+        idx_t n_sample = std::min(nt, max_train_points);
+        std::mt19937_64 rng(train_seed);
+        for (idx_t i = 0; i < n_sample; i++) {
+            std::uniform_int_distribution<idx_t> pick(i, nt - 1);
+            std::swap(perm[i], perm[pick(rng)]);
+        }
+        std::vector<float> sample(n_sample * d);
+        for (idx_t i = 0; i < n_sample; i++) {
+            std::copy_n(storage.key(perm[i]), d, sample.data() + i * d);
+        }
+        retriever->train(n_sample, sample.data());
+        retriever->add(nt, storage.keys.data());
+    } catch (const std::exception& e) {
+        // keep the index consistent: the tokens of this call are not added
+        storage.keys.resize((storage.size() - n) * d);
+        storage.values.resize(storage.keys.size() / d * d_value);
+        retriever->reset();
+        FAISS_THROW_FMT("TopK(%s): add failed: %s", retriever_string.c_str(), e.what());
+    }
+}
+
+void IndexTopK::search(
+        idx_t n,
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
+    FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
+    check_query_args(n, q, "search: queries");
+    if (!retriever->is_trained) {
+        // too few keys to train yet: exact scan of what is stored
+        parallel_for(n, [&](idx_t i) {
+            exact_topk_inner_product(
+                    q + i * d, storage.keys.data(), d, ntotal, k,
+                    distances + i * k, labels + i * k);
+        });
+        return;
+    }
+    const auto* p = dynamic_cast<const SearchParametersTopK*>(params);
+    faiss::SearchParametersIVF ivf_params;
+    const faiss::SearchParameters* rp = nullptr;
+    if (p && p->nprobe > 0) {
+        auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
+        FAISS_THROW_IF_NOT_FMT(
+                ivf, "search: nprobe does not apply to retriever %s",
+                retriever_string.c_str());
+        ivf_params.nprobe = p->nprobe;
+        rp = &ivf_params;
+    }
+    // one thread of BLAS inside OpenMP regions (Faiss's flat search uses sgemm)
+    ScopedBlasThreads blas(omp_in_parallel() ? 1 : 0);
+    if (p && p->efSearch > 0) {
+        auto hnsw = dynamic_cast<faiss::IndexHNSW*>(retriever.get());
+        FAISS_THROW_IF_NOT_FMT(
+                hnsw, "search: efSearch does not apply to retriever %s",
+                retriever_string.c_str());
+        // Faiss 1.7.3's IndexHNSW::search ignores SearchParametersHNSW, so
+        // the beam width is set on the index for this call, under a lock
+        // (restored even if the search throws).
+        std::lock_guard<std::mutex> lock(retriever_mutex);
+        struct Restore {
+            faiss::HNSW& h;
+            int ef;
+            ~Restore() {
+                h.efSearch = ef;
+            }
+        } restore{hnsw->hnsw, hnsw->hnsw.efSearch};
+        hnsw->hnsw.efSearch = p->efSearch;
+        retriever->search(n, q, k, distances, labels, rp);
+        return;
+    }
+    retriever->search(n, q, k, distances, labels, rp);
+}
+
+void IndexTopK::select(
+        idx_t n,
+        const float* q,
+        Selection* sel,
+        const faiss::SearchParameters* params) const {
+    check_query_args(n, q, "select: queries");
+    idx_t kk = effective_k(params);
+    if (kk >= ntotal) { // a budget beyond the index means every token
+        for (idx_t i = 0; i < n; i++) {
+            sel[i].ids.resize(ntotal);
+            std::iota(sel[i].ids.begin(), sel[i].ids.end(), 0);
+            sel[i].inclusion.assign(ntotal, 1.0f);
+        }
+        return;
+    }
+    std::vector<float> dis(n * kk);
+    std::vector<idx_t> ids(n * kk);
+    search(n, q, kk, dis.data(), ids.data(), params);
+    for (idx_t i = 0; i < n; i++) {
+        sel[i].clear();
+        for (idx_t j = 0; j < kk; j++) {
+            idx_t id = ids[i * kk + j];
+            if (id >= 0) {
+                sel[i].push_back(id);
+            }
+        }
+    }
+}
+
+void IndexTopK::reset() {
+    storage.clear();
+    retriever->reset();
+    ntotal = 0;
+}
+
+size_t IndexTopK::memory_bytes() const {
+    // the retriever's own size is measured as its serialized size
+    faiss::VectorIOWriter w;
+    faiss::write_index(retriever.get(), &w);
+    return storage.memory_bytes() + w.data.size();
+}
+
+void IndexTopK::set_retriever_parameter(const std::string& name, double value) {
+    FAISS_THROW_IF_NOT_FMT(
+            value >= 1 && value == double(int64_t(value)),
+            "TopK(%s): %s=%g must be a positive integer",
+            retriever_string.c_str(),
+            name.c_str(),
+            value);
+    bool is_ivf = faiss::ivflib::try_extract_index_ivf(retriever.get()) != nullptr;
+    bool is_hnsw = dynamic_cast<faiss::IndexHNSW*>(retriever.get()) != nullptr;
+    FAISS_THROW_IF_NOT_FMT(
+            (name == "nprobe" && is_ivf) || (name == "efSearch" && is_hnsw),
+            "TopK(%s): the retriever has no parameter '%s'",
+            retriever_string.c_str(),
+            name.c_str());
+    faiss::ParameterSpace().set_index_parameter(retriever.get(), name, value);
+}
+
+} // namespace kvindex

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what kvindex needs on a fresh Debian machine and builds it.
+# Idempotent: packages already present are not reinstalled, the build is
+# incremental. Usage: bash scripts/setup.sh [build-dir]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${1:-build}"
+
+PACKAGES=(build-essential cmake libfaiss-dev libopenblas-dev libboost-dev
+          libboost-program-options-dev libgtest-dev libbenchmark-dev
+          pybind11-dev python3-venv)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python tools (plots, trace checks) live in a virtual environment.
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c "import numpy" 2>/dev/null; then
+  .venv/bin/pip install -q -r requirements.txt
+fi
+
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$BUILD_DIR" -j "$(nproc)"

@@ -1,0 +1,159 @@
+#include <kvindex/KVCache.h>
+
+#include <algorithm>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/index_factory.h>
+
+#include "checks.h"
+#include "parallel.h"
+
+namespace kvindex {
+
+KVCache::KVCache(
+        int n_layers,
+        int n_q_heads,
+        int n_kv_heads,
+        int d,
+        int d_value,
+        const std::string& index_string,
+        const std::string& dense_string,
+        const std::vector<int>& dense_layers)
+        : n_layers(n_layers),
+          n_q_heads(n_q_heads),
+          n_kv_heads(n_kv_heads),
+          d(d),
+          d_value(d_value < 0 ? d : d_value),
+          index_string(index_string),
+          dense_string(dense_string),
+          dense_layers(dense_layers) {
+    FAISS_THROW_IF_NOT_FMT(
+            n_layers > 0 && n_q_heads > 0 && n_kv_heads > 0,
+            "KVCache: n_layers=%d, n_q_heads=%d, n_kv_heads=%d must be > 0",
+            n_layers,
+            n_q_heads,
+            n_kv_heads);
+    FAISS_THROW_IF_NOT_FMT(
+            n_q_heads % n_kv_heads == 0,
+            "KVCache: n_q_heads=%d is not a multiple of n_kv_heads=%d (GQA)",
+            n_q_heads,
+            n_kv_heads);
+    for (int l : dense_layers) {
+        FAISS_THROW_IF_NOT_FMT(
+                l >= 0 && l < n_layers,
+                "KVCache: dense layer %d out of [0, n_layers=%d)",
+                l,
+                n_layers);
+    }
+    indexes.reserve(size_t(n_layers) * n_kv_heads);
+    for (int l = 0; l < n_layers; l++) {
+        bool dense = std::find(dense_layers.begin(), dense_layers.end(), l) !=
+                dense_layers.end();
+        for (int h = 0; h < n_kv_heads; h++) {
+            indexes.push_back(
+                    index_factory(d, dense ? dense_string : index_string, this->d_value));
+        }
+    }
+}
+
+KVIndex* KVCache::index(int layer, int kv_head) {
+    return const_cast<KVIndex*>(std::as_const(*this).index(layer, kv_head));
+}
+
+const KVIndex* KVCache::index(int layer, int kv_head) const {
+    FAISS_THROW_IF_NOT_FMT(
+            layer >= 0 && layer < n_layers,
+            "KVCache: layer %d out of [0, %d)",
+            layer,
+            n_layers);
+    FAISS_THROW_IF_NOT_FMT(
+            kv_head >= 0 && kv_head < n_kv_heads,
+            "KVCache: KV head %d out of [0, %d)",
+            kv_head,
+            n_kv_heads);
+    return indexes[size_t(layer) * n_kv_heads + kv_head].get();
+}
+
+idx_t KVCache::n_tokens(int layer) const {
+    return index(layer, 0)->ntotal;
+}
+
+void KVCache::prefill(
+        int layer,
+        idx_t n,
+        const float* keys,
+        const float* values,
+        idx_t n_queries,
+        const float* queries,
+        const idx_t* positions,
+        const RopeParams& rope) {
+    index(layer, 0); // checks the layer
+    check_rope_params(rope, d);
+    FAISS_THROW_IF_NOT_FMT(
+            !has_rope || rope == this->rope,
+            "KVCache::prefill: RoPE parameters mismatch: layer %d has theta=%g "
+            "style=%s, the cache has theta=%g style=%s",
+            layer,
+            rope.theta,
+            rope_style_name(rope.style),
+            this->rope.theta,
+            rope_style_name(this->rope.style));
+    int g = group_size();
+    parallel_for(n_kv_heads, [&](idx_t h) {
+        PrefillInput in;
+        in.n_tokens = n;
+        in.keys = keys + h * n * d;
+        in.values = values + h * n * d_value;
+        in.n_queries = n_queries;
+        in.n_query_heads = g;
+        // the query heads of KV head h are g consecutive heads
+        in.queries = queries ? queries + h * g * n_queries * d : nullptr;
+        in.query_positions = positions;
+        in.rope = rope;
+        index(layer, int(h))->prefill(in);
+    });
+    this->rope = rope;
+    has_rope = true;
+}
+
+void KVCache::append(int layer, idx_t n, const float* keys, const float* values) {
+    index(layer, 0);
+    parallel_for(n_kv_heads, [&](idx_t h) {
+        index(layer, int(h))->add_kv(n, keys + h * n * d, values + h * n * d_value);
+    });
+}
+
+void KVCache::attend(
+        int layer,
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    index(layer, 0);
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::attend: n=%zd must be >= 0", size_t(n));
+    if (n > 0) {
+        check_not_null(q, "KVCache::attend: queries");
+        check_not_null(out, "KVCache::attend: out");
+    }
+    parallel_for(n_q_heads, [&](idx_t h) {
+        index(layer, kv_head_of(int(h)))
+                ->attend(
+                        n,
+                        q + h * n * d,
+                        out + h * n * d_value,
+                        lse ? lse + h * n : nullptr,
+                        params);
+    });
+}
+
+size_t KVCache::memory_bytes() const {
+    size_t total = 0;
+    for (auto& idx : indexes) {
+        total += idx->memory_bytes();
+    }
+    return total;
+}
+
+} // namespace kvindex

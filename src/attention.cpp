@@ -1,0 +1,99 @@
+#include <kvindex/attention.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/kernels.h>
+
+namespace kvindex {
+
+const char* estimator_name(Estimator e) {
+    return e == Estimator::topk ? "topk" : "unbiased";
+}
+
+float estimate_attention(
+        Estimator estimator,
+        const float* q,
+        const float* keys,
+        const float* values,
+        size_t d,
+        size_t dv,
+        const Selection& sel,
+        float* out) {
+    size_t n = sel.size();
+    if (n == 0) {
+        std::memset(out, 0, sizeof(float) * dv);
+        return -std::numeric_limits<float>::infinity();
+    }
+    std::vector<float> w(n);
+    inner_products_by_ids(
+            q, keys, d, sel.ids.data(), n, float(1.0 / std::sqrt(double(d))), w.data());
+    std::vector<float> log_u;
+    if (estimator == Estimator::unbiased) {
+        FAISS_THROW_IF_NOT_MSG(
+                sel.inclusion.size() == n,
+                "estimate_attention: selection has no inclusion probabilities");
+        log_u.resize(n);
+        for (size_t i = 0; i < n; i++) {
+            float u = sel.inclusion[i];
+            FAISS_THROW_IF_NOT_FMT(
+                    u > 0 && u <= 1,
+                    "estimate_attention: inclusion probability %g of token %zd "
+                    "is not in (0, 1]",
+                    double(u),
+                    size_t(sel.ids[i]));
+            log_u[i] = std::log(u);
+        }
+    }
+    float lse = softmax_inplace(w.data(), log_u.empty() ? nullptr : log_u.data(), n);
+    weighted_sum_by_ids(w.data(), values, dv, sel.ids.data(), n, out);
+    return lse;
+}
+
+float exact_attention(
+        const float* q,
+        const float* keys,
+        const float* values,
+        size_t d,
+        size_t dv,
+        size_t n,
+        float* out) {
+    return dense_attention(
+            q, keys, values, d, dv, n, float(1.0 / std::sqrt(double(d))), out);
+}
+
+float merge_attention(
+        size_t n_parts, const float* const* outs, const float* lses, size_t dv, float* out) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (size_t j = 0; j < n_parts; j++) {
+        m = std::max(m, lses[j]);
+    }
+    if (m == -std::numeric_limits<float>::infinity()) {
+        std::memset(out, 0, sizeof(float) * dv);
+        return m;
+    }
+    // Accumulate in double: the weights of the parts may differ by many
+    // orders of magnitude, and out may alias outs[0].
+    std::vector<double> acc(dv, 0.0);
+    double z = 0;
+    for (size_t j = 0; j < n_parts; j++) {
+        if (lses[j] == -std::numeric_limits<float>::infinity()) {
+            continue;
+        }
+        double w = std::exp(double(lses[j]) - double(m));
+        z += w;
+        for (size_t c = 0; c < dv; c++) {
+            acc[c] += w * outs[j][c];
+        }
+    }
+    for (size_t c = 0; c < dv; c++) {
+        out[c] = float(acc[c] / z);
+    }
+    return float(double(m) + std::log(z));
+}
+
+} // namespace kvindex

@@ -1,0 +1,27 @@
+#include "checks.h"
+
+#include <cmath>
+
+#include <faiss/impl/FaissAssert.h>
+
+namespace kvindex {
+
+void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what) {
+    size_t n = size_t(n_rows) * row_dim;
+    for (size_t i = 0; i < n; i++) {
+        if (!std::isfinite(x[i])) {
+            FAISS_THROW_FMT(
+                    "%s: non-finite value %g at row %zd, column %zd",
+                    what,
+                    double(x[i]),
+                    i / row_dim,
+                    i % row_dim);
+        }
+    }
+}
+
+void check_not_null(const void* ptr, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(ptr != nullptr, "%s is missing (nullptr)", what);
+}
+
+} // namespace kvindex

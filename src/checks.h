@@ -1,0 +1,15 @@
+#pragma once
+
+#include <cstddef>
+
+#include <kvindex/KVIndex.h>
+
+namespace kvindex {
+
+/// Throws "<what>: non-finite value <v> at row r, column c" for NaN / Inf.
+void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what);
+
+/// Throws unless ptr is non-null; names the argument.
+void check_not_null(const void* ptr, const char* what);
+
+} // namespace kvindex

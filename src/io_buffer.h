@@ -1,0 +1,91 @@
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <faiss/impl/FaissAssert.h>
+
+namespace kvindex {
+
+/// CRC-32 (IEEE 802.3, as zlib) of a byte range.
+uint32_t crc32(const uint8_t* data, size_t size);
+
+/// Appends little-endian plain values to a byte vector.
+struct BufferWriter {
+    std::vector<uint8_t>* out;
+
+    explicit BufferWriter(std::vector<uint8_t>* out) : out(out) {}
+
+    void bytes(const void* p, size_t n) {
+        const uint8_t* b = static_cast<const uint8_t*>(p);
+        out->insert(out->end(), b, b + n);
+    }
+    template <class T>
+    void value(T x) {
+        static_assert(std::is_trivially_copyable<T>::value, "plain values only");
+        bytes(&x, sizeof(T));
+    }
+    template <class T>
+    void vector(const std::vector<T>& v) {
+        value<uint64_t>(v.size());
+        bytes(v.data(), v.size() * sizeof(T));
+    }
+    void string(const std::string& s) {
+        value<uint64_t>(s.size());
+        bytes(s.data(), s.size());
+    }
+};
+
+/** Reads what BufferWriter wrote; every read is checked against the bytes
+ * that remain, so a truncated or forged buffer is an exception and a count
+ * can never ask for more memory than the buffer holds.
+ */
+struct BufferReader {
+    const uint8_t* data;
+    size_t size;
+    size_t pos = 0;
+
+    BufferReader(const uint8_t* data, size_t size) : data(data), size(size) {}
+
+    size_t remaining() const {
+        return size - pos;
+    }
+    void bytes(void* p, size_t n, const char* what) {
+        FAISS_THROW_IF_NOT_FMT(
+                n <= remaining(),
+                "read_index: truncated while reading %s (%zd bytes needed, %zd left)",
+                what,
+                n,
+                remaining());
+        std::memcpy(p, data + pos, n);
+        pos += n;
+    }
+    template <class T>
+    T value(const char* what) {
+        T x;
+        bytes(&x, sizeof(T), what);
+        return x;
+    }
+    template <class T>
+    std::vector<T> vector(const char* what) {
+        uint64_t n = value<uint64_t>(what);
+        FAISS_THROW_IF_NOT_FMT(
+                n <= remaining() / sizeof(T),
+                "read_index: %s claims %zd elements, only %zd bytes left",
+                what,
+                size_t(n),
+                remaining());
+        std::vector<T> v(n);
+        bytes(v.data(), n * sizeof(T), what);
+        return v;
+    }
+    std::string string(const char* what) {
+        std::vector<char> v = vector<char>(what);
+        return std::string(v.begin(), v.end());
+    }
+};
+
+} // namespace kvindex

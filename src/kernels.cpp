@@ -1,0 +1,165 @@
+#include <kvindex/kernels.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include "kernels_internal.h"
+
+namespace kvindex {
+
+namespace {
+
+bool cpu_supports(SimdLevel level) {
+    switch (level) {
+        case SimdLevel::generic:
+            return true;
+#if defined(__x86_64__) || defined(__i386__)
+        case SimdLevel::avx2:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        case SimdLevel::avx512:
+            return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+#endif
+        default:
+            return false;
+    }
+}
+
+SimdLevel parse_level(const std::string& s) {
+    if (s == "generic") {
+        return SimdLevel::generic;
+    }
+    if (s == "avx2") {
+        return SimdLevel::avx2;
+    }
+    if (s == "avx512") {
+        return SimdLevel::avx512;
+    }
+    FAISS_THROW_FMT(
+            "KVINDEX_SIMD=%s: expected generic, avx2 or avx512", s.c_str());
+}
+
+SimdLevel best_level() {
+    if (const char* env = std::getenv("KVINDEX_SIMD")) {
+        SimdLevel level = parse_level(env);
+        FAISS_THROW_IF_NOT_FMT(
+                cpu_supports(level),
+                "KVINDEX_SIMD=%s: this CPU cannot run it",
+                env);
+        return level;
+    }
+    for (SimdLevel l : {SimdLevel::avx512, SimdLevel::avx2}) {
+        if (cpu_supports(l)) {
+            return l;
+        }
+    }
+    return SimdLevel::generic;
+}
+
+const KernelTable* table_of(SimdLevel level) {
+    switch (level) {
+        case SimdLevel::avx512:
+            return &simd_avx512::table;
+        case SimdLevel::avx2:
+            return &simd_avx2::table;
+        default:
+            return &simd_generic::table;
+    }
+}
+
+std::atomic<int> current_level{-1};
+
+const KernelTable& kernels() {
+    int l = current_level.load(std::memory_order_relaxed);
+    if (l < 0) {
+        l = int(best_level());
+        current_level.store(l, std::memory_order_relaxed);
+    }
+    return *table_of(SimdLevel(l));
+}
+
+} // namespace
+
+const char* simd_level_name(SimdLevel level) {
+    switch (level) {
+        case SimdLevel::avx2:
+            return "avx2";
+        case SimdLevel::avx512:
+            return "avx512";
+        default:
+            return "generic";
+    }
+}
+
+std::vector<SimdLevel> available_simd_levels() {
+    std::vector<SimdLevel> levels;
+    for (SimdLevel l : {SimdLevel::generic, SimdLevel::avx2, SimdLevel::avx512}) {
+        if (cpu_supports(l)) {
+            levels.push_back(l);
+        }
+    }
+    return levels;
+}
+
+SimdLevel get_simd_level() {
+    kernels();
+    return SimdLevel(current_level.load());
+}
+
+void set_simd_level(SimdLevel level) {
+    FAISS_THROW_IF_NOT_FMT(
+            cpu_supports(level),
+            "set_simd_level: this CPU cannot run %s",
+            simd_level_name(level));
+    current_level.store(int(level));
+}
+
+void inner_products_scaled(
+        const float* q, const float* x, size_t d, size_t n, float scale, float* s) {
+    kernels().inner_products_scaled(q, x, d, n, scale, s);
+}
+
+void inner_products_by_ids(
+        const float* q,
+        const float* x,
+        size_t d,
+        const int64_t* ids,
+        size_t n,
+        float scale,
+        float* s) {
+    kernels().inner_products_by_ids(q, x, d, ids, n, scale, s);
+}
+
+float softmax_inplace(float* s, const float* bias, size_t n) {
+    return kernels().softmax_inplace(s, bias, n);
+}
+
+void weighted_sum(const float* w, const float* v, size_t dv, size_t n, float* out) {
+    kernels().weighted_sum(w, v, dv, n, out);
+}
+
+void weighted_sum_by_ids(
+        const float* w,
+        const float* v,
+        size_t dv,
+        const int64_t* ids,
+        size_t n,
+        float* out) {
+    kernels().weighted_sum_by_ids(w, v, dv, ids, n, out);
+}
+
+float dense_attention(
+        const float* q,
+        const float* keys,
+        const float* values,
+        size_t d,
+        size_t dv,
+        size_t n,
+        float scale,
+        float* out) {
+    return kernels().dense_attention(q, keys, values, d, dv, n, scale, out);
+}
+
+} // namespace kvindex

@@ -1,0 +1,353 @@
+// The attention kernels, written once with GCC vector extensions and
+// compiled once per instruction set: kernels_generic.cpp (no -m flags),
+// kernels_avx2.cpp (-mavx2 -mfma), kernels_avx512.cpp (-mavx512f).
+// The including file defines KVINDEX_SIMD_NS (namespace) and
+// KVINDEX_SIMD_BYTES (vector width in bytes).
+//
+// Why vector extensions rather than intrinsics: one body serves every width,
+// and the compiler still emits the fused multiply-adds and wide loads.
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels_internal.h"
+
+namespace kvindex {
+namespace KVINDEX_SIMD_NS {
+
+namespace {
+
+typedef float vf __attribute__((vector_size(KVINDEX_SIMD_BYTES)));
+typedef int vi __attribute__((vector_size(KVINDEX_SIMD_BYTES)));
+constexpr size_t W = KVINDEX_SIMD_BYTES / sizeof(float);
+
+inline vf load(const float* p) {
+    vf v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+}
+inline void store(float* p, vf v) {
+    std::memcpy(p, &v, sizeof(v));
+}
+inline vf splat(float x) {
+    return vf{} + x;
+}
+inline float hsum(vf v) {
+    float s = 0;
+    for (size_t i = 0; i < W; i++) {
+        s += v[i];
+    }
+    return s;
+}
+inline float hmax(vf v) {
+    float m = v[0];
+    for (size_t i = 1; i < W; i++) {
+        m = v[i] > m ? v[i] : m;
+    }
+    return m;
+}
+
+/// exp(x) for a vector, relative error ~2e-7 (Cephes polynomial on
+/// [-ln2/2, ln2/2] times 2^n). Inputs below -87.3 give 0, which is what
+/// the softmax needs for scores far under the maximum; -inf gives 0.
+inline vf exp_v(vf x) {
+    const vf hi = splat(88.3762626647949f);
+    const vf lo = splat(-87.3365447504f);
+    vi underflow = x < lo;
+    x = x > hi ? hi : x;
+    x = x < lo ? lo : x;
+    vf fx = x * splat(1.44269504088896341f) + splat(0.5f);
+    vi n = __builtin_convertvector(fx, vi);
+    vf fn = __builtin_convertvector(n, vf);
+    fn = fn > fx ? fn - splat(1.0f) : fn; // floor
+    n = __builtin_convertvector(fn, vi);
+    x = x - fn * splat(0.693359375f) - fn * splat(-2.12194440e-4f);
+    vf y = splat(1.9875691500e-4f);
+    y = y * x + splat(1.3981999507e-3f);
+    y = y * x + splat(8.3334519073e-3f);
+    y = y * x + splat(4.1665795894e-2f);
+    y = y * x + splat(1.6666665459e-1f);
+    y = y * x + splat(5.0000001201e-1f);
+    y = y * x * x + x + splat(1.0f);
+    vi e = (n + 127) << 23;
+    vf scale;
+    std::memcpy(&scale, &e, sizeof(scale));
+    vf r = y * scale;
+    return underflow ? vf{} : r;
+}
+
+inline float exp_s(float x) {
+    return std::exp(x);
+}
+
+/// <q, x> for one row.
+inline float dot(const float* q, const float* x, size_t d) {
+    vf a0 = {}, a1 = {};
+    size_t j = 0;
+    for (; j + 2 * W <= d; j += 2 * W) {
+        a0 += load(q + j) * load(x + j);
+        a1 += load(q + j + W) * load(x + j + W);
+    }
+    for (; j + W <= d; j += W) {
+        a0 += load(q + j) * load(x + j);
+    }
+    float s = hsum(a0 + a1);
+    for (; j < d; j++) {
+        s += q[j] * x[j];
+    }
+    return s;
+}
+
+/// <q, x_r> for four rows at once: the query is loaded once per chunk and
+/// four independent accumulators keep the FMA units busy.
+inline void dot4(
+        const float* q,
+        const float* x0,
+        const float* x1,
+        const float* x2,
+        const float* x3,
+        size_t d,
+        float* s) {
+    vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    size_t j = 0;
+    for (; j + W <= d; j += W) {
+        vf qv = load(q + j);
+        a0 += qv * load(x0 + j);
+        a1 += qv * load(x1 + j);
+        a2 += qv * load(x2 + j);
+        a3 += qv * load(x3 + j);
+    }
+    float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+    for (; j < d; j++) {
+        s0 += q[j] * x0[j];
+        s1 += q[j] * x1[j];
+        s2 += q[j] * x2[j];
+        s3 += q[j] * x3[j];
+    }
+    s[0] = s0;
+    s[1] = s1;
+    s[2] = s2;
+    s[3] = s3;
+}
+
+/// s[i] = scale * <q, row(i)> for any row accessor.
+template <class RowOf>
+inline void inner_products_rows(
+        const float* q, size_t d, size_t n, float scale, float* s, RowOf row) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        dot4(q, row(i), row(i + 1), row(i + 2), row(i + 3), d, s + i);
+        for (size_t r = 0; r < 4; r++) {
+            s[i + r] *= scale;
+        }
+    }
+    for (; i < n; i++) {
+        s[i] = scale * dot(q, row(i), d);
+    }
+}
+
+/// out += w * v (one row).
+inline void axpy(float w, const float* v, size_t dv, float* out) {
+    vf wv = splat(w);
+    size_t j = 0;
+    for (; j + W <= dv; j += W) {
+        store(out + j, load(out + j) + wv * load(v + j));
+    }
+    for (; j < dv; j++) {
+        out[j] += w * v[j];
+    }
+}
+
+/// out += sum_r w[r] * v_r over four rows: one load / store of out per
+/// four rows keeps the loop bound by reading the values.
+inline void axpy4(
+        const float* w,
+        const float* v0,
+        const float* v1,
+        const float* v2,
+        const float* v3,
+        size_t dv,
+        float* out) {
+    vf w0 = splat(w[0]), w1 = splat(w[1]), w2 = splat(w[2]), w3 = splat(w[3]);
+    size_t j = 0;
+    for (; j + W <= dv; j += W) {
+        vf o = load(out + j);
+        o += w0 * load(v0 + j);
+        o += w1 * load(v1 + j);
+        o += w2 * load(v2 + j);
+        o += w3 * load(v3 + j);
+        store(out + j, o);
+    }
+    for (; j < dv; j++) {
+        out[j] += w[0] * v0[j] + w[1] * v1[j] + w[2] * v2[j] + w[3] * v3[j];
+    }
+}
+
+/// out += sum_i w[i] * row(i), i < n.
+template <class RowOf>
+inline void accumulate_rows(const float* w, size_t dv, size_t n, float* out, RowOf row) {
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        axpy4(w + i, row(i), row(i + 1), row(i + 2), row(i + 3), dv, out);
+    }
+    for (; i < n; i++) {
+        axpy(w[i], row(i), dv, out);
+    }
+}
+
+template <class RowOf>
+inline void weighted_sum_rows(
+        const float* w, size_t dv, size_t n, float* out, RowOf row) {
+    std::memset(out, 0, sizeof(float) * dv);
+    accumulate_rows(w, dv, n, out, row);
+}
+
+inline float max_of(const float* s, size_t n) {
+    float m = -std::numeric_limits<float>::infinity();
+    size_t i = 0;
+    if (n >= W) {
+        vf mv = load(s);
+        for (i = W; i + W <= n; i += W) {
+            vf x = load(s + i);
+            mv = x > mv ? x : mv;
+        }
+        m = hmax(mv);
+    }
+    for (; i < n; i++) {
+        m = s[i] > m ? s[i] : m;
+    }
+    return m;
+}
+
+/// s[i] <- exp(s[i] - m) in place; returns the sum.
+inline float exp_shift_sum(float* s, size_t n, float m) {
+    vf acc = {};
+    vf mv = splat(m);
+    size_t i = 0;
+    for (; i + W <= n; i += W) {
+        vf e = exp_v(load(s + i) - mv);
+        store(s + i, e);
+        acc += e;
+    }
+    float sum = hsum(acc);
+    for (; i < n; i++) {
+        s[i] = exp_s(s[i] - m);
+        sum += s[i];
+    }
+    return sum;
+}
+
+} // namespace
+
+void inner_products_scaled(
+        const float* q, const float* x, size_t d, size_t n, float scale, float* s) {
+    inner_products_rows(q, d, n, scale, s, [=](size_t i) { return x + i * d; });
+}
+
+void inner_products_by_ids(
+        const float* q,
+        const float* x,
+        size_t d,
+        const int64_t* ids,
+        size_t n,
+        float scale,
+        float* s) {
+    inner_products_rows(
+            q, d, n, scale, s, [=](size_t i) { return x + size_t(ids[i]) * d; });
+}
+
+float softmax_inplace(float* s, const float* bias, size_t n) {
+    if (n == 0) {
+        return -std::numeric_limits<float>::infinity();
+    }
+    if (bias) {
+        for (size_t i = 0; i < n; i++) {
+            s[i] -= bias[i];
+        }
+    }
+    float m = max_of(s, n);
+    float sum = exp_shift_sum(s, n, m);
+    float inv = 1.0f / sum;
+    vf iv = splat(inv);
+    size_t i = 0;
+    for (; i + W <= n; i += W) {
+        store(s + i, load(s + i) * iv);
+    }
+    for (; i < n; i++) {
+        s[i] *= inv;
+    }
+    return m + std::log(sum);
+}
+
+void weighted_sum(const float* w, const float* v, size_t dv, size_t n, float* out) {
+    weighted_sum_rows(w, dv, n, out, [=](size_t i) { return v + i * dv; });
+}
+
+void weighted_sum_by_ids(
+        const float* w,
+        const float* v,
+        size_t dv,
+        const int64_t* ids,
+        size_t n,
+        float* out) {
+    weighted_sum_rows(
+            w, dv, n, out, [=](size_t i) { return v + size_t(ids[i]) * dv; });
+}
+
+float dense_attention(
+        const float* q,
+        const float* keys,
+        const float* values,
+        size_t d,
+        size_t dv,
+        size_t n,
+        float scale,
+        float* out) {
+    // Online softmax over blocks: a block of scores stays in L1 while its
+    // values are summed, so keys and values are each read exactly once.
+    constexpr size_t B = 256;
+    alignas(64) float s[B];
+    float m = -std::numeric_limits<float>::infinity();
+    float sum = 0;
+    std::memset(out, 0, sizeof(float) * dv);
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t nb = n - i0 < B ? n - i0 : B;
+        inner_products_scaled(q, keys + i0 * d, d, nb, scale, s);
+        float mb = max_of(s, nb);
+        if (mb > m) {
+            // rescale what was accumulated under the old maximum
+            float r = exp_s(m - mb);
+            sum *= r;
+            if (r != 1.0f) {
+                for (size_t j = 0; j < dv; j++) {
+                    out[j] *= r;
+                }
+            }
+            m = mb;
+        }
+        sum += exp_shift_sum(s, nb, m);
+        const float* vb = values + i0 * dv;
+        accumulate_rows(s, dv, nb, out, [=](size_t i) { return vb + i * dv; });
+    }
+    if (n == 0) {
+        return m;
+    }
+    float inv = 1.0f / sum;
+    for (size_t j = 0; j < dv; j++) {
+        out[j] *= inv;
+    }
+    return m + std::log(sum);
+}
+
+const KernelTable table = {
+        inner_products_scaled,
+        inner_products_by_ids,
+        softmax_inplace,
+        weighted_sum,
+        weighted_sum_by_ids,
+        dense_attention,
+};
+
+} // namespace KVINDEX_SIMD_NS
+} // namespace kvindex

@@ -1,0 +1,78 @@
+#include <kvindex/parameters.h>
+
+#include <cstdlib>
+#include <string>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/IndexSinkWindow.h>
+#include <kvindex/IndexTopK.h>
+#include <kvindex/index_factory.h>
+
+namespace kvindex {
+
+namespace {
+
+/// Sets the parameter on this index and the ones it wraps; returns whether
+/// any of them has it.
+bool set_in_chain(KVIndex* index, const std::string& name, double value) {
+    bool found = false;
+    if (auto w = dynamic_cast<IndexSinkWindow*>(index)) {
+        found = set_in_chain(w->inner.get(), name, value);
+    }
+    if (name == "k") {
+        FAISS_THROW_IF_NOT_FMT(
+                value >= 1 && value == double(idx_t(value)),
+                "parameter k=%g must be a positive integer",
+                value);
+        index->k = idx_t(value);
+        return true;
+    }
+    if (auto t = dynamic_cast<IndexTopK*>(index)) {
+        if ((name == "nprobe" || name == "efSearch")) {
+            t->set_retriever_parameter(name, value); // throws if not this retriever's
+            return true;
+        }
+    }
+    return found;
+}
+
+} // namespace
+
+void set_index_parameter(KVIndex* index, const std::string& name, double value) {
+    FAISS_THROW_IF_NOT_MSG(index, "set_index_parameter: index is nullptr");
+    FAISS_THROW_IF_NOT_FMT(
+            set_in_chain(index, name, value),
+            "unknown parameter '%s' for index %s",
+            name.c_str(),
+            index_factory_string(index).c_str());
+}
+
+void set_index_parameters(KVIndex* index, const std::string& description) {
+    size_t pos = 0;
+    while (pos < description.size()) {
+        size_t end = description.find(',', pos);
+        if (end == std::string::npos) {
+            end = description.size();
+        }
+        std::string item = description.substr(pos, end - pos);
+        size_t eq = item.find('=');
+        FAISS_THROW_IF_NOT_FMT(
+                eq != std::string::npos && eq > 0 && eq + 1 < item.size(),
+                "cannot parse parameter '%s' in '%s' (expected name=value)",
+                item.c_str(),
+                description.c_str());
+        std::string name = item.substr(0, eq), text = item.substr(eq + 1);
+        char* stop = nullptr;
+        double value = std::strtod(text.c_str(), &stop);
+        FAISS_THROW_IF_NOT_FMT(
+                stop && *stop == '\0',
+                "parameter '%s': value '%s' is not a number",
+                name.c_str(),
+                text.c_str());
+        set_index_parameter(index, name, value);
+        pos = end + 1;
+    }
+}
+
+} // namespace kvindex

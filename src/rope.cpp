@@ -1,0 +1,75 @@
+#include <kvindex/rope.h>
+
+#include <cmath>
+
+#include <faiss/impl/FaissAssert.h>
+
+namespace kvindex {
+
+const char* rope_style_name(RopeStyle style) {
+    return style == RopeStyle::half ? "half" : "interleaved";
+}
+
+RopeStyle rope_style_from_name(const std::string& name) {
+    if (name == "half") {
+        return RopeStyle::half;
+    }
+    if (name == "interleaved") {
+        return RopeStyle::interleaved;
+    }
+    FAISS_THROW_FMT(
+            "unknown RoPE style '%s' (expected 'half' or 'interleaved')", name.c_str());
+}
+
+void check_rope_params(const RopeParams& rope, int d) {
+    FAISS_THROW_IF_NOT_FMT(
+            std::isfinite(rope.theta) && rope.theta > 0,
+            "RoPE theta=%g must be finite and > 0",
+            rope.theta);
+    FAISS_THROW_IF_NOT_FMT(
+            d > 0 && d % 2 == 0, "RoPE needs an even head dimension, got d=%d", d);
+    FAISS_THROW_IF_NOT_FMT(
+            rope.style == RopeStyle::half || rope.style == RopeStyle::interleaved,
+            "RoPE style %d is not half or interleaved",
+            int(rope.style));
+}
+
+namespace {
+
+/// Rotates every pair of x by sign * the angle of position pos.
+void rotate(int64_t n, int d, float* x, const int64_t* pos, const RopeParams& rope, double sign) {
+    check_rope_params(rope, d);
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "RoPE: n=%zd must be >= 0", size_t(n));
+    if (n > 0) {
+        FAISS_THROW_IF_NOT_MSG(x && pos, "RoPE: vectors or positions missing (nullptr)");
+    }
+    int half = d / 2;
+    for (int64_t i = 0; i < n; i++) {
+        FAISS_THROW_IF_NOT_FMT(
+                pos[i] >= 0, "RoPE: position %zd at row %zd must be >= 0",
+                size_t(pos[i]), size_t(i));
+        float* v = x + i * d;
+        for (int j = 0; j < half; j++) {
+            double freq = std::pow(rope.theta, -2.0 * j / d);
+            double angle = sign * double(pos[i]) * freq;
+            double c = std::cos(angle), s = std::sin(angle);
+            int a = rope.style == RopeStyle::half ? j : 2 * j;
+            int b = rope.style == RopeStyle::half ? j + half : 2 * j + 1;
+            double xa = v[a], xb = v[b];
+            v[a] = float(xa * c - xb * s);
+            v[b] = float(xa * s + xb * c);
+        }
+    }
+}
+
+} // namespace
+
+void apply_rope(int64_t n, int d, float* x, const int64_t* pos, const RopeParams& rope) {
+    rotate(n, d, x, pos, rope, 1.0);
+}
+
+void invert_rope(int64_t n, int d, float* x, const int64_t* pos, const RopeParams& rope) {
+    rotate(n, d, x, pos, rope, -1.0);
+}
+
+} // namespace kvindex

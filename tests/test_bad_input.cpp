@@ -1,0 +1,373 @@
+// Misuse must throw a faiss::FaissException whose message names the problem
+// (DESIGN.md section 5), never abort or return garbage.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <faiss/impl/FaissException.h>
+
+#include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexSinkWindow.h>
+#include <kvindex/IndexTopK.h>
+#include <kvindex/KVCache.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/rope.h>
+
+#include "reference.h"
+
+using namespace kvindex;
+
+namespace {
+
+const int kDim = 16;
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kInf = std::numeric_limits<float>::infinity();
+
+/// Runs f, which must throw a FaissException; returns its message.
+template <class F>
+std::string faiss_error(F&& f) {
+    try {
+        f();
+    } catch (const faiss::FaissException& e) {
+        return e.what();
+    } catch (const std::exception& e) {
+        ADD_FAILURE() << "expected faiss::FaissException, got std::exception: " << e.what();
+        return "";
+    }
+    ADD_FAILURE() << "expected faiss::FaissException, nothing was thrown";
+    return "";
+}
+
+#define EXPECT_THROW_MSG(stmt, part)                                     \
+    do {                                                                 \
+        std::string msg_ = faiss_error([&]() { stmt; });                 \
+        EXPECT_NE(msg_.find(part), std::string::npos)                    \
+                << "message '" << msg_ << "' does not name '" << (part) << "'"; \
+    } while (0)
+
+/// One index of each family; the sink/window one has tokens in all three parts.
+const char* const kTypes[] = {
+        "Flat",
+        "TopK(Flat)",
+        "TopK(IVF16,Flat)",
+        "TopK(HNSW32)",
+        "Sink4,Window8,Flat",
+        "Sink4,Window8,TopK(IVF16,Flat)",
+};
+
+std::unique_ptr<KVIndex> filled(const char* factory, idx_t n, uint64_t seed = 1) {
+    auto index = index_factory(kDim, factory);
+    std::vector<float> keys = kvtest::gaussian(n, kDim, seed);
+    std::vector<float> values = kvtest::gaussian(n, kDim, seed + 1);
+    index->add_kv(n, keys.data(), values.data());
+    return index;
+}
+
+} // namespace
+
+TEST(BadInput, AddWithoutValues) {
+    std::vector<float> keys = kvtest::gaussian(4, kDim, 1), values = kvtest::gaussian(4, kDim, 2);
+    for (const char* s : kTypes) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(kDim, s);
+        EXPECT_THROW_MSG(index->add(4, keys.data()), "values");
+        EXPECT_THROW_MSG(index->add_kv(4, keys.data(), nullptr), "values");
+        EXPECT_THROW_MSG(index->add_kv(4, nullptr, values.data()), "keys");
+        EXPECT_THROW_MSG(index->add_kv(-1, keys.data(), values.data()), "n=-1");
+        EXPECT_EQ(index->ntotal, 0); // nothing was half added
+    }
+}
+
+TEST(BadInput, NonFiniteKeysValues) {
+    for (const char* s : kTypes) {
+        SCOPED_TRACE(s);
+        auto index = filled(s, 40);
+        for (float bad : {kNaN, kInf, -kInf}) {
+            std::vector<float> keys = kvtest::gaussian(3, kDim, 3);
+            std::vector<float> values = kvtest::gaussian(3, kDim, 4);
+            keys[kDim + 5] = bad;
+            EXPECT_THROW_MSG(index->add_kv(3, keys.data(), values.data()), "non-finite");
+            keys[kDim + 5] = 0.5f;
+            values[2 * kDim + 1] = bad;
+            EXPECT_THROW_MSG(index->add_kv(3, keys.data(), values.data()), "non-finite");
+            EXPECT_EQ(index->ntotal, 40);
+        }
+        // prefill checks the same way (the sink/window prefill splits first)
+        auto empty = index_factory(kDim, s);
+        std::vector<float> keys = kvtest::gaussian(20, kDim, 5);
+        std::vector<float> values = kvtest::gaussian(20, kDim, 6);
+        keys[19 * kDim] = kNaN; // the last token: the window of the wrapper
+        PrefillInput in;
+        in.n_tokens = 20;
+        in.keys = keys.data();
+        in.values = values.data();
+        EXPECT_THROW_MSG(empty->prefill(in), "non-finite");
+        keys[19 * kDim] = 0;
+        std::vector<float> pq = kvtest::gaussian(2, kDim, 7);
+        pq[3] = kInf;
+        in.n_queries = 2;
+        in.queries = pq.data();
+        EXPECT_THROW_MSG(empty->prefill(in), "non-finite");
+    }
+}
+
+TEST(BadInput, NonFiniteQueries) {
+    for (const char* s : kTypes) {
+        SCOPED_TRACE(s);
+        auto index = filled(s, 60);
+        for (float bad : {kNaN, kInf}) {
+            std::vector<float> q = kvtest::gaussian(3, kDim, 9);
+            q[2 * kDim + 7] = bad; // in the last query, not the first
+            std::vector<float> out(3 * kDim), lse(3), dis(3 * 5);
+            std::vector<idx_t> ids(3 * 5);
+            std::vector<Selection> sel(3);
+            EXPECT_THROW_MSG(index->attend(3, q.data(), out.data(), lse.data()), "non-finite");
+            EXPECT_THROW_MSG(index->search(3, q.data(), 5, dis.data(), ids.data()), "non-finite");
+            EXPECT_THROW_MSG(index->select(3, q.data(), sel.data()), "non-finite");
+        }
+    }
+}
+
+TEST(BadInput, SearchK) {
+    std::vector<float> q = kvtest::gaussian(2, kDim, 10), dis(2 * 4);
+    std::vector<idx_t> ids(2 * 4);
+    for (const char* s : kTypes) {
+        SCOPED_TRACE(s);
+        auto index = filled(s, 40);
+        EXPECT_THROW_MSG(index->search(2, q.data(), 0, dis.data(), ids.data()), "k=0");
+        EXPECT_THROW_MSG(index->search(2, q.data(), -1, dis.data(), ids.data()), "k=-1");
+    }
+}
+
+TEST(BadInput, SearchParametersNegativeK) {
+    std::vector<float> q = kvtest::gaussian(2, kDim, 11), out(2 * kDim);
+    SearchParametersKV params;
+    params.k = -2;
+    // the index types with a top-k budget (Flat has none and reads everything)
+    for (const char* s : {"TopK(Flat)", "TopK(IVF16,Flat)", "TopK(HNSW32)", "Sink4,Window8,TopK(IVF16,Flat)"}) {
+        SCOPED_TRACE(s);
+        auto index = filled(s, 40);
+        EXPECT_THROW_MSG(index->attend(2, q.data(), out.data(), nullptr, &params), "k=-2");
+        std::vector<Selection> sel(2);
+        EXPECT_THROW_MSG(index->select(2, q.data(), sel.data(), &params), "k=-2");
+    }
+}
+
+TEST(BadInput, KBeyondIndex) {
+    const idx_t n = 7, k = 12, nq = 3;
+    std::vector<float> q = kvtest::gaussian(nq, kDim, 12, 2.0f);
+    auto flat = filled("Flat", n, 20);
+    std::vector<float> dis(nq * k);
+    std::vector<idx_t> ids(nq * k);
+    flat->search(nq, q.data(), k, dis.data(), ids.data());
+    std::vector<float> keys = kvtest::gaussian(n, kDim, 20);
+    for (idx_t i = 0; i < nq; i++) {
+        // every token first, exact order as the reference, then padding
+        std::vector<kvtest::idx_t> ref = kvtest::ref_topk(q.data() + i * kDim, keys.data(), kDim, n, n);
+        for (idx_t j = 0; j < n; j++) {
+            EXPECT_EQ(ids[i * k + j], ref[j]) << "query " << i << " rank " << j;
+        }
+        for (idx_t j = n; j < k; j++) {
+            EXPECT_EQ(ids[i * k + j], -1);
+            EXPECT_EQ(dis[i * k + j], std::numeric_limits<float>::lowest());
+        }
+    }
+
+    // the other types pad the same way
+    for (const char* s : {"TopK(Flat)", "Sink2,Window2,Flat", "Sink2,Window2,TopK(Flat)"}) {
+        SCOPED_TRACE(s);
+        auto index = filled(s, n, 20);
+        std::vector<float> d2(nq * k);
+        std::vector<idx_t> i2(nq * k);
+        index->search(nq, q.data(), k, d2.data(), i2.data());
+        for (idx_t i = 0; i < nq; i++) {
+            for (idx_t j = n; j < k; j++) {
+                EXPECT_EQ(i2[i * k + j], -1) << "query " << i << " rank " << j;
+                EXPECT_EQ(d2[i * k + j], std::numeric_limits<float>::lowest());
+            }
+        }
+        // the labels found are the same set as Flat's (exact retrievers)
+        for (idx_t i = 0; i < nq; i++) {
+            std::vector<idx_t> a(ids.begin() + i * k, ids.begin() + i * k + n);
+            std::vector<idx_t> b(i2.begin() + i * k, i2.begin() + i * k + n);
+            std::sort(a.begin(), a.end());
+            std::sort(b.begin(), b.end());
+            EXPECT_EQ(a, b);
+        }
+    }
+
+    // TopK with a budget beyond the index reads every token: exact attention.
+    // Tolerance 1e-5 relative: two float summation orders of 7 terms.
+    auto topk = filled("TopK(Flat)", n, 20);
+    SearchParametersKV params;
+    params.k = 50;
+    std::vector<float> out_flat(nq * kDim), lse_flat(nq), out_topk(nq * kDim), lse_topk(nq);
+    flat->attend(nq, q.data(), out_flat.data(), lse_flat.data());
+    topk->attend(nq, q.data(), out_topk.data(), lse_topk.data(), &params);
+    for (idx_t i = 0; i < nq * kDim; i++) {
+        EXPECT_NEAR(out_topk[i], out_flat[i], 1e-5f * std::max(1.0f, std::fabs(out_flat[i])));
+    }
+    for (idx_t i = 0; i < nq; i++) {
+        EXPECT_NEAR(lse_topk[i], lse_flat[i], 1e-5f * std::max(1.0f, std::fabs(lse_flat[i])));
+    }
+}
+
+TEST(BadInput, AttendEmpty) {
+    std::vector<float> q = kvtest::gaussian(1, kDim, 13), out(kDim), lse(1);
+    for (const char* s : kTypes) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(kDim, s);
+        EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), lse.data()), "empty");
+        // and after a reset
+        auto full = filled(s, 30);
+        full->reset();
+        EXPECT_EQ(full->ntotal, 0);
+        EXPECT_THROW_MSG(full->attend(1, q.data(), out.data(), lse.data()), "empty");
+    }
+}
+
+TEST(BadInput, FactoryErrors) {
+    EXPECT_THROW_MSG(index_factory(kDim, "NoSuchIndex"), "NoSuchIndex");
+    EXPECT_THROW_MSG(index_factory(0, "Flat"), "d=0");
+    EXPECT_THROW_MSG(index_factory(kDim, "Flat", 0), "d_value=0");
+    EXPECT_THROW_MSG(KVCache(2, 4, 2, kDim, kDim, "NoSuchIndex"), "NoSuchIndex");
+}
+
+TEST(BadInput, RopeParams) {
+    RopeParams r;
+    EXPECT_NO_THROW(check_rope_params(r, kDim));
+    r.theta = 0;
+    EXPECT_THROW_MSG(check_rope_params(r, kDim), "theta");
+    r.theta = -10000;
+    EXPECT_THROW_MSG(check_rope_params(r, kDim), "theta");
+    r.theta = std::nan("");
+    EXPECT_THROW_MSG(check_rope_params(r, kDim), "theta");
+    r.theta = HUGE_VAL;
+    EXPECT_THROW_MSG(check_rope_params(r, kDim), "theta");
+    r.theta = 10000;
+    EXPECT_THROW_MSG(check_rope_params(r, 15), "d=15");
+    EXPECT_THROW_MSG(check_rope_params(r, 0), "d=0");
+    EXPECT_THROW_MSG(rope_style_from_name("diagonal"), "diagonal");
+
+    // prefill refuses bad RoPE parameters too
+    auto index = index_factory(kDim, "Flat");
+    std::vector<float> kv = kvtest::gaussian(4, kDim, 14);
+    PrefillInput in;
+    in.n_tokens = 4;
+    in.keys = kv.data();
+    in.values = kv.data();
+    in.rope.theta = -1;
+    EXPECT_THROW_MSG(index->prefill(in), "theta");
+    EXPECT_EQ(index->ntotal, 0);
+}
+
+TEST(BadInput, RopeMismatchAfterReset) {
+    // reset empties the cache but not the model: another theta is refused
+    for (const char* s : {"Flat", "Sink4,Window8,TopK(Flat)"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(kDim, s);
+        std::vector<float> kv = kvtest::gaussian(20, kDim, 15);
+        PrefillInput in;
+        in.n_tokens = 20;
+        in.keys = kv.data();
+        in.values = kv.data();
+        in.rope.theta = 10000;
+        index->prefill(in);
+        index->reset();
+        in.rope.theta = 500000;
+        EXPECT_THROW_MSG(index->prefill(in), "mismatch");
+        in.rope.theta = 10000;
+        in.rope.style = RopeStyle::interleaved;
+        EXPECT_THROW_MSG(index->prefill(in), "mismatch");
+        in.rope.style = RopeStyle::half;
+        EXPECT_NO_THROW(index->prefill(in));
+        EXPECT_EQ(index->ntotal, 20);
+    }
+}
+
+TEST(BadInput, PrefillNonEmpty) {
+    for (const char* s : kTypes) {
+        SCOPED_TRACE(s);
+        auto index = filled(s, 30);
+        std::vector<float> kv = kvtest::gaussian(5, kDim, 16);
+        PrefillInput in;
+        in.n_tokens = 5;
+        in.keys = kv.data();
+        in.values = kv.data();
+        EXPECT_THROW_MSG(index->prefill(in), "already holds 30");
+        EXPECT_EQ(index->ntotal, 30);
+    }
+}
+
+TEST(BadInput, ReconstructOutOfRange) {
+    std::vector<float> buf(kDim);
+    for (const char* s : kTypes) {
+        SCOPED_TRACE(s);
+        auto index = filled(s, 30);
+        EXPECT_THROW_MSG(index->reconstruct(30, buf.data()), "30");
+        EXPECT_THROW_MSG(index->reconstruct(-1, buf.data()), "out of");
+        EXPECT_THROW_MSG(index->reconstruct_value(30, buf.data()), "out of");
+        EXPECT_THROW_MSG(index->reconstruct_value(-5, buf.data()), "-5");
+        EXPECT_NO_THROW(index->reconstruct(29, buf.data()));
+    }
+}
+
+TEST(BadInput, KVCacheShapes) {
+    EXPECT_THROW_MSG(KVCache(2, 6, 4, kDim, kDim, "Flat"), "multiple");
+    EXPECT_THROW_MSG(KVCache(0, 4, 2, kDim, kDim, "Flat"), "n_layers=0");
+    EXPECT_THROW_MSG(KVCache(2, 4, 0, kDim, kDim, "Flat"), "n_kv_heads=0");
+    EXPECT_THROW_MSG(KVCache(2, 4, 2, kDim, kDim, "Sink4,Flat", "Flat", {2}), "dense layer 2");
+    EXPECT_THROW_MSG(KVCache(2, 4, 2, kDim, kDim, "Sink4,Flat", "Flat", {-1}), "dense layer -1");
+
+    KVCache cache(2, 4, 2, kDim, kDim, "Flat");
+    EXPECT_THROW_MSG(cache.index(2, 0), "layer 2");
+    EXPECT_THROW_MSG(cache.index(0, 2), "KV head 2");
+    std::vector<float> q(4 * kDim), out(4 * kDim);
+    EXPECT_THROW_MSG(cache.attend(5, 1, q.data(), out.data(), nullptr), "layer 5");
+}
+
+TEST(BadInput, KVCacheRopeMismatch) {
+    const int n_layers = 2, n_q = 4, n_kv = 2;
+    const idx_t n = 20;
+    KVCache cache(n_layers, n_q, n_kv, kDim, kDim, "Sink4,Window8,Flat");
+    std::vector<float> keys = kvtest::gaussian(n_kv * n, kDim, 17);
+    std::vector<float> values = kvtest::gaussian(n_kv * n, kDim, 18);
+    RopeParams r;
+    r.theta = 10000;
+    cache.prefill(0, n, keys.data(), values.data(), 0, nullptr, nullptr, r);
+    r.theta = 1e6;
+    EXPECT_THROW_MSG(cache.prefill(1, n, keys.data(), values.data(), 0, nullptr, nullptr, r), "mismatch");
+    EXPECT_EQ(cache.n_tokens(1), 0); // refused before any head was touched
+    r.theta = 10000;
+    EXPECT_NO_THROW(cache.prefill(1, n, keys.data(), values.data(), 0, nullptr, nullptr, r));
+    EXPECT_EQ(cache.n_tokens(1), n);
+}
+
+TEST(BadInput, KVCacheNaNInOneHead) {
+    // The heads run in an OpenMP loop; the exception of one head must come
+    // out of the loop as a FaissException (an escaping one would abort).
+    const int n_q = 8, n_kv = 2;
+    const idx_t n = 40, nq = 3;
+    KVCache cache(1, n_q, n_kv, kDim, kDim, "Sink4,Window8,TopK(Flat)");
+    std::vector<float> keys = kvtest::gaussian(n_kv * n, kDim, 19);
+    std::vector<float> values = kvtest::gaussian(n_kv * n, kDim, 20);
+    cache.prefill(0, n, keys.data(), values.data(), 0, nullptr, nullptr, RopeParams());
+    std::vector<float> q = kvtest::gaussian(n_q * nq, kDim, 21, 2.0f);
+    std::vector<float> out(n_q * nq * kDim), lse(n_q * nq);
+    ASSERT_NO_THROW(cache.attend(0, nq, q.data(), out.data(), lse.data()));
+    for (int bad_head : {0, 5, n_q - 1}) {
+        std::vector<float> qb = q;
+        qb[(bad_head * nq + 1) * kDim + 3] = kNaN;
+        EXPECT_THROW_MSG(cache.attend(0, nq, qb.data(), out.data(), lse.data()), "non-finite");
+    }
+    // and append with a NaN value in one KV head
+    std::vector<float> k1 = kvtest::gaussian(n_kv, kDim, 22), v1 = kvtest::gaussian(n_kv, kDim, 23);
+    v1[kDim + 2] = kNaN;
+    EXPECT_THROW_MSG(cache.append(0, 1, k1.data(), v1.data()), "non-finite");
+}

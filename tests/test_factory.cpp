@@ -1,0 +1,268 @@
+// Factory strings (index_factory.h) and the "k=..,nprobe=.." parameter
+// strings (parameters.h): round trips, dynamic types, and the errors.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <faiss/IVFlib.h>
+#include <faiss/IndexHNSW.h>
+#include <faiss/IndexIVF.h>
+#include <faiss/IndexIVFFlat.h>
+#include <faiss/impl/FaissException.h>
+
+#include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexSinkWindow.h>
+#include <kvindex/IndexTopK.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/parameters.h>
+
+#include "reference.h"
+
+using namespace kvindex;
+
+namespace {
+
+const int kDim = 16;
+
+/// Every canonical string must print back to itself.
+const char* const kCanonical[] = {
+        "Flat",
+        "TopK(Flat)",
+        "TopK(IVF16,Flat)",
+        "TopK(HNSW32)",
+        "Sink4,Flat",
+        "Window64,Flat",
+        "Sink4,Window64,Flat",
+        "Sink4,Window64,TopK(IVF16,Flat)",
+        "Sink0,Flat",
+};
+
+/// Runs f, which must throw a FaissException; returns its message.
+template <class F>
+std::string faiss_error(F&& f) {
+    try {
+        f();
+    } catch (const faiss::FaissException& e) {
+        return e.what();
+    } catch (const std::exception& e) {
+        ADD_FAILURE() << "expected faiss::FaissException, got std::exception: " << e.what();
+        return "";
+    }
+    ADD_FAILURE() << "expected faiss::FaissException, nothing was thrown";
+    return "";
+}
+
+#define EXPECT_THROW_MSG(stmt, part)                                     \
+    do {                                                                 \
+        std::string msg_ = faiss_error([&]() { stmt; });                 \
+        EXPECT_NE(msg_.find(part), std::string::npos)                    \
+                << "message '" << msg_ << "' does not name '" << (part) << "'"; \
+    } while (0)
+
+/// Checks the dynamic type of the index built from a canonical string.
+void check_type(const KVIndex* index, const std::string& s) {
+    const KVIndex* inner = index;
+    std::string inner_s = s;
+    if (s.rfind("Sink", 0) == 0 || s.rfind("Window", 0) == 0) {
+        auto w = dynamic_cast<const IndexSinkWindow*>(index);
+        ASSERT_TRUE(w) << s;
+        ASSERT_TRUE(w->inner) << s;
+        idx_t n_sink = 0, n_window = 0;
+        // strip the static prefix, reading the counts
+        while (true) {
+            size_t comma = inner_s.find(',');
+            std::string part = inner_s.substr(0, comma);
+            if (part.rfind("Sink", 0) == 0) {
+                n_sink = std::stoll(part.substr(4));
+            } else if (part.rfind("Window", 0) == 0) {
+                n_window = std::stoll(part.substr(6));
+            } else {
+                break;
+            }
+            inner_s = inner_s.substr(comma + 1);
+        }
+        EXPECT_EQ(w->n_sink, n_sink) << s;
+        EXPECT_EQ(w->n_window, n_window) << s;
+        EXPECT_EQ(w->inner->d, index->d) << s;
+        EXPECT_EQ(w->inner->d_value, index->d_value) << s;
+        inner = w->inner.get();
+    }
+    if (inner_s == "Flat") {
+        EXPECT_TRUE(dynamic_cast<const IndexKVFlat*>(inner)) << s;
+    } else {
+        auto t = dynamic_cast<const IndexTopK*>(inner);
+        ASSERT_TRUE(t) << s;
+        EXPECT_EQ("TopK(" + t->retriever_string + ")", inner_s);
+        ASSERT_TRUE(t->retriever);
+        EXPECT_EQ(t->retriever->d, kDim);
+        EXPECT_EQ(t->retriever->metric_type, faiss::METRIC_INNER_PRODUCT) << s;
+        if (t->retriever_string == "IVF16,Flat") {
+            auto ivf = dynamic_cast<const faiss::IndexIVFFlat*>(t->retriever.get());
+            ASSERT_TRUE(ivf) << s;
+            EXPECT_EQ(ivf->nlist, 16u);
+        } else if (t->retriever_string == "HNSW32") {
+            EXPECT_TRUE(dynamic_cast<const faiss::IndexHNSW*>(t->retriever.get())) << s;
+        }
+    }
+}
+
+} // namespace
+
+TEST(Factory, CanonicalRoundTrip) {
+    for (const char* s : kCanonical) {
+        std::unique_ptr<KVIndex> index = index_factory(kDim, s);
+        ASSERT_TRUE(index) << s;
+        EXPECT_EQ(index_factory_string(index.get()), s);
+        EXPECT_EQ(index->d, kDim) << s;
+        EXPECT_EQ(index->d_value, kDim) << s; // d_value = -1 means d
+        EXPECT_EQ(index->ntotal, 0) << s;
+        EXPECT_EQ(index->metric_type, faiss::METRIC_INNER_PRODUCT) << s;
+        check_type(index.get(), s);
+    }
+}
+
+TEST(Factory, NonCanonicalPrintsCanonically) {
+    struct Case {
+        const char* in;
+        const char* canonical;
+    };
+    const Case cases[] = {
+            {"Window64,Sink4,Flat", "Sink4,Window64,Flat"},
+            {"Window8,Sink2,TopK(HNSW32)", "Sink2,Window8,TopK(HNSW32)"},
+            {"Window0,Flat", "Sink0,Flat"},       // zero counts are omitted...
+            {"Sink0,Window0,Flat", "Sink0,Flat"}, // ...but the wrapper stays visible
+            {"Sink0,Window64,Flat", "Window64,Flat"},
+            {"Sink004,Flat", "Sink4,Flat"},
+    };
+    for (const Case& c : cases) {
+        auto index = index_factory(kDim, c.in);
+        std::string s = index_factory_string(index.get());
+        EXPECT_EQ(s, c.canonical) << c.in;
+        // idempotent: the printed string builds an index that prints the same
+        auto again = index_factory(kDim, s);
+        EXPECT_EQ(index_factory_string(again.get()), s) << c.in;
+        auto w = dynamic_cast<IndexSinkWindow*>(index.get());
+        auto w2 = dynamic_cast<IndexSinkWindow*>(again.get());
+        ASSERT_TRUE(w && w2) << c.in;
+        EXPECT_EQ(w->n_sink, w2->n_sink) << c.in;
+        EXPECT_EQ(w->n_window, w2->n_window) << c.in;
+    }
+}
+
+TEST(Factory, ValueDimension) {
+    for (const char* s : kCanonical) {
+        auto index = index_factory(kDim, s, 8);
+        EXPECT_EQ(index->d, kDim) << s;
+        EXPECT_EQ(index->d_value, 8) << s;
+        if (auto w = dynamic_cast<IndexSinkWindow*>(index.get())) {
+            EXPECT_EQ(w->inner->d_value, 8) << s;
+        }
+        // values of size 8 are stored and read back as such (enough tokens
+        // that the sink, the window and the inner index all hold some)
+        const idx_t n = 80;
+        std::vector<float> keys = kvtest::gaussian(n, kDim, 11);
+        std::vector<float> values = kvtest::gaussian(n, 8, 12);
+        index->add_kv(n, keys.data(), values.data());
+        ASSERT_EQ(index->ntotal, n);
+        for (idx_t i : {idx_t(0), idx_t(5), idx_t(n - 1)}) {
+            std::vector<float> v(8), key(kDim);
+            index->reconstruct_value(i, v.data());
+            index->reconstruct(i, key.data());
+            EXPECT_EQ(std::vector<float>(values.begin() + i * 8, values.begin() + (i + 1) * 8), v)
+                    << s << " token " << i;
+            EXPECT_EQ(std::vector<float>(keys.begin() + i * kDim, keys.begin() + (i + 1) * kDim), key)
+                    << s << " token " << i;
+        }
+        std::vector<float> q = kvtest::gaussian(2, kDim, 13), out(2 * 8);
+        index->attend(2, q.data(), out.data(), nullptr);
+    }
+}
+
+TEST(Factory, BadStrings) {
+    struct Case {
+        const char* s;
+        const char* named; ///< the part the message must name
+    };
+    const Case cases[] = {
+            {"Foo", "Foo"},
+            {"Sink4,Foo", "Foo"},
+            {"Sink4", "Sink4"},
+            {"Sink4,Sink8,Flat", "Sink8"},
+            {"TopK()", "TopK()"},
+            {"TopK(Flat", "TopK(Flat"},
+            {"TopK(NotAFaissIndex)", "NotAFaissIndex"},
+            {"Flat,Flat", "Flat,Flat"},
+            {"", "''"},
+            {"Window4,Window8,Flat", "Window8"},
+            {"Sink-1,Flat", "Sink-1"},
+            {"Sink,Flat", "'Sink'"},
+            {"TopK(Flat))", "TopK(Flat))"},
+            {"flat", "flat"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.s);
+        EXPECT_THROW_MSG(index_factory(kDim, c.s), c.named);
+    }
+}
+
+TEST(Factory, BadDimensions) {
+    EXPECT_THROW_MSG(index_factory(0, "Flat"), "d=0");
+    EXPECT_THROW_MSG(index_factory(-4, "TopK(Flat)"), "d=-4");
+    EXPECT_THROW_MSG(index_factory(kDim, "Flat", 0), "d_value=0");
+    EXPECT_THROW_MSG(index_factory(kDim, "Sink4,Flat", -2), "d_value=-2");
+}
+
+TEST(Factory, ParametersKAndNprobe) {
+    auto index = index_factory(kDim, "Sink4,Window8,TopK(IVF16,Flat)");
+    set_index_parameters(index.get(), "k=10,nprobe=4");
+    auto w = dynamic_cast<IndexSinkWindow*>(index.get());
+    ASSERT_TRUE(w);
+    auto t = dynamic_cast<IndexTopK*>(w->inner.get());
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->k, 10);
+    EXPECT_EQ(w->k, 10);
+    const faiss::IndexIVF* ivf = faiss::ivflib::extract_index_ivf(t->retriever.get());
+    EXPECT_EQ(ivf->nprobe, 4u);
+
+    // a later string overrides only what it names
+    set_index_parameters(index.get(), "nprobe=7");
+    EXPECT_EQ(ivf->nprobe, 7u);
+    EXPECT_EQ(t->k, 10);
+}
+
+TEST(Factory, ParametersEfSearch) {
+    auto index = index_factory(kDim, "TopK(HNSW32)");
+    set_index_parameters(index.get(), "efSearch=64");
+    auto t = dynamic_cast<IndexTopK*>(index.get());
+    ASSERT_TRUE(t);
+    auto hnsw = dynamic_cast<faiss::IndexHNSW*>(t->retriever.get());
+    ASSERT_TRUE(hnsw);
+    EXPECT_EQ(hnsw->hnsw.efSearch, 64);
+}
+
+TEST(Factory, ParametersErrors) {
+    auto ivf = index_factory(kDim, "Sink4,Window8,TopK(IVF16,Flat)");
+    auto flat = index_factory(kDim, "Flat");
+    auto hnsw = index_factory(kDim, "TopK(HNSW32)");
+
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "foo=1"), "'foo'");
+    EXPECT_THROW_MSG(set_index_parameters(flat.get(), "nprobe=4"), "nprobe");
+    EXPECT_THROW_MSG(set_index_parameters(hnsw.get(), "nprobe=4"), "nprobe");
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "efSearch=16"), "efSearch");
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "k=0"), "k=0");
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "k=-3"), "k=-3");
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "k=2.5"), "k=2.5");
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "k=abc"), "abc");
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "k"), "'k'");
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "k="), "'k='");
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "=5"), "'=5'");
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "nprobe=0"), "nprobe");
+    EXPECT_THROW_MSG(set_index_parameters(hnsw.get(), "efSearch=-1"), "efSearch");
+
+    // the failed calls left the valid settings alone
+    auto t = dynamic_cast<IndexTopK*>(dynamic_cast<IndexSinkWindow*>(ivf.get())->inner.get());
+    EXPECT_EQ(t->k, 100);
+}

@@ -1,0 +1,243 @@
+// IndexKVFlat and IndexTopK against the double reference.
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <faiss/IVFlib.h>
+#include <faiss/IndexIVF.h>
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexTopK.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/parameters.h>
+
+#include "reference.h"
+
+using namespace kvindex;
+using kvtest::gaussian;
+
+namespace {
+
+constexpr int kD = 32;
+constexpr int kDv = 24;
+
+struct Data {
+    idx_t n, nq;
+    std::vector<float> keys, values, queries;
+    Data(idx_t n, idx_t nq, uint64_t seed)
+            : n(n), nq(nq),
+              // keys share an offset, queries do not: out of distribution as in LLMs
+              keys(gaussian(n, kD, seed, 1.0f, 0.5f)),
+              values(gaussian(n, kDv, seed + 1)),
+              queries(gaussian(nq, kD, seed + 2, 1.5f)) {}
+};
+
+/// attend of `index` vs ref_attention over ids_of(query i), per query.
+template <class IdsOf>
+void expect_attention(const KVIndex& index, const Data& data, IdsOf ids_of, double tol,
+                      const faiss::SearchParameters* params = nullptr) {
+    std::vector<float> out(data.nq * kDv), lse(data.nq);
+    index.attend(data.nq, data.queries.data(), out.data(), lse.data(), params);
+    for (idx_t i = 0; i < data.nq; i++) {
+        std::vector<double> ref;
+        double ref_lse = kvtest::ref_attention(
+                data.queries.data() + i * kD, data.keys.data(), data.values.data(),
+                kD, kDv, ids_of(i), nullptr, ref);
+        EXPECT_NEAR(lse[i], ref_lse, tol * std::max(1.0, std::abs(ref_lse))) << "query " << i;
+        EXPECT_LT(kvtest::rel_max_err(out.data() + i * kDv, ref), tol) << "query " << i;
+    }
+}
+
+std::vector<idx_t> all_ids(idx_t n) {
+    std::vector<idx_t> ids(n);
+    for (idx_t i = 0; i < n; i++) {
+        ids[i] = i;
+    }
+    return ids;
+}
+
+} // namespace
+
+TEST(IndexKVFlat, SearchIsExactTopK) {
+    Data data(1000, 20, 1);
+    IndexKVFlat index(kD, kDv);
+    index.add_kv(data.n, data.keys.data(), data.values.data());
+    idx_t k = 15;
+    std::vector<float> dis(data.nq * k);
+    std::vector<idx_t> ids(data.nq * k);
+    index.search(data.nq, data.queries.data(), k, dis.data(), ids.data());
+    for (idx_t i = 0; i < data.nq; i++) {
+        auto ref = kvtest::ref_topk(data.queries.data() + i * kD, data.keys.data(), kD, data.n, k);
+        // compare as sets: float ties may order near-equal scores differently
+        std::set<idx_t> got(ids.begin() + i * k, ids.begin() + (i + 1) * k);
+        EXPECT_EQ(got, std::set<idx_t>(ref.begin(), ref.end()));
+        for (idx_t j = 1; j < k; j++) {
+            EXPECT_GE(dis[i * k + j - 1], dis[i * k + j]);
+        }
+    }
+}
+
+TEST(IndexKVFlat, AttendIsExact) {
+    Data data(3000, 10, 2);
+    IndexKVFlat index(kD, kDv);
+    index.add_kv(data.n, data.keys.data(), data.values.data());
+    expect_attention(index, data, [&](idx_t) { return all_ids(data.n); }, 1e-5);
+    // reconstruct returns what was added
+    std::vector<float> k(kD), v(kDv);
+    index.reconstruct(1234, k.data());
+    index.reconstruct_value(1234, v.data());
+    EXPECT_TRUE(std::equal(k.begin(), k.end(), data.keys.begin() + 1234 * kD));
+    EXPECT_TRUE(std::equal(v.begin(), v.end(), data.values.begin() + 1234 * kDv));
+}
+
+TEST(IndexTopK, FlatWithKAtLeastNIsExact) {
+    Data data(500, 10, 3);
+    auto index = index_factory(kD, "TopK(Flat)", kDv);
+    index->add_kv(data.n, data.keys.data(), data.values.data());
+    for (idx_t k : {data.n, data.n + 1, 10 * data.n}) {
+        SearchParametersKV params;
+        params.k = k;
+        expect_attention(*index, data, [&](idx_t) { return all_ids(data.n); }, 1e-5, &params);
+    }
+}
+
+TEST(IndexTopK, FlatIsSoftmaxOverTheExactTopK) {
+    Data data(2000, 15, 4);
+    auto index = index_factory(kD, "TopK(Flat)", kDv);
+    index->add_kv(data.n, data.keys.data(), data.values.data());
+    index->k = 40;
+    expect_attention(*index, data, [&](idx_t i) {
+        return kvtest::ref_topk(data.queries.data() + i * kD, data.keys.data(), kD, data.n, 40);
+    }, 1e-5);
+}
+
+TEST(IndexTopK, IVFWithAllListsProbedEqualsFlat) {
+    Data data(4000, 20, 5);
+    auto flat = index_factory(kD, "TopK(Flat)", kDv);
+    auto ivf = index_factory(kD, "TopK(IVF32,Flat)", kDv);
+    for (auto* idx : {flat.get(), ivf.get()}) {
+        idx->add_kv(data.n, data.keys.data(), data.values.data());
+    }
+    SearchParametersTopK params;
+    params.k = 50;
+    params.nprobe = 32;
+    SearchParametersKV flat_params; // nprobe is not a knob of a Flat retriever
+    flat_params.k = 50;
+    idx_t k = 50;
+    std::vector<float> d1(data.nq * k), d2(data.nq * k);
+    std::vector<idx_t> i1(data.nq * k), i2(data.nq * k);
+    flat->search(data.nq, data.queries.data(), k, d1.data(), i1.data(), &flat_params);
+    ivf->search(data.nq, data.queries.data(), k, d2.data(), i2.data(), &params);
+    for (idx_t i = 0; i < data.nq * k; i++) {
+        EXPECT_NEAR(d1[i], d2[i], 1e-4);
+    }
+    std::vector<float> o1(data.nq * kDv), o2(data.nq * kDv), l1(data.nq), l2(data.nq);
+    flat->attend(data.nq, data.queries.data(), o1.data(), l1.data(), &flat_params);
+    ivf->attend(data.nq, data.queries.data(), o2.data(), l2.data(), &params);
+    for (idx_t i = 0; i < data.nq * kDv; i++) {
+        EXPECT_NEAR(o1[i], o2[i], 1e-5);
+    }
+    // with few lists probed the answer differs (the test can fail)
+    params.nprobe = 1;
+    ivf->attend(data.nq, data.queries.data(), o2.data(), l2.data(), &params);
+    double diff = 0;
+    for (idx_t i = 0; i < data.nq * kDv; i++) {
+        diff = std::max(diff, double(std::abs(o1[i] - o2[i])));
+    }
+    EXPECT_GT(diff, 1e-3);
+}
+
+TEST(IndexTopK, IVFTrainsOnARandomSampleNotAPrefix) {
+    // first half of the document near +c, second half near -c: a prefix
+    // sample would put both centroids near +c
+    idx_t n = 2000;
+    std::vector<float> keys = gaussian(n, kD, 6, 0.1f);
+    for (idx_t i = 0; i < n; i++) {
+        keys[i * kD] += i < n / 2 ? 10.0f : -10.0f;
+    }
+    std::vector<float> values = gaussian(n, kDv, 7);
+    auto index = index_factory(kD, "TopK(IVF2,Flat)", kDv);
+    auto* topk = dynamic_cast<IndexTopK*>(index.get());
+    topk->max_train_points = 200; // the sample covers 10% of the keys
+    index->add_kv(n, keys.data(), values.data());
+    auto* ivf = faiss::ivflib::extract_index_ivf(topk->retriever.get());
+    std::vector<float> c(2 * kD);
+    ivf->quantizer->reconstruct_n(0, 2, c.data());
+    // inner-product IVF normalises its centroids: one near +e0, one near -e0
+    EXPECT_GT(std::max(c[0], c[kD]), 0.5f);
+    EXPECT_LT(std::min(c[0], c[kD]), -0.5f);
+}
+
+TEST(IndexTopK, UntrainedRetrieverScansExactlyThenTrains) {
+    Data data(300, 5, 8);
+    auto index = index_factory(kD, "TopK(IVF64,Flat)", kDv);
+    auto* topk = dynamic_cast<IndexTopK*>(index.get());
+    index->k = 10;
+    // decode-style: one token at a time
+    for (idx_t i = 0; i < data.n; i++) {
+        index->add_kv(1, data.keys.data() + i * kD, data.values.data() + i * kDv);
+        if (i + 1 == 50) {
+            EXPECT_FALSE(topk->retriever->is_trained);
+            Data head = data;
+            head.n = 50;
+            expect_attention(*index, head, [&](idx_t q) {
+                return kvtest::ref_topk(data.queries.data() + q * kD, data.keys.data(), kD, 50, 10);
+            }, 1e-5);
+        }
+    }
+    EXPECT_TRUE(topk->retriever->is_trained);
+    EXPECT_EQ(topk->retriever->ntotal, data.n);
+    SearchParametersTopK params;
+    params.nprobe = 64;
+    expect_attention(*index, data, [&](idx_t q) {
+        return kvtest::ref_topk(data.queries.data() + q * kD, data.keys.data(), kD, data.n, 10);
+    }, 1e-5, &params);
+}
+
+TEST(IndexTopK, AppendsKeepSearchExactWithAllListsProbed) {
+    Data data(3000, 10, 9);
+    auto index = index_factory(kD, "TopK(IVF16,Flat)", kDv);
+    idx_t n0 = 2000;
+    index->add_kv(n0, data.keys.data(), data.values.data());
+    for (idx_t i = n0; i < data.n; i++) {
+        index->add_kv(1, data.keys.data() + i * kD, data.values.data() + i * kDv);
+    }
+    set_index_parameters(index.get(), "k=25,nprobe=16");
+    expect_attention(*index, data, [&](idx_t q) {
+        return kvtest::ref_topk(data.queries.data() + q * kD, data.keys.data(), kD, data.n, 25);
+    }, 1e-5);
+}
+
+TEST(IndexTopK, HNSWRecallGrowsWithEfSearch) {
+    Data data(5000, 50, 10);
+    auto index = index_factory(kD, "TopK(HNSW16)", kDv);
+    index->add_kv(data.n, data.keys.data(), data.values.data());
+    idx_t k = 20;
+    auto recall = [&](int ef) {
+        SearchParametersTopK params;
+        params.efSearch = ef;
+        std::vector<float> dis(data.nq * k);
+        std::vector<idx_t> ids(data.nq * k);
+        index->search(data.nq, data.queries.data(), k, dis.data(), ids.data(), &params);
+        double hits = 0;
+        for (idx_t i = 0; i < data.nq; i++) {
+            auto ref = kvtest::ref_topk(data.queries.data() + i * kD, data.keys.data(), kD, data.n, k);
+            std::set<idx_t> truth(ref.begin(), ref.end());
+            for (idx_t j = 0; j < k; j++) {
+                hits += truth.count(ids[i * k + j]);
+            }
+        }
+        return hits / (data.nq * k);
+    };
+    double low = recall(20), high = recall(400);
+    // the per-call knob must act like the persistent one
+    set_index_parameter(index.get(), "efSearch", 400);
+    EXPECT_EQ(recall(0), high);
+    EXPECT_GT(high, low);
+    EXPECT_GT(high, 0.9); // a large beam on 5000 keys finds nearly all
+}

@@ -1,0 +1,173 @@
+// Every SIMD level the CPU runs is checked against the double reference.
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <kvindex/kernels.h>
+
+#include "reference.h"
+
+using namespace kvindex;
+using kvtest::gaussian;
+
+namespace {
+
+class KernelsTest : public ::testing::TestWithParam<SimdLevel> {
+   protected:
+    void SetUp() override {
+        saved_ = get_simd_level();
+        set_simd_level(GetParam());
+    }
+    void TearDown() override {
+        set_simd_level(saved_);
+    }
+    SimdLevel saved_;
+};
+
+const size_t kDims[] = {1, 3, 8, 17, 64, 128, 130};
+const size_t kCounts[] = {0, 1, 3, 4, 5, 255, 256, 257, 1000};
+
+double dot_ref(const float* a, const float* b, size_t d) {
+    double s = 0;
+    for (size_t j = 0; j < d; j++) {
+        s += double(a[j]) * b[j];
+    }
+    return s;
+}
+
+} // namespace
+
+TEST_P(KernelsTest, InnerProductsMatchReference) {
+    for (size_t d : kDims) {
+        for (size_t n : kCounts) {
+            auto x = gaussian(n, d, 1 + n + d);
+            auto q = gaussian(1, d, 99 + d);
+            std::vector<float> s(n);
+            inner_products_scaled(q.data(), x.data(), d, n, 0.5f, s.data());
+            std::vector<int64_t> ids(n);
+            for (size_t i = 0; i < n; i++) {
+                ids[i] = int64_t((i * 7919) % n);
+            }
+            std::vector<float> sg(n);
+            inner_products_by_ids(q.data(), x.data(), d, ids.data(), n, 0.5f, sg.data());
+            for (size_t i = 0; i < n; i++) {
+                // float accumulation over d terms of magnitude ~1: 1e-5 * sqrt(d)
+                double tol = 1e-5 * std::sqrt(double(d)) + 1e-6;
+                EXPECT_NEAR(s[i], 0.5 * dot_ref(q.data(), &x[i * d], d), tol) << d << " " << n;
+                EXPECT_NEAR(sg[i], 0.5 * dot_ref(q.data(), &x[ids[i] * d], d), tol);
+            }
+        }
+    }
+}
+
+TEST_P(KernelsTest, SoftmaxMatchesReferenceAndIsStable) {
+    for (size_t n : kCounts) {
+        for (float magnitude : {1.0f, 100.0f, 1e4f}) {
+            auto s = gaussian(1, n, 7 + n, magnitude);
+            auto bias = gaussian(1, n, 8 + n, 3.0f);
+            std::vector<float> w = s;
+            float lse = softmax_inplace(w.data(), bias.data(), n);
+            if (n == 0) {
+                EXPECT_EQ(lse, -std::numeric_limits<float>::infinity());
+                continue;
+            }
+            double m = -INFINITY;
+            for (size_t i = 0; i < n; i++) {
+                m = std::max(m, double(s[i]) - bias[i]);
+            }
+            double z = 0;
+            for (size_t i = 0; i < n; i++) {
+                z += std::exp(double(s[i]) - bias[i] - m);
+            }
+            // lse relative 1e-6 (float rounding of values up to 1e4)
+            EXPECT_NEAR(lse, m + std::log(z), 1e-6 * std::max(1.0, std::abs(m)) + 1e-5);
+            double sum = 0;
+            for (size_t i = 0; i < n; i++) {
+                double ref = std::exp(double(s[i]) - bias[i] - m) / z;
+                EXPECT_NEAR(w[i], ref, 1e-6 + 1e-5 * ref);
+                sum += w[i];
+            }
+            EXPECT_NEAR(sum, 1.0, 1e-5);
+        }
+    }
+}
+
+TEST_P(KernelsTest, WeightedSumsMatchReference) {
+    for (size_t dv : kDims) {
+        for (size_t n : kCounts) {
+            auto v = gaussian(n, dv, 3 + n * dv);
+            auto w = gaussian(1, n, 4 + n);
+            std::vector<int64_t> ids(n);
+            for (size_t i = 0; i < n; i++) {
+                ids[i] = int64_t((i * 31) % n);
+            }
+            std::vector<float> out(dv, 123.0f), outg(dv, 456.0f);
+            weighted_sum(w.data(), v.data(), dv, n, out.data());
+            weighted_sum_by_ids(w.data(), v.data(), dv, ids.data(), n, outg.data());
+            for (size_t j = 0; j < dv; j++) {
+                double r = 0, rg = 0;
+                for (size_t i = 0; i < n; i++) {
+                    r += double(w[i]) * v[i * dv + j];
+                    rg += double(w[i]) * v[ids[i] * dv + j];
+                }
+                double tol = 1e-5 * std::sqrt(double(n)) + 1e-6;
+                EXPECT_NEAR(out[j], r, tol);
+                EXPECT_NEAR(outg[j], rg, tol);
+            }
+        }
+    }
+}
+
+TEST_P(KernelsTest, DenseAttentionMatchesReference) {
+    for (size_t d : {size_t(8), size_t(64), size_t(130)}) {
+        for (size_t n : kCounts) {
+            for (float magnitude : {1.0f, 30.0f, 1e3f}) {
+                // scores up to ~magnitude^2 * sqrt(d): 1e3 gives |s| ~ 1e4 and more
+                auto keys = gaussian(n, d, 11 + n, magnitude);
+                auto values = gaussian(n, d / 2 + 1, 12 + n);
+                auto q = gaussian(1, d, 13 + d, magnitude / 10 + 1);
+                size_t dv = d / 2 + 1;
+                std::vector<float> out(dv);
+                float scale = float(1 / std::sqrt(double(d)));
+                float lse = dense_attention(
+                        q.data(), keys.data(), values.data(), d, dv, n, scale, out.data());
+                std::vector<double> ref;
+                double ref_lse = kvtest::ref_attention_all(
+                        q.data(), keys.data(), values.data(), d, dv, n, ref);
+                if (n == 0) {
+                    EXPECT_EQ(lse, -std::numeric_limits<float>::infinity());
+                    continue;
+                }
+                ASSERT_TRUE(std::isfinite(lse));
+                // lse: float scores of magnitude |s| carry ~1e-6 |s| error
+                EXPECT_NEAR(lse, ref_lse, 2e-6 * std::abs(ref_lse) + 1e-4);
+                // output: sharp softmax amplifies score rounding, so allow more
+                double tol = magnitude > 100 ? 2e-2 : 1e-4;
+                EXPECT_LT(kvtest::rel_max_err(out.data(), ref), tol)
+                        << "d=" << d << " n=" << n << " mag=" << magnitude;
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+        AllLevels,
+        KernelsTest,
+        ::testing::ValuesIn(available_simd_levels()),
+        [](const ::testing::TestParamInfo<SimdLevel>& info) {
+            return std::string(simd_level_name(info.param));
+        });
+
+TEST(Kernels, LevelSelection) {
+    auto levels = available_simd_levels();
+    ASSERT_FALSE(levels.empty());
+    EXPECT_EQ(levels.front(), SimdLevel::generic);
+    // the default is the widest level the CPU runs (unless KVINDEX_SIMD is set)
+    if (!std::getenv("KVINDEX_SIMD")) {
+        EXPECT_EQ(get_simd_level(), levels.back());
+    }
+}

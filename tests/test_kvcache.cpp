@@ -1,0 +1,127 @@
+// KVCache: GQA mapping, dense layers, decode appends, exceptions from heads.
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/IndexKVFlat.h>
+#include <kvindex/KVCache.h>
+#include <kvindex/index_factory.h>
+
+#include "reference.h"
+
+using namespace kvindex;
+using kvtest::gaussian;
+
+namespace {
+constexpr int kLayers = 2, kQHeads = 6, kKVHeads = 2, kD = 16, kDv = 8;
+}
+
+TEST(KVCache, GQAAndDecodeMatchTheReference) {
+    idx_t n_prompt = 100, n_total = 140;
+    KVCache cache(kLayers, kQHeads, kKVHeads, kD, kDv, "Sink2,Window8,TopK(Flat)", "Flat", {0});
+    EXPECT_EQ(index_factory_string(cache.index(0, 1)), "Flat");
+    EXPECT_EQ(index_factory_string(cache.index(1, 0)), "Sink2,Window8,TopK(Flat)");
+    // keys / values per layer, head-major [n_kv_heads, n_total, d]
+    std::vector<std::vector<float>> keys, values;
+    for (int l = 0; l < kLayers; l++) {
+        keys.push_back(gaussian(kKVHeads * n_total, kD, 10 + l, 1.0f, 0.2f));
+        values.push_back(gaussian(kKVHeads * n_total, kDv, 20 + l));
+    }
+    auto slice = [&](const std::vector<float>& x, int h, idx_t from, idx_t n, int dim) {
+        std::vector<float> s;
+        s.insert(s.end(), x.begin() + (h * n_total + from) * dim,
+                 x.begin() + (h * n_total + from + n) * dim);
+        return s;
+    };
+    auto gather = [&](const std::vector<float>& x, idx_t from, idx_t n, int dim) {
+        std::vector<float> all;
+        for (int h = 0; h < kKVHeads; h++) {
+            auto s = slice(x, h, from, n, dim);
+            all.insert(all.end(), s.begin(), s.end());
+        }
+        return all;
+    };
+    for (int l = 0; l < kLayers; l++) {
+        auto k = gather(keys[l], 0, n_prompt, kD), v = gather(values[l], 0, n_prompt, kDv);
+        cache.prefill(l, n_prompt, k.data(), v.data(), 0, nullptr, nullptr, RopeParams{});
+    }
+    for (idx_t p = n_prompt; p < n_total; p++) {
+        for (int l = 0; l < kLayers; l++) {
+            auto k = gather(keys[l], p, 1, kD), v = gather(values[l], p, 1, kDv);
+            cache.append(l, 1, k.data(), v.data());
+            auto q = gaussian(kQHeads, kD, 1000 * p + l, 2.0f);
+            std::vector<float> out(kQHeads * kDv), lse(kQHeads);
+            SearchParametersKV params;
+            params.k = 1 << 20; // TopK over everything: exact, so the reference is simple
+            cache.attend(l, 1, q.data(), out.data(), lse.data(), &params);
+            for (int h = 0; h < kQHeads; h++) {
+                int kv = h / (kQHeads / kKVHeads);
+                EXPECT_EQ(cache.kv_head_of(h), kv);
+                auto hk = slice(keys[l], kv, 0, p + 1, kD);
+                auto hv = slice(values[l], kv, 0, p + 1, kDv);
+                std::vector<double> ref;
+                double ref_lse = kvtest::ref_attention_all(q.data() + h * kD, hk.data(), hv.data(), kD, kDv, p + 1, ref);
+                ASSERT_NEAR(lse[h], ref_lse, 1e-5 * std::max(1.0, std::abs(ref_lse)));
+                ASSERT_LT(kvtest::rel_max_err(out.data() + h * kDv, ref), 1e-5) << "layer " << l << " head " << h;
+            }
+        }
+    }
+    EXPECT_EQ(cache.n_tokens(1), n_total);
+}
+
+namespace {
+/// An exact index that remembers the queries its prefill received.
+struct RecordingIndex : IndexKVFlat {
+    std::vector<float> queries;
+    int n_query_heads = 0;
+    RecordingIndex() : IndexKVFlat(kD, kDv) {}
+    void prefill(const PrefillInput& in) override {
+        queries.assign(in.queries, in.queries + in.n_query_heads * in.n_queries * kD);
+        n_query_heads = in.n_query_heads;
+        IndexKVFlat::prefill(in);
+    }
+};
+} // namespace
+
+TEST(KVCache, PrefillHandsEachKVHeadItsGroupsQueries) {
+    KVCache cache(1, kQHeads, kKVHeads, kD, kDv, "Flat");
+    for (auto& idx : cache.indexes) {
+        idx = std::make_unique<RecordingIndex>();
+    }
+    idx_t n = 20, nq = 5;
+    auto k = gaussian(kKVHeads * n, kD, 1), v = gaussian(kKVHeads * n, kDv, 2);
+    auto q = gaussian(kQHeads * nq, kD, 3); // [n_q_heads, nq, d]
+    cache.prefill(0, n, k.data(), v.data(), nq, q.data(), nullptr, RopeParams{});
+    int g = kQHeads / kKVHeads;
+    for (int h = 0; h < kKVHeads; h++) {
+        auto* rec = dynamic_cast<RecordingIndex*>(cache.index(0, h));
+        EXPECT_EQ(rec->n_query_heads, g);
+        // KV head h gets query heads h*g .. h*g+g-1, the ones kv_head_of maps to it
+        std::vector<float> expected(q.begin() + h * g * nq * kD, q.begin() + (h + 1) * g * nq * kD);
+        EXPECT_EQ(rec->queries, expected);
+        for (int j = 0; j < g; j++) {
+            EXPECT_EQ(cache.kv_head_of(h * g + j), h);
+        }
+        EXPECT_EQ(rec->ntotal, n);
+    }
+}
+
+TEST(KVCache, ExceptionInOneHeadPropagates) {
+    KVCache cache(1, 4, 2, kD, kDv, "Flat");
+    auto k = gaussian(2 * 10, kD, 1), v = gaussian(2 * 10, kDv, 2);
+    cache.prefill(0, 10, k.data(), v.data(), 0, nullptr, nullptr, RopeParams{});
+    auto q = gaussian(4, kD, 3);
+    q[3 * kD + 5] = NAN; // only the last query head is bad
+    std::vector<float> out(4 * kDv);
+    try {
+        cache.attend(0, 1, q.data(), out.data(), nullptr);
+        FAIL() << "expected an exception";
+    } catch (const faiss::FaissException& e) {
+        EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
+    }
+}
