@@ -4,7 +4,11 @@
 #include <cstdio>
 #include <memory>
 
+#include <faiss/IVFlib.h>
+#include <faiss/IndexHNSW.h>
+#include <faiss/IndexIVF.h>
 #include <faiss/impl/FaissAssert.h>
+#include <faiss/index_factory.h>
 #include <faiss/impl/io.h>
 #include <faiss/index_io.h>
 
@@ -123,6 +127,30 @@ void read_storage(KVStorage& st, const KVIndex* idx, BufferReader& r, const char
             st.d_value);
 }
 
+/** Faiss's io drops the clustering parameters that index_factory sets for
+ * inner product (spherical k-means), so an untrained retriever read back
+ * would train differently from the original. It holds no data yet: build it
+ * again from its string and carry over the knobs Faiss did save.
+ */
+void rebuild_untrained_retriever(IndexTopK& idx) {
+    std::unique_ptr<faiss::Index> fresh(faiss::index_factory(
+            idx.d, idx.retriever_string.c_str(), faiss::METRIC_INNER_PRODUCT));
+    auto old_ivf = faiss::ivflib::try_extract_index_ivf(idx.retriever.get());
+    auto new_ivf = faiss::ivflib::try_extract_index_ivf(fresh.get());
+    FAISS_THROW_IF_NOT_MSG(
+            bool(old_ivf) == bool(new_ivf) && !fresh->is_trained == !idx.retriever->is_trained,
+            "read_index: TopK retriever does not match its factory string");
+    if (old_ivf) {
+        new_ivf->nprobe = old_ivf->nprobe;
+    }
+    auto old_hnsw = dynamic_cast<faiss::IndexHNSW*>(idx.retriever.get());
+    auto new_hnsw = dynamic_cast<faiss::IndexHNSW*>(fresh.get());
+    if (old_hnsw && new_hnsw) {
+        new_hnsw->hnsw.efSearch = old_hnsw->hnsw.efSearch;
+    }
+    idx.retriever = std::move(fresh);
+}
+
 std::unique_ptr<KVIndex> read_record(BufferReader& r, int depth) {
     FAISS_THROW_IF_NOT_MSG(depth < kMaxNesting, "read_index: indexes nested too deeply");
     uint32_t type = r.value<uint32_t>("index type");
@@ -146,6 +174,9 @@ std::unique_ptr<KVIndex> read_record(BufferReader& r, int depth) {
         faiss::VectorIOReader fr;
         fr.data = std::move(blob);
         idx->retriever.reset(faiss::read_index(&fr));
+        if (!idx->retriever->is_trained) {
+            rebuild_untrained_retriever(*idx);
+        }
         const faiss::Index* ret = idx->retriever.get();
         FAISS_THROW_IF_NOT_MSG(
                 idx->storage.size() == idx->ntotal &&

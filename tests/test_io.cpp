@@ -311,9 +311,10 @@ TEST(IO, AppendAfterRead) {
     std::vector<float> q = kvtest::gaussian(kQueries, kDim, 778, 2.0f);
     for (size_t ci = 0; ci < std::size(kCases); ci++) {
         const IOCase& c = kCases[ci];
-        if (std::string(c.factory) == "TopK(HNSW32)" && !getenv("NOSKIP")) {
-            // Faiss does not serialize the level generator of HNSW, so a
-            // reloaded graph draws other levels for new keys.
+        if (std::string(c.factory) == "TopK(HNSW32)") {
+            // Faiss does not serialize the level generator of HNSW: a
+            // reloaded graph draws other levels for new keys, so the graphs
+            // may differ (the results often agree, but nothing promises it).
             continue;
         }
         SCOPED_TRACE(c.factory);
