@@ -91,9 +91,7 @@ void IndexKVFlat::attend(
         float* out,
         float* lse,
         const faiss::SearchParameters*) const {
-    check_query_args(n, q, "attend: queries");
-    FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
-    check_not_null(out, "attend: out");
+    check_attend_args(n, q, out);
     parallel_for(n, [&](idx_t i) {
         float l = exact_attention(
                 q + i * d,

@@ -182,9 +182,7 @@ void IndexSinkWindow::attend(
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
-    check_query_args(n, q, "attend: queries");
-    FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
-    check_not_null(out, "attend: out");
+    check_attend_args(n, q, out);
     std::vector<float> inner_out, inner_lse;
     if (inner->ntotal > 0) {
         inner_out.resize(n * d_value);

@@ -154,15 +154,19 @@ void KVIndex::check_query_args(idx_t n, const float* q, const char* what) const 
     check_finite(q, n, d, what);
 }
 
+void KVIndex::check_attend_args(idx_t n, const float* q, const float* out) const {
+    check_query_args(n, q, "attend: queries");
+    FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
+    check_not_null(out, "attend: out");
+}
+
 void KVIndex::attend(
         idx_t n,
         const float* q,
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
-    check_query_args(n, q, "attend: queries");
-    FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
-    check_not_null(out, "attend: out");
+    check_attend_args(n, q, out);
     const KVStorage* st = token_storage();
     FAISS_THROW_IF_NOT_MSG(st, "attend: this index type must override attend");
     std::vector<Selection> sel(n);

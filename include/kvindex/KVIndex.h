@@ -170,8 +170,11 @@ struct KVIndex : faiss::Index {
     /// Checks a prefill input and fixes `rope`; throws naming the problem.
     void check_prefill(const PrefillInput& input);
 
-    /// Checks the arguments of search / select / attend (n, q finite, non-empty).
+    /// Checks the arguments of search / select (n >= 0, q present and finite).
     void check_query_args(idx_t n, const float* q, const char* what) const;
+
+    /// check_query_args for attend, plus a non-empty index and an output.
+    void check_attend_args(idx_t n, const float* q, const float* out) const;
 };
 
 } // namespace kvindex
