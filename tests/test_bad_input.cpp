@@ -19,6 +19,7 @@
 #include <kvindex/index_factory.h>
 #include <kvindex/rope.h>
 
+#include "expect_throw.h"
 #include "reference.h"
 
 using namespace kvindex;
@@ -29,27 +30,6 @@ const int kDim = 16;
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
 
-/// Runs f, which must throw a FaissException; returns its message.
-template <class F>
-std::string faiss_error(F&& f) {
-    try {
-        f();
-    } catch (const faiss::FaissException& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        ADD_FAILURE() << "expected faiss::FaissException, got std::exception: " << e.what();
-        return "";
-    }
-    ADD_FAILURE() << "expected faiss::FaissException, nothing was thrown";
-    return "";
-}
-
-#define EXPECT_THROW_MSG(stmt, part)                                     \
-    do {                                                                 \
-        std::string msg_ = faiss_error([&]() { stmt; });                 \
-        EXPECT_NE(msg_.find(part), std::string::npos)                    \
-                << "message '" << msg_ << "' does not name '" << (part) << "'"; \
-    } while (0)
 
 /// One index of each family; the sink/window one has tokens in all three parts.
 const char* const kTypes[] = {

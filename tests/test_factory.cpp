@@ -19,6 +19,7 @@
 #include <kvindex/index_factory.h>
 #include <kvindex/parameters.h>
 
+#include "expect_throw.h"
 #include "reference.h"
 
 using namespace kvindex;
@@ -40,27 +41,6 @@ const char* const kCanonical[] = {
         "Sink0,Flat",
 };
 
-/// Runs f, which must throw a FaissException; returns its message.
-template <class F>
-std::string faiss_error(F&& f) {
-    try {
-        f();
-    } catch (const faiss::FaissException& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        ADD_FAILURE() << "expected faiss::FaissException, got std::exception: " << e.what();
-        return "";
-    }
-    ADD_FAILURE() << "expected faiss::FaissException, nothing was thrown";
-    return "";
-}
-
-#define EXPECT_THROW_MSG(stmt, part)                                     \
-    do {                                                                 \
-        std::string msg_ = faiss_error([&]() { stmt; });                 \
-        EXPECT_NE(msg_.find(part), std::string::npos)                    \
-                << "message '" << msg_ << "' does not name '" << (part) << "'"; \
-    } while (0)
 
 /// Checks the dynamic type of the index built from a canonical string.
 void check_type(const KVIndex* index, const std::string& s) {

@@ -30,6 +30,7 @@
 #include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
 
+#include "expect_throw.h"
 #include "reference.h"
 
 using namespace kvindex;
@@ -39,27 +40,6 @@ namespace {
 const int kDim = 16;
 const size_t kHeaderSize = 4 + 4 + 8 + 4; // magic, version, payload size, CRC
 
-/// Runs f, which must throw a FaissException; returns its message.
-template <class F>
-std::string faiss_error(F&& f) {
-    try {
-        f();
-    } catch (const faiss::FaissException& e) {
-        return e.what();
-    } catch (const std::exception& e) {
-        ADD_FAILURE() << "expected faiss::FaissException, got std::exception: " << e.what();
-        return "";
-    }
-    ADD_FAILURE() << "expected faiss::FaissException, nothing was thrown";
-    return "";
-}
-
-#define EXPECT_THROW_MSG(stmt, part)                                     \
-    do {                                                                 \
-        std::string msg_ = faiss_error([&]() { stmt; });                 \
-        EXPECT_NE(msg_.find(part), std::string::npos)                    \
-                << "message '" << msg_ << "' does not name '" << (part) << "'"; \
-    } while (0)
 
 /// CRC-32 (IEEE, as zlib), written independently of src/io_buffer.cpp, to
 /// forge buffers whose checksum is right but whose content is not.
