@@ -81,10 +81,14 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         retriever->train(n_sample, sample.data());
         retriever->add(nt, storage.keys.data());
     } catch (const std::exception& e) {
-        // keep the index consistent: the tokens of this call are not added
+        // keep the index consistent: the tokens of this call are not added,
+        // and a retriever left half-built (failed training, partial add)
+        // starts again untrained; it trains on the next add
         storage.keys.resize((storage.size() - n) * d);
         storage.values.resize(storage.keys.size() / d * d_value);
-        retriever->reset();
+        if (!retriever->is_trained || retriever->ntotal != storage.size()) {
+            rebuild_retriever();
+        }
         FAISS_THROW_FMT("TopK(%s): add failed: %s", retriever_string.c_str(), e.what());
     }
 }
@@ -98,6 +102,7 @@ void IndexTopK::search(
         const faiss::SearchParameters* params) const {
     FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
     check_query_args(n, q, "search: queries");
+    check_params(params);
     if (!retriever->is_trained) {
         // too few keys to train yet: exact scan of what is stored
         parallel_for(n, [&](idx_t i) {
@@ -173,9 +178,26 @@ void IndexTopK::select(
 }
 
 void IndexTopK::reset() {
+    // a new sequence has new keys: its retriever trains on them afresh
     storage.clear();
-    retriever->reset();
+    rebuild_retriever();
     ntotal = 0;
+}
+
+void IndexTopK::rebuild_retriever() {
+    std::unique_ptr<faiss::Index> fresh(faiss::index_factory(
+            d, retriever_string.c_str(), faiss::METRIC_INNER_PRODUCT));
+    auto old_ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
+    auto new_ivf = faiss::ivflib::try_extract_index_ivf(fresh.get());
+    if (old_ivf && new_ivf) {
+        new_ivf->nprobe = old_ivf->nprobe;
+    }
+    auto old_hnsw = dynamic_cast<faiss::IndexHNSW*>(retriever.get());
+    auto new_hnsw = dynamic_cast<faiss::IndexHNSW*>(fresh.get());
+    if (old_hnsw && new_hnsw) {
+        new_hnsw->hnsw.efSearch = old_hnsw->hnsw.efSearch;
+    }
+    retriever = std::move(fresh);
 }
 
 size_t IndexTopK::memory_bytes() const {
@@ -187,7 +209,7 @@ size_t IndexTopK::memory_bytes() const {
 
 void IndexTopK::set_retriever_parameter(const std::string& name, double value) {
     FAISS_THROW_IF_NOT_FMT(
-            value >= 1 && value == double(int64_t(value)),
+            is_positive_integer(value),
             "TopK(%s): %s=%g must be a positive integer",
             retriever_string.c_str(),
             name.c_str(),

@@ -4,11 +4,7 @@
 #include <cstdio>
 #include <memory>
 
-#include <faiss/IVFlib.h>
-#include <faiss/IndexHNSW.h>
-#include <faiss/IndexIVF.h>
 #include <faiss/impl/FaissAssert.h>
-#include <faiss/index_factory.h>
 #include <faiss/impl/io.h>
 #include <faiss/index_io.h>
 
@@ -16,6 +12,8 @@
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 
+#include "checks.h"
+#include "faiss_checks.h"
 #include "io_buffer.h"
 
 namespace kvindex {
@@ -125,30 +123,9 @@ void read_storage(KVStorage& st, const KVIndex* idx, BufferReader& r, const char
             st.values.size(),
             st.d,
             st.d_value);
-}
-
-/** Faiss's io drops the clustering parameters that index_factory sets for
- * inner product (spherical k-means), so an untrained retriever read back
- * would train differently from the original. It holds no data yet: build it
- * again from its string and carry over the knobs Faiss did save.
- */
-void rebuild_untrained_retriever(IndexTopK& idx) {
-    std::unique_ptr<faiss::Index> fresh(faiss::index_factory(
-            idx.d, idx.retriever_string.c_str(), faiss::METRIC_INNER_PRODUCT));
-    auto old_ivf = faiss::ivflib::try_extract_index_ivf(idx.retriever.get());
-    auto new_ivf = faiss::ivflib::try_extract_index_ivf(fresh.get());
-    FAISS_THROW_IF_NOT_MSG(
-            bool(old_ivf) == bool(new_ivf) && !fresh->is_trained == !idx.retriever->is_trained,
-            "read_index: TopK retriever does not match its factory string");
-    if (old_ivf) {
-        new_ivf->nprobe = old_ivf->nprobe;
-    }
-    auto old_hnsw = dynamic_cast<faiss::IndexHNSW*>(idx.retriever.get());
-    auto new_hnsw = dynamic_cast<faiss::IndexHNSW*>(fresh.get());
-    if (old_hnsw && new_hnsw) {
-        new_hnsw->hnsw.efSearch = old_hnsw->hnsw.efSearch;
-    }
-    idx.retriever = std::move(fresh);
+    // refuse what add_kv would refuse
+    check_finite(st.keys.data(), st.size(), st.d, "read_index: keys");
+    check_finite(st.values.data(), st.size(), st.d_value, "read_index: values");
 }
 
 std::unique_ptr<KVIndex> read_record(BufferReader& r, int depth) {
@@ -173,18 +150,22 @@ std::unique_ptr<KVIndex> read_record(BufferReader& r, int depth) {
         std::vector<uint8_t> blob = r.vector<uint8_t>("TopK retriever");
         faiss::VectorIOReader fr;
         fr.data = std::move(blob);
-        idx->retriever.reset(faiss::read_index(&fr));
-        if (!idx->retriever->is_trained) {
-            rebuild_untrained_retriever(*idx);
+        FAISS_THROW_IF_NOT_MSG(
+                idx->storage.size() == idx->ntotal && idx->max_train_points > 0 &&
+                        idx->min_train_points > 0,
+                "read_index: TopK storage or training fields inconsistent");
+        try {
+            idx->retriever.reset(faiss::read_index(&fr));
+        } catch (const std::exception& e) {
+            // Faiss's reader also throws std::bad_alloc / length_error
+            FAISS_THROW_FMT("read_index: TopK retriever unreadable: %s", e.what());
         }
         const faiss::Index* ret = idx->retriever.get();
-        FAISS_THROW_IF_NOT_MSG(
-                idx->storage.size() == idx->ntotal &&
-                        idx->max_train_points > 0 && idx->min_train_points > 0 &&
-                        ret->d == idx->d &&
-                        ret->metric_type == faiss::METRIC_INNER_PRODUCT &&
-                        ret->ntotal == (ret->is_trained ? idx->ntotal : 0),
-                "read_index: TopK retriever inconsistent with its storage");
+        check_faiss_retriever(
+                ret, idx->retriever_string, idx->d, ret->is_trained ? idx->ntotal : 0);
+        if (!ret->is_trained) {
+            idx->rebuild_retriever(); // see IndexTopK::rebuild_retriever
+        }
         return idx;
     }
     if (type == kSinkWindow) {

@@ -22,6 +22,7 @@
 #include <faiss/impl/FaissException.h>
 #include <faiss/impl/io.h>
 #include <faiss/index_io.h>
+#include <faiss/invlists/InvertedLists.h>
 
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexSinkWindow.h>
@@ -322,7 +323,10 @@ TEST(IO, UntrainedRetriever) {
     auto copy = read_index(buf);
     ASSERT_FALSE(find_topk(copy.get())->retriever->is_trained);
     std::vector<float> q = kvtest::gaussian(kQueries, kDim, 779, 2.0f);
-    expect_identical(run_queries(index.get(), q, kQueries), run_queries(copy.get(), q, kQueries), "untrained");
+    expect_identical(
+            run_queries(index.get(), q, kQueries),
+            run_queries(copy.get(), q, kQueries),
+            "untrained");
 
     std::vector<float> keys = kvtest::gaussian(100, kDim, 401);
     std::vector<float> values = kvtest::gaussian(100, kDim, 402);
@@ -331,7 +335,10 @@ TEST(IO, UntrainedRetriever) {
     ASSERT_TRUE(find_topk(copy.get())->retriever->is_trained);
     expect_same_fields(index.get(), copy.get(), "trained after read");
     expect_knobs(copy.get(), c);
-    expect_identical(run_queries(index.get(), q, kQueries), run_queries(copy.get(), q, kQueries), "trained");
+    expect_identical(
+            run_queries(index.get(), q, kQueries),
+            run_queries(copy.get(), q, kQueries),
+            "trained");
 }
 
 TEST(IO, EmptyIndex) {
@@ -380,7 +387,11 @@ struct SmallCase {
     idx_t n;
 };
 // IVF4 gets 34 keys after the static 6: enough lists to train.
-const SmallCase kSmall[] = {{"Sink2,Window4,TopK(IVF4,Flat)", 40}, {"Flat", 10}, {"Sink2,Window4,Flat", 12}};
+const SmallCase kSmall[] = {
+        {"Sink2,Window4,TopK(IVF4,Flat)", 40},
+        {"Flat", 10},
+        {"Sink2,Window4,Flat", 12},
+};
 
 } // namespace
 
@@ -502,4 +513,73 @@ TEST(IO, FileErrors) {
     EXPECT_THROW_MSG(write_index(index.get(), missing), missing);
     // a directory opens but cannot be read
     EXPECT_THROW(read_index(::testing::TempDir()), faiss::FaissException);
+}
+
+namespace {
+
+IndexTopK* mutable_topk(KVIndex* index) {
+    return const_cast<IndexTopK*>(find_topk(index));
+}
+
+std::unique_ptr<KVIndex> topk_with(const char* factory, idx_t n) {
+    auto index = index_factory(kDim, factory);
+    std::vector<float> keys = kvtest::gaussian(n, kDim, 71), values = kvtest::gaussian(n, kDim, 72);
+    index->add_kv(n, keys.data(), values.data());
+    return index;
+}
+
+} // namespace
+
+// A file whose checksum was recomputed after editing the Faiss retriever
+// must still be refused when an id or a neighbour points outside the index:
+// a search would otherwise read keys out of bounds.
+TEST(IO, ForgedRetrieverStructureIsRefused) {
+    {
+        auto index = topk_with("TopK(IVF4,Flat)", 200);
+        auto* ivf = faiss::ivflib::extract_index_ivf(mutable_topk(index.get())->retriever.get());
+        auto* lists = dynamic_cast<faiss::ArrayInvertedLists*>(ivf->invlists);
+        ASSERT_TRUE(lists);
+        size_t l = 0;
+        while (lists->ids[l].empty()) {
+            l++;
+        }
+        lists->ids[l][0] = 200 + 5;
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        EXPECT_THROW_MSG(read_index(buf), "out of");
+    }
+    {
+        auto index = topk_with("TopK(HNSW8)", 200);
+        auto* hnsw = dynamic_cast<faiss::IndexHNSW*>(mutable_topk(index.get())->retriever.get());
+        hnsw->hnsw.neighbors[3] = 200 + 3;
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        EXPECT_THROW_MSG(read_index(buf), "neighbour");
+    }
+    {
+        // a retriever string edited to another type than the stored retriever
+        auto index = topk_with("TopK(IVF4,Flat)", 100);
+        mutable_topk(index.get())->retriever_string = "HNSW8";
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        EXPECT_THROW_MSG(read_index(buf), "retriever is not");
+    }
+}
+
+// reset starts a new sequence: the retriever trains on the new keys
+// (centroids of the old document would serve the new one badly).
+TEST(IO, ResetRetrainsTheRetriever) {
+    auto index = topk_with("TopK(IVF4,Flat)", 400);
+    set_index_parameters(index.get(), "nprobe=3");
+    auto* topk = mutable_topk(index.get());
+    std::vector<float> before(4 * kDim), after(4 * kDim);
+    faiss::ivflib::extract_index_ivf(topk->retriever.get())->quantizer->reconstruct_n(0, 4, before.data());
+    index->reset();
+    EXPECT_FALSE(topk->retriever->is_trained);
+    EXPECT_EQ(faiss::ivflib::extract_index_ivf(topk->retriever.get())->nprobe, 3u); // knob kept
+    std::vector<float> keys = kvtest::gaussian(400, kDim, 91, 1.0f, 3.0f), values = kvtest::gaussian(400, kDim, 92);
+    index->add_kv(400, keys.data(), values.data());
+    ASSERT_TRUE(topk->retriever->is_trained);
+    faiss::ivflib::extract_index_ivf(topk->retriever.get())->quantizer->reconstruct_n(0, 4, after.data());
+    EXPECT_NE(before, after);
 }

@@ -54,6 +54,14 @@ struct IndexTopK : KVIndex {
     void reset() override;
     size_t memory_bytes() const override;
 
+    /** A fresh, untrained retriever from retriever_string, keeping the
+     * knobs (nprobe, efSearch) of the current one. Used by reset (a new
+     * sequence trains on its own keys) and by io: Faiss's io drops the
+     * clustering parameters index_factory sets for inner product (spherical
+     * k-means), so an untrained retriever read back would train differently.
+     */
+    void rebuild_retriever();
+
     /// Sets a retriever knob by name ("nprobe", "efSearch") for all later
     /// searches; throws naming the knob if this retriever does not have it.
     void set_retriever_parameter(const std::string& name, double value);

@@ -1,0 +1,183 @@
+#include "faiss_checks.h"
+
+#include <memory>
+#include <typeinfo>
+
+#include <faiss/IVFlib.h>
+#include <faiss/IndexFlatCodes.h>
+#include <faiss/IndexHNSW.h>
+#include <faiss/IndexIVF.h>
+#include <faiss/impl/FaissAssert.h>
+#include <faiss/index_factory.h>
+#include <faiss/invlists/InvertedLists.h>
+
+namespace kvindex {
+
+namespace {
+
+using idx_t = faiss::Index::idx_t;
+
+void check_flat_codes(const faiss::IndexFlatCodes* f, idx_t n, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(
+            f->ntotal == n && f->code_size > 0 && f->codes.size() == size_t(n) * f->code_size,
+            "read_index: %s holds %zd codes of %zd bytes for %zd vectors",
+            what,
+            f->codes.size(),
+            f->code_size,
+            size_t(n));
+}
+
+void check_ivf(const faiss::IndexIVF* ivf, idx_t ntotal) {
+    FAISS_THROW_IF_NOT_MSG(ivf->quantizer, "read_index: IVF retriever has no quantizer");
+    FAISS_THROW_IF_NOT_FMT(
+            ivf->quantizer->d == ivf->d && size_t(ivf->quantizer->ntotal) == ivf->nlist,
+            "read_index: IVF quantizer holds %zd centroids for nlist=%zd",
+            size_t(ivf->quantizer->ntotal),
+            ivf->nlist);
+    if (auto qf = dynamic_cast<const faiss::IndexFlatCodes*>(ivf->quantizer)) {
+        check_flat_codes(qf, qf->ntotal, "IVF quantizer");
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            ivf->nprobe >= 1 && ivf->nprobe <= ivf->nlist,
+            "read_index: IVF nprobe=%zd not in [1, nlist=%zd]",
+            ivf->nprobe,
+            ivf->nlist);
+    auto lists = dynamic_cast<const faiss::ArrayInvertedLists*>(ivf->invlists);
+    FAISS_THROW_IF_NOT_MSG(
+            lists && lists->nlist == ivf->nlist && lists->code_size == ivf->code_size &&
+                    lists->ids.size() == ivf->nlist && lists->codes.size() == ivf->nlist,
+            "read_index: IVF inverted lists do not match the index");
+    size_t total = 0;
+    for (size_t l = 0; l < ivf->nlist; l++) {
+        FAISS_THROW_IF_NOT_FMT(
+                lists->codes[l].size() == lists->ids[l].size() * lists->code_size,
+                "read_index: IVF list %zd has %zd ids but %zd code bytes",
+                l,
+                lists->ids[l].size(),
+                lists->codes[l].size());
+        for (idx_t id : lists->ids[l]) {
+            FAISS_THROW_IF_NOT_FMT(
+                    id >= 0 && id < ntotal,
+                    "read_index: IVF list %zd holds id %zd out of [0, %zd)",
+                    l,
+                    size_t(id),
+                    size_t(ntotal));
+        }
+        total += lists->ids[l].size();
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            total == size_t(ntotal),
+            "read_index: IVF lists hold %zd ids for %zd vectors",
+            total,
+            size_t(ntotal));
+}
+
+void check_hnsw(const faiss::IndexHNSW* index, idx_t n) {
+    const faiss::HNSW& h = index->hnsw;
+    FAISS_THROW_IF_NOT_MSG(index->storage, "read_index: HNSW retriever has no storage");
+    FAISS_THROW_IF_NOT_FMT(
+            index->storage->ntotal == n && index->storage->d == index->d,
+            "read_index: HNSW storage holds %zd vectors for %zd",
+            size_t(index->storage->ntotal),
+            size_t(n));
+    if (auto f = dynamic_cast<const faiss::IndexFlatCodes*>(index->storage)) {
+        check_flat_codes(f, n, "HNSW storage");
+    }
+    int n_levels = int(h.cum_nneighbor_per_level.size()) - 1;
+    FAISS_THROW_IF_NOT_MSG(
+            n_levels >= 1 && h.cum_nneighbor_per_level[0] == 0,
+            "read_index: HNSW neighbour table is malformed");
+    for (int l = 0; l < n_levels; l++) {
+        FAISS_THROW_IF_NOT_MSG(
+                h.cum_nneighbor_per_level[l + 1] >= h.cum_nneighbor_per_level[l],
+                "read_index: HNSW neighbour counts decrease");
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            h.levels.size() == size_t(n) && h.offsets.size() == size_t(n) + 1 &&
+                    h.offsets[0] == 0 && h.offsets.back() == h.neighbors.size(),
+            "read_index: HNSW arrays do not match %zd vectors",
+            size_t(n));
+    FAISS_THROW_IF_NOT_FMT(
+            h.efSearch >= 1 && h.efSearch <= (1 << 20),
+            "read_index: HNSW efSearch=%d out of range",
+            h.efSearch);
+    FAISS_THROW_IF_NOT_FMT(
+            h.max_level >= -1 && h.max_level < n_levels && h.upper_beam >= 1 &&
+                    h.upper_beam <= (1 << 20),
+            "read_index: HNSW max_level=%d out of range",
+            h.max_level);
+    FAISS_THROW_IF_NOT_FMT(
+            n == 0 ? h.entry_point == -1 : (h.entry_point >= 0 && h.entry_point < n),
+            "read_index: HNSW entry point %d out of range",
+            h.entry_point);
+    for (idx_t i = 0; i < n; i++) {
+        int lv = h.levels[i];
+        FAISS_THROW_IF_NOT_FMT(
+                lv >= 1 && lv - 1 <= h.max_level &&
+                        h.offsets[i + 1] >= h.offsets[i] &&
+                        h.offsets[i + 1] - h.offsets[i] == size_t(h.cum_nneighbor_per_level[lv]),
+                "read_index: HNSW node %zd has a malformed neighbour list",
+                size_t(i));
+    }
+    for (auto nb : h.neighbors) {
+        FAISS_THROW_IF_NOT_FMT(
+                nb >= -1 && nb < n,
+                "read_index: HNSW neighbour %d out of [-1, %zd)",
+                nb,
+                size_t(n));
+    }
+}
+
+/// The family of a Faiss index, as far as these checks care (Faiss reads a
+/// "Flat" built by index_factory back as the subclass IndexFlatIP).
+int family(const faiss::Index* index) {
+    if (dynamic_cast<const faiss::IndexIVF*>(index)) {
+        return 1;
+    }
+    if (dynamic_cast<const faiss::IndexHNSW*>(index)) {
+        return 2;
+    }
+    if (dynamic_cast<const faiss::IndexFlatCodes*>(index)) {
+        return 3;
+    }
+    return 0;
+}
+
+} // namespace
+
+void check_faiss_retriever(
+        const faiss::Index* ret,
+        const std::string& factory_string,
+        int d,
+        idx_t ntotal) {
+    FAISS_THROW_IF_NOT_MSG(ret, "read_index: retriever missing");
+    std::unique_ptr<faiss::Index> fresh(
+            faiss::index_factory(d, factory_string.c_str(), faiss::METRIC_INNER_PRODUCT));
+    FAISS_THROW_IF_NOT_FMT(
+            family(fresh.get()) == family(ret) &&
+                    (family(ret) != 0 || typeid(*fresh) == typeid(*ret)) && ret->d == d &&
+                    ret->metric_type == faiss::METRIC_INNER_PRODUCT && ret->ntotal == ntotal,
+            "read_index: retriever is not a %s of d=%d with %zd vectors",
+            factory_string.c_str(),
+            d,
+            size_t(ntotal));
+    if (auto f = dynamic_cast<const faiss::IndexFlatCodes*>(ret)) {
+        check_flat_codes(f, ntotal, "Flat retriever");
+    }
+    if (auto ivf = dynamic_cast<const faiss::IndexIVF*>(ret)) {
+        auto fresh_ivf = dynamic_cast<const faiss::IndexIVF*>(fresh.get());
+        FAISS_THROW_IF_NOT_FMT(
+                ivf->nlist == fresh_ivf->nlist && ivf->code_size == fresh_ivf->code_size,
+                "read_index: IVF retriever has nlist=%zd, its string says %zd",
+                ivf->nlist,
+                fresh_ivf->nlist);
+        if (ivf->is_trained) {
+            check_ivf(ivf, ntotal);
+        }
+    }
+    if (auto hnsw = dynamic_cast<const faiss::IndexHNSW*>(ret)) {
+        check_hnsw(hnsw, ntotal);
+    }
+}
+
+} // namespace kvindex
