@@ -57,9 +57,10 @@ void IndexKVFlat::search(
         idx_t k,
         float* distances,
         idx_t* labels,
-        const faiss::SearchParameters*) const {
+        const faiss::SearchParameters* params) const {
     FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
     check_query_args(n, q, "search: queries");
+    check_params(params);
     parallel_for(n, [&](idx_t i) {
         exact_topk_inner_product(
                 q + i * d,
@@ -76,8 +77,9 @@ void IndexKVFlat::select(
         idx_t n,
         const float* q,
         Selection* sel,
-        const faiss::SearchParameters*) const {
+        const faiss::SearchParameters* params) const {
     check_query_args(n, q, "select: queries");
+    check_params(params);
     for (idx_t i = 0; i < n; i++) {
         sel[i].ids.resize(ntotal);
         std::iota(sel[i].ids.begin(), sel[i].ids.end(), 0);
@@ -90,8 +92,9 @@ void IndexKVFlat::attend(
         const float* q,
         float* out,
         float* lse,
-        const faiss::SearchParameters*) const {
+        const faiss::SearchParameters* params) const {
     check_attend_args(n, q, out);
+    check_params(params);
     parallel_for(n, [&](idx_t i) {
         float l = exact_attention(
                 q + i * d,

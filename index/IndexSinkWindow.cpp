@@ -98,6 +98,8 @@ void IndexSinkWindow::prefill(const PrefillInput& in) {
     idx_t n_w = in.n_tokens - n_s - n_mid;
     window.append(n_w, in.keys + (n_s + n_mid) * d, in.values + (n_s + n_mid) * d_value);
     ntotal = in.n_tokens;
+    rope = in.rope;
+    has_rope = true;
 }
 
 void IndexSinkWindow::search(

@@ -1,6 +1,7 @@
 #include <kvindex/KVCache.h>
 
 #include <algorithm>
+#include <string>
 
 #include <faiss/impl/FaissAssert.h>
 
@@ -99,26 +100,64 @@ void KVCache::prefill(
             rope_style_name(rope.style),
             this->rope.theta,
             rope_style_name(this->rope.style));
+    // Check everything before touching any head, so that bad input leaves
+    // the layer as it was.
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::prefill: n=%zd must be >= 0", size_t(n));
+    for (int h = 0; h < n_kv_heads; h++) {
+        FAISS_THROW_IF_NOT_FMT(
+                index(layer, h)->ntotal == 0,
+                "KVCache::prefill: layer %d already holds tokens (use append)",
+                layer);
+    }
+    check_tokens(n, keys, values, "KVCache::prefill");
+    if (n_queries > 0) {
+        check_not_null(queries, "KVCache::prefill: queries");
+        check_finite(queries, n_q_heads * n_queries, d, "KVCache::prefill: queries");
+    }
     int g = group_size();
-    parallel_for(n_kv_heads, [&](idx_t h) {
-        PrefillInput in;
-        in.n_tokens = n;
-        in.keys = keys + h * n * d;
-        in.values = values + h * n * d_value;
-        in.n_queries = n_queries;
-        in.n_query_heads = g;
-        // the query heads of KV head h are g consecutive heads
-        in.queries = queries ? queries + h * g * n_queries * d : nullptr;
-        in.query_positions = positions;
-        in.rope = rope;
-        index(layer, int(h))->prefill(in);
-    });
+    try {
+        parallel_for(n_kv_heads, [&](idx_t h) {
+            PrefillInput in;
+            in.n_tokens = n;
+            in.keys = keys + h * n * d;
+            in.values = values + h * n * d_value;
+            in.n_queries = n_queries;
+            in.n_query_heads = g;
+            // the query heads of KV head h are g consecutive heads
+            in.queries = queries ? queries + h * g * n_queries * d : nullptr;
+            in.query_positions = positions;
+            in.rope = rope;
+            index(layer, int(h))->prefill(in);
+        });
+    } catch (...) {
+        // a head failed inside (e.g. its retriever could not train): the
+        // layer goes back to empty rather than half-filled
+        for (int h = 0; h < n_kv_heads; h++) {
+            index(layer, h)->reset();
+        }
+        throw;
+    }
     this->rope = rope;
     has_rope = true;
 }
 
+void KVCache::check_tokens(idx_t n, const float* keys, const float* values, const char* what)
+        const {
+    if (n == 0) {
+        return;
+    }
+    std::string w(what);
+    check_not_null(keys, (w + ": keys").c_str());
+    check_not_null(values, (w + ": values").c_str());
+    check_finite(keys, n_kv_heads * n, d, (w + ": keys").c_str());
+    check_finite(values, n_kv_heads * n, d_value, (w + ": values").c_str());
+}
+
 void KVCache::append(int layer, idx_t n, const float* keys, const float* values) {
     index(layer, 0);
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::append: n=%zd must be >= 0", size_t(n));
+    // bad input is refused before any head appends
+    check_tokens(n, keys, values, "KVCache::append");
     parallel_for(n_kv_heads, [&](idx_t h) {
         index(layer, int(h))->add_kv(n, keys + h * n * d, values + h * n * d_value);
     });

@@ -46,7 +46,7 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     ntotal += n;
 }
 
-void KVIndex::check_prefill(const PrefillInput& in) {
+void KVIndex::check_prefill(const PrefillInput& in) const {
     FAISS_THROW_IF_NOT_FMT(
             ntotal == 0,
             "prefill: the index already holds %zd tokens; prefill starts an "
@@ -93,21 +93,34 @@ void KVIndex::check_prefill(const PrefillInput& in) {
                     size_t(in.first_position + in.n_tokens));
         }
     }
-    rope = in.rope;
-    has_rope = true;
 }
 
 void KVIndex::prefill(const PrefillInput& in) {
     check_prefill(in);
     add_kv(in.n_tokens, in.keys, in.values);
+    // recorded only now, so that a refused prefill fixes nothing
+    rope = in.rope;
+    has_rope = true;
+}
+
+void KVIndex::check_params(const faiss::SearchParameters* params) const {
+    if (!params) {
+        return;
+    }
+    FAISS_THROW_IF_NOT_MSG(
+            params->sel == nullptr, "search parameters: IDSelector is not supported by KV indexes");
+    if (auto p = dynamic_cast<const SearchParametersKV*>(params)) {
+        FAISS_THROW_IF_NOT_FMT(
+                p->k >= 0,
+                "search parameters: k=%zd must be > 0 (0: index default)",
+                size_t(p->k));
+    }
 }
 
 idx_t KVIndex::effective_k(const faiss::SearchParameters* params) const {
+    check_params(params);
     idx_t kk = k;
     if (auto p = dynamic_cast<const SearchParametersKV*>(params)) {
-        FAISS_THROW_IF_NOT_FMT(
-                p->k >= 0, "search parameters: k=%zd must be > 0 (0: index default)",
-                size_t(p->k));
         if (p->k > 0) {
             kk = p->k;
         }

@@ -20,6 +20,10 @@ void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what
     }
 }
 
+bool is_positive_integer(double x) {
+    return x >= 1 && x <= 9007199254740992.0 && x == std::floor(x);
+}
+
 void check_not_null(const void* ptr, const char* what) {
     FAISS_THROW_IF_NOT_FMT(ptr != nullptr, "%s is missing (nullptr)", what);
 }

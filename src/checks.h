@@ -9,6 +9,10 @@ namespace kvindex {
 /// Throws "<what>: non-finite value <v> at row r, column c" for NaN / Inf.
 void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what);
 
+/// Whether x is an integer in [1, 2^53], checked before any conversion
+/// (converting inf or 1e300 to an integer is undefined behaviour).
+bool is_positive_integer(double x);
+
 /// Throws unless ptr is non-null; names the argument.
 void check_not_null(const void* ptr, const char* what);
 

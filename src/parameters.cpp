@@ -1,5 +1,8 @@
 #include <kvindex/parameters.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -9,9 +12,28 @@
 #include <kvindex/IndexTopK.h>
 #include <kvindex/index_factory.h>
 
+#include "checks.h"
+
 namespace kvindex {
 
 namespace {
+
+/// Parses a decimal number, refusing what strtod would also take but a
+/// parameter string should not (spaces, hex, inf, nan, trailing junk).
+bool parse_decimal(const std::string& text, double* value) {
+    if (text.empty()) {
+        return false;
+    }
+    for (char c : text) {
+        if (!std::isdigit(static_cast<unsigned char>(c)) && c != '.' && c != 'e' &&
+            c != 'E' && c != '-' && c != '+') {
+            return false;
+        }
+    }
+    char* stop = nullptr;
+    *value = std::strtod(text.c_str(), &stop);
+    return stop && *stop == '\0' && std::isfinite(*value);
+}
 
 /// Sets the parameter on this index and the ones it wraps; returns whether
 /// any of them has it.
@@ -22,9 +44,7 @@ bool set_in_chain(KVIndex* index, const std::string& name, double value) {
     }
     if (name == "k") {
         FAISS_THROW_IF_NOT_FMT(
-                value >= 1 && value == double(idx_t(value)),
-                "parameter k=%g must be a positive integer",
-                value);
+                is_positive_integer(value), "parameter k=%g must be a positive integer", value);
         index->k = idx_t(value);
         return true;
     }
@@ -50,11 +70,8 @@ void set_index_parameter(KVIndex* index, const std::string& name, double value) 
 
 void set_index_parameters(KVIndex* index, const std::string& description) {
     size_t pos = 0;
-    while (pos < description.size()) {
-        size_t end = description.find(',', pos);
-        if (end == std::string::npos) {
-            end = description.size();
-        }
+    while (true) {
+        size_t end = std::min(description.find(',', pos), description.size());
         std::string item = description.substr(pos, end - pos);
         size_t eq = item.find('=');
         FAISS_THROW_IF_NOT_FMT(
@@ -63,14 +80,16 @@ void set_index_parameters(KVIndex* index, const std::string& description) {
                 item.c_str(),
                 description.c_str());
         std::string name = item.substr(0, eq), text = item.substr(eq + 1);
-        char* stop = nullptr;
-        double value = std::strtod(text.c_str(), &stop);
+        double value;
         FAISS_THROW_IF_NOT_FMT(
-                stop && *stop == '\0',
-                "parameter '%s': value '%s' is not a number",
+                parse_decimal(text, &value),
+                "parameter '%s': value '%s' is not a decimal number",
                 name.c_str(),
                 text.c_str());
         set_index_parameter(index, name, value);
+        if (end == description.size()) {
+            break;
+        }
         pos = end + 1;
     }
 }

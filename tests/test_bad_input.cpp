@@ -130,7 +130,8 @@ TEST(BadInput, SearchParametersNegativeK) {
     SearchParametersKV params;
     params.k = -2;
     // the index types with a top-k budget (Flat has none and reads everything)
-    for (const char* s : {"TopK(Flat)", "TopK(IVF16,Flat)", "TopK(HNSW32)", "Sink4,Window8,TopK(IVF16,Flat)"}) {
+    for (const char* s :
+         {"TopK(Flat)", "TopK(IVF16,Flat)", "TopK(HNSW32)", "Sink4,Window8,TopK(IVF16,Flat)"}) {
         SCOPED_TRACE(s);
         auto index = filled(s, 40);
         EXPECT_THROW_MSG(index->attend(2, q.data(), out.data(), nullptr, &params), "k=-2");
@@ -149,7 +150,8 @@ TEST(BadInput, KBeyondIndex) {
     std::vector<float> keys = kvtest::gaussian(n, kDim, 20);
     for (idx_t i = 0; i < nq; i++) {
         // every token first, exact order as the reference, then padding
-        std::vector<kvtest::idx_t> ref = kvtest::ref_topk(q.data() + i * kDim, keys.data(), kDim, n, n);
+        std::vector<kvtest::idx_t> ref =
+                kvtest::ref_topk(q.data() + i * kDim, keys.data(), kDim, n, n);
         for (idx_t j = 0; j < n; j++) {
             EXPECT_EQ(ids[i * k + j], ref[j]) << "query " << i << " rank " << j;
         }
@@ -322,7 +324,8 @@ TEST(BadInput, KVCacheRopeMismatch) {
     r.theta = 10000;
     cache.prefill(0, n, keys.data(), values.data(), 0, nullptr, nullptr, r);
     r.theta = 1e6;
-    EXPECT_THROW_MSG(cache.prefill(1, n, keys.data(), values.data(), 0, nullptr, nullptr, r), "mismatch");
+    EXPECT_THROW_MSG(
+            cache.prefill(1, n, keys.data(), values.data(), 0, nullptr, nullptr, r), "mismatch");
     EXPECT_EQ(cache.n_tokens(1), 0); // refused before any head was touched
     r.theta = 10000;
     EXPECT_NO_THROW(cache.prefill(1, n, keys.data(), values.data(), 0, nullptr, nullptr, r));
@@ -350,4 +353,58 @@ TEST(BadInput, KVCacheNaNInOneHead) {
     std::vector<float> k1 = kvtest::gaussian(n_kv, kDim, 22), v1 = kvtest::gaussian(n_kv, kDim, 23);
     v1[kDim + 2] = kNaN;
     EXPECT_THROW_MSG(cache.append(0, 1, k1.data(), v1.data()), "non-finite");
+}
+
+TEST(BadInput, NegativeKInParamsOnEveryType) {
+    // every index type refuses k < 0, not only the ones with a budget
+    for (const char* f : kTypes) {
+        SCOPED_TRACE(f);
+        auto index = filled(f, 40);
+        std::vector<float> q = kvtest::gaussian(1, kDim, 9), out(kDim), dis(3);
+        std::vector<idx_t> lab(3);
+        SearchParametersKV params;
+        params.k = -2;
+        EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr, &params), "k=");
+        EXPECT_THROW_MSG(index->search(1, q.data(), 3, dis.data(), lab.data(), &params), "k=");
+    }
+}
+
+TEST(BadInput, RefusedPrefillFixesNoRope) {
+    for (const char* f : {"Flat", "Sink2,Window4,Flat"}) {
+        SCOPED_TRACE(f);
+        auto index = index_factory(kDim, f);
+        std::vector<float> keys = kvtest::gaussian(10, kDim, 1), values = kvtest::gaussian(10, kDim, 2);
+        keys[17] = kNaN;
+        PrefillInput in;
+        in.n_tokens = 10;
+        in.keys = keys.data();
+        in.values = values.data();
+        in.rope.theta = 10000;
+        EXPECT_THROW_MSG(index->prefill(in), "non-finite");
+        EXPECT_FALSE(index->has_rope);
+        EXPECT_EQ(index->ntotal, 0);
+        keys[17] = 0.5f;
+        in.rope.theta = 500000; // another model: fine, nothing was fixed
+        index->prefill(in);
+        EXPECT_EQ(index->rope.theta, 500000);
+        EXPECT_EQ(index->ntotal, 10);
+    }
+}
+
+TEST(BadInput, KVCacheRefusesBadHeadBeforeChangingAny) {
+    KVCache cache(1, 4, 2, kDim, kDim, "Flat");
+    idx_t n = 10;
+    std::vector<float> keys = kvtest::gaussian(2 * n, kDim, 1), values = kvtest::gaussian(2 * n, kDim, 2);
+    keys[(n + 3) * kDim] = kNaN; // head 1 only
+    EXPECT_THROW_MSG(
+            cache.prefill(0, n, keys.data(), values.data(), 0, nullptr, nullptr, RopeParams{}),
+            "non-finite");
+    EXPECT_EQ(cache.index(0, 0)->ntotal, 0);
+    keys[(n + 3) * kDim] = 0.1f;
+    cache.prefill(0, n, keys.data(), values.data(), 0, nullptr, nullptr, RopeParams{}); // retry works
+    std::vector<float> k1 = kvtest::gaussian(2, kDim, 3), v1 = kvtest::gaussian(2, kDim, 4);
+    v1[kDim + 1] = kInf; // head 1's value
+    EXPECT_THROW_MSG(cache.append(0, 1, k1.data(), v1.data()), "non-finite");
+    EXPECT_EQ(cache.index(0, 0)->ntotal, n);
+    EXPECT_EQ(cache.index(0, 1)->ntotal, n);
 }

@@ -151,10 +151,10 @@ TEST(Factory, ValueDimension) {
             std::vector<float> v(8), key(kDim);
             index->reconstruct_value(i, v.data());
             index->reconstruct(i, key.data());
-            EXPECT_EQ(std::vector<float>(values.begin() + i * 8, values.begin() + (i + 1) * 8), v)
-                    << s << " token " << i;
-            EXPECT_EQ(std::vector<float>(keys.begin() + i * kDim, keys.begin() + (i + 1) * kDim), key)
-                    << s << " token " << i;
+            std::vector<float> v_ref(values.begin() + i * 8, values.begin() + (i + 1) * 8);
+            std::vector<float> k_ref(keys.begin() + i * kDim, keys.begin() + (i + 1) * kDim);
+            EXPECT_EQ(v_ref, v) << s << " token " << i;
+            EXPECT_EQ(k_ref, key) << s << " token " << i;
         }
         std::vector<float> q = kvtest::gaussian(2, kDim, 13), out(2 * 8);
         index->attend(2, q.data(), out.data(), nullptr);
@@ -245,4 +245,15 @@ TEST(Factory, ParametersErrors) {
     // the failed calls left the valid settings alone
     auto t = dynamic_cast<IndexTopK*>(dynamic_cast<IndexSinkWindow*>(ivf.get())->inner.get());
     EXPECT_EQ(t->k, 100);
+}
+
+TEST(Factory, ParametersAreParsedStrictly) {
+    auto ivf = index_factory(kDim, "TopK(IVF16,Flat)");
+    // what strtod would take but a parameter string should not
+    for (const char* bad : {"k=10,", "k= 5", "k=0x10", "k=inf", "k=nan", "k=1e300", "nprobe=1e300"}) {
+        SCOPED_TRACE(bad);
+        EXPECT_THROW(set_index_parameters(ivf.get(), bad), faiss::FaissException);
+    }
+    set_index_parameters(ivf.get(), "k=1e2");
+    EXPECT_EQ(ivf->k, 100);
 }

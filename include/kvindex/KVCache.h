@@ -52,7 +52,8 @@ struct KVCache {
     const KVIndex* index(int layer, int kv_head) const;
     idx_t n_tokens(int layer) const;
 
-    /** Prefill of one layer.
+    /** Prefill of one layer. All input is checked before any head changes;
+     * if a head fails inside its index, the layer is left empty.
      * @param keys       size n_kv_heads * n * d
      * @param values     size n_kv_heads * n * d_value
      * @param queries    size n_q_heads * n_queries * d, or nullptr
@@ -68,7 +69,10 @@ struct KVCache {
             const idx_t* positions,
             const RopeParams& rope);
 
-    /// Appends n tokens to every KV head of a layer (same layouts as prefill).
+    /// Appends n tokens to every KV head of a layer (same layouts as
+    /// prefill). All input is checked before any head appends; a failure
+    /// inside one head's index (rare: a retriever that cannot train) can
+    /// leave the heads of the layer with different lengths.
     void append(int layer, idx_t n, const float* keys, const float* values);
 
     /** Attention of n queries per query head of one layer.
@@ -85,6 +89,10 @@ struct KVCache {
             const faiss::SearchParameters* params = nullptr) const;
 
     size_t memory_bytes() const;
+
+   private:
+    /// Throws unless keys / values of n tokens per KV head are present and finite.
+    void check_tokens(idx_t n, const float* keys, const float* values, const char* what) const;
 };
 
 } // namespace kvindex

@@ -167,11 +167,17 @@ struct KVIndex : faiss::Index {
     /// Appends already validated tokens; add_kv checks, then calls this.
     virtual void add_kv_impl(idx_t n, const float* keys, const float* values) = 0;
 
-    /// Checks a prefill input and fixes `rope`; throws naming the problem.
-    void check_prefill(const PrefillInput& input);
+    /// Checks a prefill input (not the keys and values, which add_kv
+    /// checks); throws naming the problem. The caller records `rope` once
+    /// the tokens are in.
+    void check_prefill(const PrefillInput& input) const;
 
     /// Checks the arguments of search / select (n >= 0, q present and finite).
     void check_query_args(idx_t n, const float* q, const char* what) const;
+
+    /// Throws for search parameters no kvindex type accepts: an IDSelector
+    /// (not supported) or SearchParametersKV::k < 0.
+    void check_params(const faiss::SearchParameters* params) const;
 
     /// check_query_args for attend, plus a non-empty index and an output.
     void check_attend_args(idx_t n, const float* q, const float* out) const;
