@@ -170,6 +170,7 @@ void IndexSinkWindow::select(
             for (size_t j = 0; j < sel[i].size(); j++) {
                 all.push_back(sel[i].ids[j] + sink.size(), sel[i].inclusion[j]);
             }
+            all.n_scanned = sel[i].n_scanned;
         }
         for (idx_t j = 0; j < window.size(); j++) {
             all.push_back(w0 + j);

@@ -32,6 +32,13 @@ idx_t min_keys_to_train(const faiss::Index* retriever) {
     return 1;
 }
 
+/// The official code's IVF default (nprobe 8), where Faiss's is 1.
+void set_default_knobs(faiss::Index* retriever) {
+    if (auto ivf = faiss::ivflib::try_extract_index_ivf(retriever)) {
+        ivf->nprobe = std::min<size_t>(ivf->nlist, 8);
+    }
+}
+
 } // namespace
 
 IndexTopK::IndexTopK() : KVIndex(0, 0) {}
@@ -51,6 +58,7 @@ IndexTopK::IndexTopK(int d, int d_value, const std::string& retriever_string)
                 e.what());
     }
     min_train_points = min_keys_to_train(retriever.get());
+    set_default_knobs(retriever.get());
 }
 
 void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
@@ -165,15 +173,57 @@ void IndexTopK::select(
     }
     std::vector<float> dis(n * kk);
     std::vector<idx_t> ids(n * kk);
+    auto kv_params = dynamic_cast<const SearchParametersKV*>(params);
+    bool count = kv_params && kv_params->count_scanned;
+    if (count) {
+        faiss::hnsw_stats.reset();
+    }
     search(n, q, kk, dis.data(), ids.data(), params);
+    std::vector<size_t> scanned(n, 0);
+    if (count) {
+        count_scanned(n, q, params, scanned.data());
+    }
     for (idx_t i = 0; i < n; i++) {
         sel[i].clear();
+        sel[i].n_scanned = scanned[i];
         for (idx_t j = 0; j < kk; j++) {
             idx_t id = ids[i * kk + j];
             if (id >= 0) {
                 sel[i].push_back(id);
             }
         }
+    }
+}
+
+void IndexTopK::count_scanned(
+        idx_t n,
+        const float* q,
+        const faiss::SearchParameters* params,
+        size_t* scanned) const {
+    auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
+    auto hnsw = dynamic_cast<const faiss::IndexHNSW*>(retriever.get());
+    if (!retriever->is_trained || (!ivf && !hnsw)) {
+        std::fill(scanned, scanned + n, size_t(ntotal)); // a full scan
+    } else if (ivf) {
+        // the centroids, then every key of the probed lists
+        auto p = dynamic_cast<const SearchParametersTopK*>(params);
+        size_t nprobe = std::min(ivf->nlist, p && p->nprobe > 0 ? p->nprobe : ivf->nprobe);
+        std::vector<float> cd(n * nprobe);
+        std::vector<idx_t> lists(n * nprobe);
+        ivf->quantizer->search(n, q, nprobe, cd.data(), lists.data());
+        for (idx_t i = 0; i < n; i++) {
+            scanned[i] = ivf->nlist;
+            for (size_t j = 0; j < nprobe; j++) {
+                idx_t l = lists[i * nprobe + j];
+                scanned[i] += l >= 0 ? ivf->invlists->list_size(l) : 0;
+            }
+        }
+    } else {
+        // Faiss counts HNSW distance computations in a global, reset by
+        // select; 1.7.3 counts the base-layer ones in n3 and leaves ndis 0
+        // (the few greedy steps of the upper layers are not counted)
+        size_t ndis = faiss::hnsw_stats.n3 + faiss::hnsw_stats.ndis;
+        std::fill(scanned, scanned + n, (ndis + n - 1) / n);
     }
 }
 

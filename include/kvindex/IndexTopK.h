@@ -21,7 +21,8 @@ struct SearchParametersTopK : SearchParametersKV {
  * then exact softmax over them, with no correction for the tail.
  *
  * The retriever is built by faiss::index_factory(d, retriever_string,
- * METRIC_INNER_PRODUCT). Retrievers that need training (IVF) train on the
+ * METRIC_INNER_PRODUCT); IVF retrievers start with nprobe = min(nlist, 8)
+ * as in the paper's code (Faiss's own default is 1). Retrievers that need training (IVF) train on the
  * first add, on a random sample of those keys (not a prefix, which would
  * only see the start of the document).
  */
@@ -67,6 +68,13 @@ struct IndexTopK : KVIndex {
     void set_retriever_parameter(const std::string& name, double value);
 
    protected:
+    /// Vectors the retriever read per query (Selection::n_scanned).
+    void count_scanned(
+            idx_t n,
+            const float* q,
+            const faiss::SearchParameters* params,
+            size_t* scanned) const;
+
     /// serialises per-call efSearch on HNSW retrievers (see search)
     mutable std::mutex retriever_mutex;
 

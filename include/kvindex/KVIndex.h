@@ -30,6 +30,10 @@ enum class Estimator {
 struct Selection {
     std::vector<idx_t> ids;         ///< size n_selected, token positions
     std::vector<float> inclusion;   ///< size n_selected, in (0, 1]
+    /// vectors the retrieval read to make this selection, in key-vector
+    /// equivalents (keys scanned, centroids, graph nodes); the selected keys
+    /// and values the estimator then reads are not included
+    size_t n_scanned = 0;
 
     size_t size() const {
         return ids.size();
@@ -37,6 +41,7 @@ struct Selection {
     void clear() {
         ids.clear();
         inclusion.clear();
+        n_scanned = 0;
     }
     void push_back(idx_t id, float u = 1.0f) {
         ids.push_back(id);
@@ -48,8 +53,11 @@ struct Selection {
 /// knobs of their own subclass this; each index checks with dynamic_cast.
 struct SearchParametersKV : faiss::SearchParameters {
     /// number of keys an index with a top-k budget selects per query;
-    /// <= 0 means "use the index's own default" (KVIndex::k)
+    /// 0 means "use the index's own default" (KVIndex::k); < 0 is an error
     idx_t k = 0;
+    /// select fills Selection::n_scanned (costs an extra coarse search for
+    /// IVF; exact for HNSW only when one thread searches the index at a time)
+    bool count_scanned = false;
 };
 
 /** Everything prefill knows, handed to the index in one call. Query-aware
