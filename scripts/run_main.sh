@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# The main job: set-up and build, then the demo comparison on a synthetic
-# head (kvbench replaces it when it lands). Extra arguments go to kvdemo.
+# The main job: set-up and build, generate the default synthetic trace if it
+# is absent, then kvbench over every index type with default parameters.
+# Extra arguments go to `kvbench run` (e.g. --json out.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh build
-./build/benchmarks/kvdemo "$@"
+TRACE=data/default
+if [ ! -f "$TRACE/meta.json" ]; then
+  ./build/benchmarks/kvbench gen --out "$TRACE" --preset mixed --seed 1
+fi
+./build/benchmarks/kvbench run --trace "$TRACE" --max-queries 32 \
+  --index Flat \
+  --index "TopK(Flat)" \
+  --index "TopK(IVF128,Flat)" \
+  --index "TopK(HNSW16)" \
+  --index "Sink4,Window64,TopK(IVF128,Flat)" \
+  "$@"

@@ -8,7 +8,7 @@ BUILD_DIR="${1:-build}"
 
 PACKAGES=(build-essential cmake libfaiss-dev libopenblas-dev libboost-dev
           libboost-program-options-dev libgtest-dev libbenchmark-dev
-          pybind11-dev python3-venv)
+          pybind11-dev nlohmann-json3-dev python3-venv)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -25,7 +25,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy" 2>/dev/null; then
+if ! .venv/bin/python -c "import numpy, matplotlib" 2>/dev/null; then
   .venv/bin/pip install -q -r requirements.txt
 fi
 

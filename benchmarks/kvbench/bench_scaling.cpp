@@ -1,0 +1,124 @@
+// Scaling benchmark: exact dense attention vs top-k retrieval at growing
+// context, one synthetic head (mixed preset: a needle, a local and a flat
+// query head sharing one KV head), d = 128.
+//
+//   ./build/benchmarks/bench_scaling [--tokens 32768,131072,1048576] [--queries 30]
+//
+// For each length: build each index on all keys (seconds), then for each
+// query time attend one query at a time (µs, one thread), recall@100 of the
+// exact top-100, and the speed-up over the dense kernel timed in the same run.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+#include <kvindex/attention.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/kernels.h>
+#include <kvindex/parameters.h>
+
+#include "synthetic.h"
+
+using namespace kvindex;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    std::string tokens_list;
+    int n_queries;
+    boost::program_options::options_description opts("bench_scaling");
+    opts.add_options()
+            ("tokens", boost::program_options::value(&tokens_list)->default_value("32768,131072,1048576"), "context lengths")
+            ("queries", boost::program_options::value(&n_queries)->default_value(30), "queries per length");
+    boost::program_options::variables_map vm;
+    boost::program_options::store(boost::program_options::parse_command_line(argc, argv, opts), vm);
+    boost::program_options::notify(vm);
+    std::vector<idx_t> lengths;
+    std::stringstream ss(tokens_list);
+    for (std::string item; std::getline(ss, item, ',');) {
+        lengths.push_back(std::stoll(item));
+    }
+    const int d = 128, k = 100;
+    std::printf("%-24s %9s %10s %10s %9s %9s %8s %10s\n", "index", "tokens", "us/query",
+                "dense_us", "speedup", "recall", "build_s", "bytes/tok");
+    for (idx_t n : lengths) {
+        kvbench::SyntheticConfig cfg;
+        cfg.n_tokens = n + n_queries;
+        cfg.head_dim = d;
+        cfg.n_kv_heads = 1;
+        cfg.group = 3;
+        cfg.n_layers = 1;
+        cfg.n_eval = n_queries;
+        TraceLayer layer = kvbench::synthetic_layer(cfg, 0);
+        idx_t n_all = cfg.n_tokens;
+        // queries: the evaluation positions of the three heads, in turn
+        std::vector<const float*> queries;
+        for (int i = 0; i < n_queries; i++) {
+            queries.push_back(layer.queries.data() + (size_t(i % 3) * n_all + n + i) * d);
+        }
+        long nlist = std::max(1L, long(std::ceil(n / 1000.0)));
+        std::vector<std::string> specs = {
+                "Flat", "TopK(Flat)", "TopK(IVF" + std::to_string(nlist) + ",Flat)", "TopK(HNSW16)"};
+        // exact reference and its timing
+        std::vector<float> exact(n_queries * d);
+        std::vector<std::vector<idx_t>> truth(n_queries);
+        double dense_s = 0;
+        for (int i = 0; i < n_queries; i++) {
+            auto t0 = Clock::now();
+            exact_attention(queries[i], layer.keys.data(), layer.values.data(), d, d, n,
+                            exact.data() + i * d);
+            dense_s += seconds_since(t0);
+            std::vector<float> s(n);
+            inner_products_scaled(queries[i], layer.keys.data(), d, n, 1.0f, s.data());
+            std::vector<idx_t> ids(n);
+            std::iota(ids.begin(), ids.end(), 0);
+            std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                              [&](idx_t a, idx_t b) { return s[a] > s[b]; });
+            truth[i].assign(ids.begin(), ids.begin() + k);
+            std::sort(truth[i].begin(), truth[i].end());
+        }
+        double dense_us = 1e6 * dense_s / n_queries;
+        for (const auto& spec : specs) {
+            auto index = index_factory(d, spec);
+            auto tb = Clock::now();
+            index->add_kv(n, layer.keys.data(), layer.values.data());
+            double build_s = seconds_since(tb);
+            if (spec.find("HNSW") != std::string::npos) {
+                set_index_parameters(index.get(), "efSearch=128");
+            }
+            std::vector<float> out(d);
+            double attend_s = 0, recall = 0;
+            for (int i = 0; i < n_queries; i++) {
+                auto t0 = Clock::now();
+                index->attend(1, queries[i], out.data(), nullptr);
+                attend_s += seconds_since(t0);
+                std::vector<float> dis(k);
+                std::vector<idx_t> ids(k);
+                index->search(1, queries[i], k, dis.data(), ids.data());
+                for (idx_t id : ids) {
+                    recall += std::binary_search(truth[i].begin(), truth[i].end(), id);
+                }
+            }
+            double us = 1e6 * attend_s / n_queries;
+            std::printf("%-24s %9zd %10.1f %10.1f %9.2f %9.3f %8.2f %10.0f\n", spec.c_str(),
+                        size_t(n), us, dense_us, dense_us / us, recall / (k * n_queries),
+                        build_s, double(index->memory_bytes()) / n);
+            std::fflush(stdout);
+        }
+    }
+    return 0;
+}

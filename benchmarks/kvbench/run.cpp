@@ -1,0 +1,318 @@
+#include "run.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <thread>
+
+#include <faiss/impl/FaissAssert.h>
+#include <nlohmann/json.hpp>
+
+#include <kvindex/IndexSinkWindow.h>
+#include <kvindex/IndexTopK.h>
+#include <kvindex/attention.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/kernels.h>
+#include <kvindex/parameters.h>
+#include <kvindex/trace.h>
+
+namespace kvbench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// The IndexTopK inside an index, if it has one: such indexes return a top-k.
+const kvindex::IndexTopK* topk_part(const kvindex::KVIndex* index) {
+    if (auto w = dynamic_cast<const kvindex::IndexSinkWindow*>(index)) {
+        return topk_part(w->inner.get());
+    }
+    return dynamic_cast<const kvindex::IndexTopK*>(index);
+}
+
+/// Per-row figures, summarised at the end.
+struct Accumulator {
+    std::vector<double> rel_err;
+    double mass = 0, recall = 0, selected = 0, touched = 0;
+    double attend_s = 0, dense_s = 0;
+    idx_t n = 0, n_recall = 0;
+};
+
+double p95(std::vector<double> v) {
+    if (v.empty()) {
+        return 0;
+    }
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, size_t(std::ceil(0.95 * v.size())) - 1)];
+}
+
+} // namespace
+
+std::vector<idx_t> evaluation_positions(idx_t n_ctx, idx_t n_tokens, idx_t n) {
+    idx_t n_eval = n_tokens - n_ctx;
+    std::vector<idx_t> pos;
+    if (n <= 0 || n >= n_eval) {
+        for (idx_t p = n_ctx; p < n_tokens; p++) {
+            pos.push_back(p);
+        }
+        return pos;
+    }
+    for (idx_t i = 0; i < n; i++) {
+        // evenly spread, first and last included
+        pos.push_back(n_ctx + (n == 1 ? n_eval - 1 : i * (n_eval - 1) / (n - 1)));
+    }
+    return pos;
+}
+
+std::string machine_description() {
+    std::ifstream f("/proc/cpuinfo");
+    std::string line, model = "unknown CPU";
+    while (std::getline(f, line)) {
+        if (line.rfind("model name", 0) == 0) {
+            model = line.substr(line.find(':') + 2);
+            break;
+        }
+    }
+    return model + ", " + std::to_string(std::thread::hardware_concurrency()) + " cores, SIMD " +
+            kvindex::simd_level_name(kvindex::get_simd_level());
+}
+
+RunResult run_kvbench(const RunOptions& opt) {
+    kvindex::TraceMeta meta = kvindex::read_trace_meta(opt.trace_dir);
+    FAISS_THROW_IF_NOT_MSG(!opt.indexes.empty(), "kvbench run: no --index given");
+    std::vector<int> layers = opt.layers;
+    if (layers.empty()) {
+        layers.resize(meta.n_layers);
+        std::iota(layers.begin(), layers.end(), 0);
+    }
+    for (int l : layers) {
+        FAISS_THROW_IF_NOT_FMT(
+                l >= 0 && l < meta.n_layers,
+                "kvbench run: layer %d not in the trace (n_layers=%d)",
+                l,
+                meta.n_layers);
+    }
+    // build every index once up front: a bad string or parameter fails
+    // before any work is done
+    for (const auto& s : opt.indexes) {
+        auto index = kvindex::index_factory(meta.head_dim, s);
+        if (!opt.params.empty()) {
+            kvindex::set_index_parameters(index.get(), opt.params);
+        }
+    }
+    int d = meta.head_dim, g = meta.n_q_heads / meta.n_kv_heads;
+    idx_t n = meta.n_tokens, n_ctx = meta.n_ctx;
+    std::vector<idx_t> positions = evaluation_positions(n_ctx, n, opt.max_queries);
+
+    RunResult res;
+    res.trace = opt.trace_dir;
+    res.machine = machine_description();
+    res.head_dim = d;
+    res.n_tokens = n;
+    std::vector<Accumulator> acc(opt.indexes.size());
+    res.results.resize(opt.indexes.size());
+    std::vector<double> bytes_sum(opt.indexes.size(), 0.0);
+    int n_heads_built = 0;
+
+    for (int l : layers) {
+        kvindex::TraceLayer layer = kvindex::read_trace_layer(opt.trace_dir, meta, l);
+        for (int h = 0; h < meta.n_kv_heads; h++) {
+            const float* keys = layer.keys.data() + size_t(h) * n * d;
+            const float* values = layer.values.data() + size_t(h) * n * d;
+            // prefill queries of the group: [g, n_ctx, d]
+            std::vector<float> prefill_q(size_t(g) * n_ctx * d);
+            for (int j = 0; j < g; j++) {
+                const float* src = layer.queries.data() + size_t(h * g + j) * n * d;
+                std::copy(src, src + n_ctx * d, prefill_q.begin() + size_t(j) * n_ctx * d);
+            }
+            size_t row0 = res.rows.size();
+            for (idx_t p : positions) {
+                for (int j = 0; j < g; j++) {
+                    res.rows.push_back({l, h * g + j, p});
+                }
+            }
+            n_heads_built++;
+            for (size_t ix = 0; ix < opt.indexes.size(); ix++) {
+                if (opt.progress) {
+                    std::fprintf(stderr, "kvbench: layer %d kv head %d: %s\n", l, h,
+                                 opt.indexes[ix].c_str());
+                }
+                IndexResult& r = res.results[ix];
+                Accumulator& a = acc[ix];
+                auto index = kvindex::index_factory(d, opt.indexes[ix]);
+                if (!opt.params.empty()) {
+                    kvindex::set_index_parameters(index.get(), opt.params);
+                }
+                kvindex::PrefillInput in;
+                in.n_tokens = n_ctx;
+                in.keys = keys;
+                in.values = values;
+                in.n_queries = n_ctx;
+                in.n_query_heads = g;
+                in.queries = prefill_q.data();
+                in.rope = kvindex::RopeParams{meta.rope_theta, meta.rope_style};
+                auto tb = Clock::now();
+                index->prefill(in);
+                r.build_s += seconds_since(tb);
+                const kvindex::IndexTopK* topk = topk_part(index.get());
+                kvindex::SearchParametersKV count;
+                count.count_scanned = true;
+
+                r.outputs.resize(res.rows.size() * d);
+                idx_t cursor = n_ctx;
+                size_t row = row0;
+                std::vector<float> exact(d), scores(n);
+                for (idx_t p : positions) {
+                    // decode: tokens up to p (its own key included) arrive first
+                    index->add_kv(p + 1 - cursor, keys + cursor * d, values + cursor * d);
+                    cursor = p + 1;
+                    for (int j = 0; j < g; j++, row++) {
+                        const float* q = layer.queries.data() + (size_t(h * g + j) * n + p) * d;
+                        float* out = r.outputs.data() + row * d;
+                        // each timed on its second call, so that both see
+                        // the same (warm) caches whatever ran before
+                        index->attend(1, q, out, nullptr);
+                        auto t0 = Clock::now();
+                        index->attend(1, q, out, nullptr);
+                        a.attend_s += seconds_since(t0);
+                        kvindex::exact_attention(q, keys, values, d, d, p + 1, exact.data());
+                        auto t1 = Clock::now();
+                        kvindex::exact_attention(q, keys, values, d, d, p + 1, exact.data());
+                        a.dense_s += seconds_since(t1);
+
+                        double num = 0, den = 0;
+                        for (int c = 0; c < d; c++) {
+                            num += double(out[c] - exact[c]) * (out[c] - exact[c]);
+                            den += double(exact[c]) * exact[c];
+                        }
+                        a.rel_err.push_back(std::sqrt(num / std::max(den, 1e-300)));
+
+                        // exact attention weights over [0, p], for mass and recall
+                        kvindex::inner_products_scaled(
+                                q, keys, d, p + 1, 1.0f / std::sqrt(float(d)), scores.data());
+                        std::vector<float> w(scores.begin(), scores.begin() + p + 1);
+                        kvindex::softmax_inplace(w.data(), nullptr, p + 1);
+                        kvindex::Selection sel;
+                        index->select(1, q, &sel, &count);
+                        double mass = 0;
+                        for (idx_t id : sel.ids) {
+                            mass += w[id];
+                        }
+                        a.mass += mass;
+                        a.selected += double(sel.size()) / (p + 1);
+                        a.touched += (sel.n_scanned + 2.0 * sel.size()) / (2.0 * (p + 1));
+                        if (topk) {
+                            idx_t k = std::min<idx_t>(topk->k, p + 1);
+                            std::vector<idx_t> ids(k), truth(p + 1);
+                            std::vector<float> dis(k);
+                            index->search(1, q, k, dis.data(), ids.data());
+                            std::iota(truth.begin(), truth.end(), 0);
+                            std::partial_sort(truth.begin(), truth.begin() + k, truth.end(),
+                                              [&](idx_t x, idx_t y) { return scores[x] > scores[y]; });
+                            std::sort(truth.begin(), truth.begin() + k);
+                            idx_t hits = 0;
+                            for (idx_t id : ids) {
+                                hits += std::binary_search(truth.begin(), truth.begin() + k, id);
+                            }
+                            a.recall += double(hits) / k;
+                            a.n_recall++;
+                        }
+                        a.n++;
+                    }
+                }
+                bytes_sum[ix] += double(index->memory_bytes()) / index->ntotal;
+            }
+        }
+    }
+    for (size_t ix = 0; ix < opt.indexes.size(); ix++) {
+        IndexResult& r = res.results[ix];
+        const Accumulator& a = acc[ix];
+        r.index = opt.indexes[ix];
+        r.params = opt.params;
+        r.n_queries = a.n;
+        double nq = std::max<idx_t>(a.n, 1);
+        r.rel_err_mean = std::accumulate(a.rel_err.begin(), a.rel_err.end(), 0.0) / nq;
+        r.rel_err_p95 = p95(a.rel_err);
+        r.mass_mean = a.mass / nq;
+        if (a.n_recall > 0) {
+            r.recall_at_k = a.recall / a.n_recall;
+        }
+        r.selected_frac = a.selected / nq;
+        r.touched_frac = a.touched / nq;
+        r.us_per_query = 1e6 * a.attend_s / nq;
+        r.dense_us_per_query = 1e6 * a.dense_s / nq;
+        r.speedup_vs_dense = a.attend_s > 0 ? a.dense_s / a.attend_s : 0;
+        r.bytes_per_token = bytes_sum[ix] / std::max(n_heads_built, 1);
+    }
+    return res;
+}
+
+void print_table(const RunResult& res) {
+    std::printf("trace: %s\nmachine: %s\n", res.trace.c_str(), res.machine.c_str());
+    std::printf("%-36s %6s %9s %9s %7s %7s %8s %8s %9s %9s %8s %8s %9s\n", "index", "n",
+                "rel_err", "err_p95", "mass", "recall", "selected", "touched", "us/query",
+                "dense_us", "speedup", "build_s", "bytes/tok");
+    for (const auto& r : res.results) {
+        char recall[16] = "-";
+        if (r.recall_at_k) {
+            std::snprintf(recall, sizeof(recall), "%.3f", *r.recall_at_k);
+        }
+        std::printf("%-36s %6zd %9.2e %9.2e %7.4f %7s %7.2f%% %7.2f%% %9.1f %9.1f %8.2f %8.2f %9.0f\n",
+                    r.index.c_str(), size_t(r.n_queries), r.rel_err_mean, r.rel_err_p95,
+                    r.mass_mean, recall, 100 * r.selected_frac, 100 * r.touched_frac,
+                    r.us_per_query, r.dense_us_per_query, r.speedup_vs_dense, r.build_s,
+                    r.bytes_per_token);
+    }
+}
+
+void write_json(const RunResult& res, const std::string& path) {
+    nlohmann::json j;
+    j["trace"] = res.trace;
+    j["machine"] = res.machine;
+    j["n_tokens"] = res.n_tokens;
+    j["results"] = nlohmann::json::array();
+    for (const auto& r : res.results) {
+        nlohmann::json x;
+        x["index"] = r.index;
+        x["params"] = r.params;
+        x["n_queries"] = r.n_queries;
+        x["rel_err_mean"] = r.rel_err_mean;
+        x["rel_err_p95"] = r.rel_err_p95;
+        x["mass_mean"] = r.mass_mean;
+        x["recall_at_k"] = r.recall_at_k ? nlohmann::json(*r.recall_at_k) : nlohmann::json(nullptr);
+        x["selected_frac"] = r.selected_frac;
+        x["touched_frac"] = r.touched_frac;
+        x["us_per_query"] = r.us_per_query;
+        x["dense_us_per_query"] = r.dense_us_per_query;
+        x["speedup_vs_dense"] = r.speedup_vs_dense;
+        x["build_s"] = r.build_s;
+        x["bytes_per_token"] = r.bytes_per_token;
+        j["results"].push_back(x);
+    }
+    std::ofstream f(path);
+    FAISS_THROW_IF_NOT_FMT(f.good(), "kvbench: cannot write %s", path.c_str());
+    f << j.dump(2) << "\n";
+}
+
+void write_dump(const RunResult& res, const std::string& dir) {
+    std::filesystem::create_directories(dir);
+    std::vector<int64_t> rows;
+    for (const auto& r : res.rows) {
+        rows.insert(rows.end(), r.begin(), r.end());
+    }
+    kvindex::write_npy(dir + "/rows.npy", "<i8", {res.rows.size(), 3}, rows.data());
+    for (size_t i = 0; i < res.results.size(); i++) {
+        kvindex::write_npy(dir + "/" + std::to_string(i) + ".npy", "<f4",
+                           {res.rows.size(), size_t(res.head_dim)}, res.results[i].outputs.data());
+    }
+}
+
+} // namespace kvbench

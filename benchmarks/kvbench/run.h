@@ -1,0 +1,65 @@
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <kvindex/KVIndex.h>
+
+namespace kvbench {
+
+using kvindex::idx_t;
+
+struct RunOptions {
+    std::string trace_dir;
+    std::vector<std::string> indexes; ///< factory strings, in table order
+    std::string params;               ///< set on every index ("k=100,nprobe=8")
+    std::vector<int> layers;          ///< empty: every layer
+    idx_t max_queries = 0;            ///< evaluation positions per (layer, q head); 0: all
+    bool progress = true;             ///< progress lines on stderr
+};
+
+/// The figures of one index string over every evaluated (layer, q head, position).
+struct IndexResult {
+    std::string index;
+    std::string params;
+    idx_t n_queries = 0;
+    double rel_err_mean = 0, rel_err_p95 = 0;
+    double mass_mean = 0;              ///< exact attention mass of the selected set
+    std::optional<double> recall_at_k; ///< of the exact top-k, for top-k indexes
+    double selected_frac = 0;          ///< selected tokens / tokens attended
+    double touched_frac = 0;           ///< vectors read / 2 (p + 1): 1 = dense
+    double us_per_query = 0;
+    double dense_us_per_query = 0;
+    double speedup_vs_dense = 0;
+    double build_s = 0;                ///< prefill seconds, summed over heads
+    double bytes_per_token = 0;        ///< index memory / tokens, mean over heads
+    std::vector<float> outputs;        ///< [n_rows, head_dim], rows as RunResult::rows
+};
+
+struct RunResult {
+    std::string trace;
+    std::string machine;
+    int head_dim = 0;
+    idx_t n_tokens = 0; ///< context length of the trace
+    std::vector<std::array<int64_t, 3>> rows; ///< (layer, q head, position)
+    std::vector<IndexResult> results;
+};
+
+/// Replays the trace through every index and exact attention (DESIGN §4).
+RunResult run_kvbench(const RunOptions& options);
+
+/// Evaluation positions: n spread evenly over [n_ctx, n_tokens), all if n <= 0.
+std::vector<idx_t> evaluation_positions(idx_t n_ctx, idx_t n_tokens, idx_t n);
+
+void print_table(const RunResult& result);
+void write_json(const RunResult& result, const std::string& path);
+/// rows.npy (int64 [n_rows, 3]) and <i>.npy (float32 [n_rows, d]) per index.
+void write_dump(const RunResult& result, const std::string& dir);
+
+/// "CPU model, N cores" from /proc/cpuinfo.
+std::string machine_description();
+
+} // namespace kvbench

@@ -1,0 +1,50 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <kvindex/trace.h>
+
+namespace kvbench {
+
+/** What kind of attention a synthetic query head produces.
+ *   needle: each query points at one of a few salient earlier tokens (sparse)
+ *   local:  queries and keys share a high-frequency RoPE component, so
+ *           attention peaks on recent tokens and decays with distance
+ *   flat:   queries carry no key structure: near-uniform attention, the
+ *           aggregation case where top-k is biased
+ */
+enum class HeadKind { needle, local, flat };
+const char* head_kind_name(HeadKind kind);
+
+struct SyntheticConfig {
+    std::string preset = "mixed"; ///< needle | local | flat | mixed
+    uint64_t seed = 1;
+    int64_t n_tokens = 16384;
+    int head_dim = 128;
+    int n_kv_heads = 2;
+    int group = 2;      ///< query heads per KV head
+    int n_layers = 2;
+    int64_t n_eval = 256; ///< evaluation positions at the end: n_ctx = n_tokens - n_eval
+    std::string dtype = "float32";
+};
+
+/// Kind of query head h of layer l under a preset (mixed cycles the kinds).
+HeadKind head_kind(const SyntheticConfig& cfg, int layer, int q_head);
+
+/// The trace metadata of a configuration (checks the configuration).
+kvindex::TraceMeta synthetic_meta(const SyntheticConfig& cfg);
+
+/// One layer, generated in memory; deterministic in (cfg, layer).
+kvindex::TraceLayer synthetic_layer(const SyntheticConfig& cfg, int layer);
+
+/// Generates and writes the trace; deterministic in cfg (seed included).
+kvindex::TraceMeta write_synthetic_trace(const std::string& dir, const SyntheticConfig& cfg);
+
+/// Mean normalised attention entropy H / log(p + 1) of each (layer, query
+/// head) over up to `n_positions` evaluation positions: 0 = one token, 1 = uniform.
+std::vector<double> attention_entropy_profile(
+        const std::string& dir, const kvindex::TraceMeta& meta, int n_positions);
+
+} // namespace kvbench

@@ -1,0 +1,185 @@
+// kvbench's metrics on tiny traces, against figures computed here.
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <kvindex/trace.h>
+
+#include "expect_throw.h"
+#include "reference.h"
+#include "run.h"
+#include "synthetic.h"
+
+using namespace kvindex;
+
+namespace {
+
+/// A small synthetic trace in a fresh directory.
+std::string tiny_trace(const std::string& name, const std::string& preset = "mixed") {
+    std::string dir = ::testing::TempDir() + "/kvbench_" + name;
+    kvbench::SyntheticConfig cfg;
+    cfg.preset = preset;
+    cfg.n_tokens = 300;
+    cfg.head_dim = 16;
+    cfg.n_kv_heads = 2;
+    cfg.group = 2;
+    cfg.n_layers = 2;
+    cfg.n_eval = 20;
+    kvbench::write_synthetic_trace(dir, cfg);
+    return dir;
+}
+
+kvbench::RunResult run(const std::string& dir, std::vector<std::string> indexes,
+                       const std::string& params = "", idx_t max_queries = 5) {
+    kvbench::RunOptions opt;
+    opt.trace_dir = dir;
+    opt.indexes = std::move(indexes);
+    opt.params = params;
+    opt.max_queries = max_queries;
+    opt.progress = false;
+    return kvbench::run_kvbench(opt);
+}
+
+} // namespace
+
+TEST(KVBench, EvaluationPositionsAreSpreadEvenly) {
+    EXPECT_EQ(kvbench::evaluation_positions(100, 110, 0).size(), 10u);
+    EXPECT_EQ(kvbench::evaluation_positions(100, 110, 3), (std::vector<idx_t>{100, 104, 109}));
+    EXPECT_EQ(kvbench::evaluation_positions(100, 110, 50).size(), 10u);
+}
+
+TEST(KVBench, GeneratorIsDeterministicBySeed) {
+    std::string a = tiny_trace("det_a"), b = tiny_trace("det_b");
+    TraceMeta ma = read_trace_meta(a), mb = read_trace_meta(b);
+    EXPECT_EQ(read_trace_layer(a, ma, 1).keys, read_trace_layer(b, mb, 1).keys);
+    EXPECT_EQ(read_trace_layer(a, ma, 1).queries, read_trace_layer(b, mb, 1).queries);
+}
+
+TEST(KVBench, PresetsSpanSparseToFlat) {
+    // entropy profile: needle heads far sparser than flat heads
+    std::string needle = tiny_trace("needle", "needle"), flat = tiny_trace("flat", "flat");
+    auto hn = kvbench::attention_entropy_profile(needle, read_trace_meta(needle), 4);
+    auto hf = kvbench::attention_entropy_profile(flat, read_trace_meta(flat), 4);
+    double mn = std::accumulate(hn.begin(), hn.end(), 0.0) / hn.size();
+    double mf = std::accumulate(hf.begin(), hf.end(), 0.0) / hf.size();
+    // (short contexts and d = 16 keep flat heads below the ~0.97 seen at d = 128)
+    EXPECT_LT(mn, 0.5);
+    EXPECT_GT(mf, 0.6);
+    EXPECT_GT(mf - mn, 0.3);
+}
+
+TEST(KVBench, FlatIsExact) {
+    std::string dir = tiny_trace("flat_exact");
+    auto res = run(dir, {"Flat"});
+    const auto& r = res.results[0];
+    EXPECT_EQ(r.n_queries, 2 * 4 * 5); // layers x q heads x positions
+    EXPECT_EQ(r.rel_err_mean, 0.0);
+    EXPECT_NEAR(r.mass_mean, 1.0, 1e-5);
+    EXPECT_FALSE(r.recall_at_k.has_value());
+    EXPECT_NEAR(r.selected_frac, 1.0, 1e-12);
+    EXPECT_NEAR(r.touched_frac, 1.0, 1e-12);
+}
+
+TEST(KVBench, TopKFiguresMatchAnIndependentComputation) {
+    std::string dir = tiny_trace("topk");
+    idx_t k = 7;
+    auto res = run(dir, {"TopK(Flat)"}, "k=7");
+    const auto& r = res.results[0];
+    TraceMeta meta = read_trace_meta(dir);
+    int d = meta.head_dim, g = meta.n_q_heads / meta.n_kv_heads;
+    idx_t n = meta.n_tokens;
+    double err = 0, mass = 0, sel = 0, touched = 0;
+    ASSERT_EQ(res.rows.size(), size_t(r.n_queries));
+    for (size_t row = 0; row < res.rows.size(); row++) {
+        auto [l, qh, p] = res.rows[row];
+        TraceLayer layer = read_trace_layer(dir, meta, int(l));
+        const float* keys = layer.keys.data() + size_t(qh / g) * n * d;
+        const float* values = layer.values.data() + size_t(qh / g) * n * d;
+        const float* q = layer.queries.data() + (size_t(qh) * n + p) * d;
+        std::vector<double> exact, topk_out;
+        kvtest::ref_attention_all(q, keys, values, d, d, p + 1, exact);
+        auto ids = kvtest::ref_topk(q, keys, d, p + 1, k);
+        kvtest::ref_attention(q, keys, values, d, d, ids, nullptr, topk_out);
+        double num = 0, den = 0;
+        for (int c = 0; c < d; c++) {
+            num += (topk_out[c] - exact[c]) * (topk_out[c] - exact[c]);
+            den += exact[c] * exact[c];
+            // the index's own output, from the run, matches the reference
+            EXPECT_NEAR(r.outputs[row * d + c], topk_out[c], 1e-4);
+        }
+        err += std::sqrt(num / den);
+        // mass: exact softmax weight of the top-k
+        std::vector<double> s(p + 1);
+        double mx = -INFINITY, z = 0, m = 0;
+        for (idx_t t = 0; t <= p; t++) {
+            s[t] = 0;
+            for (int c = 0; c < d; c++) {
+                s[t] += double(q[c]) * keys[t * d + c];
+            }
+            s[t] /= std::sqrt(double(d));
+            mx = std::max(mx, s[t]);
+        }
+        for (idx_t t = 0; t <= p; t++) {
+            z += std::exp(s[t] - mx);
+        }
+        for (idx_t id : ids) {
+            m += std::exp(s[id] - mx) / z;
+        }
+        mass += m;
+        sel += double(k) / (p + 1);
+        touched += (double(p + 1) + 2.0 * k) / (2.0 * (p + 1)); // full scan + k keys and values
+    }
+    double nq = double(r.n_queries);
+    EXPECT_NEAR(r.rel_err_mean, err / nq, 1e-4);
+    EXPECT_NEAR(r.mass_mean, mass / nq, 1e-5);
+    EXPECT_NEAR(r.selected_frac, sel / nq, 1e-9);
+    EXPECT_NEAR(r.touched_frac, touched / nq, 1e-9);
+    ASSERT_TRUE(r.recall_at_k.has_value());
+    EXPECT_NEAR(*r.recall_at_k, 1.0, 1e-9); // an exact retriever
+}
+
+TEST(KVBench, DumpMatchesJson) {
+    std::string dir = tiny_trace("dump");
+    auto res = run(dir, {"Flat", "TopK(IVF4,Flat)"}, "k=10");
+    std::string out = ::testing::TempDir() + "/kvbench_dump_out";
+    kvbench::write_dump(res, out);
+    kvbench::write_json(res, out + "/results.json");
+    nlohmann::json j;
+    std::ifstream(out + "/results.json") >> j;
+    ASSERT_EQ(j["results"].size(), 2u);
+    EXPECT_TRUE(j["results"][0]["recall_at_k"].is_null());
+    NpyArray rows = read_npy(out + "/rows.npy");
+    ASSERT_EQ(rows.shape, (std::vector<size_t>{res.rows.size(), 3}));
+    std::vector<int64_t> r(rows.shape[0] * 3);
+    std::memcpy(r.data(), rows.data.data(), r.size() * 8);
+    NpyArray flat = read_npy(out + "/0.npy"), ivf = read_npy(out + "/1.npy");
+    ASSERT_EQ(flat.dtype, "<f4");
+    int d = res.head_dim;
+    const float* fo = reinterpret_cast<const float*>(flat.data.data());
+    const float* io = reinterpret_cast<const float*>(ivf.data.data());
+    // the IVF error recomputed from the dumps (Flat is exact) equals the JSON
+    double err = 0;
+    for (size_t i = 0; i < rows.shape[0]; i++) {
+        EXPECT_EQ(r[i * 3 + 2], res.rows[i][2]);
+        double num = 0, den = 0;
+        for (int c = 0; c < d; c++) {
+            num += double(io[i * d + c] - fo[i * d + c]) * (io[i * d + c] - fo[i * d + c]);
+            den += double(fo[i * d + c]) * fo[i * d + c];
+        }
+        err += std::sqrt(num / den);
+    }
+    EXPECT_NEAR(err / rows.shape[0], j["results"][1]["rel_err_mean"].get<double>(), 1e-6);
+}
+
+TEST(KVBench, UnknownParameterNamesIt) {
+    std::string dir = tiny_trace("params");
+    EXPECT_THROW_MSG(run(dir, {"Flat", "TopK(HNSW16)"}, "nprobe=4"), "nprobe");
+    EXPECT_THROW_MSG(run(dir, {"Nope"}), "Nope");
+}
