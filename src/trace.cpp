@@ -1,15 +1,28 @@
 #include <kvindex/trace.h>
 
+#include <climits>
 #include <cmath>
+#include <cstdarg>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <faiss/impl/FaissAssert.h>
 #include <nlohmann/json.hpp>
 
+/* Like FAISS_THROW_IF_NOT_FMT, but without the condition's source text in
+ * the message: it would name fields and files the problem is not about
+ * (and let tests that look for a name pass for the wrong reason). */
+#define TRACE_CHECK(COND, ...)              \
+    do {                                    \
+        if (!(COND)) {                      \
+            FAISS_THROW_FMT(__VA_ARGS__);   \
+        }                                   \
+    } while (false)
+
 namespace kvindex {
+
+namespace fs = std::filesystem;
 
 // ---- float16 ----------------------------------------------------------------
 
@@ -17,13 +30,11 @@ float half_to_float(uint16_t h) {
     uint32_t sign = uint32_t(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
     uint32_t bits;
-    if (exp == 0x1F) { // inf / nan
-        bits = sign | 0x7F800000u | (mant << 13);
+    if (exp == 0x1F) { // inf / nan; nan made quiet as the F16C instruction does
+        bits = sign | 0x7F800000u | (mant << 13) | (mant ? 0x400000u : 0);
     } else if (exp != 0) {
         bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else if (mant == 0) {
-        bits = sign;
-    } else { // subnormal: value = mant * 2^-24
+    } else { // zero or subnormal: mant * 2^-24, exact in float
         float f = std::ldexp(float(mant), -24);
         return sign ? -f : f;
     }
@@ -37,30 +48,32 @@ uint16_t float_to_half(float f) {
     std::memcpy(&bits, &f, 4);
     uint16_t sign = uint16_t((bits >> 16) & 0x8000);
     uint32_t exp = (bits >> 23) & 0xFF, mant = bits & 0x7FFFFF;
-    if (exp == 0xFF) { // inf / nan (nan keeps a payload bit)
+    if (exp == 0xFF) { // inf, or a quiet nan whatever the payload
         return sign | 0x7C00 | (mant ? 0x200 : 0);
     }
-    int e = int(exp) - 127 + 15;
+    int e = int(exp) - 127 + 15; // biased half exponent
     if (e >= 0x1F) {
         return sign | 0x7C00; // overflow to inf
     }
-    if (e <= 0) { // subnormal half (or zero): round mant * 2^(e-1) to nearest even
+    uint32_t h, rest, mid;
+    if (e <= 0) { // half subnormal or zero: (1.mant) * 2^(e-1) in units of 2^-24
         if (e < -10) {
-            return sign;
+            return sign; // below half the smallest subnormal
         }
-        mant |= 0x800000;
         int shift = 14 - e;
-        uint32_t half = mant >> shift, rest = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
-        if (rest > mid || (rest == mid && (half & 1))) {
-            half++;
-        }
-        return sign | uint16_t(half);
+        mant |= 0x800000;
+        h = mant >> shift;
+        rest = mant & ((1u << shift) - 1);
+        mid = 1u << (shift - 1);
+    } else {
+        h = (uint32_t(e) << 10) | (mant >> 13);
+        rest = mant & 0x1FFF;
+        mid = 0x1000;
     }
-    uint32_t half = (uint32_t(e) << 10) | (mant >> 13), rest = mant & 0x1FFF;
-    if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) {
-        half++; // may carry into the exponent, up to inf: still correct
+    if (rest > mid || (rest == mid && (h & 1))) {
+        h++; // to nearest even; a carry into the exponent (up to inf) is right
     }
-    return sign | uint16_t(half);
+    return sign | uint16_t(h);
 }
 
 // ---- .npy -------------------------------------------------------------------
@@ -68,16 +81,7 @@ uint16_t float_to_half(float f) {
 namespace {
 
 size_t dtype_size(const std::string& dtype) {
-    if (dtype == "<f4") {
-        return 4;
-    }
-    if (dtype == "<f2") {
-        return 2;
-    }
-    if (dtype == "<i8") {
-        return 8;
-    }
-    return 0;
+    return dtype == "<f4" ? 4 : dtype == "<f2" ? 2 : dtype == "<i8" ? 8 : 0;
 }
 
 std::string shape_string(const std::vector<size_t>& shape) {
@@ -88,124 +92,151 @@ std::string shape_string(const std::vector<size_t>& shape) {
     return s + "]";
 }
 
-/// The value after 'key': in a numpy header dict, up to the next ',' at depth 0.
-std::string header_field(const std::string& header, const std::string& key, const std::string& path) {
-    size_t k = header.find("'" + key + "'");
-    FAISS_THROW_IF_NOT_FMT(
-            k != std::string::npos, "%s: npy header has no '%s'", path.c_str(), key.c_str());
-    size_t colon = header.find(':', k);
-    FAISS_THROW_IF_NOT_FMT(colon != std::string::npos, "%s: malformed npy header", path.c_str());
-    size_t i = colon + 1, depth = 0;
-    std::string v;
-    for (; i < header.size(); i++) {
-        char c = header[i];
-        if (c == '(') {
-            depth++;
-        } else if (c == ')') {
-            depth--;
-        } else if ((c == ',' || c == '}') && depth == 0) {
-            break;
-        }
-        v += c;
+/// Parses the Python dict literal of a .npy header, e.g.
+/// {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+struct NpyHeaderParser {
+    const std::string& path;
+    const std::string& s;
+    size_t i = 0;
+
+    [[noreturn]] void fail(const char* what) const {
+        FAISS_THROW_FMT("%s: npy header is not a dict of descr, fortran_order and shape "
+                        "(%s at header offset %zd)", path.c_str(), what, i);
     }
-    size_t a = v.find_first_not_of(" "), b = v.find_last_not_of(" ");
-    return a == std::string::npos ? "" : v.substr(a, b - a + 1);
-}
+    void skip_space() {
+        while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n')) {
+            i++;
+        }
+    }
+    bool accept(char c) {
+        skip_space();
+        return i < s.size() && s[i] == c ? (i++, true) : false;
+    }
+    void expect(char c, const char* what) {
+        if (!accept(c)) {
+            fail(what);
+        }
+    }
+    std::string string_literal() {
+        char q = accept('\'') ? '\'' : accept('"') ? '"' : 0;
+        size_t end = q ? s.find(q, i) : std::string::npos;
+        if (end == std::string::npos) {
+            fail("expected a string");
+        }
+        std::string v = s.substr(i, end - i);
+        i = end + 1;
+        return v;
+    }
+    bool boolean() {
+        skip_space();
+        for (std::string w : {"True", "False"}) {
+            if (s.compare(i, w.size(), w) == 0) {
+                i += w.size();
+                return w == "True";
+            }
+        }
+        fail("expected True or False");
+    }
+    std::vector<size_t> tuple() {
+        std::vector<size_t> v;
+        expect('(', "expected a tuple");
+        while (!accept(')')) {
+            size_t start = i;
+            while (i < s.size() && isdigit((unsigned char)s[i]) && i - start < 18) {
+                i++; // at most 18 digits: no overflow; the size check comes later
+            }
+            if (i == start || (i < s.size() && isdigit((unsigned char)s[i]))) {
+                fail("expected a dimension of at most 18 digits");
+            }
+            v.push_back(std::stoull(s.substr(start, i - start)));
+            if (!accept(',')) {
+                expect(')', "expected ',' or ')' in the shape");
+                break;
+            }
+        }
+        return v;
+    }
+};
 
 } // namespace
 
 NpyArray read_npy(const std::string& path) {
+    std::error_code ec;
+    TRACE_CHECK(fs::is_regular_file(path, ec), "%s: cannot open (missing or not a file)", path.c_str());
+    size_t file_size = fs::file_size(path, ec);
     std::ifstream f(path, std::ios::binary);
-    FAISS_THROW_IF_NOT_FMT(f.good(), "%s: cannot open", path.c_str());
-    f.seekg(0, std::ios::end);
-    size_t file_size = size_t(f.tellg());
-    f.seekg(0);
-    char magic[8];
-    FAISS_THROW_IF_NOT_FMT(
-            file_size >= 10 && f.read(magic, 8) && std::memcmp(magic, "\x93NUMPY", 6) == 0,
-            "%s: not a .npy file (bad magic)",
-            path.c_str());
-    int major = magic[6];
-    FAISS_THROW_IF_NOT_FMT(
-            major >= 1 && major <= 3, "%s: npy version %d not supported", path.c_str(), major);
-    size_t header_len = 0;
-    if (major == 1) {
-        uint8_t b[2];
-        f.read(reinterpret_cast<char*>(b), 2);
-        header_len = b[0] | (size_t(b[1]) << 8);
-    } else {
-        uint8_t b[4];
-        f.read(reinterpret_cast<char*>(b), 4);
-        header_len = b[0] | (size_t(b[1]) << 8) | (size_t(b[2]) << 16) | (size_t(b[3]) << 24);
+    TRACE_CHECK(!ec && f, "%s: cannot open", path.c_str());
+    uint8_t pre[12] = {};
+    f.read(reinterpret_cast<char*>(pre), std::min<size_t>(12, file_size));
+    TRACE_CHECK(file_size >= 10 && std::memcmp(pre, "\x93NUMPY", 6) == 0,
+                "%s: not a .npy file (bad magic)", path.c_str());
+    int major = pre[6], minor = pre[7];
+    TRACE_CHECK(major >= 1 && major <= 3 && minor == 0,
+                "%s: npy version %d.%d not supported (1.0, 2.0, 3.0)", path.c_str(), major, minor);
+    // the header length takes 2 bytes in version 1.0, 4 in 2.0 and 3.0
+    size_t prefix = major == 1 ? 10 : 12;
+    size_t header_len = pre[8] | (size_t(pre[9]) << 8);
+    if (major > 1) {
+        header_len |= (size_t(pre[10]) << 16) | (size_t(pre[11]) << 24);
     }
-    size_t data_start = (major == 1 ? 10 : 12) + header_len;
-    FAISS_THROW_IF_NOT_FMT(f.good() && data_start <= file_size, "%s: truncated npy header", path.c_str());
-    std::string header(header_len, ' ');
+    TRACE_CHECK(file_size >= prefix && header_len <= file_size - prefix,
+                "%s: truncated npy header (%zd bytes announced, file has %zd)",
+                path.c_str(), header_len, file_size);
+    std::string header(header_len, '\0');
+    f.seekg(prefix);
     f.read(&header[0], header_len);
-    FAISS_THROW_IF_NOT_FMT(
-            header.find('{') != std::string::npos && header.find('}') != std::string::npos,
-            "%s: npy header is not a dict",
-            path.c_str());
+
     NpyArray a;
-    std::string descr = header_field(header, "descr", path);
-    FAISS_THROW_IF_NOT_FMT(
-            descr.size() >= 2 && descr.front() == '\'' && descr.back() == '\'',
-            "%s: malformed dtype %s",
-            path.c_str(),
-            descr.c_str());
-    a.dtype = descr.substr(1, descr.size() - 2);
-    FAISS_THROW_IF_NOT_FMT(
-            dtype_size(a.dtype) > 0,
-            "%s: dtype '%s' not supported (little-endian <f4, <f2, <i8 only)",
-            path.c_str(),
-            a.dtype.c_str());
-    FAISS_THROW_IF_NOT_FMT(
-            header_field(header, "fortran_order", path) == "False",
-            "%s: Fortran order not supported (C order only)",
-            path.c_str());
-    std::string shape = header_field(header, "shape", path);
-    FAISS_THROW_IF_NOT_FMT(
-            shape.size() >= 2 && shape.front() == '(' && shape.back() == ')',
-            "%s: malformed shape %s",
-            path.c_str(),
-            shape.c_str());
-    std::stringstream ss(shape.substr(1, shape.size() - 2));
-    size_t count = 1;
-    for (std::string item; std::getline(ss, item, ',');) {
-        size_t p = item.find_first_not_of(" ");
-        if (p == std::string::npos) {
-            continue; // the trailing comma of a 1-tuple
+    NpyHeaderParser p{path, header};
+    bool seen[3] = {false, false, false}, fortran = false;
+    p.expect('{', "expected '{'");
+    while (!p.accept('}')) {
+        std::string key = p.string_literal();
+        p.expect(':', "expected ':'");
+        int k = key == "descr" ? 0 : key == "fortran_order" ? 1 : key == "shape" ? 2 : -1;
+        if (k < 0 || seen[k]) {
+            p.fail(k < 0 ? "unknown key" : "repeated key");
         }
-        item = item.substr(p);
-        FAISS_THROW_IF_NOT_FMT(
-                !item.empty() && item.size() <= 15 &&
-                        item.find_first_not_of("0123456789 ") == std::string::npos,
-                "%s: malformed shape %s",
-                path.c_str(),
-                shape.c_str());
-        size_t dim = std::stoull(item);
-        a.shape.push_back(dim);
-        count = dim == 0 ? 0 : count;
-        FAISS_THROW_IF_NOT_FMT(
-                dim == 0 || count <= file_size / dim,
-                "%s: shape %s larger than the file",
-                path.c_str(),
-                shape.c_str());
+        seen[k] = true;
+        if (k == 0) {
+            a.dtype = p.string_literal();
+        } else if (k == 1) {
+            fortran = p.boolean();
+        } else {
+            a.shape = p.tuple();
+        }
+        if (!p.accept(',')) {
+            p.expect('}', "expected ',' or '}'");
+            break;
+        }
+    }
+    p.skip_space();
+    if (p.i != header.size() || !(seen[0] && seen[1] && seen[2])) {
+        p.fail(p.i != header.size() ? "text after the dict" : "missing key");
+    }
+    TRACE_CHECK(a.dtype.empty() || a.dtype[0] != '>',
+                "%s: dtype '%s' is big-endian, only little-endian is supported",
+                path.c_str(), a.dtype.c_str());
+    size_t es = dtype_size(a.dtype);
+    TRACE_CHECK(es > 0, "%s: dtype '%s' not supported (<f4, <f2, <i8 only)",
+                path.c_str(), a.dtype.c_str());
+    TRACE_CHECK(!fortran, "%s: fortran_order True not supported (C order only)", path.c_str());
+    // the element count is bounded by the file size at every step, so a
+    // corrupt shape can neither overflow nor cause a huge allocation
+    size_t data_bytes = file_size - prefix - header_len, count = 1;
+    for (size_t dim : a.shape) {
+        TRACE_CHECK(dim == 0 || count <= data_bytes / dim,
+                    "%s: shape %s is larger than the file (%zd data bytes)",
+                    path.c_str(), shape_string(a.shape).c_str(), data_bytes);
         count *= dim;
     }
-    size_t bytes = count * dtype_size(a.dtype);
-    FAISS_THROW_IF_NOT_FMT(
-            bytes == file_size - data_start,
-            "%s: shape %s of %s needs %zd data bytes, the file has %zd (truncated?)",
-            path.c_str(),
-            shape_string(a.shape).c_str(),
-            a.dtype.c_str(),
-            bytes,
-            file_size - data_start);
-    a.data.resize(bytes);
-    f.seekg(data_start);
-    f.read(reinterpret_cast<char*>(a.data.data()), bytes);
-    FAISS_THROW_IF_NOT_FMT(f.good() || bytes == 0, "%s: read error", path.c_str());
+    TRACE_CHECK(count * es == data_bytes,
+                "%s: shape %s of %s needs %zd data bytes, the file has %zd (truncated?)",
+                path.c_str(), shape_string(a.shape).c_str(), a.dtype.c_str(), count * es,
+                data_bytes);
+    a.data.resize(data_bytes);
+    f.read(reinterpret_cast<char*>(a.data.data()), data_bytes);
+    TRACE_CHECK(f || data_bytes == 0, "%s: read error", path.c_str());
     return a;
 }
 
@@ -215,209 +246,270 @@ void write_npy(
         const std::vector<size_t>& shape,
         const void* data) {
     size_t es = dtype_size(dtype);
-    FAISS_THROW_IF_NOT_FMT(es > 0, "write_npy: dtype '%s' not supported", dtype.c_str());
+    TRACE_CHECK(es > 0, "%s: dtype '%s' not supported (<f4, <f2, <i8 only)",
+                path.c_str(), dtype.c_str());
+    // byte for byte what numpy.save writes: the repr of the dict ("(5,)" for
+    // 1-D), room for shape[0] to grow to 21 digits, then 1 to 64 spaces and
+    // '\n' so that the data starts at a multiple of 64 bytes
     std::string dims;
     size_t count = 1;
-    for (size_t s : shape) {
-        dims += std::to_string(s) + ", ";
-        count *= s;
+    for (size_t i = 0; i < shape.size(); i++) {
+        dims += (i ? ", " : "") + std::to_string(shape[i]);
+        count *= shape[i];
     }
-    if (shape.size() > 1) {
-        dims.resize(dims.size() - 2); // numpy: "(2, 3)", but "(5,)" for 1-D
-    } else if (shape.size() == 1) {
-        dims.resize(dims.size() - 1);
+    dims += shape.size() == 1 ? "," : "";
+    std::string header =
+            "{'descr': '" + dtype + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+    if (!shape.empty()) {
+        header += std::string(21 - std::to_string(shape[0]).size(), ' ');
     }
-    std::string header = "{'descr': '" + dtype + "', 'fortran_order': False, 'shape': (" + dims + "), }";
-    // pad with spaces and a newline so that the data starts at a multiple of 64
-    size_t total = 10 + header.size() + 1;
-    header += std::string((64 - total % 64) % 64, ' ') + "\n";
+    header += std::string(64 - (10 + header.size() + 1) % 64, ' ') + "\n";
+    TRACE_CHECK(header.size() <= 0xFFFF, "%s: npy header of %zd bytes does not fit version 1.0",
+                path.c_str(), header.size());
     std::ofstream f(path, std::ios::binary);
-    FAISS_THROW_IF_NOT_FMT(f.good(), "%s: cannot open for writing", path.c_str());
-    uint16_t len = uint16_t(header.size());
+    TRACE_CHECK(f, "%s: cannot open for writing", path.c_str());
     f.write("\x93NUMPY\x01\x00", 8);
-    f.put(char(len & 0xFF));
-    f.put(char(len >> 8));
+    f.put(char(header.size() & 0xFF));
+    f.put(char(header.size() >> 8));
     f.write(header.data(), header.size());
     f.write(static_cast<const char*>(data), std::streamsize(count * es));
-    FAISS_THROW_IF_NOT_FMT(f.good(), "%s: write error", path.c_str());
+    f.close();
+    TRACE_CHECK(f, "%s: write error", path.c_str());
 }
 
-// ---- meta.json --------------------------------------------------------------
-
-void TraceMeta::check() const {
-    FAISS_THROW_IF_NOT_FMT(
-            format == "kvindex-trace-v1", "meta.json: format '%s' is not kvindex-trace-v1",
-            format.c_str());
-    FAISS_THROW_IF_NOT_FMT(
-            n_layers > 0 && n_q_heads > 0 && n_kv_heads > 0 && head_dim > 0 && n_tokens > 0,
-            "meta.json: n_layers=%d, n_q_heads=%d, n_kv_heads=%d, head_dim=%d, n_tokens=%zd "
-            "must all be > 0",
-            n_layers, n_q_heads, n_kv_heads, head_dim, size_t(n_tokens));
-    FAISS_THROW_IF_NOT_FMT(
-            n_q_heads % n_kv_heads == 0,
-            "meta.json: n_q_heads=%d is not a multiple of n_kv_heads=%d",
-            n_q_heads, n_kv_heads);
-    FAISS_THROW_IF_NOT_FMT(
-            n_ctx >= 1 && n_ctx <= n_tokens,
-            "meta.json: n_ctx=%zd must be in [1, n_tokens=%zd]",
-            size_t(n_ctx), size_t(n_tokens));
-    FAISS_THROW_IF_NOT_FMT(
-            std::isfinite(rope_theta) && rope_theta > 0,
-            "meta.json: rope_theta=%g must be finite and > 0", rope_theta);
-    FAISS_THROW_IF_NOT_FMT(
-            dtype == "float32" || dtype == "float16",
-            "meta.json: dtype '%s' is not float32 or float16", dtype.c_str());
-}
+// ---- meta.json and layers ---------------------------------------------------
 
 namespace {
 
-std::string meta_path(const std::string& dir) {
-    return dir + "/meta.json";
+__attribute__((format(printf, 1, 2))) std::string strfmt(const char* fmt, ...) {
+    char buf[256];
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, args);
+    va_end(args);
+    return buf;
 }
 
-template <class T>
-T field(const nlohmann::json& j, const char* name, const std::string& path) {
-    FAISS_THROW_IF_NOT_FMT(j.contains(name), "%s: field '%s' missing", path.c_str(), name);
-    try {
-        return j.at(name).get<T>();
-    } catch (const std::exception&) {
-        FAISS_THROW_FMT("%s: field '%s' has the wrong type", path.c_str(), name);
+/// The first inconsistent field of m, described; empty when m is consistent.
+std::string meta_problem(const TraceMeta& m) {
+    if (m.format != "kvindex-trace-v1") {
+        return strfmt("format '%s' is not 'kvindex-trace-v1'", m.format.c_str());
     }
+    const std::pair<const char*, int64_t> positive[] = {
+            {"n_layers", m.n_layers}, {"n_q_heads", m.n_q_heads}, {"n_kv_heads", m.n_kv_heads},
+            {"head_dim", m.head_dim}, {"n_tokens", m.n_tokens}};
+    for (const auto& [name, v] : positive) {
+        if (v <= 0) {
+            return strfmt("%s=%lld must be > 0", name, (long long)v);
+        }
+    }
+    if (m.n_q_heads % m.n_kv_heads != 0) {
+        return strfmt("n_q_heads=%d is not a multiple of n_kv_heads=%d", m.n_q_heads, m.n_kv_heads);
+    }
+    if (m.n_ctx < 1 || m.n_ctx > m.n_tokens) {
+        return strfmt("n_ctx=%lld must be in [1, n_tokens=%lld]",
+                      (long long)m.n_ctx, (long long)m.n_tokens);
+    }
+    if (!std::isfinite(m.rope_theta) || m.rope_theta <= 0) {
+        return strfmt("rope_theta=%g must be finite and > 0", m.rope_theta);
+    }
+    if (m.rope_style != RopeStyle::half && m.rope_style != RopeStyle::interleaved) {
+        return strfmt("rope_style %d is not half or interleaved", int(m.rope_style));
+    }
+    if (m.dtype != "float32" && m.dtype != "float16") {
+        return strfmt("dtype '%s' is not float32 or float16", m.dtype.c_str());
+    }
+    return "";
+}
+
+/// A required field. Types are checked here: nlohmann's get<int>() would
+/// silently accept 8.5 or true.
+const nlohmann::json& meta_field(const nlohmann::json& j, const char* name, const std::string& path) {
+    TRACE_CHECK(j.contains(name), "%s: field '%s' missing", path.c_str(), name);
+    return j.at(name);
+}
+
+std::string string_field(const nlohmann::json& j, const char* name, const std::string& path) {
+    const nlohmann::json& v = meta_field(j, name, path);
+    TRACE_CHECK(v.is_string(), "%s: field '%s' must be a string, got %s",
+                path.c_str(), name, v.dump().c_str());
+    return v.get<std::string>();
+}
+
+int64_t int_field(const nlohmann::json& j, const char* name, const std::string& path, int64_t max) {
+    const nlohmann::json& v = meta_field(j, name, path);
+    bool ok = v.is_number_integer() &&
+            (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(max)
+                                    : v.get<int64_t>() >= -max && v.get<int64_t>() <= max);
+    TRACE_CHECK(ok, "%s: field '%s' must be an integer of at most %lld, got %s",
+                path.c_str(), name, (long long)max, v.dump().c_str());
+    return v.get<int64_t>();
 }
 
 std::string layer_file(const std::string& dir, int layer, const char* name) {
     return dir + "/layer_" + std::to_string(layer) + "/" + name + ".npy";
 }
 
-/// Reads one array of a layer as float32, checking shape and finiteness.
-std::vector<float> read_layer_array(
-        const std::string& path, const std::vector<size_t>& expected) {
+void check_meta_and_layer(const std::string& dir, const TraceMeta& meta, int layer) {
+    std::string problem = meta_problem(meta);
+    TRACE_CHECK(problem.empty(), "%s: trace meta: %s", dir.c_str(), problem.c_str());
+    TRACE_CHECK(layer >= 0 && layer < meta.n_layers, "%s: layer %d out of [0, n_layers=%d)",
+                dir.c_str(), layer, meta.n_layers);
+}
+
+/// Throws naming the file and the position of the first NaN / Inf.
+void check_finite(const std::string& path, const std::vector<size_t>& shape, const float* x) {
+    size_t n = shape[0] * shape[1] * shape[2];
+    for (size_t i = 0; i < n; i++) {
+        TRACE_CHECK(std::isfinite(x[i]),
+                    "%s: non-finite value %g at index %zd (head %zd, token %zd, dim %zd)",
+                    path.c_str(), double(x[i]), i, i / shape[2] / shape[1],
+                    i / shape[2] % shape[1], i % shape[2]);
+    }
+}
+
+/// Reads one array of a layer as float32, checking dtype, shape and finiteness.
+std::vector<float> read_layer_array(const std::string& path, const std::vector<size_t>& shape) {
     NpyArray a = read_npy(path);
-    FAISS_THROW_IF_NOT_FMT(
-            a.dtype == "<f4" || a.dtype == "<f2",
-            "%s: dtype %s, expected float32 (<f4) or float16 (<f2)",
-            path.c_str(), a.dtype.c_str());
-    FAISS_THROW_IF_NOT_FMT(
-            a.shape == expected,
-            "%s: shape %s, expected %s",
-            path.c_str(), shape_string(a.shape).c_str(), shape_string(expected).c_str());
-    size_t n = expected[0] * expected[1] * expected[2];
-    std::vector<float> out(n);
+    TRACE_CHECK(a.dtype == "<f4" || a.dtype == "<f2",
+                "%s: dtype %s, expected float32 (<f4) or float16 (<f2)",
+                path.c_str(), a.dtype.c_str());
+    TRACE_CHECK(a.shape == shape, "%s: shape %s, expected %s", path.c_str(),
+                shape_string(a.shape).c_str(), shape_string(shape).c_str());
+    std::vector<float> out(shape[0] * shape[1] * shape[2]);
     if (a.dtype == "<f4") {
-        std::memcpy(out.data(), a.data.data(), n * 4);
+        std::memcpy(out.data(), a.data.data(), out.size() * 4);
     } else {
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = 0; i < out.size(); i++) {
             uint16_t h;
             std::memcpy(&h, a.data.data() + 2 * i, 2);
             out[i] = half_to_float(h);
         }
     }
-    for (size_t i = 0; i < n; i++) {
-        FAISS_THROW_IF_NOT_FMT(
-                std::isfinite(out[i]),
-                "%s: non-finite value %g at flat index %zd",
-                path.c_str(), double(out[i]), i);
-    }
+    check_finite(path, shape, out.data());
     return out;
 }
 
-void write_layer_array(
+/// One array of a layer in meta.dtype, as raw bytes; refuses what would
+/// not read back (NaN, Inf, float16 overflow).
+std::vector<uint8_t> encode_layer_array(
         const std::string& path,
         const TraceMeta& meta,
         const std::vector<size_t>& shape,
         const std::vector<float>& x) {
-    FAISS_THROW_IF_NOT_FMT(
-            x.size() == shape[0] * shape[1] * shape[2],
-            "%s: %zd values for shape %s",
-            path.c_str(), x.size(), shape_string(shape).c_str());
+    TRACE_CHECK(x.size() == shape[0] * shape[1] * shape[2], "%s: %zd values given for shape %s",
+                path.c_str(), x.size(), shape_string(shape).c_str());
+    check_finite(path, shape, x.data());
+    std::vector<uint8_t> bytes(x.size() * (meta.dtype == "float32" ? 4 : 2));
     if (meta.dtype == "float32") {
-        write_npy(path, "<f4", shape, x.data());
-        return;
+        std::memcpy(bytes.data(), x.data(), bytes.size());
+        return bytes;
     }
-    std::vector<uint16_t> h(x.size());
     for (size_t i = 0; i < x.size(); i++) {
-        h[i] = float_to_half(x[i]);
+        uint16_t h = float_to_half(x[i]);
+        TRACE_CHECK((h & 0x7C00) != 0x7C00, "%s: value %g at index %zd overflows float16 (max 65504)",
+                    path.c_str(), double(x[i]), i);
+        std::memcpy(bytes.data() + 2 * i, &h, 2);
     }
-    write_npy(path, "<f2", shape, h.data());
+    return bytes;
+}
+
+void make_dirs(const std::string& dir) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    TRACE_CHECK(!ec, "%s: cannot create directory: %s", dir.c_str(), ec.message().c_str());
 }
 
 } // namespace
 
+void TraceMeta::check() const {
+    std::string problem = meta_problem(*this);
+    TRACE_CHECK(problem.empty(), "trace meta: %s", problem.c_str());
+}
+
 TraceMeta read_trace_meta(const std::string& dir) {
-    std::string path = meta_path(dir);
+    std::string path = dir + "/meta.json";
     std::ifstream f(path);
-    FAISS_THROW_IF_NOT_FMT(f.good(), "%s: cannot open (not a trace directory?)", path.c_str());
+    TRACE_CHECK(f, "%s: cannot open (not a trace directory?)", path.c_str());
     nlohmann::json j;
     try {
         f >> j;
     } catch (const std::exception& e) {
         FAISS_THROW_FMT("%s: not valid JSON: %s", path.c_str(), e.what());
     }
-    FAISS_THROW_IF_NOT_FMT(j.is_object(), "%s: not a JSON object", path.c_str());
+    TRACE_CHECK(j.is_object(), "%s: not a JSON object", path.c_str());
     TraceMeta m;
-    m.format = field<std::string>(j, "format", path);
-    m.n_layers = field<int>(j, "n_layers", path);
-    m.n_q_heads = field<int>(j, "n_q_heads", path);
-    m.n_kv_heads = field<int>(j, "n_kv_heads", path);
-    m.head_dim = field<int>(j, "head_dim", path);
-    m.n_tokens = field<int64_t>(j, "n_tokens", path);
-    m.n_ctx = field<int64_t>(j, "n_ctx", path);
-    m.rope_theta = field<double>(j, "rope_theta", path);
-    try {
-        m.rope_style = rope_style_from_name(field<std::string>(j, "rope_style", path));
-    } catch (const faiss::FaissException& e) {
-        FAISS_THROW_FMT("%s: field 'rope_style': %s", path.c_str(), e.what());
-    }
-    m.source = j.contains("source") ? field<std::string>(j, "source", path) : "";
-    m.dtype = j.contains("dtype") ? field<std::string>(j, "dtype", path) : "float32";
-    try {
-        m.check();
-    } catch (const faiss::FaissException& e) {
-        FAISS_THROW_FMT("%s: %s", path.c_str(), e.what());
-    }
+    m.format = string_field(j, "format", path);
+    m.n_layers = int(int_field(j, "n_layers", path, INT_MAX));
+    m.n_q_heads = int(int_field(j, "n_q_heads", path, INT_MAX));
+    m.n_kv_heads = int(int_field(j, "n_kv_heads", path, INT_MAX));
+    m.head_dim = int(int_field(j, "head_dim", path, INT_MAX));
+    m.n_tokens = int_field(j, "n_tokens", path, INT64_MAX);
+    m.n_ctx = int_field(j, "n_ctx", path, INT64_MAX);
+    const nlohmann::json& theta = meta_field(j, "rope_theta", path);
+    TRACE_CHECK(theta.is_number(), "%s: field 'rope_theta' must be a number, got %s",
+                path.c_str(), theta.dump().c_str());
+    m.rope_theta = theta.get<double>();
+    std::string style = string_field(j, "rope_style", path);
+    TRACE_CHECK(style == "half" || style == "interleaved",
+                "%s: field 'rope_style' is '%s', not 'half' or 'interleaved'",
+                path.c_str(), style.c_str());
+    m.rope_style = style == "half" ? RopeStyle::half : RopeStyle::interleaved;
+    m.source = string_field(j, "source", path);
+    // dtype is ours, not in DESIGN §4's list: a trace written elsewhere may
+    // omit it (each .npy says its own dtype), so it defaults to float32
+    m.dtype = j.contains("dtype") ? string_field(j, "dtype", path) : "float32";
+    std::string problem = meta_problem(m);
+    TRACE_CHECK(problem.empty(), "%s: %s", path.c_str(), problem.c_str());
     return m;
 }
 
 void write_trace_meta(const std::string& dir, const TraceMeta& m) {
     m.check();
-    std::filesystem::create_directories(dir);
+    make_dirs(dir);
     nlohmann::json j = {
-            {"format", m.format},         {"n_layers", m.n_layers},
-            {"n_q_heads", m.n_q_heads},   {"n_kv_heads", m.n_kv_heads},
-            {"head_dim", m.head_dim},     {"n_tokens", m.n_tokens},
-            {"n_ctx", m.n_ctx},           {"rope_theta", m.rope_theta},
+            {"format", m.format},       {"n_layers", m.n_layers},
+            {"n_q_heads", m.n_q_heads}, {"n_kv_heads", m.n_kv_heads},
+            {"head_dim", m.head_dim},   {"n_tokens", m.n_tokens},
+            {"n_ctx", m.n_ctx},         {"rope_theta", m.rope_theta},
             {"rope_style", rope_style_name(m.rope_style)},
-            {"source", m.source},         {"dtype", m.dtype}};
-    std::ofstream f(meta_path(dir));
-    FAISS_THROW_IF_NOT_FMT(f.good(), "%s: cannot open for writing", meta_path(dir).c_str());
+            {"source", m.source},       {"dtype", m.dtype}};
+    std::string path = dir + "/meta.json";
+    std::ofstream f(path);
     f << j.dump(2) << "\n";
+    f.close();
+    TRACE_CHECK(f, "%s: cannot write", path.c_str());
 }
 
 TraceLayer read_trace_layer(const std::string& dir, const TraceMeta& meta, int layer) {
-    FAISS_THROW_IF_NOT_FMT(
-            layer >= 0 && layer < meta.n_layers,
-            "%s: layer %d out of [0, n_layers=%d)",
-            dir.c_str(), layer, meta.n_layers);
+    check_meta_and_layer(dir, meta, layer);
     size_t n = meta.n_tokens, d = meta.head_dim;
+    size_t kv = meta.n_kv_heads, q = meta.n_q_heads;
     TraceLayer t;
-    t.keys = read_layer_array(layer_file(dir, layer, "keys"), {size_t(meta.n_kv_heads), n, d});
-    t.values = read_layer_array(layer_file(dir, layer, "values"), {size_t(meta.n_kv_heads), n, d});
-    t.queries = read_layer_array(layer_file(dir, layer, "queries"), {size_t(meta.n_q_heads), n, d});
+    t.keys = read_layer_array(layer_file(dir, layer, "keys"), {kv, n, d});
+    t.values = read_layer_array(layer_file(dir, layer, "values"), {kv, n, d});
+    t.queries = read_layer_array(layer_file(dir, layer, "queries"), {q, n, d});
     return t;
 }
 
 void write_trace_layer(
         const std::string& dir, const TraceMeta& meta, int layer, const TraceLayer& t) {
-    meta.check();
-    FAISS_THROW_IF_NOT_FMT(
-            layer >= 0 && layer < meta.n_layers,
-            "%s: layer %d out of [0, n_layers=%d)",
-            dir.c_str(), layer, meta.n_layers);
-    std::filesystem::create_directories(dir + "/layer_" + std::to_string(layer));
+    check_meta_and_layer(dir, meta, layer);
     size_t n = meta.n_tokens, d = meta.head_dim;
-    write_layer_array(layer_file(dir, layer, "keys"), meta, {size_t(meta.n_kv_heads), n, d}, t.keys);
-    write_layer_array(layer_file(dir, layer, "values"), meta, {size_t(meta.n_kv_heads), n, d}, t.values);
-    write_layer_array(layer_file(dir, layer, "queries"), meta, {size_t(meta.n_q_heads), n, d}, t.queries);
+    size_t kv = meta.n_kv_heads, q = meta.n_q_heads;
+    const char* names[3] = {"keys", "values", "queries"};
+    const std::vector<float>* arrays[3] = {&t.keys, &t.values, &t.queries};
+    std::vector<size_t> shapes[3] = {{kv, n, d}, {kv, n, d}, {q, n, d}};
+    // every array is checked before any file is written: no half-written layer
+    std::vector<uint8_t> bytes[3];
+    for (int i = 0; i < 3; i++) {
+        bytes[i] = encode_layer_array(layer_file(dir, layer, names[i]), meta, shapes[i], *arrays[i]);
+    }
+    make_dirs(dir + "/layer_" + std::to_string(layer));
+    for (int i = 0; i < 3; i++) {
+        write_npy(layer_file(dir, layer, names[i]), meta.dtype == "float32" ? "<f4" : "<f2",
+                  shapes[i], bytes[i].data());
+    }
 }
 
 } // namespace kvindex
