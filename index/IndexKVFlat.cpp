@@ -58,9 +58,7 @@ void IndexKVFlat::search(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
-    FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
-    check_query_args(n, q, "search: queries");
-    check_params(params);
+    check_search_args(n, q, k, params);
     parallel_for(n, [&](idx_t i) {
         exact_topk_inner_product(
                 q + i * d,
@@ -81,9 +79,7 @@ void IndexKVFlat::select(
     check_query_args(n, q, "select: queries");
     check_params(params);
     for (idx_t i = 0; i < n; i++) {
-        sel[i].ids.resize(ntotal);
-        std::iota(sel[i].ids.begin(), sel[i].ids.end(), 0);
-        sel[i].inclusion.assign(ntotal, 1.0f);
+        sel[i].set_all(ntotal);
     }
 }
 

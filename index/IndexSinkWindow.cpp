@@ -109,8 +109,7 @@ void IndexSinkWindow::search(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
-    FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
-    check_query_args(n, q, "search: queries");
+    check_search_args(n, q, k, params);
     std::vector<float> inner_dis;
     std::vector<idx_t> inner_ids;
     if (inner->ntotal > 0) {

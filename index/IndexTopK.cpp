@@ -108,9 +108,7 @@ void IndexTopK::search(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
-    FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
-    check_query_args(n, q, "search: queries");
-    check_params(params);
+    check_search_args(n, q, k, params);
     if (!retriever->is_trained) {
         // too few keys to train yet: exact scan of what is stored
         parallel_for(n, [&](idx_t i) {
@@ -165,9 +163,7 @@ void IndexTopK::select(
     idx_t kk = effective_k(params);
     if (kk >= ntotal) { // a budget beyond the index means every token
         for (idx_t i = 0; i < n; i++) {
-            sel[i].ids.resize(ntotal);
-            std::iota(sel[i].ids.begin(), sel[i].ids.end(), 0);
-            sel[i].inclusion.assign(ntotal, 1.0f);
+            sel[i].set_all(ntotal);
         }
         return;
     }

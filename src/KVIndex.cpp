@@ -167,6 +167,13 @@ void KVIndex::check_query_args(idx_t n, const float* q, const char* what) const 
     check_finite(q, n, d, what);
 }
 
+void KVIndex::check_search_args(
+        idx_t n, const float* q, idx_t k, const faiss::SearchParameters* params) const {
+    FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
+    check_query_args(n, q, "search: queries");
+    check_params(params);
+}
+
 void KVIndex::check_attend_args(idx_t n, const float* q, const float* out) const {
     check_query_args(n, q, "attend: queries");
     FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include <faiss/Index.h>
@@ -41,6 +42,13 @@ struct Selection {
     void clear() {
         ids.clear();
         inclusion.clear();
+        n_scanned = 0;
+    }
+    /// Every token 0 .. n - 1, deterministically (u = 1), nothing scanned.
+    void set_all(idx_t n) {
+        ids.resize(n);
+        std::iota(ids.begin(), ids.end(), idx_t(0));
+        inclusion.assign(n, 1.0f);
         n_scanned = 0;
     }
     void push_back(idx_t id, float u = 1.0f) {
@@ -186,6 +194,10 @@ struct KVIndex : faiss::Index {
     /// Throws for search parameters no kvindex type accepts: an IDSelector
     /// (not supported) or SearchParametersKV::k < 0.
     void check_params(const faiss::SearchParameters* params) const;
+
+    /// check_query_args and check_params for search, plus k > 0.
+    void check_search_args(
+            idx_t n, const float* q, idx_t k, const faiss::SearchParameters* params) const;
 
     /// check_query_args for attend, plus a non-empty index and an output.
     void check_attend_args(idx_t n, const float* q, const float* out) const;
