@@ -1,12 +1,14 @@
 #include <kvindex/index_factory.h>
 
 #include <cctype>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 
@@ -82,18 +84,37 @@ std::unique_ptr<KVIndex> parse_inner(const std::string& s, int d, int dv) {
     return nullptr;
 }
 
-} // namespace
+/// "ProxyEvict<P>[_Policy]": stores the policy and percent, returns true.
+bool parse_proxy_evict(const std::string& s, EvictPolicy* policy, double* percent) {
+    const std::string head = "ProxyEvict";
+    if (s.compare(0, head.size(), head) != 0) {
+        return false;
+    }
+    size_t us = s.find('_');
+    std::string num = s.substr(head.size(), us == std::string::npos ? std::string::npos : us - head.size());
+    if (num.empty() || num.size() > 8 || num.find_first_not_of("0123456789.") != std::string::npos) {
+        return false;
+    }
+    *percent = std::stod(num);
+    std::string name = us == std::string::npos ? "" : s.substr(us + 1);
+    const std::pair<const char*, EvictPolicy> names[] = {
+            {"", EvictPolicy::nacl},           {"H2O", EvictPolicy::h2o},
+            {"TOVA", EvictPolicy::tova},       {"StreamingLLM", EvictPolicy::streaming},
+            {"Random", EvictPolicy::random}};
+    for (auto& [n, p] : names) {
+        if (name == n) {
+            *policy = p;
+            return true;
+        }
+    }
+    return false;
+}
 
-std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, int d_value) {
-    FAISS_THROW_IF_NOT_FMT(d > 0, "index_factory: key dimension d=%d must be > 0", d);
-    FAISS_THROW_IF_NOT_FMT(
-            d_value == -1 || d_value > 0,
-            "index_factory: value dimension d_value=%d must be > 0 (or -1 for d)",
-            d_value);
-    int dv = d_value < 0 ? d : d_value;
-    std::vector<std::string> parts = split_chain(description);
+/// parts[i..] as one index: [Sink,][Window,] then an eviction layer over
+/// the rest of the chain, or an inner index.
+std::unique_ptr<KVIndex> parse_chain(
+        const std::vector<std::string>& parts, size_t i, int d, int dv, const std::string& all) {
     idx_t n_sink = -1, n_window = -1;
-    size_t i = 0;
     for (; i + 1 < parts.size(); i++) {
         idx_t c;
         if (n_sink < 0 && parse_count(parts[i], "Sink", &c)) {
@@ -104,21 +125,39 @@ std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, in
             break;
         }
     }
-    std::unique_ptr<KVIndex> inner;
-    if (i + 1 == parts.size()) {
-        inner = parse_inner(parts[i], d, dv);
+    std::unique_ptr<KVIndex> body;
+    EvictPolicy policy;
+    double percent;
+    if (parse_proxy_evict(parts[i], &policy, &percent)) {
+        auto kept = i + 1 < parts.size() ? parse_chain(parts, i + 1, d, dv, all)
+                                         : std::make_unique<IndexKVFlat>(d, dv);
+        body = std::make_unique<IndexProxyEvict>(policy, percent, std::move(kept));
+    } else if (i + 1 == parts.size()) {
+        body = parse_inner(parts[i], d, dv);
     }
     FAISS_THROW_IF_NOT_FMT(
-            inner,
+            body,
             "index_factory: cannot parse '%s' in '%s' (expected [Sink<n>,][Window<n>,] "
-            "then Flat or TopK(<faiss string>))",
+            "then Flat, TopK(<faiss string>) or ProxyEvict<P>[_Policy][,<index>])",
             parts[i].c_str(),
-            description.c_str());
+            all.c_str());
     if (n_sink < 0 && n_window < 0) {
-        return inner;
+        return body;
     }
     return std::make_unique<IndexSinkWindow>(
-            std::max<idx_t>(n_sink, 0), std::max<idx_t>(n_window, 0), std::move(inner));
+            std::max<idx_t>(n_sink, 0), std::max<idx_t>(n_window, 0), std::move(body));
+}
+
+} // namespace
+
+std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, int d_value) {
+    FAISS_THROW_IF_NOT_FMT(d > 0, "index_factory: key dimension d=%d must be > 0", d);
+    FAISS_THROW_IF_NOT_FMT(
+            d_value == -1 || d_value > 0,
+            "index_factory: value dimension d_value=%d must be > 0 (or -1 for d)",
+            d_value);
+    int dv = d_value < 0 ? d : d_value;
+    return parse_chain(split_chain(description), 0, d, dv, description);
 }
 
 std::string index_factory_string(const KVIndex* index) {
@@ -128,6 +167,18 @@ std::string index_factory_string(const KVIndex* index) {
     }
     if (auto t = dynamic_cast<const IndexTopK*>(index)) {
         return "TopK(" + t->retriever_string + ")";
+    }
+    if (auto e = dynamic_cast<const IndexProxyEvict*>(index)) {
+        char pct[32];
+        std::snprintf(pct, sizeof(pct), "%g", e->keep_percent);
+        std::string s = std::string("ProxyEvict") + pct;
+        if (e->policy != EvictPolicy::nacl) {
+            s += std::string("_") + evict_policy_name(e->policy);
+        }
+        if (!dynamic_cast<const IndexKVFlat*>(e->inner.get())) {
+            s += "," + index_factory_string(e->inner.get());
+        }
+        return s;
     }
     if (auto w = dynamic_cast<const IndexSinkWindow*>(index)) {
         std::string s;

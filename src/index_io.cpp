@@ -9,6 +9,7 @@
 #include <faiss/index_io.h>
 
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 
@@ -29,6 +30,7 @@ constexpr uint32_t kMagic = fourcc("KVIX");
 constexpr uint32_t kFlat = fourcc("KVFl");
 constexpr uint32_t kTopK = fourcc("KVTk");
 constexpr uint32_t kSinkWindow = fourcc("KVSw");
+constexpr uint32_t kProxyEvict = fourcc("KVPe");
 constexpr size_t kHeaderSize = 4 + 4 + 8 + 4;
 constexpr int kMaxNesting = 8;
 
@@ -74,6 +76,20 @@ void write_record(const KVIndex* idx, BufferWriter& w) {
         write_storage(s->sink, w);
         write_storage(s->window, w);
         write_record(s->inner.get(), w);
+    } else if (auto e = dynamic_cast<const IndexProxyEvict*>(idx)) {
+        w.value(kProxyEvict);
+        write_kvindex_fields(idx, w);
+        w.value<uint8_t>(uint8_t(e->policy));
+        w.value<double>(e->keep_percent);
+        w.value<int64_t>(e->budget_tokens);
+        w.value<double>(e->protect_percent);
+        w.value<double>(e->proxy_keep_percent);
+        w.value<double>(e->proxy_window_percent);
+        w.value<int64_t>(e->n_sink);
+        w.value<uint64_t>(e->seed);
+        w.value<uint64_t>(e->stream);
+        w.vector(e->positions);
+        write_record(e->inner.get(), w);
     } else {
         FAISS_THROW_MSG("write_index: this index type cannot be serialized");
     }
@@ -187,6 +203,36 @@ std::unique_ptr<KVIndex> read_record(BufferReader& r, int depth) {
                         idx->sink.size() + in->ntotal + idx->window.size() == idx->ntotal &&
                         in->d == idx->d && in->d_value == idx->d_value,
                 "read_index: sink/window split inconsistent with ntotal");
+        return idx;
+    }
+    if (type == kProxyEvict) {
+        auto idx = std::make_unique<IndexProxyEvict>();
+        read_kvindex_fields(idx.get(), r);
+        uint8_t policy = r.value<uint8_t>("eviction policy");
+        FAISS_THROW_IF_NOT_FMT(policy <= 4, "read_index: invalid eviction policy %d", int(policy));
+        idx->policy = EvictPolicy(policy);
+        idx->keep_percent = r.value<double>("keep percent");
+        idx->budget_tokens = r.value<int64_t>("budget");
+        idx->protect_percent = r.value<double>("protect percent");
+        idx->proxy_keep_percent = r.value<double>("proxy-keep percent");
+        idx->proxy_window_percent = r.value<double>("proxy window percent");
+        idx->n_sink = r.value<int64_t>("n_sink");
+        idx->seed = r.value<uint64_t>("seed");
+        idx->stream = r.value<uint64_t>("stream");
+        idx->positions = r.vector<idx_t>("kept positions");
+        idx->inner = read_record(r, depth + 1);
+        const KVIndex* in = idx->inner.get();
+        bool sorted = true;
+        for (size_t i = 0; i < idx->positions.size(); i++) {
+            sorted = sorted && idx->positions[i] >= 0 && idx->positions[i] < idx->ntotal &&
+                    (i == 0 || idx->positions[i] > idx->positions[i - 1]);
+        }
+        FAISS_THROW_IF_NOT_MSG(
+                idx->keep_percent > 0 && idx->keep_percent <= 100 && idx->budget_tokens >= 0 &&
+                        idx->n_sink >= 0 && sorted &&
+                        idx_t(idx->positions.size()) == in->ntotal && in->d == idx->d &&
+                        in->d_value == idx->d_value,
+                "read_index: eviction record inconsistent (budget, kept positions)");
         return idx;
     }
     FAISS_THROW_FMT("read_index: unknown index type fourcc 0x%08x", type);

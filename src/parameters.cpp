@@ -8,6 +8,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/index_factory.h>
@@ -35,12 +36,49 @@ bool parse_decimal(const std::string& text, double* value) {
     return stop && *stop == '\0' && std::isfinite(*value);
 }
 
+/// Prefill-time knobs of the eviction layer; false if `name` is not one.
+bool set_evict_parameter(IndexProxyEvict* e, const std::string& name, double value) {
+    if (name == "budget" || name == "n_sink" || name == "seed") {
+        FAISS_THROW_IF_NOT_FMT(
+                is_positive_integer(value) || (name != "budget" && value == 0),
+                "parameter %s=%g must be a non-negative integer",
+                name.c_str(),
+                value);
+        if (name == "budget") {
+            e->budget_tokens = idx_t(value);
+        } else if (name == "n_sink") {
+            e->n_sink = idx_t(value);
+        } else {
+            e->seed = uint64_t(value);
+        }
+        return true;
+    }
+    double* pct = name == "protect"        ? &e->protect_percent
+            : name == "proxy_keep"   ? &e->proxy_keep_percent
+            : name == "proxy_window" ? &e->proxy_window_percent
+                                     : nullptr;
+    if (!pct) {
+        return false;
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            value >= 0 && value <= 100, "parameter %s=%g must be a percent in [0, 100]",
+            name.c_str(), value);
+    *pct = value;
+    return true;
+}
+
 /// Sets the parameter on this index and the ones it wraps; returns whether
 /// any of them has it.
 bool set_in_chain(KVIndex* index, const std::string& name, double value) {
     bool found = false;
     if (auto w = dynamic_cast<IndexSinkWindow*>(index)) {
         found = set_in_chain(w->inner.get(), name, value);
+    }
+    if (auto e = dynamic_cast<IndexProxyEvict*>(index)) {
+        found = set_in_chain(e->inner.get(), name, value);
+        if (set_evict_parameter(e, name, value)) {
+            return true;
+        }
     }
     if (name == "k") {
         FAISS_THROW_IF_NOT_FMT(

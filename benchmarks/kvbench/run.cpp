@@ -12,6 +12,7 @@
 #include <faiss/impl/FaissAssert.h>
 #include <nlohmann/json.hpp>
 
+#include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/attention.h>
@@ -34,6 +35,9 @@ double seconds_since(Clock::time_point t0) {
 const kvindex::IndexTopK* topk_part(const kvindex::KVIndex* index) {
     if (auto w = dynamic_cast<const kvindex::IndexSinkWindow*>(index)) {
         return topk_part(w->inner.get());
+    }
+    if (auto e = dynamic_cast<const kvindex::IndexProxyEvict*>(index)) {
+        return topk_part(e->inner.get());
     }
     return dynamic_cast<const kvindex::IndexTopK*>(index);
 }

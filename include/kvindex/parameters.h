@@ -11,6 +11,9 @@ namespace kvindex {
  *   k         top-k budget (every index type with a budget)
  *   nprobe    IVF retrievers of TopK(...)
  *   efSearch  HNSW retrievers of TopK(...)
+ *   budget, protect, proxy_keep, proxy_window, n_sink, seed
+ *             ProxyEvict (prefill-time: set them before prefill; budget in
+ *             tokens, the others in percent of the prompt)
  * A name that no index in the chain has throws naming it and the index.
  */
 void set_index_parameters(KVIndex* index, const std::string& description);

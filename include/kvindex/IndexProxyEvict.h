@@ -1,0 +1,129 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <kvindex/KVIndex.h>
+
+namespace kvindex {
+
+/// Which tokens a one-shot eviction keeps (papers/nacl.txt and its baselines).
+enum class EvictPolicy {
+    nacl,      ///< protected sinks + recent, top by proxy scores, random sample by them
+    h2o,       ///< recent half + top by scores of all prompt queries (causal, accumulated)
+    tova,      ///< top by the last prompt query's attention
+    streaming, ///< StreamingLLM: sinks + most recent tokens, no scores
+    random,    ///< uniform sample without replacement
+};
+
+const char* evict_policy_name(EvictPolicy p);
+
+/** How a budget of B tokens is split (all counts exact, summing to B). */
+struct EvictBudget {
+    idx_t n_keep = 0;     ///< B
+    idx_t n_sink = 0;     ///< protected first tokens
+    idx_t n_recent = 0;   ///< protected last tokens
+    idx_t n_top = 0;      ///< kept by score
+    idx_t n_random = 0;   ///< sampled (by score for NaCl, uniformly for Random)
+    idx_t n_proxy = 0;    ///< scoring queries: the last n_proxy prompt positions (0: all)
+};
+
+/** Importance scores F_j = sum_{p in P} softmax(q_p . K / sqrt(d))_j over n
+ * keys, summed over the query heads of the GQA group.
+ *
+ * @param keys       size n * d
+ * @param queries    size n_heads * n_q * d (head-major)
+ * @param q_pos      size n_q: absolute position of each query
+ * @param first_pos  absolute position of keys[0]
+ * @param causal     query p attends keys at positions <= p only (H2O);
+ *                   otherwise every key (NaCl's proxy scoring)
+ * @param scores     output, size n
+ */
+void proxy_scores(
+        const float* keys,
+        idx_t n,
+        int d,
+        const float* queries,
+        int n_heads,
+        idx_t n_q,
+        const idx_t* q_pos,
+        idx_t first_pos,
+        bool causal,
+        double* scores);
+
+/** One-shot eviction at prefill (NaCl and the policies that fall out of it).
+ *
+ * prefill scores the prompt, keeps exactly the budgeted tokens and hands
+ * only those to the inner index (any kvindex index; Flat = exact attention
+ * over the kept tokens), so evicted keys and values are never stored.
+ * Tokens appended later (generated) are always kept. Ids stay token
+ * positions: ntotal counts every position seen, and select / search report
+ * positions; reconstruct of an evicted token throws.
+ *
+ * Budget: keep_percent of the prompt, or budget_tokens when > 0, clamped to
+ * the prompt length. NaCl's split defaults follow the paper's Table 4 (10%:
+ * protect 1, proxy-keep 2, random 7, proxy window 3; 20%: 2, 6, 12, 18;
+ * 30%: 1.5, 10.5, 18, 20); other budgets scale the 20% row.
+ */
+struct IndexProxyEvict : KVIndex {
+    EvictPolicy policy = EvictPolicy::nacl;
+    double keep_percent = 20;  ///< budget, percent of the prompt
+    idx_t budget_tokens = 0;   ///< absolute budget when > 0
+    /// NaCl split, percent of the prompt length; < 0 means Table 4's value
+    double protect_percent = -1;
+    double proxy_keep_percent = -1;
+    double proxy_window_percent = -1;  ///< proxy queries beyond the protected ones
+    idx_t n_sink = 4;          ///< first tokens among the protected ones (NaCl, StreamingLLM)
+    uint64_t seed = 1234;      ///< with `stream`, seeds the random part
+    uint64_t stream = 0;       ///< one stream per (layer, head): set by KVCache
+
+    std::unique_ptr<KVIndex> inner; ///< the kept tokens, in position order
+    std::vector<idx_t> positions;   ///< size inner->ntotal: position of each inner token
+
+    IndexProxyEvict(EvictPolicy policy, double keep_percent, std::unique_ptr<KVIndex> inner);
+    IndexProxyEvict();
+
+    /// The exact split for a prompt of n tokens.
+    EvictBudget budget_for(idx_t n) const;
+
+    /** The kept positions (sorted) for a prompt, by this index's policy.
+     * Deterministic in (seed, stream). Exposed for tests and analysis. */
+    std::vector<idx_t> choose_kept(const PrefillInput& input) const;
+
+    void prefill(const PrefillInput& input) override;
+
+    void search(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params = nullptr) const override;
+    void select(
+            idx_t n,
+            const float* q,
+            Selection* sel,
+            const faiss::SearchParameters* params = nullptr) const override;
+    void attend(
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params = nullptr) const override;
+
+    void reset() override;
+    void reconstruct(idx_t key, float* recons) const override;
+    void reconstruct_value(idx_t key, float* value) const override;
+    size_t memory_bytes() const override;
+
+   protected:
+    void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+
+   private:
+    /// Inner id of a position, or -1 if it was evicted.
+    idx_t inner_id(idx_t position) const;
+};
+
+} // namespace kvindex

@@ -1,0 +1,350 @@
+#include <kvindex/IndexProxyEvict.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/kernels.h>
+
+#include "checks.h"
+
+namespace kvindex {
+
+const char* evict_policy_name(EvictPolicy p) {
+    switch (p) {
+        case EvictPolicy::h2o:
+            return "H2O";
+        case EvictPolicy::tova:
+            return "TOVA";
+        case EvictPolicy::streaming:
+            return "StreamingLLM";
+        case EvictPolicy::random:
+            return "Random";
+        default:
+            return "NaCl";
+    }
+}
+
+void proxy_scores(
+        const float* keys,
+        idx_t n,
+        int d,
+        const float* queries,
+        int n_heads,
+        idx_t n_q,
+        const idx_t* q_pos,
+        idx_t first_pos,
+        bool causal,
+        double* scores) {
+    std::fill(scores, scores + n, 0.0);
+    std::vector<float> s(n);
+    float scale = float(1.0 / std::sqrt(double(d)));
+    for (int h = 0; h < n_heads; h++) {
+        for (idx_t i = 0; i < n_q; i++) {
+            // causal: the query at position p sees keys at positions <= p
+            idx_t m = causal ? std::min<idx_t>(n, q_pos[i] - first_pos + 1) : n;
+            if (m <= 0) {
+                continue;
+            }
+            const float* q = queries + (size_t(h) * n_q + i) * d;
+            inner_products_scaled(q, keys, d, m, scale, s.data());
+            softmax_inplace(s.data(), nullptr, m);
+            for (idx_t j = 0; j < m; j++) {
+                scores[j] += s[j];
+            }
+        }
+    }
+}
+
+namespace {
+
+/// Table 4 of the NaCl paper: (protect, proxy-keep, random-keep, proxy
+/// window) in percent of the length, for a budget of `keep` percent.
+void table4(double keep, double* protect, double* proxy_keep, double* window) {
+    if (keep == 10) {
+        *protect = 1, *proxy_keep = 2, *window = 3;
+    } else if (keep == 30) {
+        *protect = 1.5, *proxy_keep = 10.5, *window = 20;
+    } else { // the 20% row, scaled
+        double r = keep / 20;
+        *protect = 2 * r, *proxy_keep = 6 * r, *window = 18 * r;
+    }
+}
+
+} // namespace
+
+IndexProxyEvict::IndexProxyEvict() : KVIndex(0, 0) {}
+
+IndexProxyEvict::IndexProxyEvict(
+        EvictPolicy policy, double keep_percent, std::unique_ptr<KVIndex> inner_index)
+        : KVIndex(inner_index ? inner_index->d : 0, inner_index ? inner_index->d_value : 0),
+          policy(policy),
+          keep_percent(keep_percent),
+          inner(std::move(inner_index)) {
+    FAISS_THROW_IF_NOT_MSG(inner, "IndexProxyEvict: inner index missing (nullptr)");
+    FAISS_THROW_IF_NOT_FMT(
+            keep_percent > 0 && keep_percent <= 100,
+            "IndexProxyEvict: keep percent %g not in (0, 100]",
+            keep_percent);
+    FAISS_THROW_IF_NOT_MSG(inner->ntotal == 0, "IndexProxyEvict: inner index must be empty");
+}
+
+EvictBudget IndexProxyEvict::budget_for(idx_t n) const {
+    EvictBudget b;
+    if (n <= 0) {
+        return b;
+    }
+    b.n_keep = budget_tokens > 0 ? std::min(budget_tokens, n)
+                                 : std::min(n, idx_t(std::llround(keep_percent / 100 * n)));
+    b.n_keep = std::max<idx_t>(b.n_keep, 1); // never evict the whole prompt
+    idx_t B = b.n_keep;
+    switch (policy) {
+        case EvictPolicy::nacl: {
+            double protect, proxy_keep, window;
+            table4(keep_percent, &protect, &proxy_keep, &window);
+            protect = protect_percent >= 0 ? protect_percent : protect;
+            proxy_keep = proxy_keep_percent >= 0 ? proxy_keep_percent : proxy_keep;
+            window = proxy_window_percent >= 0 ? proxy_window_percent : window;
+            FAISS_THROW_IF_NOT_FMT(
+                    protect + proxy_keep <= keep_percent + 1e-9,
+                    "ProxyEvict: protect %g%% + proxy-keep %g%% exceed the budget %g%%",
+                    protect, proxy_keep, keep_percent);
+            // the split is a share of B, so an absolute budget keeps its shape
+            idx_t n_protect = std::min(B, idx_t(std::llround(B * protect / keep_percent)));
+            b.n_top = std::min(B - n_protect, idx_t(std::llround(B * proxy_keep / keep_percent)));
+            b.n_random = B - n_protect - b.n_top;
+            b.n_sink = std::min(n_sink, n_protect);
+            b.n_recent = n_protect - b.n_sink;
+            double proxy = std::llround(n * (protect + window) / 100);
+            b.n_proxy = std::min<idx_t>(n, std::max<idx_t>(1, idx_t(proxy)));
+            break;
+        }
+        case EvictPolicy::h2o:
+            b.n_recent = B / 2; // H2O: half recent window, half heavy hitters
+            b.n_top = B - b.n_recent;
+            b.n_proxy = 0;      // every prompt query
+            break;
+        case EvictPolicy::tova:
+            b.n_top = B;
+            b.n_proxy = 1;      // the last query
+            break;
+        case EvictPolicy::streaming:
+            b.n_sink = std::min(n_sink, B);
+            b.n_recent = B - b.n_sink;
+            break;
+        case EvictPolicy::random:
+            b.n_random = B;
+            break;
+    }
+    return b;
+}
+
+std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
+    idx_t n = in.n_tokens;
+    EvictBudget b = budget_for(n);
+    std::vector<char> taken(n, 0);
+    std::vector<idx_t> kept;
+    auto keep = [&](idx_t j) {
+        taken[j] = 1;
+        kept.push_back(j);
+    };
+    for (idx_t j = 0; j < b.n_sink; j++) {
+        keep(j);
+    }
+    for (idx_t j = n - b.n_recent; j < n; j++) {
+        keep(j);
+    }
+
+    // scores from the proxy queries, for the policies that use them
+    std::vector<double> F(n, 0.0);
+    bool scored = policy == EvictPolicy::nacl || policy == EvictPolicy::h2o ||
+            policy == EvictPolicy::tova;
+    if (scored && b.n_top + b.n_random > 0) {
+        idx_t end = in.first_position + n; // position after the prompt
+        idx_t from = b.n_proxy > 0 ? end - b.n_proxy : in.first_position;
+        std::vector<idx_t> pick, pos;
+        for (idx_t i = 0; i < in.n_queries; i++) {
+            idx_t p = in.query_positions ? in.query_positions[i] : end - in.n_queries + i;
+            if (p >= from && p < end) {
+                pick.push_back(i);
+                pos.push_back(p);
+            }
+        }
+        FAISS_THROW_IF_NOT_FMT(
+                !pick.empty(),
+                "ProxyEvict%g_%s: prefill has no queries at positions [%zd, %zd) to "
+                "score the prompt with",
+                keep_percent, evict_policy_name(policy), size_t(from), size_t(end));
+        std::vector<float> q(size_t(in.n_query_heads) * pick.size() * d);
+        for (int h = 0; h < in.n_query_heads; h++) {
+            for (size_t i = 0; i < pick.size(); i++) {
+                std::memcpy(q.data() + (h * pick.size() + i) * d,
+                            in.queries + (size_t(h) * in.n_queries + pick[i]) * d,
+                            sizeof(float) * d);
+            }
+        }
+        proxy_scores(in.keys, n, d, q.data(), in.n_query_heads, idx_t(pick.size()),
+                     pos.data(), in.first_position, policy == EvictPolicy::h2o, F.data());
+    }
+
+    std::vector<idx_t> cand;
+    for (idx_t j = 0; j < n; j++) {
+        if (!taken[j]) {
+            cand.push_back(j);
+        }
+    }
+    // top by score (ties to the earlier token)
+    std::partial_sort(cand.begin(), cand.begin() + b.n_top, cand.end(), [&](idx_t x, idx_t y) {
+        return F[x] > F[y] || (F[x] == F[y] && x < y);
+    });
+    for (idx_t i = 0; i < b.n_top; i++) {
+        keep(cand[i]);
+    }
+    // random part: n_random of the rest without replacement, with
+    // probabilities softmax(F) (uniform for Random, where F = 0). Gumbel-top-k:
+    // the largest F_j + G_j are a sample without replacement from softmax(F).
+    std::vector<idx_t> rest(cand.begin() + b.n_top, cand.end());
+    std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * (stream + 1));
+    std::uniform_real_distribution<double> unif(0.0, 1.0);
+    std::vector<double> key(n);
+    for (idx_t j : rest) {
+        double u = std::max(unif(rng), 1e-300);
+        key[j] = F[j] - std::log(-std::log(u));
+    }
+    std::partial_sort(rest.begin(), rest.begin() + b.n_random, rest.end(),
+                      [&](idx_t x, idx_t y) { return key[x] > key[y]; });
+    for (idx_t i = 0; i < b.n_random; i++) {
+        keep(rest[i]);
+    }
+    std::sort(kept.begin(), kept.end());
+    FAISS_ASSERT(idx_t(kept.size()) == b.n_keep);
+    return kept;
+}
+
+void IndexProxyEvict::prefill(const PrefillInput& in) {
+    check_prefill(in);
+    if (in.n_tokens > 0) {
+        check_not_null(in.keys, "prefill: keys");
+        check_not_null(in.values, "prefill: values");
+        check_finite(in.keys, in.n_tokens, d, "prefill: keys");
+        check_finite(in.values, in.n_tokens, d_value, "prefill: values");
+    }
+    std::vector<idx_t> kept = choose_kept(in);
+    // only the kept tokens are ever stored
+    std::vector<float> k(kept.size() * d), v(kept.size() * d_value);
+    for (size_t i = 0; i < kept.size(); i++) {
+        std::memcpy(&k[i * d], in.keys + kept[i] * d, sizeof(float) * d);
+        std::memcpy(&v[i * d_value], in.values + kept[i] * d_value, sizeof(float) * d_value);
+    }
+    PrefillInput sub = in;
+    sub.n_tokens = idx_t(kept.size());
+    sub.keys = k.data();
+    sub.values = v.data();
+    std::vector<idx_t> qpos;
+    if (in.n_queries > 0 && !in.query_positions) { // make positions explicit
+        qpos.resize(in.n_queries);
+        std::iota(qpos.begin(), qpos.end(), in.first_position + in.n_tokens - in.n_queries);
+        sub.query_positions = qpos.data();
+    }
+    inner->prefill(sub);
+    positions = std::move(kept);
+    ntotal = in.n_tokens;
+    rope = in.rope;
+    has_rope = true;
+}
+
+void IndexProxyEvict::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    inner->add_kv(n, keys, values); // generated tokens are never evicted
+    for (idx_t i = 0; i < n; i++) {
+        positions.push_back(ntotal + i);
+    }
+}
+
+idx_t IndexProxyEvict::inner_id(idx_t position) const {
+    auto it = std::lower_bound(positions.begin(), positions.end(), position);
+    return it != positions.end() && *it == position ? idx_t(it - positions.begin()) : -1;
+}
+
+void IndexProxyEvict::search(
+        idx_t n,
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
+    check_search_args(n, q, k, params);
+    if (inner->ntotal == 0) {
+        std::fill(distances, distances + n * k, std::numeric_limits<float>::lowest());
+        std::fill(labels, labels + n * k, idx_t(-1));
+        return;
+    }
+    inner->search(n, q, k, distances, labels, params);
+    for (idx_t i = 0; i < n * k; i++) {
+        labels[i] = labels[i] >= 0 ? positions[labels[i]] : -1;
+    }
+}
+
+void IndexProxyEvict::select(
+        idx_t n,
+        const float* q,
+        Selection* sel,
+        const faiss::SearchParameters* params) const {
+    check_query_args(n, q, "select: queries");
+    if (inner->ntotal == 0) {
+        for (idx_t i = 0; i < n; i++) {
+            sel[i].clear();
+        }
+        return;
+    }
+    inner->select(n, q, sel, params);
+    for (idx_t i = 0; i < n; i++) {
+        for (auto& id : sel[i].ids) {
+            id = positions[id];
+        }
+    }
+}
+
+void IndexProxyEvict::attend(
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    check_attend_args(n, q, out);
+    inner->attend(n, q, out, lse, params);
+}
+
+void IndexProxyEvict::reset() {
+    inner->reset();
+    positions.clear();
+    ntotal = 0;
+}
+
+void IndexProxyEvict::reconstruct(idx_t key, float* recons) const {
+    FAISS_THROW_IF_NOT_FMT(
+            key >= 0 && key < ntotal, "reconstruct: id %zd out of [0, %zd)",
+            size_t(key), size_t(ntotal));
+    idx_t i = inner_id(key);
+    FAISS_THROW_IF_NOT_FMT(i >= 0, "reconstruct: token %zd was evicted", size_t(key));
+    inner->reconstruct(i, recons);
+}
+
+void IndexProxyEvict::reconstruct_value(idx_t key, float* value) const {
+    FAISS_THROW_IF_NOT_FMT(
+            key >= 0 && key < ntotal, "reconstruct_value: id %zd out of [0, %zd)",
+            size_t(key), size_t(ntotal));
+    idx_t i = inner_id(key);
+    FAISS_THROW_IF_NOT_FMT(i >= 0, "reconstruct_value: token %zd was evicted", size_t(key));
+    inner->reconstruct_value(i, value);
+}
+
+size_t IndexProxyEvict::memory_bytes() const {
+    return inner->memory_bytes() + positions.capacity() * sizeof(idx_t);
+}
+
+} // namespace kvindex
