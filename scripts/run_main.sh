@@ -15,4 +15,5 @@ fi
   --index "TopK(IVF128,Flat)" \
   --index "TopK(HNSW16)" \
   --index "Sink4,Window64,TopK(IVF128,Flat)" \
+  --index ProxyEvict20 \
   "$@"
