@@ -8,6 +8,7 @@
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexLSHSample.h>
 #include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
@@ -75,8 +76,24 @@ std::unique_ptr<KVIndex> parse_topk(const std::string& s, int d, int dv) {
     return std::make_unique<IndexTopK>(d, dv, s.substr(head.size(), s.size() - head.size() - 1));
 }
 
+std::unique_ptr<KVIndex> parse_lsh_sample(const std::string& s, int d, int dv) {
+    const std::string head = "LSHSample";
+    size_t x = s.find('x');
+    if (s.compare(0, head.size(), head) != 0 || x == std::string::npos) {
+        return nullptr;
+    }
+    std::string ks = s.substr(head.size(), x - head.size()), ls = s.substr(x + 1);
+    auto digits = [](const std::string& t) {
+        return !t.empty() && t.size() <= 6 && t.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (!digits(ks) || !digits(ls)) {
+        return nullptr;
+    }
+    return std::make_unique<IndexLSHSample>(d, dv, std::stoi(ks), std::stoi(ls));
+}
+
 std::unique_ptr<KVIndex> parse_inner(const std::string& s, int d, int dv) {
-    for (auto parse : {parse_flat, parse_topk}) {
+    for (auto parse : {parse_flat, parse_topk, parse_lsh_sample}) {
         if (auto index = parse(s, d, dv)) {
             return index;
         }
@@ -138,7 +155,7 @@ std::unique_ptr<KVIndex> parse_chain(
     FAISS_THROW_IF_NOT_FMT(
             body,
             "index_factory: cannot parse '%s' in '%s' (expected [Sink<n>,][Window<n>,] "
-            "then Flat, TopK(<faiss string>) or ProxyEvict<P>[_Policy][,<index>])",
+            "then Flat, TopK(<faiss string>), LSHSample<K>x<L> or ProxyEvict<P>[_Policy][,<index>])",
             parts[i].c_str(),
             all.c_str());
     if (n_sink < 0 && n_window < 0) {
@@ -167,6 +184,9 @@ std::string index_factory_string(const KVIndex* index) {
     }
     if (auto t = dynamic_cast<const IndexTopK*>(index)) {
         return "TopK(" + t->retriever_string + ")";
+    }
+    if (auto h = dynamic_cast<const IndexLSHSample*>(index)) {
+        return "LSHSample" + std::to_string(h->K) + "x" + std::to_string(h->L);
     }
     if (auto e = dynamic_cast<const IndexProxyEvict*>(index)) {
         char pct[32];

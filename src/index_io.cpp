@@ -9,6 +9,7 @@
 #include <faiss/index_io.h>
 
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexLSHSample.h>
 #include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
@@ -31,6 +32,7 @@ constexpr uint32_t kFlat = fourcc("KVFl");
 constexpr uint32_t kTopK = fourcc("KVTk");
 constexpr uint32_t kSinkWindow = fourcc("KVSw");
 constexpr uint32_t kProxyEvict = fourcc("KVPe");
+constexpr uint32_t kLSHSample = fourcc("KVLs");
 constexpr size_t kHeaderSize = 4 + 4 + 8 + 4;
 constexpr int kMaxNesting = 8;
 
@@ -76,6 +78,20 @@ void write_record(const KVIndex* idx, BufferWriter& w) {
         write_storage(s->sink, w);
         write_storage(s->window, w);
         write_record(s->inner.get(), w);
+    } else if (auto h = dynamic_cast<const IndexLSHSample*>(idx)) {
+        w.value(kLSHSample);
+        write_kvindex_fields(idx, w);
+        w.value<int32_t>(h->K);
+        w.value<int32_t>(h->L);
+        w.value<int32_t>(h->min_hits);
+        w.value<int64_t>(h->max_sample);
+        w.value<uint64_t>(h->seed);
+        w.vector(h->planes);
+        w.vector(h->mean);
+        w.vector(h->norms);
+        w.vector(h->codes);
+        write_storage(h->storage, w);
+        w.value<int64_t>(h->n_indexed); // the tables are rebuilt from the codes
     } else if (auto e = dynamic_cast<const IndexProxyEvict*>(idx)) {
         w.value(kProxyEvict);
         write_kvindex_fields(idx, w);
@@ -203,6 +219,45 @@ std::unique_ptr<KVIndex> read_record(BufferReader& r, int depth) {
                         idx->sink.size() + in->ntotal + idx->window.size() == idx->ntotal &&
                         in->d == idx->d && in->d_value == idx->d_value,
                 "read_index: sink/window split inconsistent with ntotal");
+        return idx;
+    }
+    if (type == kLSHSample) {
+        auto idx = std::make_unique<IndexLSHSample>();
+        read_kvindex_fields(idx.get(), r);
+        idx->K = r.value<int32_t>("K");
+        idx->L = r.value<int32_t>("L");
+        idx->min_hits = r.value<int32_t>("min_hits");
+        idx->max_sample = r.value<int64_t>("max_sample");
+        idx->seed = r.value<uint64_t>("seed");
+        FAISS_THROW_IF_NOT_FMT(
+                idx->K >= 1 && idx->K <= 16 && idx->L >= 1 && idx->L <= 4096 &&
+                        idx->min_hits >= 0 && idx->min_hits <= idx->L && idx->max_sample >= 0,
+                "read_index: invalid LSHSample parameters K=%d L=%d min_hits=%d",
+                idx->K, idx->L, idx->min_hits);
+        idx->planes = r.vector<float>("hyperplanes");
+        idx->mean = r.vector<float>("centring mean");
+        idx->norms = r.vector<float>("key norms");
+        idx->codes = r.vector<uint16_t>("codes");
+        read_storage(idx->storage, idx.get(), r, "LSHSample storage");
+        idx_t n_indexed = r.value<int64_t>("n_indexed");
+        idx_t n = idx->ntotal;
+        bool codes_ok = true;
+        for (uint16_t c : idx->codes) {
+            codes_ok = codes_ok && c < (1u << idx->K);
+        }
+        FAISS_THROW_IF_NOT_MSG(
+                idx->planes.size() == size_t(idx->K) * idx->L * idx->d &&
+                        idx->mean.size() == (n > 0 ? size_t(idx->d) : 0) &&
+                        idx->norms.size() == size_t(n) && idx->codes.size() == size_t(n) * idx->L &&
+                        idx->storage.size() == n && n_indexed >= 0 && n_indexed <= n &&
+                        (n == 0 || n_indexed > 0) && codes_ok,
+                "read_index: LSHSample tables inconsistent with its tokens");
+        check_finite(idx->planes.data(), 1, idx->planes.size(), "read_index: hyperplanes");
+        check_finite(idx->mean.data(), 1, idx->mean.size(), "read_index: centring mean");
+        check_finite(idx->norms.data(), 1, idx->norms.size(), "read_index: key norms");
+        if (n > 0) {
+            idx->build_tables(n_indexed);
+        }
         return idx;
     }
     if (type == kProxyEvict) {

@@ -8,6 +8,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/IndexLSHSample.h>
 #include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
@@ -85,6 +86,18 @@ bool set_in_chain(KVIndex* index, const std::string& name, double value) {
                 is_positive_integer(value), "parameter k=%g must be a positive integer", value);
         index->k = idx_t(value);
         return true;
+    }
+    if (auto h = dynamic_cast<IndexLSHSample*>(index)) {
+        if (name == "min_hits" || name == "max_sample") {
+            FAISS_THROW_IF_NOT_FMT(
+                    value == 0 || is_positive_integer(value),
+                    "parameter %s=%g must be a non-negative integer", name.c_str(), value);
+            FAISS_THROW_IF_NOT_FMT(
+                    name != "min_hits" || value <= h->L,
+                    "parameter min_hits=%g exceeds the %d tables", value, h->L);
+            (name == "min_hits" ? void(h->min_hits = int(value)) : void(h->max_sample = idx_t(value)));
+            return true;
+        }
     }
     if (auto t = dynamic_cast<IndexTopK*>(index)) {
         if ((name == "nprobe" || name == "efSearch")) {

@@ -15,6 +15,7 @@
  *                                          (Flat when omitted)
  *   inner   := "Flat"                      exact attention (IndexKVFlat)
  *            | "TopK(" faiss-string ")"    top-k attention, Faiss retriever (IndexTopK)
+ *            | "LSHSample" K "x" L         LSH sampling + unbiased estimator (IndexLSHSample)
  *
  * Sink / Window (either or both, any order) wrap the inner index in an
  * IndexSinkWindow. The Faiss string inside TopK(...) is any string

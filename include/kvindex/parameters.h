@@ -11,6 +11,7 @@ namespace kvindex {
  *   k         top-k budget (every index type with a budget)
  *   nprobe    IVF retrievers of TopK(...)
  *   efSearch  HNSW retrievers of TopK(...)
+ *   min_hits, max_sample  LSHSample
  *   budget, protect, proxy_keep, proxy_window, n_sink, seed
  *             ProxyEvict (prefill-time: set them before prefill; budget in
  *             tokens, the others in percent of the prompt)

@@ -1,0 +1,344 @@
+#include <kvindex/IndexLSHSample.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/kernels.h>
+
+#include "checks.h"
+#include "parallel.h"
+
+namespace kvindex {
+
+double lsh_inclusion_probability(double theta, int K, int L, int min_hits) {
+    if (min_hits <= 0) {
+        return 1.0;
+    }
+    if (min_hits > L) {
+        return 0.0;
+    }
+    double p = 1.0 - theta / M_PI;
+    double P = std::pow(std::min(std::max(p, 0.0), 1.0), K); // one table collides
+    if (P >= 1.0) {
+        return 1.0;
+    }
+    if (P <= 0.0) {
+        return 0.0;
+    }
+    // binomial terms t_j = C(L, j) P^j (1-P)^(L-j) by their ratio recurrence
+    double t = std::exp(L * std::log1p(-P)), ratio = P / (1.0 - P);
+    double lower = 0;
+    int j = 0;
+    for (; j < min_hits; j++) {
+        lower += t;
+        t *= double(L - j) / (j + 1) * ratio;
+    }
+    if (lower < 0.5) {
+        return 1.0 - lower;
+    }
+    // 1 - lower would cancel: sum the upper tail directly, t is t_{min_hits}
+    double upper = 0;
+    for (; j <= L; j++) {
+        upper += t;
+        if (t < 1e-18 * upper) {
+            break;
+        }
+        t *= double(L - j) / (j + 1) * ratio;
+    }
+    return upper;
+}
+
+IndexLSHSample::IndexLSHSample() : KVIndex(0, 0) {}
+
+IndexLSHSample::IndexLSHSample(int d, int d_value, int K, int L)
+        : KVIndex(d, d_value), K(K), L(L), storage(d, this->d_value) {
+    FAISS_THROW_IF_NOT_FMT(d > 0, "LSHSample: d=%d must be > 0", d);
+    FAISS_THROW_IF_NOT_FMT(K >= 1 && K <= 16, "LSHSample: K=%d bits must be in [1, 16]", K);
+    FAISS_THROW_IF_NOT_FMT(L >= 1 && L <= 4096, "LSHSample: L=%d tables must be in [1, 4096]", L);
+    set_seed(seed);
+}
+
+void IndexLSHSample::set_seed(uint64_t new_seed) {
+    FAISS_THROW_IF_NOT_MSG(
+            ntotal == 0, "LSHSample: the hyperplanes can change only on an empty index");
+    seed = new_seed;
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    planes.resize(size_t(K) * L * d);
+    for (auto& x : planes) {
+        x = g(rng);
+    }
+}
+
+void IndexLSHSample::hash(const float* x, const float* center, uint16_t* out) const {
+    int r = K * L;
+    std::vector<float> proj(r), cproj(center ? r : 0);
+    inner_products_scaled(x, planes.data(), d, r, 1.0f, proj.data());
+    if (center) {
+        inner_products_scaled(center, planes.data(), d, r, 1.0f, cproj.data());
+    }
+    for (int l = 0; l < L; l++) {
+        uint16_t c = 0;
+        for (int b = 0; b < K; b++) {
+            float v = proj[l * K + b] - (center ? cproj[l * K + b] : 0.0f);
+            c |= uint16_t(v > 0) << b;
+        }
+        out[l] = c;
+    }
+}
+
+void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    if (mean.empty()) {
+        // centre by the mean of the first keys hashed; it never changes after,
+        // so that the codes already computed stay valid
+        mean.assign(d, 0.0f);
+        std::vector<double> acc(d, 0.0);
+        for (idx_t i = 0; i < n; i++) {
+            for (int j = 0; j < d; j++) {
+                acc[j] += keys[i * d + j];
+            }
+        }
+        for (int j = 0; j < d; j++) {
+            mean[j] = float(acc[j] / n);
+        }
+    }
+    idx_t n0 = storage.size();
+    codes.resize((n0 + n) * L);
+    norms.resize(n0 + n);
+    parallel_for(n, [&](idx_t i) {
+        const float* k = keys + i * d;
+        hash(k, mean.data(), codes.data() + (n0 + i) * L);
+        double s = 0;
+        for (int j = 0; j < d; j++) {
+            double c = double(k[j]) - mean[j];
+            s += c * c;
+        }
+        norms[n0 + i] = float(std::sqrt(s));
+    });
+    storage.append(n, keys, values);
+    idx_t tail = storage.size() - n_indexed;
+    if (n_indexed == 0 || tail * 8 > n_indexed) {
+        build_tables();
+    }
+}
+
+void IndexLSHSample::build_tables(idx_t n) {
+    n = n < 0 ? storage.size() : n;
+    size_t B = size_t(1) << K;
+    offsets.assign(size_t(L) * (B + 1), 0);
+    bool narrow = n <= 65536;
+    ids16.clear();
+    ids32.clear();
+    (narrow ? ids16.resize(size_t(L) * n) : ids32.resize(size_t(L) * n));
+    for (int l = 0; l < L; l++) {
+        uint32_t* off = offsets.data() + size_t(l) * (B + 1);
+        for (idx_t i = 0; i < n; i++) {
+            off[codes[i * L + l] + 1]++;
+        }
+        for (size_t b = 0; b < B; b++) {
+            off[b + 1] += off[b];
+        }
+        std::vector<uint32_t> fill(off, off + B);
+        for (idx_t i = 0; i < n; i++) { // ids ascending within each bucket
+            size_t at = size_t(l) * n + fill[codes[i * L + l]]++;
+            if (narrow) {
+                ids16[at] = uint16_t(i);
+            } else {
+                ids32[at] = uint32_t(i);
+            }
+        }
+    }
+    n_indexed = n;
+}
+
+void IndexLSHSample::sample_one(
+        const float* q, int hits, idx_t cap, Selection& sel, std::vector<uint8_t>& count) const {
+    sel.clear();
+    sel.n_scanned = size_t(K) * L; // the query's projections, in key reads
+    if (hits <= 0) {
+        sel.set_all(ntotal);
+        return;
+    }
+    std::vector<uint16_t> qc(L);
+    hash(q, nullptr, qc.data());
+    size_t B = size_t(1) << K;
+    count.resize(std::max<size_t>(count.size(), ntotal));
+    std::vector<idx_t> touched;
+    // a token is emitted at its hits-th collision (saturating uint8 counter)
+    auto hit = [&](idx_t id) {
+        uint8_t& c = count[id];
+        if (c == 0) {
+            touched.push_back(id);
+        }
+        if (c < 255) {
+            c++;
+        }
+        if (c == hits) {
+            sel.ids.push_back(id);
+        }
+    };
+    for (int l = 0; l < L; l++) {
+        const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
+        size_t base = size_t(l) * n_indexed;
+        for (uint32_t j = off[qc[l]]; j < off[qc[l] + 1]; j++) {
+            hit(ids16.empty() ? idx_t(ids32[base + j]) : idx_t(ids16[base + j]));
+        }
+    }
+    for (idx_t i : touched) {
+        count[i] = 0;
+    }
+    for (idx_t i = n_indexed; i < ntotal; i++) { // the tail, code by code
+        int c = 0;
+        for (int l = 0; l < L; l++) {
+            c += codes[i * L + l] == qc[l];
+        }
+        if (c >= hits) {
+            sel.ids.push_back(i);
+        }
+    }
+    // inclusion probabilities from the angle between q and the centred key
+    size_t m = sel.ids.size();
+    std::vector<float> dots(m);
+    inner_products_by_ids(q, storage.keys.data(), d, sel.ids.data(), m, 1.0f, dots.data());
+    double qm = 0, qq = 0;
+    for (int j = 0; j < d; j++) {
+        qm += double(q[j]) * mean[j];
+        qq += double(q[j]) * q[j];
+    }
+    double qn = std::sqrt(qq);
+    sel.inclusion.resize(m);
+    for (size_t t = 0; t < m; t++) {
+        double den = qn * norms[sel.ids[t]];
+        double cosv = den > 0 ? (dots[t] - qm) / den : 0.0;
+        double theta = std::acos(std::min(1.0, std::max(-1.0, cosv)));
+        double u = lsh_inclusion_probability(theta, K, L, hits);
+        sel.inclusion[t] = float(std::max(u, 1e-30));
+    }
+    if (cap > 0 && idx_t(m) > cap) {
+        // keep the best-scoring keys (the estimate is then no longer unbiased)
+        std::vector<size_t> order(m);
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + cap, order.end(),
+                          [&](size_t a, size_t b) { return dots[a] > dots[b]; });
+        Selection kept;
+        kept.n_scanned = sel.n_scanned;
+        for (idx_t t = 0; t < cap; t++) {
+            kept.push_back(sel.ids[order[t]], sel.inclusion[order[t]]);
+        }
+        sel = std::move(kept);
+    }
+}
+
+void IndexLSHSample::select(
+        idx_t n,
+        const float* q,
+        Selection* sel,
+        const faiss::SearchParameters* params) const {
+    check_query_args(n, q, "select: queries");
+    check_params(params);
+    auto p = dynamic_cast<const SearchParametersLSH*>(params);
+    int hits = p && p->min_hits >= 0 ? p->min_hits : min_hits;
+    idx_t cap = p && p->max_sample >= 0 ? p->max_sample : max_sample;
+    parallel_for(n, [&](idx_t i) {
+        thread_local std::vector<uint8_t> count;
+        sample_one(q + i * d, hits, cap, sel[i], count);
+    });
+}
+
+void IndexLSHSample::attend(
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    check_attend_args(n, q, out);
+    check_params(params);
+    auto p = dynamic_cast<const SearchParametersLSH*>(params);
+    int hits = p && p->min_hits >= 0 ? p->min_hits : min_hits;
+    idx_t cap = p && p->max_sample >= 0 ? p->max_sample : max_sample;
+    float scale = score_scale();
+    // fused per query: hash, count collisions, then the unbiased estimator
+    // on the sample: softmax(s_i - log u_i), values weighted in one pass
+    parallel_for(n, [&](idx_t i) {
+        thread_local std::vector<uint8_t> count;
+        Selection sel;
+        const float* qi = q + i * d;
+        sample_one(qi, hits, cap, sel, count);
+        size_t m = sel.size();
+        std::vector<float> s(m), bias(m);
+        inner_products_by_ids(qi, storage.keys.data(), d, sel.ids.data(), m, scale, s.data());
+        for (size_t t = 0; t < m; t++) {
+            bias[t] = std::log(sel.inclusion[t]);
+        }
+        float l = softmax_inplace(s.data(), bias.data(), m);
+        if (m == 0) {
+            std::fill(out + i * d_value, out + (i + 1) * d_value, 0.0f);
+        } else {
+            weighted_sum_by_ids(s.data(), storage.values.data(), d_value, sel.ids.data(), m,
+                                out + i * d_value);
+        }
+        if (lse) {
+            lse[i] = l;
+        }
+    });
+}
+
+void IndexLSHSample::search(
+        idx_t n,
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
+    check_search_args(n, q, k, params);
+    std::vector<Selection> sel(n);
+    if (ntotal > 0) {
+        select(n, q, sel.data(), params);
+    }
+    for (idx_t i = 0; i < n; i++) {
+        // the sampled keys ranked by inner product
+        size_t m = sel[i].size();
+        std::vector<float> s(m);
+        inner_products_by_ids(q + i * d, storage.keys.data(), d, sel[i].ids.data(), m, 1.0f, s.data());
+        std::vector<size_t> order(m);
+        std::iota(order.begin(), order.end(), 0);
+        size_t kk = std::min<size_t>(k, m);
+        std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](size_t a, size_t b) {
+            return s[a] > s[b] || (s[a] == s[b] && sel[i].ids[a] < sel[i].ids[b]);
+        });
+        for (idx_t j = 0; j < k; j++) {
+            distances[i * k + j] = size_t(j) < kk ? s[order[j]] : std::numeric_limits<float>::lowest();
+            labels[i * k + j] = size_t(j) < kk ? sel[i].ids[order[j]] : -1;
+        }
+    }
+}
+
+void IndexLSHSample::reset() {
+    storage.clear();
+    mean.clear();
+    norms.clear();
+    codes.clear();
+    offsets.clear();
+    ids16.clear();
+    ids32.clear();
+    n_indexed = 0;
+    ntotal = 0;
+}
+
+size_t IndexLSHSample::table_bytes() const {
+    return codes.capacity() * sizeof(uint16_t) + offsets.capacity() * sizeof(uint32_t) +
+            ids16.capacity() * sizeof(uint16_t) + ids32.capacity() * sizeof(uint32_t) +
+            norms.capacity() * sizeof(float);
+}
+
+size_t IndexLSHSample::memory_bytes() const {
+    return storage.memory_bytes() + table_bytes() + (planes.size() + mean.size()) * sizeof(float);
+}
+
+} // namespace kvindex

@@ -1,0 +1,302 @@
+// IndexLSHSample: SimHash collision laws, table retrieval, the unbiased
+// estimator (papers/magicpig.txt).
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <kvindex/IndexLSHSample.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
+#include <kvindex/parameters.h>
+
+#include "expect_throw.h"
+#include "reference.h"
+
+using namespace kvindex;
+using kvtest::gaussian;
+
+namespace {
+
+constexpr int kD = 16;
+
+/// Two unit vectors at angle theta.
+void pair_at_angle(double theta, uint64_t seed, std::vector<float>& a, std::vector<float>& b) {
+    auto x = gaussian(1, kD, seed), y = gaussian(1, kD, seed + 1);
+    double nx = 0, dot = 0, ny = 0;
+    for (int j = 0; j < kD; j++) {
+        nx += double(x[j]) * x[j];
+    }
+    for (int j = 0; j < kD; j++) {
+        dot += x[j] * y[j] / nx;
+    }
+    for (int j = 0; j < kD; j++) {
+        y[j] -= float(dot * x[j]); // y orthogonal to x
+        ny += double(y[j]) * y[j];
+    }
+    a.resize(kD);
+    b.resize(kD);
+    for (int j = 0; j < kD; j++) {
+        a[j] = float(x[j] / std::sqrt(nx));
+        b[j] = float(std::cos(theta) * a[j] + std::sin(theta) * y[j] / std::sqrt(ny));
+    }
+}
+
+std::unique_ptr<IndexLSHSample> lsh(int K, int L, int min_hits = 2) {
+    auto h = std::make_unique<IndexLSHSample>(kD, kD, K, L);
+    h->min_hits = min_hits;
+    return h;
+}
+
+/// Codes of x in double precision, straight from the hyperplanes.
+std::vector<int> ref_codes(const IndexLSHSample& h, const float* x, const std::vector<double>& center) {
+    std::vector<int> c(h.L, 0);
+    for (int l = 0; l < h.L; l++) {
+        for (int b = 0; b < h.K; b++) {
+            double p = 0;
+            for (int j = 0; j < kD; j++) {
+                p += double(h.planes[(l * h.K + b) * kD + j]) * (x[j] - center[j]);
+            }
+            c[l] |= int(p > 0) << b;
+        }
+    }
+    return c;
+}
+
+} // namespace
+
+TEST(LSHSample, SingleBitCollisionRateIsOneMinusThetaOverPi) {
+    // 20000 one-bit tables = 20000 independent hyperplanes
+    int L = 4000;
+    for (double theta : {0.3, 1.0, 2.0, 2.8}) {
+        std::vector<float> a, b;
+        pair_at_angle(theta, 7, a, b);
+        double hits = 0, trials = 0;
+        for (uint64_t s = 0; s < 5; s++) {
+            auto h = lsh(1, L);
+            h->set_seed(100 + s);
+            std::vector<uint16_t> ca(L), cb(L);
+            h->hash(a.data(), nullptr, ca.data());
+            h->hash(b.data(), nullptr, cb.data());
+            for (int l = 0; l < L; l++) {
+                hits += ca[l] == cb[l];
+            }
+            trials += L;
+        }
+        double p = 1 - theta / M_PI, rate = hits / trials;
+        // 4.5 binomial standard deviations: fails by chance < 1e-5
+        EXPECT_NEAR(rate, p, 4.5 * std::sqrt(p * (1 - p) / trials)) << "theta=" << theta;
+    }
+}
+
+TEST(LSHSample, InclusionProbabilityMatchesCollisionsOverSeeds) {
+    EXPECT_EQ(lsh_inclusion_probability(1.0, 4, 10, 0), 1.0);
+    EXPECT_EQ(lsh_inclusion_probability(1.0, 4, 10, 11), 0.0);
+    for (double theta : {0.2, 0.7, 1.3}) {
+        // the closed form of the paper for min_hits = 2
+        double P = std::pow(1 - theta / M_PI, 10);
+        double closed = 1 - std::pow(1 - P, 150) - 150 * P * std::pow(1 - P, 149);
+        EXPECT_NEAR(lsh_inclusion_probability(theta, 10, 150, 2), closed, 1e-12 + 1e-9 * closed);
+    }
+    // tiny probabilities keep their relative precision (no 1 - (1 - eps) cancellation)
+    double P = std::pow(1 - 2.5 / M_PI, 10);
+    EXPECT_NEAR(lsh_inclusion_probability(2.5, 10, 150, 2) / (150 * 149 / 2.0 * P * P), 1.0, 1e-3);
+
+    int K = 3, L = 10, trials = 3000;
+    for (int m : {2, 3}) {
+        for (double theta : {0.4, 0.9, 1.4}) {
+            std::vector<float> a, b;
+            pair_at_angle(theta, 11, a, b);
+            int included = 0;
+            for (int t = 0; t < trials; t++) {
+                auto h = lsh(K, L);
+                h->set_seed(1000 + t);
+                std::vector<uint16_t> ca(L), cb(L);
+                h->hash(a.data(), nullptr, ca.data());
+                h->hash(b.data(), nullptr, cb.data());
+                int c = 0;
+                for (int l = 0; l < L; l++) {
+                    c += ca[l] == cb[l];
+                }
+                included += c >= m;
+            }
+            double u = lsh_inclusion_probability(theta, K, L, m), rate = double(included) / trials;
+            EXPECT_NEAR(rate, u, 4.5 * std::sqrt(u * (1 - u) / trials) + 1e-3)
+                    << "theta=" << theta << " min_hits=" << m;
+        }
+    }
+}
+
+TEST(LSHSample, RetrievalEqualsBruteForceCountIncludingAppends) {
+    idx_t n = 3000;
+    auto keys = gaussian(n, kD, 21, 1.0f, 0.8f), values = gaussian(n, kD, 22);
+    auto h = lsh(6, 20);
+    idx_t n0 = 2000;
+    h->add_kv(n0, keys.data(), values.data());
+    // the centring mean is the mean of the first keys hashed, in double
+    std::vector<double> mean(kD, 0.0);
+    for (idx_t i = 0; i < n0; i++) {
+        for (int j = 0; j < kD; j++) {
+            mean[j] += keys[i * kD + j] / double(n0);
+        }
+    }
+    auto queries = gaussian(10, kD, 23, 2.0f, -0.5f);
+    auto check = [&](idx_t nt) {
+        // stored codes agree with double-precision hashing
+        idx_t disagree = 0;
+        for (idx_t i = 0; i < nt; i++) {
+            auto c = ref_codes(*h, keys.data() + i * kD, mean);
+            for (int l = 0; l < h->L; l++) {
+                disagree += c[l] != h->codes[i * h->L + l];
+            }
+        }
+        EXPECT_LE(disagree, nt * h->L / 10000); // only projections within rounding of 0
+        std::vector<Selection> sel(10);
+        h->select(10, queries.data(), sel.data());
+        for (int qi = 0; qi < 10; qi++) {
+            std::vector<double> zero(kD, 0.0);
+            auto qc = ref_codes(*h, queries.data() + qi * kD, zero);
+            std::set<idx_t> brute;
+            for (idx_t i = 0; i < nt; i++) {
+                int c = 0;
+                for (int l = 0; l < h->L; l++) {
+                    c += h->codes[i * h->L + l] == qc[l];
+                }
+                if (c >= h->min_hits) {
+                    brute.insert(i);
+                }
+            }
+            std::set<idx_t> got(sel[qi].ids.begin(), sel[qi].ids.end());
+            EXPECT_EQ(got.size(), sel[qi].size()); // each id once
+            EXPECT_EQ(got, brute) << "query " << qi << " ntotal " << nt;
+            EXPECT_EQ(sel[qi].n_scanned, size_t(6 * 20));
+        }
+    };
+    check(n0);
+    bool saw_tail = false;
+    for (idx_t i = n0; i < n; i++) { // decode: one token at a time
+        h->add_kv(1, keys.data() + i * kD, values.data() + i * kD);
+        saw_tail = saw_tail || h->n_indexed < h->ntotal;
+        if (i % 250 == 0) {
+            check(i + 1);
+        }
+    }
+    EXPECT_TRUE(saw_tail);
+    check(n);
+}
+
+TEST(LSHSample, EstimatorIsUnbiasedOverHashSeeds) {
+    idx_t n = 300;
+    auto keys = gaussian(n, kD, 31, 1.0f, 0.3f), values = gaussian(n, kD, 32);
+    auto q = gaussian(1, kD, 33, 1.0f);
+    double Z = 0;
+    std::vector<double> s(n);
+    for (idx_t i = 0; i < n; i++) {
+        s[i] = 0;
+        for (int j = 0; j < kD; j++) {
+            s[i] += double(q[j]) * keys[i * kD + j];
+        }
+        s[i] /= std::sqrt(double(kD));
+        Z += std::exp(s[i]);
+    }
+    int trials = 1500;
+    double sum = 0, sum2 = 0, frac = 0;
+    for (int t = 0; t < trials; t++) {
+        auto h = lsh(3, 12);
+        h->set_seed(5000 + t);
+        h->add_kv(n, keys.data(), values.data());
+        Selection sel;
+        h->select(1, q.data(), &sel);
+        double est = 0;
+        for (size_t j = 0; j < sel.size(); j++) {
+            est += std::exp(s[sel.ids[j]]) / sel.inclusion[j];
+        }
+        sum += est;
+        sum2 += est * est;
+        frac += double(sel.size()) / n / trials;
+    }
+    double mean = sum / trials, se = std::sqrt((sum2 / trials - mean * mean) / trials);
+    ASSERT_GT(frac, 0.05);
+    ASSERT_LT(frac, 0.9); // a real sample, not everything
+    EXPECT_NEAR(mean, Z, 4.5 * se) << "Z=" << Z << " se=" << se;
+}
+
+TEST(LSHSample, AllTokensWithUnitInclusionIsExact) {
+    idx_t n = 500;
+    auto keys = gaussian(n, kD, 41, 1.0f, 0.5f), values = gaussian(n, kD, 42);
+    for (const char* s : {"LSHSample8x20", "Sink4,Window16,LSHSample8x20"}) {
+        auto index = index_factory(kD, s);
+        set_index_parameters(index.get(), "min_hits=0");
+        index->add_kv(n, keys.data(), values.data());
+        auto q = gaussian(5, kD, 43, 2.0f);
+        std::vector<float> out(5 * kD), lse(5);
+        index->attend(5, q.data(), out.data(), lse.data());
+        for (int i = 0; i < 5; i++) {
+            std::vector<double> ref;
+            double rl = kvtest::ref_attention_all(q.data() + i * kD, keys.data(), values.data(), kD, kD, n, ref);
+            EXPECT_NEAR(lse[i], rl, 1e-5) << s;
+            EXPECT_LT(kvtest::rel_max_err(out.data() + i * kD, ref), 1e-5) << s;
+        }
+    }
+}
+
+TEST(LSHSample, AttendIsTheUnbiasedEstimatorOverTheSample) {
+    idx_t n = 2000;
+    auto keys = gaussian(n, kD, 51, 1.0f, 0.5f), values = gaussian(n, kD, 52);
+    auto h = lsh(5, 30);
+    h->add_kv(n, keys.data(), values.data());
+    auto q = gaussian(4, kD, 53, 2.0f);
+    std::vector<Selection> sel(4);
+    h->select(4, q.data(), sel.data());
+    std::vector<float> out(4 * kD), lse(4);
+    h->attend(4, q.data(), out.data(), lse.data());
+    for (int i = 0; i < 4; i++) {
+        ASSERT_GT(sel[i].size(), 0u);
+        std::vector<double> u(sel[i].inclusion.begin(), sel[i].inclusion.end()), ref;
+        double rl = kvtest::ref_attention(q.data() + i * kD, keys.data(), values.data(), kD, kD, sel[i].ids, &u, ref);
+        EXPECT_NEAR(lse[i], rl, 1e-4);
+        EXPECT_LT(kvtest::rel_max_err(out.data() + i * kD, ref), 1e-5);
+    }
+    // a cap keeps the best-scoring keys
+    SearchParametersLSH capped;
+    capped.max_sample = 5;
+    h->select(1, q.data(), sel.data(), &capped);
+    EXPECT_LE(sel[0].size(), 5u);
+}
+
+TEST(LSHSample, FactoryIoAndParameters) {
+    idx_t n = 1500;
+    auto keys = gaussian(n, kD, 61, 1.0f, 0.4f), values = gaussian(n, kD, 62);
+    for (const char* s : {"LSHSample10x150", "LSHSample7x75", "Sink4,Window64,LSHSample8x50"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(kD, s);
+        EXPECT_EQ(index_factory_string(index.get()), s);
+        index->add_kv(1000, keys.data(), values.data());
+        for (idx_t i = 1000; i < n; i += 50) { // leave a tail
+            index->add_kv(50, keys.data() + i * kD, values.data() + i * kD);
+        }
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        auto copy = read_index(buf);
+        EXPECT_EQ(index_factory_string(copy.get()), s);
+        auto q = gaussian(4, kD, 63, 2.0f);
+        std::vector<float> o1(4 * kD), o2(4 * kD), l1(4), l2(4);
+        index->attend(4, q.data(), o1.data(), l1.data());
+        copy->attend(4, q.data(), o2.data(), l2.data());
+        EXPECT_EQ(o1, o2);
+        EXPECT_EQ(l1, l2);
+        for (size_t len = 0; len < buf.size(); len += 1009) {
+            EXPECT_THROW(read_index(buf.data(), len), faiss::FaissException);
+        }
+    }
+    auto h = index_factory(kD, "LSHSample8x20");
+    set_index_parameters(h.get(), "min_hits=3,max_sample=100");
+    EXPECT_EQ(dynamic_cast<IndexLSHSample*>(h.get())->min_hits, 3);
+    EXPECT_THROW_MSG(set_index_parameters(h.get(), "min_hits=21"), "min_hits");
+    EXPECT_THROW_MSG(set_index_parameters(h.get(), "nprobe=2"), "nprobe");
+    EXPECT_THROW_MSG(index_factory(kD, "LSHSample17x10"), "K=17");
+    EXPECT_THROW_MSG(index_factory(kD, "LSHSamplex10"), "LSHSamplex10");
+}
