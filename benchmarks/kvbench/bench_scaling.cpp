@@ -40,10 +40,12 @@ double seconds_since(Clock::time_point t0) {
 int main(int argc, char** argv) {
     std::string tokens_list;
     int n_queries;
+    std::vector<std::string> extra;
     boost::program_options::options_description opts("bench_scaling");
     opts.add_options()
             ("tokens", boost::program_options::value(&tokens_list)->default_value("32768,131072,1048576"), "context lengths")
-            ("queries", boost::program_options::value(&n_queries)->default_value(30), "queries per length");
+            ("queries", boost::program_options::value(&n_queries)->default_value(30), "queries per length")
+            ("index", boost::program_options::value(&extra), "factory strings to run instead of the default set");
     boost::program_options::variables_map vm;
     boost::program_options::store(boost::program_options::parse_command_line(argc, argv, opts), vm);
     boost::program_options::notify(vm);
@@ -73,6 +75,9 @@ int main(int argc, char** argv) {
         long nlist = std::max(1L, long(std::ceil(n / 1000.0)));
         std::vector<std::string> specs = {
                 "Flat", "TopK(Flat)", "TopK(IVF" + std::to_string(nlist) + ",Flat)", "TopK(HNSW16)"};
+        if (!extra.empty()) {
+            specs = extra;
+        }
         // exact reference and its timing
         std::vector<float> exact(n_queries * d);
         std::vector<std::vector<idx_t>> truth(n_queries);

@@ -18,6 +18,8 @@ const char* head_kind_name(HeadKind kind) {
             return "needle";
         case HeadKind::local:
             return "local";
+        case HeadKind::aggregate:
+            return "aggregate";
         default:
             return "flat";
     }
@@ -33,9 +35,12 @@ HeadKind head_kind(const SyntheticConfig& cfg, int layer, int q_head) {
     if (cfg.preset == "flat") {
         return HeadKind::flat;
     }
+    if (cfg.preset == "aggregate") {
+        return HeadKind::aggregate;
+    }
     FAISS_THROW_IF_NOT_FMT(
             cfg.preset == "mixed",
-            "unknown preset '%s' (needle, local, flat, mixed)",
+            "unknown preset '%s' (needle, local, flat, aggregate, mixed)",
             cfg.preset.c_str());
     return HeadKind((q_head + layer) % 3);
 }
@@ -53,6 +58,8 @@ constexpr float kLocalNorm = 10.0f;   // shared high-frequency component
 constexpr float kLocalGain = 1.5f;
 constexpr float kSinkNorm = 10.0f;    // token 0 carries the sink direction
 constexpr float kSinkScore = 2.5f;    // its score above the others, any d
+constexpr float kAggregateGain = 1.5f; // score std along w: broad but graded
+constexpr float kAggregateValue = 1.0f; // how much of w.k the values carry
 
 struct Rng {
     std::mt19937_64 gen;
@@ -156,6 +163,25 @@ void generate_kv_head(
     for (int j = 0; j < d; j++) {
         keys[j] += kSinkNorm * sink_dir[j];
     }
+    // aggregation heads: a key direction w the queries lean on, and values
+    // that carry w.k along a value direction
+    // (drawn only for this preset, so the other presets' streams are unchanged)
+    std::vector<float> agg_dir, agg_value;
+    if (cfg.preset == "aggregate") {
+        agg_dir = rng.vec(d);
+        agg_value = rng.vec(d);
+        scale_to(agg_dir, 1.0f);
+        scale_to(agg_value, 1.0f);
+        for (idx_t t = 0; t < n; t++) {
+            double proj = 0;
+            for (int j = 0; j < d; j++) {
+                proj += double(agg_dir[j]) * structured[t * d + j];
+            }
+            for (int j = 0; j < d; j++) {
+                values[t * d + j] += float(kAggregateValue * proj) * agg_value[j];
+            }
+        }
+    }
 
     // salient tokens of the needle heads: spread over the prompt
     std::vector<idx_t> needles(kNeedles);
@@ -185,6 +211,10 @@ void generate_kv_head(
                 float sn = norm(s, d);
                 for (int j = 0; j < d; j++) {
                     qt[j] += kNeedleGain * std::sqrt(float(d)) * s[j] / (sn * sn);
+                }
+            } else if (kind == HeadKind::aggregate) {
+                for (int j = 0; j < d; j++) {
+                    qt[j] += kAggregateGain * std::sqrt(float(d)) * agg_dir[j];
                 }
             } else if (kind == HeadKind::local) {
                 for (int j = 0; j < d; j++) {

@@ -12,14 +12,17 @@ namespace kvbench {
  *   needle: each query points at one of a few salient earlier tokens (sparse)
  *   local:  queries and keys share a high-frequency RoPE component, so
  *           attention peaks on recent tokens and decays with distance
- *   flat:   queries carry no key structure: near-uniform attention, the
- *           aggregation case where top-k is biased
+ *   flat:   queries carry no key structure: near-uniform attention
+ *   aggregate: queries lean weakly on one key direction w, and the values
+ *           carry w.k: attention is broad but graded, and the output
+ *           depends on the whole tail (counting, averaging). Top-k keeps
+ *           the extreme keys and overshoots: the case where it is biased.
  */
-enum class HeadKind { needle, local, flat };
+enum class HeadKind { needle, local, flat, aggregate };
 const char* head_kind_name(HeadKind kind);
 
 struct SyntheticConfig {
-    std::string preset = "mixed"; ///< needle | local | flat | mixed
+    std::string preset = "mixed"; ///< needle | local | flat | aggregate | mixed
     uint64_t seed = 1;
     int64_t n_tokens = 16384;
     int head_dim = 128;
