@@ -15,5 +15,6 @@ fi
   --index "TopK(IVF128,Flat)" \
   --index "TopK(HNSW16)" \
   --index "Sink4,Window64,TopK(IVF128,Flat)" \
+  --index "Sink4,Window64,LSHSample10x150" \
   --index ProxyEvict20 \
   "$@"
