@@ -235,6 +235,14 @@ void IndexLSHSample::sample_one(
     }
 }
 
+void IndexLSHSample::knobs(const faiss::SearchParameters* params, int* hits, idx_t* cap) const {
+    auto p = dynamic_cast<const SearchParametersLSH*>(params);
+    *hits = p && p->min_hits >= 0 ? p->min_hits : min_hits;
+    *cap = p && p->max_sample >= 0 ? p->max_sample : max_sample;
+    FAISS_THROW_IF_NOT_FMT(
+            *hits <= L, "LSHSample: min_hits=%d exceeds the %d tables", *hits, L);
+}
+
 void IndexLSHSample::select(
         idx_t n,
         const float* q,
@@ -242,9 +250,9 @@ void IndexLSHSample::select(
         const faiss::SearchParameters* params) const {
     check_query_args(n, q, "select: queries");
     check_params(params);
-    auto p = dynamic_cast<const SearchParametersLSH*>(params);
-    int hits = p && p->min_hits >= 0 ? p->min_hits : min_hits;
-    idx_t cap = p && p->max_sample >= 0 ? p->max_sample : max_sample;
+    int hits;
+    idx_t cap;
+    knobs(params, &hits, &cap);
     parallel_for(n, [&](idx_t i) {
         thread_local std::vector<uint8_t> count;
         sample_one(q + i * d, hits, cap, sel[i], count);
@@ -259,9 +267,9 @@ void IndexLSHSample::attend(
         const faiss::SearchParameters* params) const {
     check_attend_args(n, q, out);
     check_params(params);
-    auto p = dynamic_cast<const SearchParametersLSH*>(params);
-    int hits = p && p->min_hits >= 0 ? p->min_hits : min_hits;
-    idx_t cap = p && p->max_sample >= 0 ? p->max_sample : max_sample;
+    int hits;
+    idx_t cap;
+    knobs(params, &hits, &cap);
     float scale = score_scale();
     // fused per query: hash, count collisions, then the unbiased estimator
     // on the sample: softmax(s_i - log u_i), values weighted in one pass

@@ -67,6 +67,12 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
             in.first_position >= 0,
             "prefill: first_position=%zd must be >= 0",
             size_t(in.first_position));
+    if (in.n_tokens > 0) {
+        check_not_null(in.keys, "prefill: keys");
+        check_not_null(in.values, "prefill: values");
+        check_finite(in.keys, in.n_tokens, d, "prefill: keys");
+        check_finite(in.values, in.n_tokens, d_value, "prefill: values");
+    }
     FAISS_THROW_IF_NOT_FMT(
             in.n_queries >= 0, "prefill: n_queries=%zd must be >= 0", size_t(in.n_queries));
     if (in.n_queries > 0) {
@@ -96,8 +102,11 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
 }
 
 void KVIndex::prefill(const PrefillInput& in) {
-    check_prefill(in);
-    add_kv(in.n_tokens, in.keys, in.values);
+    check_prefill(in); // checks the tokens too: append them directly
+    if (in.n_tokens > 0) {
+        add_kv_impl(in.n_tokens, in.keys, in.values);
+        ntotal += in.n_tokens;
+    }
     // recorded only now, so that a refused prefill fixes nothing
     rope = in.rope;
     has_rope = true;

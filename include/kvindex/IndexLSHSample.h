@@ -101,6 +101,9 @@ struct IndexLSHSample : KVIndex {
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
 
    private:
+    /// min_hits and max_sample for one call: params override the fields.
+    void knobs(const faiss::SearchParameters* params, int* hits, idx_t* cap) const;
+
     /// The sample of one query: ids and inclusion probabilities.
     void sample_one(const float* q, int hits, idx_t cap, Selection& sel, std::vector<uint8_t>& count) const;
 };

@@ -183,9 +183,8 @@ struct KVIndex : faiss::Index {
     /// Appends already validated tokens; add_kv checks, then calls this.
     virtual void add_kv_impl(idx_t n, const float* keys, const float* values) = 0;
 
-    /// Checks a prefill input (not the keys and values, which add_kv
-    /// checks); throws naming the problem. The caller records `rope` once
-    /// the tokens are in.
+    /// Checks a prefill input, keys and values included; throws naming the
+    /// problem. The caller records `rope` once the tokens are in.
     void check_prefill(const PrefillInput& input) const;
 
     /// Checks the arguments of search / select (n >= 0, q present and finite).
