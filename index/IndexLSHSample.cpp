@@ -9,6 +9,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/attention.h>
 #include <kvindex/kernels.h>
 
 #include "checks.h"
@@ -158,13 +159,21 @@ void IndexLSHSample::build_tables(idx_t n) {
 }
 
 void IndexLSHSample::sample_one(
-        const float* q, int hits, idx_t cap, Selection& sel, std::vector<uint8_t>& count) const {
+        const float* q,
+        int hits,
+        idx_t cap,
+        Selection& sel,
+        std::vector<float>& dots,
+        std::vector<uint8_t>& count) const {
     sel.clear();
-    sel.n_scanned = size_t(K) * L; // the query's projections, in key reads
     if (hits <= 0) {
         sel.set_all(ntotal);
+        dots.resize(ntotal);
+        inner_products_scaled(q, storage.keys.data(), d, ntotal, 1.0f, dots.data());
+        sel.n_scanned = size_t(K) * L;
         return;
     }
+    sel.n_scanned = size_t(K) * L; // the query's projections, in key reads
     std::vector<uint16_t> qc(L);
     hash(q, nullptr, qc.data());
     size_t B = size_t(1) << K;
@@ -204,7 +213,7 @@ void IndexLSHSample::sample_one(
     }
     // inclusion probabilities from the angle between q and the centred key
     size_t m = sel.ids.size();
-    std::vector<float> dots(m);
+    dots.resize(m);
     inner_products_by_ids(q, storage.keys.data(), d, sel.ids.data(), m, 1.0f, dots.data());
     double qm = 0, qq = 0;
     for (int j = 0; j < d; j++) {
@@ -228,10 +237,13 @@ void IndexLSHSample::sample_one(
                           [&](size_t a, size_t b) { return dots[a] > dots[b]; });
         Selection kept;
         kept.n_scanned = sel.n_scanned;
+        std::vector<float> kept_dots(cap);
         for (idx_t t = 0; t < cap; t++) {
             kept.push_back(sel.ids[order[t]], sel.inclusion[order[t]]);
+            kept_dots[t] = dots[order[t]];
         }
         sel = std::move(kept);
+        dots = std::move(kept_dots);
     }
 }
 
@@ -255,7 +267,8 @@ void IndexLSHSample::select(
     knobs(params, &hits, &cap);
     parallel_for(n, [&](idx_t i) {
         thread_local std::vector<uint8_t> count;
-        sample_one(q + i * d, hits, cap, sel[i], count);
+        std::vector<float> dots;
+        sample_one(q + i * d, hits, cap, sel[i], dots, count);
     });
 }
 
@@ -276,21 +289,17 @@ void IndexLSHSample::attend(
     parallel_for(n, [&](idx_t i) {
         thread_local std::vector<uint8_t> count;
         Selection sel;
-        const float* qi = q + i * d;
-        sample_one(qi, hits, cap, sel, count);
+        std::vector<float> s; // the inner products sampling computed for u
+        sample_one(q + i * d, hits, cap, sel, s, count);
         size_t m = sel.size();
-        std::vector<float> s(m), bias(m);
-        inner_products_by_ids(qi, storage.keys.data(), d, sel.ids.data(), m, scale, s.data());
+        std::vector<float> log_u(m);
         for (size_t t = 0; t < m; t++) {
-            bias[t] = std::log(sel.inclusion[t]);
+            s[t] *= scale;
+            log_u[t] = std::log(sel.inclusion[t]);
         }
-        float l = softmax_inplace(s.data(), bias.data(), m);
-        if (m == 0) {
-            std::fill(out + i * d_value, out + (i + 1) * d_value, 0.0f);
-        } else {
-            weighted_sum_by_ids(s.data(), storage.values.data(), d_value, sel.ids.data(), m,
-                                out + i * d_value);
-        }
+        float l = attention_from_scores(
+                s.data(), log_u.data(), storage.values.data(), d_value, sel.ids.data(), m,
+                out + i * d_value);
         if (lse) {
             lse[i] = l;
         }
@@ -305,15 +314,18 @@ void IndexLSHSample::search(
         idx_t* labels,
         const faiss::SearchParameters* params) const {
     check_search_args(n, q, k, params);
+    int hits;
+    idx_t cap;
+    knobs(params, &hits, &cap);
     std::vector<Selection> sel(n);
-    if (ntotal > 0) {
-        select(n, q, sel.data(), params);
-    }
-    for (idx_t i = 0; i < n; i++) {
-        // the sampled keys ranked by inner product
+    parallel_for(n, [&](idx_t i) {
+        // the sampled keys ranked by the inner products sampling computed
+        thread_local std::vector<uint8_t> count;
+        std::vector<float> s;
+        if (ntotal > 0) {
+            sample_one(q + i * d, hits, cap, sel[i], s, count);
+        }
         size_t m = sel[i].size();
-        std::vector<float> s(m);
-        inner_products_by_ids(q + i * d, storage.keys.data(), d, sel[i].ids.data(), m, 1.0f, s.data());
         std::vector<size_t> order(m);
         std::iota(order.begin(), order.end(), 0);
         size_t kk = std::min<size_t>(k, m);
@@ -324,7 +336,7 @@ void IndexLSHSample::search(
             distances[i * k + j] = size_t(j) < kk ? s[order[j]] : std::numeric_limits<float>::lowest();
             labels[i * k + j] = size_t(j) < kk ? sel[i].ids[order[j]] : -1;
         }
-    }
+    });
 }
 
 void IndexLSHSample::reset() {

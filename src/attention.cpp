@@ -49,8 +49,24 @@ float estimate_attention(
             log_u[i] = std::log(u);
         }
     }
-    float lse = softmax_inplace(w.data(), log_u.empty() ? nullptr : log_u.data(), n);
-    weighted_sum_by_ids(w.data(), values, dv, sel.ids.data(), n, out);
+    return attention_from_scores(
+            w.data(), log_u.empty() ? nullptr : log_u.data(), values, dv, sel.ids.data(), n, out);
+}
+
+float attention_from_scores(
+        float* s,
+        const float* log_u,
+        const float* values,
+        size_t dv,
+        const idx_t* ids,
+        size_t n,
+        float* out) {
+    if (n == 0) {
+        std::memset(out, 0, sizeof(float) * dv);
+        return -std::numeric_limits<float>::infinity();
+    }
+    float lse = softmax_inplace(s, log_u, n);
+    weighted_sum_by_ids(s, values, dv, ids, n, out);
     return lse;
 }
 

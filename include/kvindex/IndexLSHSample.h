@@ -104,8 +104,16 @@ struct IndexLSHSample : KVIndex {
     /// min_hits and max_sample for one call: params override the fields.
     void knobs(const faiss::SearchParameters* params, int* hits, idx_t* cap) const;
 
-    /// The sample of one query: ids and inclusion probabilities.
-    void sample_one(const float* q, int hits, idx_t cap, Selection& sel, std::vector<uint8_t>& count) const;
+    /** The sample of one query: ids and inclusion probabilities in sel, and
+     * <q, k_i> of each sampled key in dots (computed for u anyway, reused by
+     * attend and search). count is a zeroed per-thread counter array. */
+    void sample_one(
+            const float* q,
+            int hits,
+            idx_t cap,
+            Selection& sel,
+            std::vector<float>& dots,
+            std::vector<uint8_t>& count) const;
 };
 
 } // namespace kvindex

@@ -32,6 +32,20 @@ float estimate_attention(
         const Selection& sel,
         float* out);
 
+/** The estimator once the scores are known: out = sum_i softmax(s - log_u)_i
+ * v_{ids[i]}, returning the lse. s (size n, scaled scores) is overwritten by
+ * the weights; log_u may be nullptr (all u = 1). For index types that have
+ * computed the scores already (LSHSample needs them for u).
+ */
+float attention_from_scores(
+        float* s,
+        const float* log_u,
+        const float* values,
+        size_t dv,
+        const idx_t* ids,
+        size_t n,
+        float* out);
+
 /// Exact attention of one query over n contiguous tokens (fused kernel).
 float exact_attention(
         const float* q,
