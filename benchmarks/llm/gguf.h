@@ -1,0 +1,87 @@
+#pragma once
+
+// A reader for GGUF files (the llama.cpp model format, version 2 and 3):
+// metadata, tensor directory, and dequantization of the tensor types a
+// small quantized model uses (F32, F16, Q4_0, Q4_1, Q8_0).
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace kvllm {
+
+/// ggml tensor types this reader can dequantize (values are ggml's ids).
+enum class GgmlType : uint32_t {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q8_0 = 8,
+};
+
+/// Name of a ggml type id ("Q4_1"), or "type<N>" for one we do not read.
+std::string ggml_type_name(uint32_t type);
+
+/** One metadata value. Scalars are widened to int64 / double; arrays of
+ * strings and of numbers are kept as vectors. */
+struct GgufValue {
+    enum Kind { integer, real, boolean, string, string_array, int_array, real_array } kind;
+    int64_t i = 0;
+    double f = 0;
+    std::string s;
+    std::vector<std::string> strings;
+    std::vector<int64_t> ints;
+    std::vector<double> reals;
+};
+
+struct GgufTensor {
+    std::string name;
+    uint32_t type = 0;
+    std::vector<int64_t> shape; ///< ggml order: shape[0] is the contiguous dimension
+    uint64_t offset = 0;        ///< from the start of the data section
+    uint64_t n_bytes = 0;
+
+    int64_t n_elements() const;
+};
+
+/** A GGUF file read into memory. The constructor checks the whole
+ * structure (magic, version, counts, string lengths, tensor extents and
+ * types) and throws a message naming the file and the problem. */
+struct GgufFile {
+    std::string path;
+    uint32_t version = 0;
+    std::map<std::string, GgufValue> metadata;
+    std::vector<GgufTensor> tensors;
+    std::vector<uint8_t> bytes; ///< the whole file
+    uint64_t data_offset = 0;   ///< start of the tensor data section in bytes
+
+    explicit GgufFile(const std::string& path);
+
+    bool has(const std::string& key) const {
+        return metadata.count(key) != 0;
+    }
+    /// Throws naming the key when absent or of another kind.
+    int64_t get_int(const std::string& key) const;
+    double get_real(const std::string& key) const; ///< accepts integers too
+    const std::string& get_string(const std::string& key) const;
+    const std::vector<std::string>& get_strings(const std::string& key) const;
+    const std::vector<int64_t>& get_ints(const std::string& key) const;
+
+    const GgufTensor* find_tensor(const std::string& name) const;
+    /// Throws naming the tensor when absent.
+    const GgufTensor& tensor(const std::string& name) const;
+
+    /** Dequantized copy of a tensor, size n_elements(), in ggml order.
+     * If `shape` is not empty the tensor's shape must equal it. */
+    std::vector<float> dequantize(const std::string& name, const std::vector<int64_t>& shape = {}) const;
+};
+
+/// Bytes that n elements of a type occupy; throws for an unsupported type
+/// or when n is not a multiple of the block size.
+uint64_t ggml_row_bytes(uint32_t type, int64_t n);
+
+/// Dequantizes n elements (a multiple of the type's block size).
+void dequantize_row(uint32_t type, const uint8_t* src, float* dst, int64_t n);
+
+} // namespace kvllm

