@@ -2,9 +2,9 @@
 // formula on the same keys) and error, beside exact top-k at the same
 // selected fraction, for K in 7..11 and L in 75..300.
 //
-//   ./build/benchmarks/bench_lsh --trace data/flat [--queries 16]
+//   ./build/benchmarks/bench_lsh --trace data/flat [--queries 16] [--layer 0 --kv-head 0]
 //
-// Keys: the prompt [0, n_ctx) of layer 0, KV head 0; queries: evenly spread
+// Keys: the prompt [0, n_ctx) of one (layer, KV head); queries: evenly spread
 // evaluation positions of every query head of that KV head, attending to
 // the prompt. Timings: one thread, one query per call.
 
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,24 +49,30 @@ double rel_l2(const float* a, const float* b, int d) {
 
 int main(int argc, char** argv) {
     std::string trace;
-    int n_q;
+    int n_q, layer_id, kv_head;
     boost::program_options::options_description opts("bench_lsh");
     opts.add_options()("trace", boost::program_options::value(&trace)->required(), "trace directory")(
-            "queries", boost::program_options::value(&n_q)->default_value(16), "positions per query head");
+            "queries", boost::program_options::value(&n_q)->default_value(16), "positions per query head")(
+            "layer", boost::program_options::value(&layer_id)->default_value(0), "layer")(
+            "kv-head", boost::program_options::value(&kv_head)->default_value(0), "KV head");
     boost::program_options::variables_map vm;
     boost::program_options::store(boost::program_options::parse_command_line(argc, argv, opts), vm);
     boost::program_options::notify(vm);
 
     TraceMeta meta = read_trace_meta(trace);
-    TraceLayer layer = read_trace_layer(trace, meta, 0);
+    TraceLayer layer = read_trace_layer(trace, meta, layer_id);
     int d = meta.head_dim, g = meta.n_q_heads / meta.n_kv_heads;
     idx_t n = meta.n_ctx, nt = meta.n_tokens;
-    const float* keys = layer.keys.data();
-    const float* values = layer.values.data();
+    if (kv_head < 0 || kv_head >= meta.n_kv_heads) {
+        throw std::invalid_argument("--kv-head " + std::to_string(kv_head) + " outside [0, " +
+                                    std::to_string(meta.n_kv_heads) + ")");
+    }
+    const float* keys = layer.keys.data() + size_t(kv_head) * nt * d;
+    const float* values = layer.values.data() + size_t(kv_head) * nt * d;
     std::vector<const float*> qs;
     for (idx_t p : kvbench::evaluation_positions(meta.n_ctx, nt, n_q)) {
         for (int j = 0; j < g; j++) {
-            qs.push_back(layer.queries.data() + (size_t(j) * nt + p) * d);
+            qs.push_back(layer.queries.data() + (size_t(kv_head * g + j) * nt + p) * d);
         }
     }
     size_t nq = qs.size();

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
+# passkey). Document: Debian's licence texts (base-files, on every Debian
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed]...
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=benchmarks/results/llm
+mkdir -p "$OUT" data
+KVLLM=./build/benchmarks/kvllm
+DOC=data/licenses.txt
+cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/LGPL-2.1 \
+    /usr/share/common-licenses/Apache-2.0 > "$DOC"
+
+BUDGETS="1 2 5 10 20"
+budgeted=()
+for b in $BUDGETS; do budgeted+=(--index "TopK(Flat)|k=$b%"); done
+for b in $BUDGETS; do budgeted+=(--index "ProxyEvict$b"); done
+for b in $BUDGETS; do budgeted+=(--index "ProxyEvict${b}_StreamingLLM"); done
+for b in 5 20; do budgeted+=(--index "ProxyEvict${b}_H2O" --index "ProxyEvict${b}_TOVA"); done
+others=(--index Flat --index "TopK(IVF64,Flat)|k=5%"
+        --index "Sink4,Window64,LSHSample10x150" --index "Sink4,Window64,LSHSample8x150")
+
+for what in "${@:-e2e needle trace}"; do
+  case "$what" in
+    e2e)
+      $KVLLM e2e --text-file "$DOC" --context 2048,4096,8192 --eval 64 \
+          "${others[@]}" "${budgeted[@]}" --json "$OUT/e2e.json" | tee "$OUT/e2e.txt" ;;
+    needle)
+      $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.3,0.5,0.7,0.9 \
+          --index Flat --index "TopK(Flat)|k=2%" --index "TopK(Flat)|k=5%" --index "TopK(IVF64,Flat)|k=5%" \
+          --index ProxyEvict5 --index ProxyEvict20 --index ProxyEvict5_StreamingLLM --index ProxyEvict20_StreamingLLM \
+          --index ProxyEvict5_H2O --index ProxyEvict5_TOVA \
+          --index "Sink4,Window64,LSHSample10x150" \
+          --json "$OUT/needle.json" | tee "$OUT/needle.txt" ;;
+    trace)
+      $KVLLM trace --text-file "$DOC" --out data/smollm2_8k --tokens 8192 --n-ctx 8064 \
+          --layers 0,4,8,16,24,29 --dtype float16
+      ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers 0,4,8,16,24,29 --max-queries 64 \
+          --index Flat --index "TopK(Flat)" --index "TopK(IVF64,Flat)" --index "TopK(HNSW16)" \
+          --index "Sink4,Window64,LSHSample10x150" --index "Sink4,Window64,LSHSample8x150" \
+          --index ProxyEvict5 --index ProxyEvict20 --index ProxyEvict20_H2O --index ProxyEvict20_TOVA \
+          --index ProxyEvict20_StreamingLLM --params k=410 \
+          --json "$OUT/kvbench_smollm2_8k.json" | tee "$OUT/kvbench_smollm2_8k.txt" ;;
+    speed)
+      for n in 512 2048 8192; do
+        head -c 200000 "$DOC" > data/speed.txt
+        $KVLLM trace --text-file data/speed.txt --out data/speed_trace --tokens $n --layers 0 --dtype float16 \
+            | sed "s/^/tokens=$n: /"
+      done | tee "$OUT/speed.txt"
+      $KVLLM generate --prompt "Write a short story about a lighthouse keeper." --chat --max-new 128 \
+          2>&1 | tail -1 | tee -a "$OUT/speed.txt" ;;
+    *) echo "unknown part $what" >&2; exit 2 ;;
+  esac
+done
