@@ -83,8 +83,20 @@ int main(int argc, char** argv) {
         exact_attention(qs[i], keys, values, d, d, n, exact.data() + i * d);
         dense_s += seconds_since(t0);
     }
-    std::printf("trace %s (%s), %zd keys, %zu queries, dense %.1f us/query\n", trace.c_str(),
-                meta.source.c_str(), size_t(n), nq, 1e6 * dense_s / nq);
+    // how flat the head is: attention entropy / log(n), 1 = uniform
+    double entropy = 0;
+    std::vector<float> p(n);
+    for (size_t i = 0; i < nq; i++) {
+        inner_products_scaled(qs[i], keys, d, n, 1.0f / std::sqrt(float(d)), p.data());
+        softmax_inplace(p.data(), nullptr, n);
+        for (idx_t j = 0; j < n; j++) {
+            entropy -= p[j] > 0 ? double(p[j]) * std::log(double(p[j])) : 0.0;
+        }
+    }
+    entropy /= double(nq) * std::log(double(n));
+    std::printf("trace %s (%s), layer %d KV head %d: %zd keys, %zu queries, entropy H/log(n) %.3f, "
+                "dense %.1f us/query\n", trace.c_str(), meta.source.c_str(), layer_id, kv_head,
+                size_t(n), nq, entropy, 1e6 * dense_s / nq);
     std::printf("%-18s %9s %9s %10s %10s %9s %10s %12s %10s\n", "index", "sel_frac", "predicted",
                 "rel_err", "topk_err", "us/query", "speedup", "hash_keys/s", "table_B/tok");
     for (int K : {7, 8, 9, 10, 11}) {

@@ -272,7 +272,7 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
             std::snprintf(line, sizeof(line), "%-44s %8.3f %10.2e %10.2e %9.2f %9.2f %8.2f %9.1f\n",
                           spec.label().c_str(), top1, kl_mean, kl_max, ppl_d, ppl_s, build_s, ms_per_token);
             out << line << std::flush;
-            results.push_back({{"context", C}, {"n_eval", M}, {"index", spec.factory},
+            results.push_back({{"context", C}, {"n_eval", M}, {"label", spec.label()}, {"index", spec.factory},
                                {"params", params}, {"top1", top1}, {"kl_mean", kl_mean},
                                {"kl_max", kl_max}, {"ppl_dense", ppl_d}, {"ppl_index", ppl_s},
                                {"build_s", build_s}, {"decode_ms_per_token", ms_per_token},

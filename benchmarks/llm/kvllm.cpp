@@ -150,14 +150,14 @@ int cmd_logits(int argc, char** argv) {
     }
     std::vector<float> logits(size_t(n) * V);
     if (n_prefill < 0) {
-        llm.prefill(ids.data(), n, logits.data(), true);
+        llm.prefill(ids.data(), n, logits.data(), 0);
     } else {
         if (n_prefill < 1 || n_prefill > n) {
             throw std::invalid_argument("--prefill " + std::to_string(n_prefill) + " outside [1, " +
                                         std::to_string(n) + "]");
         }
         PrefillRecord rec;
-        llm.prefill(ids.data(), n_prefill, logits.data(), true, &rec, 0);
+        llm.prefill(ids.data(), n_prefill, logits.data(), 0, &rec, 0);
         kvindex::KVCache cache = llm.make_cache(rec, index);
         llm.decode(ids.data() + n_prefill, n - n_prefill, cache, logits.data() + n_prefill * V);
     }
