@@ -48,7 +48,7 @@ for what in "${@:-e2e needle trace}"; do
             | sed "s/^/tokens=$n: /"
       done | tee "$OUT/speed.txt"
       $KVLLM generate --prompt "Write a short story about a lighthouse keeper." --chat --max-new 128 \
-          2>&1 | tail -1 | tee -a "$OUT/speed.txt" ;;
+          2>&1 >/dev/null | tail -1 | tee -a "$OUT/speed.txt" ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
   esac
 done

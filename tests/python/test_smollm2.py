@@ -128,9 +128,8 @@ def reference():
     return _REFERENCE["model"]
 
 
-# A fixed prompt (token ids of "The capital of France is Paris. The capital
-# of Italy is" plus digits), given as ids so the logits test does not depend
-# on our tokenizer.
+# A fixed prompt, turned into ids by the reference tokenizer so that the
+# logits test does not depend on ours.
 PROMPT_TEXT = "The capital of France is Paris. The capital of Italy is Rome, and 1492 was"
 
 
@@ -150,14 +149,15 @@ class Logits(unittest.TestCase):
 
     def check(self, got):
         self.assertEqual(got.shape, self.ref.shape)
-        # float32 vs float64 through 30 layers: relative errors ~1e-5 are
-        # expected; 1e-3 of each position's largest |logit| leaves room for
-        # summation order but not for a wrong formula (a wrong RoPE pairing,
-        # GQA mapping or norm moves logits by O(1)).
+        # float32 vs float64 through 30 layers, same dequantized weights:
+        # measured 2.2e-6 of each position's largest |logit| (max |diff|
+        # 5e-5); 1e-4 leaves room for summation order and BLAS kernels but
+        # not for a wrong formula (a wrong RoPE pairing, GQA mapping or norm
+        # moves logits by O(1)).
         for t in range(len(self.ids)):
             scale = np.abs(self.ref[t]).max()
             err = np.abs(got[t] - self.ref[t]).max()
-            self.assertLess(err, 1e-3 * scale, "position %d: max |diff| %g, scale %g" % (t, err, scale))
+            self.assertLess(err, 1e-4 * scale, "position %d: max |diff| %g, scale %g" % (t, err, scale))
             self.assertEqual(int(got[t].argmax()), int(self.ref[t].argmax()), "argmax at %d" % t)
 
     def test_prefill_matches_numpy_reference(self):
