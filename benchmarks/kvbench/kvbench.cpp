@@ -14,6 +14,8 @@
 
 #include <boost/program_options.hpp>
 
+#include "subcommand_options.h"
+
 #include "run.h"
 #include "synthetic.h"
 
@@ -36,17 +38,7 @@ std::vector<int> parse_int_list(const std::string& s) {
     return out;
 }
 
-/// Parses argv[2..] against opts; prints help and returns false on --help.
-bool parse(int argc, char** argv, po::options_description& opts, po::variables_map& vm) {
-    opts.add_options()("help,h", "this help");
-    po::store(po::parse_command_line(argc - 1, argv + 1, opts), vm);
-    if (vm.count("help")) {
-        std::cout << opts << "\n";
-        return false;
-    }
-    po::notify(vm);
-    return true;
-}
+using kvtools::parse_subcommand;
 
 int cmd_gen(int argc, char** argv) {
     kvbench::SyntheticConfig cfg;
@@ -64,7 +56,7 @@ int cmd_gen(int argc, char** argv) {
             ("eval", po::value(&cfg.n_eval)->default_value(cfg.n_eval), "evaluation tokens at the end")
             ("dtype", po::value(&cfg.dtype)->default_value(cfg.dtype), "float32 | float16");
     po::variables_map vm;
-    if (!parse(argc, argv, opts, vm)) {
+    if (!parse_subcommand(argc, argv, opts, vm)) {
         return 0;
     }
     kvindex::TraceMeta meta = kvbench::write_synthetic_trace(out, cfg);
@@ -99,7 +91,7 @@ int cmd_run(int argc, char** argv) {
             ("dump", po::value(&dump), "write rows.npy and <i>.npy outputs here")
             ("quiet", "no progress on stderr");
     po::variables_map vm;
-    if (!parse(argc, argv, opts, vm)) {
+    if (!parse_subcommand(argc, argv, opts, vm)) {
         return 0;
     }
     if (!layers.empty()) {

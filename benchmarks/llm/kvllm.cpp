@@ -21,6 +21,8 @@
 
 #include <boost/program_options.hpp>
 
+#include "subcommand_options.h"
+
 #include <kvindex/blas_threads.h>
 #include <kvindex/trace.h>
 
@@ -80,17 +82,7 @@ std::vector<T> parse_list(const std::string& s) {
     return out;
 }
 
-/// Parses argv[2..]; prints help and returns false on --help.
-bool parse(int argc, char** argv, po::options_description& opts, po::variables_map& vm) {
-    opts.add_options()("help,h", "this help");
-    po::store(po::parse_command_line(argc - 1, argv + 1, opts), vm);
-    if (vm.count("help")) {
-        std::cout << opts << "\n";
-        return false;
-    }
-    po::notify(vm);
-    return true;
-}
+using kvtools::parse_subcommand;
 
 struct Loaded {
     GgufFile file;
@@ -106,7 +98,7 @@ int cmd_tokenize(int argc, char** argv) {
             ("text-file", po::value(&text_file)->required(), "input text")
             ("special", po::bool_switch(&special), "control tokens in the text become their ids");
     po::variables_map vm;
-    if (!parse(argc, argv, opts, vm)) return 0;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
     std::vector<int> ids = m.tok.encode(read_file(text_file), special);
     for (size_t i = 0; i < ids.size(); i++) {
@@ -122,7 +114,7 @@ int cmd_detokenize(int argc, char** argv) {
     opts.add_options()("model", po::value(&model), "GGUF file")
             ("ids", po::value(&ids)->required(), "space-separated token ids");
     po::variables_map vm;
-    if (!parse(argc, argv, opts, vm)) return 0;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
     std::string text = m.tok.decode(parse_ids(ids));
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -140,7 +132,7 @@ int cmd_logits(int argc, char** argv) {
                                                "through the KV cache (default: all prefilled)")
             ("index", po::value(&index)->default_value(index), "factory string of the decode KV cache");
     po::variables_map vm;
-    if (!parse(argc, argv, opts, vm)) return 0;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     GgufFile file(find_model(model));
     LlamaModel llm(file);
     std::vector<int> ids = parse_ids(ids_s);
@@ -178,7 +170,7 @@ int cmd_generate(int argc, char** argv) {
             ("dense-index", po::value(&dense_index)->default_value(dense_index),
              "factory string of layer 0 (kept dense, as the papers do)");
     po::variables_map vm;
-    if (!parse(argc, argv, opts, vm)) return 0;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
     LlamaModel llm(m.file);
     std::vector<int> ids = encode_prompt(m.tok, prompt, chat);
@@ -204,7 +196,7 @@ int cmd_trace(int argc, char** argv) {
             ("layers", po::value(&layers_s), "layers to write, e.g. 0,5,15,29 (default: all)")
             ("dtype", po::value(&dtype)->default_value(dtype), "float32 | float16");
     po::variables_map vm;
-    if (!parse(argc, argv, opts, vm)) return 0;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
     LlamaModel llm(m.file);
     std::vector<int> layers;
@@ -231,7 +223,7 @@ int cmd_e2e(int argc, char** argv) {
             ("dense-layers", po::value(&c.dense_layers_s)->default_value(c.dense_layers_s), "layers kept dense, e.g. 0,1")
             ("json", po::value(&c.json_out), "write the results as JSON");
     po::variables_map vm;
-    if (!parse(argc, argv, opts, vm)) return 0;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
     LlamaModel llm(m.file);
     c.contexts = parse_list<int64_t>(contexts);
@@ -254,7 +246,7 @@ int cmd_needle(int argc, char** argv) {
             ("dense-layers", po::value(&c.dense_layers_s)->default_value(c.dense_layers_s), "layers kept dense, e.g. 0,1")
             ("json", po::value(&c.json_out), "write the results as JSON");
     po::variables_map vm;
-    if (!parse(argc, argv, opts, vm)) return 0;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
     LlamaModel llm(m.file);
     c.contexts = parse_list<int64_t>(contexts);
