@@ -3,6 +3,10 @@
 // Option parsing shared by the tools with subcommands (kvbench, kvllm).
 
 #include <iostream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <boost/program_options.hpp>
 
@@ -23,6 +27,24 @@ inline bool parse_subcommand(
     }
     boost::program_options::notify(vm);
     return true;
+}
+
+/// Comma-separated values ("0,5,29", "0.1,0.5"); "" gives an empty list.
+/// Throws naming the element that does not parse as T.
+template <class T>
+std::vector<T> parse_list(const std::string& s) {
+    std::vector<T> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        std::stringstream is(item);
+        T v;
+        if (!(is >> v) || !is.eof()) {
+            throw std::invalid_argument("bad list element \"" + item + "\" in \"" + s + "\"");
+        }
+        out.push_back(v);
+    }
+    return out;
 }
 
 } // namespace kvtools

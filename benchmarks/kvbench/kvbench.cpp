@@ -23,20 +23,7 @@ namespace po = boost::program_options;
 
 namespace {
 
-std::vector<int> parse_int_list(const std::string& s) {
-    std::vector<int> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        size_t used = 0;
-        int v = std::stoi(item, &used);
-        if (used != item.size()) {
-            throw std::invalid_argument("not an integer list: " + s);
-        }
-        out.push_back(v);
-    }
-    return out;
-}
+using kvtools::parse_list;
 
 using kvtools::parse_subcommand;
 
@@ -95,7 +82,7 @@ int cmd_run(int argc, char** argv) {
         return 0;
     }
     if (!layers.empty()) {
-        opt.layers = parse_int_list(layers);
+        opt.layers = parse_list<int>(layers);
     }
     opt.progress = !vm.count("quiet");
     kvbench::RunResult res = kvbench::run_kvbench(opt);

@@ -23,18 +23,6 @@ double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::vector<int> parse_layers(const std::string& s) {
-    std::vector<int> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        if (!item.empty()) {
-            out.push_back(std::stoi(item));
-        }
-    }
-    return out;
-}
-
 /// log-softmax of one row of logits, in double.
 std::vector<double> log_softmax(const float* x, int n) {
     double m = *std::max_element(x, x + n);
@@ -212,7 +200,7 @@ std::string IndexSpec::resolved_params(int64_t n_context) const {
 
 void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig& cfg, std::ostream& out) {
     const int V = llm.cfg.n_vocab;
-    const std::vector<int> dense_layers = parse_layers(cfg.dense_layers_s);
+    const std::vector<int>& dense_layers = cfg.dense_layers;
     std::vector<IndexSpec> specs;
     for (const std::string& s : cfg.indexes) specs.push_back(parse_index_spec(s));
     nlohmann::json results = nlohmann::json::array();
@@ -277,7 +265,7 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
                                {"kl_max", kl_max}, {"ppl_dense", ppl_d}, {"ppl_index", ppl_s},
                                {"build_s", build_s}, {"decode_ms_per_token", ms_per_token},
                                {"prefill_tokens_per_s", double(C) / prefill_s},
-                               {"dense_layers", cfg.dense_layers_s}});
+                               {"dense_layers", cfg.dense_layers}});
         }
     }
     if (!cfg.json_out.empty()) {
@@ -314,7 +302,7 @@ std::vector<int> needle_prompt(const BpeTokenizer& tok, int64_t target_tokens, d
 } // namespace
 
 void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConfig& cfg, std::ostream& out) {
-    const std::vector<int> dense_layers = parse_layers(cfg.dense_layers_s);
+    const std::vector<int>& dense_layers = cfg.dense_layers;
     std::vector<IndexSpec> specs;
     for (const std::string& s : cfg.indexes) specs.push_back(parse_index_spec(s));
     std::mt19937_64 rng(cfg.seed);

@@ -72,7 +72,7 @@ struct E2eConfig {
     int64_t n_eval = 64;                 ///< teacher-forced tokens at the end of each context
     std::vector<std::string> indexes;
     std::string dense_index = "Flat";
-    std::string dense_layers_s;          ///< e.g. "0,1"; empty: every layer uses the index
+    std::vector<int> dense_layers;       ///< layers built from dense_index; empty: every layer uses the index
     std::string json_out;
 };
 
@@ -92,7 +92,7 @@ struct NeedleConfig {
     int max_new = 8;
     std::vector<std::string> indexes;
     std::string dense_index = "Flat";
-    std::string dense_layers_s;
+    std::vector<int> dense_layers;       ///< as in E2eConfig
     std::string json_out;
 };
 

@@ -66,21 +66,7 @@ std::vector<int> parse_ids(const std::string& s) {
     return ids;
 }
 
-template <class T>
-std::vector<T> parse_list(const std::string& s) {
-    std::vector<T> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        std::stringstream is(item);
-        T v;
-        if (!(is >> v) || !is.eof()) {
-            throw std::invalid_argument("bad list element \"" + item + "\" in \"" + s + "\"");
-        }
-        out.push_back(v);
-    }
-    return out;
-}
+using kvtools::parse_list;
 
 using kvtools::parse_subcommand;
 
@@ -212,7 +198,7 @@ int cmd_trace(int argc, char** argv) {
 
 int cmd_e2e(int argc, char** argv) {
     E2eConfig c;
-    std::string model, text_file, contexts = "2048,4096,8192";
+    std::string model, text_file, contexts = "2048,4096,8192", dense_layers;
     po::options_description opts("kvllm e2e: teacher-forced fidelity of each index vs dense attention");
     opts.add_options()("model", po::value(&model), "GGUF file")
             ("text-file", po::value(&text_file)->required(), "long document")
@@ -220,13 +206,14 @@ int cmd_e2e(int argc, char** argv) {
             ("eval", po::value(&c.n_eval)->default_value(c.n_eval), "evaluated tokens at the end of each context")
             ("index", po::value(&c.indexes)->required(), "index factory string (repeatable)")
             ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
-            ("dense-layers", po::value(&c.dense_layers_s)->default_value(c.dense_layers_s), "layers kept dense, e.g. 0,1")
+            ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
             ("json", po::value(&c.json_out), "write the results as JSON");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
     LlamaModel llm(m.file);
     c.contexts = parse_list<int64_t>(contexts);
+    c.dense_layers = parse_list<int>(dense_layers);
     std::vector<int> ids = m.tok.encode(read_file(text_file), false);
     run_e2e(llm, ids, c, std::cout);
     return 0;
@@ -234,7 +221,7 @@ int cmd_e2e(int argc, char** argv) {
 
 int cmd_needle(int argc, char** argv) {
     NeedleConfig c;
-    std::string model, contexts = "2048,4096,8192", depths = "0.1,0.3,0.5,0.7,0.9";
+    std::string model, contexts = "2048,4096,8192", depths = "0.1,0.3,0.5,0.7,0.9", dense_layers;
     po::options_description opts("kvllm needle: passkey retrieval accuracy of each index vs dense");
     opts.add_options()("model", po::value(&model), "GGUF file")
             ("context", po::value(&contexts)->default_value(contexts), "haystack lengths in tokens")
@@ -243,13 +230,14 @@ int cmd_needle(int argc, char** argv) {
             ("seed", po::value(&c.seed)->default_value(c.seed), "seed of passkeys and haystack")
             ("index", po::value(&c.indexes)->required(), "index factory string (repeatable)")
             ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
-            ("dense-layers", po::value(&c.dense_layers_s)->default_value(c.dense_layers_s), "layers kept dense, e.g. 0,1")
+            ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
             ("json", po::value(&c.json_out), "write the results as JSON");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
     LlamaModel llm(m.file);
     c.contexts = parse_list<int64_t>(contexts);
+    c.dense_layers = parse_list<int>(dense_layers);
     c.depths = parse_list<double>(depths);
     run_needle(llm, m.tok, c, std::cout);
     return 0;

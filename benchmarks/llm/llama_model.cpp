@@ -300,9 +300,11 @@ kvindex::KVCache LlamaModel::make_cache(
         positions[i] = rec.query_begin + i;
     }
     for (int l = 0; l < cfg.n_layers; l++) {
-        bool dense = std::find(dense_layers.begin(), dense_layers.end(), l) != dense_layers.end();
-        for (int h = 0; h < cfg.n_kv_heads && !params.empty() && !dense; h++) {
-            kvindex::set_index_parameters(cache.index(l, h), params);
+        const bool dense = std::find(dense_layers.begin(), dense_layers.end(), l) != dense_layers.end();
+        if (!params.empty() && !dense) {
+            for (int h = 0; h < cfg.n_kv_heads; h++) {
+                kvindex::set_index_parameters(cache.index(l, h), params);
+            }
         }
         cache.prefill(l, rec.n_tokens, rec.keys[l].data(), rec.values[l].data(), nq,
                       nq > 0 ? rec.queries[l].data() : nullptr, nq > 0 ? positions.data() : nullptr,
