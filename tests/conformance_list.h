@@ -1,0 +1,42 @@
+#pragma once
+
+// The one list of index strings every registry type is tested through: the
+// conformance suite (test_conformance.cpp) runs each of its cases over every
+// string, and tests/data/golden holds one saved index per string. A new index
+// type joins by adding its strings here (and its golden files: see
+// test_golden.cpp). Every registry row must appear in at least one string.
+
+namespace kvtest {
+
+struct ConformanceCase {
+    /// canonical factory string
+    const char* factory;
+    /// non-default knobs (set_index_parameters) that must survive io
+    const char* knobs;
+    /// parameters, set before prefill, that give the index its full budget
+    /// (every token read, u = 1): attention is then exact. nullptr for a
+    /// type that has no such setting.
+    const char* exact_params;
+};
+
+// Sizes are small on purpose: every truncation of a saved index is tried.
+inline const ConformanceCase kConformance[] = {
+        {"Flat", "k=7", ""},
+        {"TopK(Flat)", "k=7", "k=1000000"},
+        {"TopK(IVF4,Flat)", "k=7,nprobe=3", "k=1000000"},
+        {"TopK(HNSW8)", "k=7,efSearch=24", "k=1000000"},
+        {"LSHSample6x20", "k=7,min_hits=3", "min_hits=0"},
+        {"Sink0,Flat", "k=7", ""},
+        {"Sink4,Window8,Flat", "k=7", ""},
+        {"Window8,TopK(IVF4,Flat)", "k=7,nprobe=2", "k=1000000"},
+        {"Sink2,Window8,LSHSample6x20", "k=7,max_sample=30", "min_hits=0"},
+        {"ProxyEvict20", "k=7", "budget=1000000"},
+        {"ProxyEvict30_H2O,TopK(Flat)", "k=7", "budget=1000000,k=1000000"},
+        {"ProxyEvict25_TOVA,TopK(HNSW8)", "k=7,efSearch=20", "budget=1000000,k=1000000"},
+        {"ProxyEvict40_StreamingLLM,Sink2,Window4,TopK(IVF4,Flat)", "k=7,nprobe=2",
+         "budget=1000000,k=1000000"},
+        {"ProxyEvict50_Random,LSHSample6x20", "k=7", "budget=1000000,min_hits=0"},
+        {"ProxyEvict20,Sink4,Window64,LSHSample8x50", "k=7", "budget=1000000,min_hits=0"},
+};
+
+} // namespace kvtest
