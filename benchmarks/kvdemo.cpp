@@ -1,13 +1,14 @@
-// kvdemo: a short tour of the API, the main job until kvbench lands.
+// kvdemo: a short tour of the API on one synthetic head (kvbench is the
+// full benchmark, on traces).
 //
 // Builds one synthetic attention head with the geometry that troubles ANN
 // indexes (keys share a large offset, queries sit on the other side, RoPE by
 // position, low-rank structure, a few strongly attended "needle" keys), then
-// for each factory string: builds the index, attends the evaluation queries,
+// for each index string: builds the index, attends the evaluation queries,
 // and compares with exact attention computed in the same run.
 //
 //   ./build/benchmarks/kvdemo [--tokens 32768] [--dim 128] [--queries 50]
-//        [--index "TopK(HNSW32);efSearch=64" ...]   (";" separates parameters)
+//        [--index "TopK(HNSW32)|efSearch=64" ...]   ("STRING|params", parameters.h)
 
 #include <algorithm>
 #include <chrono>
@@ -108,7 +109,7 @@ int main(int argc, char** argv) {
             ("queries", po::value<idx_t>(&nq)->default_value(50), "evaluation queries")
             ("seed", po::value<uint64_t>(&seed)->default_value(1), "generator seed")
             ("index", po::value<std::vector<std::string>>(&specs)->multitoken(),
-             "factory string[;param=value,...], repeatable");
+             "factory string[|param=value,...], repeatable");
     po::variables_map vm;
     try {
         po::store(po::parse_command_line(argc, argv, opts), vm);
@@ -123,8 +124,8 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (specs.empty()) {
-        specs = {"Flat", "TopK(Flat);k=100", "TopK(IVF32,Flat);k=100,nprobe=8",
-                 "TopK(HNSW16);k=100,efSearch=128", "Sink4,Window64,TopK(IVF32,Flat);k=100,nprobe=8"};
+        specs = {"Flat", "TopK(Flat)|k=100", "TopK(IVF32,Flat)|k=100,nprobe=8",
+                 "TopK(HNSW16)|k=100,efSearch=128", "Sink4,Window64,TopK(IVF32,Flat)|k=100,nprobe=8"};
     }
     try {
         std::fprintf(stderr, "kvdemo: generating %zd keys, d=%d, %zd queries (SIMD %s)\n",
@@ -144,18 +145,17 @@ int main(int argc, char** argv) {
         std::printf("%-46s %10s %10s %10s %9s %8s %10s\n", "index", "rel_err", "rel_p95",
                     "us/query", "speedup", "build_s", "bytes/tok");
         for (const std::string& spec : specs) {
-            std::string s = spec.substr(0, spec.find(';'));
-            std::string params = spec.find(';') == std::string::npos ? "" : spec.substr(spec.find(';') + 1);
+            IndexSpec parsed = parse_index_spec(spec);
             auto tb = std::chrono::steady_clock::now();
-            auto index = index_factory(d, s);
+            auto index = index_factory(d, parsed.factory);
             PrefillInput in;
             in.n_tokens = n;
             in.keys = h.keys.data();
             in.values = h.values.data();
             index->prefill(in);
             double build_s = seconds_since(tb);
-            if (!params.empty()) {
-                set_index_parameters(index.get(), params);
+            if (!parsed.params.empty()) {
+                set_index_parameters(index.get(), resolve_percentages(parsed.params, n));
             }
             std::vector<float> out(nq * d);
             auto ta = std::chrono::steady_clock::now();

@@ -8,10 +8,9 @@
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/attention.h>
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
-
-#include "checks.h"
-#include "parallel.h"
 
 namespace kvindex {
 
@@ -47,63 +46,34 @@ void exact_topk_inner_product(
 IndexKVFlat::IndexKVFlat(int d, int d_value)
         : KVIndex(d, d_value), storage(d, this->d_value) {}
 
+std::unique_ptr<KVIndex> IndexKVFlat::from_factory(FactoryChain& chain) {
+    if (chain.peek() != "Flat") {
+        return nullptr;
+    }
+    chain.take();
+    return std::make_unique<IndexKVFlat>(chain.d, chain.d_value);
+}
+
 void IndexKVFlat::add_kv_impl(idx_t n, const float* keys, const float* values) {
     storage.append(n, keys, values);
 }
 
-void IndexKVFlat::search(
-        idx_t n,
+void IndexKVFlat::search_one(
         const float* q,
         idx_t k,
         float* distances,
         idx_t* labels,
-        const faiss::SearchParameters* params) const {
-    check_search_args(n, q, k, params);
-    parallel_for(n, [&](idx_t i) {
-        exact_topk_inner_product(
-                q + i * d,
-                storage.keys.data(),
-                d,
-                ntotal,
-                k,
-                distances + i * k,
-                labels + i * k);
-    });
+        const faiss::SearchParameters*) const {
+    exact_topk_inner_product(q, storage.keys.data(), d, ntotal, k, distances, labels);
 }
 
-void IndexKVFlat::select(
-        idx_t n,
-        const float* q,
-        Selection* sel,
-        const faiss::SearchParameters* params) const {
-    check_query_args(n, q, "select: queries");
-    check_params(params);
-    for (idx_t i = 0; i < n; i++) {
-        sel[i].set_all(ntotal);
-    }
+void IndexKVFlat::select_one(const float*, Selection& sel, const faiss::SearchParameters*) const {
+    sel.set_all(ntotal);
 }
 
-void IndexKVFlat::attend(
-        idx_t n,
-        const float* q,
-        float* out,
-        float* lse,
-        const faiss::SearchParameters* params) const {
-    check_attend_args(n, q, out);
-    check_params(params);
-    parallel_for(n, [&](idx_t i) {
-        float l = exact_attention(
-                q + i * d,
-                storage.keys.data(),
-                storage.values.data(),
-                d,
-                d_value,
-                ntotal,
-                out + i * d_value);
-        if (lse) {
-            lse[i] = l;
-        }
-    });
+float IndexKVFlat::attend_one(const float* q, float* out, const faiss::SearchParameters*) const {
+    return exact_attention(
+            q, storage.keys.data(), storage.values.data(), d, d_value, ntotal, out);
 }
 
 void IndexKVFlat::reset() {
@@ -113,6 +83,25 @@ void IndexKVFlat::reset() {
 
 size_t IndexKVFlat::memory_bytes() const {
     return storage.memory_bytes();
+}
+
+void IndexKVFlat::write_fields(BufferWriter& w) const {
+    storage.write(w);
+}
+
+void IndexKVFlat::read_fields(BufferReader& r, uint32_t) {
+    storage = KVStorage(d, d_value);
+    storage.read(r, "Flat storage");
+}
+
+void IndexKVFlat::check_invariants() const {
+    KVIndex::check_invariants();
+    FAISS_THROW_IF_NOT_FMT(
+            storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
+                    storage.size() == ntotal,
+            "IndexKVFlat: storage holds %zd tokens, ntotal is %zd",
+            size_t(storage.size()),
+            size_t(ntotal));
 }
 
 } // namespace kvindex

@@ -10,6 +10,8 @@
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/attention.h>
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
 
 #include "checks.h"
@@ -63,6 +65,24 @@ IndexLSHSample::IndexLSHSample(int d, int d_value, int K, int L)
     FAISS_THROW_IF_NOT_FMT(K >= 1 && K <= 16, "LSHSample: K=%d bits must be in [1, 16]", K);
     FAISS_THROW_IF_NOT_FMT(L >= 1 && L <= 4096, "LSHSample: L=%d tables must be in [1, 4096]", L);
     set_seed(seed);
+}
+
+std::unique_ptr<KVIndex> IndexLSHSample::from_factory(FactoryChain& chain) {
+    const std::string& s = chain.peek();
+    const std::string head = "LSHSample";
+    size_t x = s.find('x');
+    if (s.compare(0, head.size(), head) != 0 || x == std::string::npos) {
+        return nullptr;
+    }
+    std::string ks = s.substr(head.size(), x - head.size()), ls = s.substr(x + 1);
+    auto digits = [](const std::string& t) {
+        return !t.empty() && t.size() <= 6 && t.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (!digits(ks) || !digits(ls)) {
+        return nullptr;
+    }
+    chain.take();
+    return std::make_unique<IndexLSHSample>(chain.d, chain.d_value, std::stoi(ks), std::stoi(ls));
 }
 
 void IndexLSHSample::set_seed(uint64_t new_seed) {
@@ -255,88 +275,38 @@ void IndexLSHSample::knobs(const faiss::SearchParameters* params, int* hits, idx
             *hits <= L, "LSHSample: min_hits=%d exceeds the %d tables", *hits, L);
 }
 
-void IndexLSHSample::select(
-        idx_t n,
+void IndexLSHSample::select_one(
         const float* q,
-        Selection* sel,
+        Selection& sel,
         const faiss::SearchParameters* params) const {
-    check_query_args(n, q, "select: queries");
-    check_params(params);
     int hits;
     idx_t cap;
     knobs(params, &hits, &cap);
-    parallel_for(n, [&](idx_t i) {
-        thread_local std::vector<uint8_t> count;
-        std::vector<float> dots;
-        sample_one(q + i * d, hits, cap, sel[i], dots, count);
-    });
+    thread_local std::vector<uint8_t> count;
+    std::vector<float> dots;
+    sample_one(q, hits, cap, sel, dots, count);
 }
 
-void IndexLSHSample::attend(
-        idx_t n,
-        const float* q,
-        float* out,
-        float* lse,
-        const faiss::SearchParameters* params) const {
-    check_attend_args(n, q, out);
-    check_params(params);
+float IndexLSHSample::attend_one(const float* q, float* out, const faiss::SearchParameters* params)
+        const {
     int hits;
     idx_t cap;
     knobs(params, &hits, &cap);
+    // the unbiased estimator on the sample, softmax(s_i - log u_i), from the
+    // inner products sampling computed for u
+    thread_local std::vector<uint8_t> count;
+    Selection sel;
+    std::vector<float> s;
+    sample_one(q, hits, cap, sel, s, count);
+    size_t m = sel.size();
     float scale = score_scale();
-    // fused per query: hash, count collisions, then the unbiased estimator
-    // on the sample: softmax(s_i - log u_i), values weighted in one pass
-    parallel_for(n, [&](idx_t i) {
-        thread_local std::vector<uint8_t> count;
-        Selection sel;
-        std::vector<float> s; // the inner products sampling computed for u
-        sample_one(q + i * d, hits, cap, sel, s, count);
-        size_t m = sel.size();
-        std::vector<float> log_u(m);
-        for (size_t t = 0; t < m; t++) {
-            s[t] *= scale;
-            log_u[t] = std::log(sel.inclusion[t]);
-        }
-        float l = attention_from_scores(
-                s.data(), log_u.data(), storage.values.data(), d_value, sel.ids.data(), m,
-                out + i * d_value);
-        if (lse) {
-            lse[i] = l;
-        }
-    });
-}
-
-void IndexLSHSample::search(
-        idx_t n,
-        const float* q,
-        idx_t k,
-        float* distances,
-        idx_t* labels,
-        const faiss::SearchParameters* params) const {
-    check_search_args(n, q, k, params);
-    int hits;
-    idx_t cap;
-    knobs(params, &hits, &cap);
-    std::vector<Selection> sel(n);
-    parallel_for(n, [&](idx_t i) {
-        // the sampled keys ranked by the inner products sampling computed
-        thread_local std::vector<uint8_t> count;
-        std::vector<float> s;
-        if (ntotal > 0) {
-            sample_one(q + i * d, hits, cap, sel[i], s, count);
-        }
-        size_t m = sel[i].size();
-        std::vector<size_t> order(m);
-        std::iota(order.begin(), order.end(), 0);
-        size_t kk = std::min<size_t>(k, m);
-        std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](size_t a, size_t b) {
-            return s[a] > s[b] || (s[a] == s[b] && sel[i].ids[a] < sel[i].ids[b]);
-        });
-        for (idx_t j = 0; j < k; j++) {
-            distances[i * k + j] = size_t(j) < kk ? s[order[j]] : std::numeric_limits<float>::lowest();
-            labels[i * k + j] = size_t(j) < kk ? sel[i].ids[order[j]] : -1;
-        }
-    });
+    std::vector<float> log_u(m);
+    for (size_t t = 0; t < m; t++) {
+        s[t] *= scale;
+        log_u[t] = std::log(sel.inclusion[t]);
+    }
+    return attention_from_scores(
+            s.data(), log_u.data(), storage.values.data(), d_value, sel.ids.data(), m, out);
 }
 
 void IndexLSHSample::reset() {
@@ -359,6 +329,118 @@ size_t IndexLSHSample::table_bytes() const {
 
 size_t IndexLSHSample::memory_bytes() const {
     return storage.memory_bytes() + table_bytes() + (planes.size() + mean.size()) * sizeof(float);
+}
+
+std::vector<ParameterInfo> IndexLSHSample::parameter_info() const {
+    std::vector<ParameterInfo> info = KVIndex::parameter_info();
+    info.push_back({"min_hits", false, "tables a key must collide in to be sampled, 0..L (0: every token)"});
+    info.push_back({"max_sample", false, "keep at most this many sampled keys, by score (0: all)"});
+    return info;
+}
+
+bool IndexLSHSample::set_parameter(const std::string& name, double value) {
+    if (name != "min_hits" && name != "max_sample") {
+        return KVIndex::set_parameter(name, value);
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            value == 0 || is_positive_integer(value),
+            "parameter %s=%g must be a non-negative integer",
+            name.c_str(),
+            value);
+    FAISS_THROW_IF_NOT_FMT(
+            name != "min_hits" || value <= L,
+            "parameter min_hits=%g exceeds the %d tables",
+            value,
+            L);
+    if (name == "min_hits") {
+        min_hits = int(value);
+    } else {
+        max_sample = idx_t(value);
+    }
+    return true;
+}
+
+bool IndexLSHSample::get_parameter(const std::string& name, double* value) const {
+    if (name == "min_hits") {
+        *value = min_hits;
+        return true;
+    }
+    if (name == "max_sample") {
+        *value = double(max_sample);
+        return true;
+    }
+    return KVIndex::get_parameter(name, value);
+}
+
+void IndexLSHSample::write_fields(BufferWriter& w) const {
+    w.value<int32_t>(K);
+    w.value<int32_t>(L);
+    w.value<int32_t>(min_hits);
+    w.value<int64_t>(max_sample);
+    w.value<uint64_t>(seed);
+    w.vector(planes);
+    w.vector(mean);
+    w.vector(norms);
+    w.vector(codes);
+    storage.write(w);
+    w.value<int64_t>(n_indexed); // the tables are rebuilt from the codes
+}
+
+void IndexLSHSample::read_fields(BufferReader& r, uint32_t) {
+    K = r.value<int32_t>("K");
+    L = r.value<int32_t>("L");
+    min_hits = r.value<int32_t>("min_hits");
+    max_sample = r.value<int64_t>("max_sample");
+    seed = r.value<uint64_t>("seed");
+    FAISS_THROW_IF_NOT_FMT(
+            K >= 1 && K <= 16 && L >= 1 && L <= 4096 && min_hits >= 0 && min_hits <= L &&
+                    max_sample >= 0,
+            "read_index: invalid LSHSample parameters K=%d L=%d min_hits=%d",
+            K,
+            L,
+            min_hits);
+    planes = r.vector<float>("hyperplanes");
+    mean = r.vector<float>("centring mean");
+    norms = r.vector<float>("key norms");
+    codes = r.vector<uint16_t>("codes");
+    storage = KVStorage(d, d_value);
+    storage.read(r, "LSHSample storage");
+    idx_t n_tables = r.value<int64_t>("n_indexed");
+    idx_t n = ntotal;
+    bool codes_ok = true;
+    for (uint16_t c : codes) {
+        codes_ok = codes_ok && c < (1u << K);
+    }
+    // checked before the tables are built from them
+    FAISS_THROW_IF_NOT_MSG(
+            planes.size() == size_t(K) * L * d && mean.size() == (n > 0 ? size_t(d) : 0) &&
+                    norms.size() == size_t(n) && codes.size() == size_t(n) * L &&
+                    storage.size() == n && n_tables >= 0 && n_tables <= n &&
+                    (n == 0 || n_tables > 0) && codes_ok,
+            "read_index: LSHSample tables inconsistent with its tokens");
+    check_finite(planes.data(), 1, planes.size(), "read_index: hyperplanes");
+    check_finite(mean.data(), 1, mean.size(), "read_index: centring mean");
+    check_finite(norms.data(), 1, norms.size(), "read_index: key norms");
+    if (n > 0) {
+        build_tables(n_tables);
+    }
+}
+
+void IndexLSHSample::check_invariants() const {
+    KVIndex::check_invariants();
+    idx_t n = ntotal;
+    size_t B = size_t(1) << K;
+    FAISS_THROW_IF_NOT_FMT(
+            K >= 1 && K <= 16 && L >= 1 && L <= 4096 && min_hits >= 0 && min_hits <= L &&
+                    planes.size() == size_t(K) * L * d &&
+                    mean.size() == (n > 0 ? size_t(d) : 0) && norms.size() == size_t(n) &&
+                    codes.size() == size_t(n) * L && storage.size() == n &&
+                    storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
+                    n_indexed >= 0 && n_indexed <= n &&
+                    (n == 0 || offsets.size() == size_t(L) * (B + 1)) &&
+                    ids16.size() + ids32.size() == size_t(L) * n_indexed,
+            "IndexLSHSample: tables, codes and ntotal=%zd disagree",
+            size_t(n));
 }
 
 } // namespace kvindex

@@ -9,8 +9,12 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 #include <kvindex/kernels.h>
 
+#include "checks.h"
 
 namespace kvindex {
 
@@ -78,6 +82,65 @@ void table4(double keep, double* protect, double* proxy_keep, double* window) {
 } // namespace
 
 IndexProxyEvict::IndexProxyEvict() : KVIndex(0, 0) {}
+
+namespace {
+
+const std::pair<const char*, EvictPolicy> kPolicyNames[] = {
+        {"", EvictPolicy::nacl},
+        {"H2O", EvictPolicy::h2o},
+        {"TOVA", EvictPolicy::tova},
+        {"StreamingLLM", EvictPolicy::streaming},
+        {"Random", EvictPolicy::random}};
+
+/// "ProxyEvict<P>[_Policy]": stores the policy and percent, returns true.
+bool parse_proxy_evict(const std::string& s, EvictPolicy* policy, double* percent) {
+    const std::string head = "ProxyEvict";
+    if (s.compare(0, head.size(), head) != 0) {
+        return false;
+    }
+    size_t us = s.find('_');
+    std::string num = s.substr(
+            head.size(), us == std::string::npos ? std::string::npos : us - head.size());
+    if (num.empty() || num.size() > 8 || num.find_first_not_of("0123456789.") != std::string::npos) {
+        return false;
+    }
+    *percent = std::stod(num);
+    std::string name = us == std::string::npos ? "" : s.substr(us + 1);
+    for (auto& [n, p] : kPolicyNames) {
+        if (name == n) {
+            *policy = p;
+            return true;
+        }
+    }
+    return false;
+}
+
+} // namespace
+
+std::unique_ptr<KVIndex> IndexProxyEvict::from_factory(FactoryChain& chain) {
+    EvictPolicy policy;
+    double percent;
+    if (!parse_proxy_evict(chain.peek(), &policy, &percent)) {
+        return nullptr;
+    }
+    std::string element = chain.take();
+    // the kept tokens go to the rest of the chain, exact attention if none
+    std::unique_ptr<KVIndex> kept = chain.at_end()
+            ? index_factory(chain.d, "Flat", chain.d_value)
+            : chain.build_rest(element);
+    return std::make_unique<IndexProxyEvict>(policy, percent, std::move(kept));
+}
+
+std::string IndexProxyEvict::factory_string() const {
+    char pct[32];
+    std::snprintf(pct, sizeof(pct), "%g", keep_percent);
+    std::string s = std::string("ProxyEvict") + pct;
+    if (policy != EvictPolicy::nacl) {
+        s += std::string("_") + evict_policy_name(policy);
+    }
+    std::string rest = inner->factory_string();
+    return rest == "Flat" ? s : s + "," + rest;
+}
 
 IndexProxyEvict::IndexProxyEvict(
         EvictPolicy policy, double keep_percent, std::unique_ptr<KVIndex> inner_index)
@@ -221,7 +284,12 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
         keep(rest[i]);
     }
     std::sort(kept.begin(), kept.end());
-    FAISS_ASSERT(idx_t(kept.size()) == b.n_keep);
+    // the split sums to the budget by construction (budget_for)
+    FAISS_THROW_IF_NOT_FMT(
+            idx_t(kept.size()) == b.n_keep,
+            "ProxyEvict: kept %zd tokens for a budget of %zd (internal error)",
+            kept.size(),
+            size_t(b.n_keep));
     return kept;
 }
 
@@ -263,37 +331,24 @@ idx_t IndexProxyEvict::inner_id(idx_t position) const {
     return it != positions.end() && *it == position ? idx_t(it - positions.begin()) : -1;
 }
 
-void IndexProxyEvict::search(
+void IndexProxyEvict::search_batch(
         idx_t n,
         const float* q,
         idx_t k,
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
-    check_search_args(n, q, k, params);
-    if (inner->ntotal == 0) {
-        std::fill(distances, distances + n * k, std::numeric_limits<float>::lowest());
-        std::fill(labels, labels + n * k, idx_t(-1));
-        return;
-    }
-    inner->search(n, q, k, distances, labels, params);
+    inner->search(n, q, k, distances, labels, params); // pads with -1 if it is empty
     for (idx_t i = 0; i < n * k; i++) {
         labels[i] = labels[i] >= 0 ? positions[labels[i]] : -1;
     }
 }
 
-void IndexProxyEvict::select(
+void IndexProxyEvict::select_batch(
         idx_t n,
         const float* q,
         Selection* sel,
         const faiss::SearchParameters* params) const {
-    check_query_args(n, q, "select: queries");
-    if (inner->ntotal == 0) {
-        for (idx_t i = 0; i < n; i++) {
-            sel[i].clear();
-        }
-        return;
-    }
     inner->select(n, q, sel, params);
     for (idx_t i = 0; i < n; i++) {
         for (auto& id : sel[i].ids) {
@@ -302,13 +357,12 @@ void IndexProxyEvict::select(
     }
 }
 
-void IndexProxyEvict::attend(
+void IndexProxyEvict::attend_batch(
         idx_t n,
         const float* q,
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
-    check_attend_args(n, q, out);
     inner->attend(n, q, out, lse, params);
 }
 
@@ -338,6 +392,115 @@ void IndexProxyEvict::reconstruct_value(idx_t key, float* value) const {
 
 size_t IndexProxyEvict::memory_bytes() const {
     return inner->memory_bytes() + positions.capacity() * sizeof(idx_t);
+}
+
+std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
+    std::vector<ParameterInfo> info = KVIndex::parameter_info();
+    info.push_back({"budget", true, "tokens kept at prefill, > 0 (overrides the percent of the string)"});
+    info.push_back({"protect", true, "NaCl: sinks + recent tokens kept, percent of the prompt"});
+    info.push_back({"proxy_keep", true, "NaCl: tokens kept by proxy score, percent of the prompt"});
+    info.push_back({"proxy_window", true, "NaCl: proxy queries beyond the protected ones, percent of the prompt"});
+    info.push_back({"n_sink", true, "first tokens among the protected ones (NaCl, StreamingLLM), >= 0"});
+    info.push_back({"seed", true, "seed of the random part (with the per-head stream), >= 0"});
+    return info;
+}
+
+bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
+    if (name == "budget" || name == "n_sink" || name == "seed") {
+        FAISS_THROW_IF_NOT_FMT(
+                is_positive_integer(value) || (name != "budget" && value == 0),
+                "parameter %s=%g must be a non-negative integer",
+                name.c_str(),
+                value);
+        if (name == "budget") {
+            budget_tokens = idx_t(value);
+        } else if (name == "n_sink") {
+            n_sink = idx_t(value);
+        } else {
+            seed = uint64_t(value);
+        }
+        return true;
+    }
+    double* pct = name == "protect"      ? &protect_percent
+            : name == "proxy_keep"   ? &proxy_keep_percent
+            : name == "proxy_window" ? &proxy_window_percent
+                                     : nullptr;
+    if (!pct) {
+        return KVIndex::set_parameter(name, value);
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            value >= 0 && value <= 100,
+            "parameter %s=%g must be a percent in [0, 100]",
+            name.c_str(),
+            value);
+    *pct = value;
+    return true;
+}
+
+bool IndexProxyEvict::get_parameter(const std::string& name, double* value) const {
+    const std::pair<const char*, double> knobs[] = {
+            {"budget", double(budget_tokens)},
+            {"protect", protect_percent},
+            {"proxy_keep", proxy_keep_percent},
+            {"proxy_window", proxy_window_percent},
+            {"n_sink", double(n_sink)},
+            {"seed", double(seed)}};
+    for (auto& [n, v] : knobs) {
+        if (name == n) {
+            *value = v;
+            return true;
+        }
+    }
+    return KVIndex::get_parameter(name, value);
+}
+
+void IndexProxyEvict::set_stream(uint64_t s) {
+    stream = s;
+    KVIndex::set_stream(s);
+}
+
+void IndexProxyEvict::write_fields(BufferWriter& w) const {
+    w.value<uint8_t>(uint8_t(policy));
+    w.value<double>(keep_percent);
+    w.value<int64_t>(budget_tokens);
+    w.value<double>(protect_percent);
+    w.value<double>(proxy_keep_percent);
+    w.value<double>(proxy_window_percent);
+    w.value<int64_t>(n_sink);
+    w.value<uint64_t>(seed);
+    w.value<uint64_t>(stream);
+    w.vector(positions);
+    write_index_record(inner.get(), w);
+}
+
+void IndexProxyEvict::read_fields(BufferReader& r, uint32_t) {
+    uint8_t p = r.value<uint8_t>("eviction policy");
+    FAISS_THROW_IF_NOT_FMT(p <= 4, "read_index: invalid eviction policy %d", int(p));
+    policy = EvictPolicy(p);
+    keep_percent = r.value<double>("keep percent");
+    budget_tokens = r.value<int64_t>("budget");
+    protect_percent = r.value<double>("protect percent");
+    proxy_keep_percent = r.value<double>("proxy-keep percent");
+    proxy_window_percent = r.value<double>("proxy window percent");
+    n_sink = r.value<int64_t>("n_sink");
+    seed = r.value<uint64_t>("seed");
+    stream = r.value<uint64_t>("stream");
+    positions = r.vector<idx_t>("kept positions");
+    inner = read_index_record(r);
+}
+
+void IndexProxyEvict::check_invariants() const {
+    KVIndex::check_invariants();
+    FAISS_THROW_IF_NOT_MSG(inner, "IndexProxyEvict: inner index missing");
+    bool sorted = true;
+    for (size_t i = 0; i < positions.size(); i++) {
+        sorted = sorted && positions[i] >= 0 && positions[i] < ntotal &&
+                (i == 0 || positions[i] > positions[i - 1]);
+    }
+    FAISS_THROW_IF_NOT_MSG(
+            keep_percent > 0 && keep_percent <= 100 && budget_tokens >= 0 && n_sink >= 0 &&
+                    sorted && idx_t(positions.size()) == inner->ntotal,
+            "IndexProxyEvict: record inconsistent (budget, kept positions)");
 }
 
 } // namespace kvindex

@@ -9,6 +9,9 @@
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/attention.h>
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 #include <kvindex/kernels.h>
 
 #include "parallel.h"
@@ -36,6 +39,53 @@ IndexSinkWindow::IndexSinkWindow(
             inner->ntotal == 0,
             "IndexSinkWindow: inner index must be empty, holds %zd tokens",
             size_t(inner->ntotal));
+}
+
+std::unique_ptr<KVIndex> IndexSinkWindow::from_factory(FactoryChain& chain) {
+    // "Sink<n>" and "Window<m>", at most one of each, in either order
+    idx_t counts[2] = {-1, -1};
+    const char* names[2] = {"Sink", "Window"};
+    std::string taken;
+    while (!chain.at_end()) {
+        int which = -1;
+        idx_t c;
+        for (int i = 0; i < 2; i++) {
+            if (parse_factory_count(chain.peek(), names[i], &c)) {
+                which = i;
+            }
+        }
+        if (which < 0) {
+            break;
+        }
+        FAISS_THROW_IF_NOT_FMT(
+                counts[which] < 0,
+                "index_factory: '%s' in '%s': %s given twice",
+                chain.peek().c_str(),
+                chain.description().c_str(),
+                names[which]);
+        counts[which] = c;
+        taken += (taken.empty() ? "" : ",") + chain.take();
+    }
+    if (taken.empty()) {
+        return nullptr;
+    }
+    std::unique_ptr<KVIndex> inner = chain.build_rest(taken);
+    return std::make_unique<IndexSinkWindow>(
+            std::max<idx_t>(counts[0], 0), std::max<idx_t>(counts[1], 0), std::move(inner));
+}
+
+std::string IndexSinkWindow::factory_string() const {
+    std::string s;
+    if (n_sink > 0) {
+        s += "Sink" + std::to_string(n_sink) + ",";
+    }
+    if (n_window > 0) {
+        s += "Window" + std::to_string(n_window) + ",";
+    }
+    if (s.empty()) {
+        s = "Sink0,"; // keep the wrapper visible in the round trip
+    }
+    return s + inner->factory_string();
 }
 
 idx_t IndexSinkWindow::window_start() const {
@@ -95,14 +145,13 @@ void IndexSinkWindow::prefill(const PrefillInput& in) {
     has_rope = true;
 }
 
-void IndexSinkWindow::search(
+void IndexSinkWindow::search_batch(
         idx_t n,
         const float* q,
         idx_t k,
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
-    check_search_args(n, q, k, params);
     std::vector<float> inner_dis;
     std::vector<idx_t> inner_ids;
     if (inner->ntotal > 0) {
@@ -143,12 +192,11 @@ void IndexSinkWindow::search(
     });
 }
 
-void IndexSinkWindow::select(
+void IndexSinkWindow::select_batch(
         idx_t n,
         const float* q,
         Selection* sel,
         const faiss::SearchParameters* params) const {
-    check_query_args(n, q, "select: queries");
     if (inner->ntotal > 0) {
         inner->select(n, q, sel, params);
     }
@@ -171,13 +219,12 @@ void IndexSinkWindow::select(
     }
 }
 
-void IndexSinkWindow::attend(
+void IndexSinkWindow::attend_batch(
         idx_t n,
         const float* q,
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
-    check_attend_args(n, q, out);
     std::vector<float> inner_out, inner_lse;
     if (inner->ntotal > 0) {
         inner_out.resize(n * d_value);
@@ -201,10 +248,7 @@ void IndexSinkWindow::attend(
             lses[2] = inner_lse[i];
             n_parts = 3;
         }
-        float l = merge_attention(n_parts, outs, lses, d_value, out + i * d_value);
-        if (lse) {
-            lse[i] = l;
-        }
+        lse[i] = merge_attention(n_parts, outs, lses, d_value, out + i * d_value);
     });
 }
 
@@ -247,6 +291,38 @@ void IndexSinkWindow::reconstruct_value(idx_t key, float* value) const {
 
 size_t IndexSinkWindow::memory_bytes() const {
     return sink.memory_bytes() + window.memory_bytes() + inner->memory_bytes();
+}
+
+void IndexSinkWindow::write_fields(BufferWriter& w) const {
+    w.value<int64_t>(n_sink);
+    w.value<int64_t>(n_window);
+    sink.write(w);
+    window.write(w);
+    write_index_record(inner.get(), w);
+}
+
+void IndexSinkWindow::read_fields(BufferReader& r, uint32_t) {
+    n_sink = r.value<int64_t>("n_sink");
+    n_window = r.value<int64_t>("n_window");
+    sink = KVStorage(d, d_value);
+    window = KVStorage(d, d_value);
+    sink.read(r, "sink tokens");
+    window.read(r, "window tokens");
+    inner = read_index_record(r);
+}
+
+void IndexSinkWindow::check_invariants() const {
+    KVIndex::check_invariants();
+    FAISS_THROW_IF_NOT_MSG(inner, "IndexSinkWindow: inner index missing");
+    bool full_sink = sink.size() == n_sink;
+    FAISS_THROW_IF_NOT_MSG(
+            n_sink >= 0 && n_window >= 0 && sink.d == size_t(d) && window.d == size_t(d) &&
+                    sink.d_value == size_t(d_value) && window.d_value == size_t(d_value) &&
+                    sink.size() <= n_sink && window.size() <= n_window &&
+                    (full_sink || (inner->ntotal == 0 && window.size() == 0)) &&
+                    (inner->ntotal == 0 || window.size() == n_window) &&
+                    sink.size() + inner->ntotal + window.size() == ntotal,
+            "IndexSinkWindow: sink/window split inconsistent with ntotal");
 }
 
 } // namespace kvindex

@@ -15,8 +15,11 @@
 #include <faiss/index_io.h>
 
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
 
 #include "checks.h"
+#include "faiss_checks.h"
 #include "parallel.h"
 
 namespace kvindex {
@@ -61,6 +64,18 @@ IndexTopK::IndexTopK(int d, int d_value, const std::string& retriever_string)
     set_default_knobs(retriever.get());
 }
 
+std::unique_ptr<KVIndex> IndexTopK::from_factory(FactoryChain& chain) {
+    const std::string& s = chain.peek();
+    const std::string head = "TopK(";
+    if (s.size() <= head.size() + 1 || s.compare(0, head.size(), head) != 0 ||
+        s.back() != ')') {
+        return nullptr;
+    }
+    chain.take();
+    return std::make_unique<IndexTopK>(
+            chain.d, chain.d_value, s.substr(head.size(), s.size() - head.size() - 1));
+}
+
 void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
     storage.append(n, keys, values);
     try {
@@ -101,14 +116,13 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
     }
 }
 
-void IndexTopK::search(
+void IndexTopK::search_batch(
         idx_t n,
         const float* q,
         idx_t k,
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
-    check_search_args(n, q, k, params);
     if (!retriever->is_trained) {
         // too few keys to train yet: exact scan of what is stored
         parallel_for(n, [&](idx_t i) {
@@ -154,12 +168,11 @@ void IndexTopK::search(
     retriever->search(n, q, k, distances, labels, rp);
 }
 
-void IndexTopK::select(
+void IndexTopK::select_batch(
         idx_t n,
         const float* q,
         Selection* sel,
         const faiss::SearchParameters* params) const {
-    check_query_args(n, q, "select: queries");
     idx_t kk = effective_k(params);
     if (kk >= ntotal) { // a budget beyond the index means every token
         for (idx_t i = 0; i < n; i++) {
@@ -174,7 +187,7 @@ void IndexTopK::select(
     if (count) {
         faiss::hnsw_stats.reset();
     }
-    search(n, q, kk, dis.data(), ids.data(), params);
+    search_batch(n, q, kk, dis.data(), ids.data(), params);
     std::vector<size_t> scanned(n, 0);
     if (count) {
         count_scanned(n, q, params, scanned.data());
@@ -189,6 +202,17 @@ void IndexTopK::select(
             }
         }
     }
+}
+
+void IndexTopK::attend_batch(
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    std::vector<Selection> sel(n);
+    select_batch(n, q, sel.data(), params);
+    estimate_batch(n, q, sel.data(), out, lse);
 }
 
 void IndexTopK::count_scanned(
@@ -268,6 +292,87 @@ void IndexTopK::set_retriever_parameter(const std::string& name, double value) {
             retriever_string.c_str(),
             name.c_str());
     faiss::ParameterSpace().set_index_parameter(retriever.get(), name, value);
+}
+
+std::vector<ParameterInfo> IndexTopK::parameter_info() const {
+    std::vector<ParameterInfo> info = KVIndex::parameter_info();
+    if (faiss::ivflib::try_extract_index_ivf(retriever.get())) {
+        info.push_back({"nprobe", false, "IVF retriever: inverted lists visited, 1..nlist"});
+    }
+    if (dynamic_cast<const faiss::IndexHNSW*>(retriever.get())) {
+        info.push_back({"efSearch", false, "HNSW retriever: beam width of the search, >= 1"});
+    }
+    return info;
+}
+
+bool IndexTopK::set_parameter(const std::string& name, double value) {
+    if (name == "nprobe" || name == "efSearch") {
+        set_retriever_parameter(name, value); // throws if not this retriever's
+        return true;
+    }
+    return KVIndex::set_parameter(name, value);
+}
+
+bool IndexTopK::get_parameter(const std::string& name, double* value) const {
+    auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
+    auto hnsw = dynamic_cast<const faiss::IndexHNSW*>(retriever.get());
+    if (name == "nprobe" && ivf) {
+        *value = double(ivf->nprobe);
+        return true;
+    }
+    if (name == "efSearch" && hnsw) {
+        *value = double(hnsw->hnsw.efSearch);
+        return true;
+    }
+    return KVIndex::get_parameter(name, value);
+}
+
+void IndexTopK::write_fields(BufferWriter& w) const {
+    w.string(retriever_string);
+    w.value<int64_t>(max_train_points);
+    w.value<int64_t>(min_train_points);
+    w.value<uint64_t>(train_seed);
+    storage.write(w);
+    faiss::VectorIOWriter fw;
+    faiss::write_index(retriever.get(), &fw);
+    w.foreign(fw.data);
+}
+
+void IndexTopK::read_fields(BufferReader& r, uint32_t) {
+    retriever_string = r.string("retriever string");
+    max_train_points = r.value<int64_t>("max_train_points");
+    min_train_points = r.value<int64_t>("min_train_points");
+    train_seed = r.value<uint64_t>("train_seed");
+    storage = KVStorage(d, d_value);
+    storage.read(r, "TopK storage");
+    faiss::VectorIOReader fr;
+    fr.data = r.vector<uint8_t>("TopK retriever");
+    FAISS_THROW_IF_NOT_MSG(
+            storage.size() == ntotal && max_train_points > 0 && min_train_points > 0,
+            "read_index: TopK storage or training fields inconsistent");
+    try {
+        retriever.reset(faiss::read_index(&fr));
+    } catch (const std::exception& e) {
+        // Faiss's reader also throws std::bad_alloc / length_error
+        FAISS_THROW_FMT("read_index: TopK retriever unreadable: %s", e.what());
+    }
+    check_faiss_retriever(
+            retriever.get(), retriever_string, d, retriever->is_trained ? ntotal : 0);
+    if (!retriever->is_trained) {
+        rebuild_retriever(); // see rebuild_retriever
+    }
+}
+
+void IndexTopK::check_invariants() const {
+    KVIndex::check_invariants();
+    FAISS_THROW_IF_NOT_FMT(
+            retriever && retriever->d == d &&
+                    retriever->ntotal == (retriever->is_trained ? ntotal : 0) &&
+                    storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
+                    storage.size() == ntotal && max_train_points > 0 && min_train_points > 0,
+            "IndexTopK(%s): retriever, storage and ntotal=%zd disagree",
+            retriever_string.c_str(),
+            size_t(ntotal));
 }
 
 } // namespace kvindex

@@ -5,7 +5,6 @@
 
 #include <faiss/impl/FaissAssert.h>
 
-#include <kvindex/IndexProxyEvict.h>
 #include <kvindex/index_factory.h>
 
 #include "checks.h"
@@ -55,10 +54,8 @@ KVCache::KVCache(
         for (int h = 0; h < n_kv_heads; h++) {
             indexes.push_back(
                     index_factory(d, dense ? dense_string : index_string, this->d_value));
-            // eviction samples differently in every (layer, head)
-            if (auto e = dynamic_cast<IndexProxyEvict*>(indexes.back().get())) {
-                e->stream = uint64_t(l) * n_kv_heads + h;
-            }
+            // types that sample (eviction) draw differently in every (layer, head)
+            indexes.back()->set_stream(uint64_t(l) * n_kv_heads + h);
         }
     }
 }

@@ -1,13 +1,18 @@
 #include <kvindex/KVIndex.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <numeric>
+#include <utility>
 #include <vector>
 
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/KVStorage.h>
 #include <kvindex/attention.h>
+#include <kvindex/kernels.h>
 
 #include "checks.h"
 #include "parallel.h"
@@ -17,10 +22,13 @@ namespace kvindex {
 KVIndex::KVIndex(int d, int d_value)
         : faiss::Index(d, faiss::METRIC_INNER_PRODUCT),
           d_value(d_value < 0 ? d : d_value) {
-    FAISS_THROW_IF_NOT_FMT(d >= 0, "KVIndex: key dimension d=%d must be > 0", d);
+    // d = 0 is the empty index read_index fills in
+    FAISS_THROW_IF_NOT_FMT(d >= 0, "KVIndex: key dimension d=%d must be >= 0", d);
 }
 
 KVIndex::~KVIndex() = default;
+
+// ---- adding tokens ---------------------------------------------------------
 
 void KVIndex::add(idx_t, const float*) {
     FAISS_THROW_MSG(
@@ -112,6 +120,8 @@ void KVIndex::prefill(const PrefillInput& in) {
     has_rope = true;
 }
 
+// ---- argument checks -------------------------------------------------------
+
 void KVIndex::check_params(const faiss::SearchParameters* params) const {
     if (!params) {
         return;
@@ -138,35 +148,6 @@ idx_t KVIndex::effective_k(const faiss::SearchParameters* params) const {
     return kk;
 }
 
-namespace {
-
-const KVStorage& storage_for(const KVIndex* index, const KVStorage* st, idx_t key, const char* what) {
-    FAISS_THROW_IF_NOT_FMT(st, "%s: not supported by this index type", what);
-    FAISS_THROW_IF_NOT_FMT(
-            key >= 0 && key < index->ntotal,
-            "%s: id %zd out of [0, %zd)",
-            what,
-            size_t(key),
-            size_t(index->ntotal));
-    return *st;
-}
-
-} // namespace
-
-void KVIndex::reconstruct(idx_t key, float* recons) const {
-    const KVStorage& st = storage_for(this, token_storage(), key, "reconstruct");
-    std::memcpy(recons, st.key(key), sizeof(float) * d);
-}
-
-void KVIndex::reconstruct_value(idx_t key, float* value) const {
-    const KVStorage& st = storage_for(this, token_storage(), key, "reconstruct_value");
-    std::memcpy(value, st.value(key), sizeof(float) * d_value);
-}
-
-float KVIndex::score_scale() const {
-    return float(1.0 / std::sqrt(double(d)));
-}
-
 void KVIndex::check_query_args(idx_t n, const float* q, const char* what) const {
     FAISS_THROW_IF_NOT_FMT(n >= 0, "%s: n=%zd must be >= 0", what, size_t(n));
     if (n == 0) {
@@ -176,17 +157,54 @@ void KVIndex::check_query_args(idx_t n, const float* q, const char* what) const 
     check_finite(q, n, d, what);
 }
 
-void KVIndex::check_search_args(
-        idx_t n, const float* q, idx_t k, const faiss::SearchParameters* params) const {
+float KVIndex::score_scale() const {
+    return float(1.0 / std::sqrt(double(d)));
+}
+
+// ---- the public calls: checks, the empty index, then the type's core ------
+
+void KVIndex::search(
+        idx_t n,
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
     FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
     check_query_args(n, q, "search: queries");
     check_params(params);
+    if (n == 0) {
+        return;
+    }
+    check_not_null(distances, "search: distances");
+    check_not_null(labels, "search: labels");
+    if (ntotal == 0) {
+        // nothing to find: padding as Faiss does for inner product
+        std::fill(distances, distances + n * k, std::numeric_limits<float>::lowest());
+        std::fill(labels, labels + n * k, idx_t(-1));
+        return;
+    }
+    search_batch(n, q, k, distances, labels, params);
 }
 
-void KVIndex::check_attend_args(idx_t n, const float* q, const float* out) const {
-    check_query_args(n, q, "attend: queries");
-    FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
-    check_not_null(out, "attend: out");
+void KVIndex::select(
+        idx_t n,
+        const float* q,
+        Selection* sel,
+        const faiss::SearchParameters* params) const {
+    check_query_args(n, q, "select: queries");
+    check_params(params);
+    if (n == 0) {
+        return;
+    }
+    check_not_null(sel, "select: selections");
+    if (ntotal == 0) {
+        for (idx_t i = 0; i < n; i++) {
+            sel[i].clear();
+        }
+        return;
+    }
+    select_batch(n, q, sel, params);
 }
 
 void KVIndex::attend(
@@ -195,25 +213,223 @@ void KVIndex::attend(
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
-    check_attend_args(n, q, out);
-    const KVStorage* st = token_storage();
-    FAISS_THROW_IF_NOT_MSG(st, "attend: this index type must override attend");
-    std::vector<Selection> sel(n);
-    select(n, q, sel.data(), params);
+    check_query_args(n, q, "attend: queries");
+    FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
+    check_not_null(out, "attend: out");
+    check_params(params);
+    if (n == 0) {
+        return;
+    }
+    // the cores always write an lse: it is how partial results merge
+    std::vector<float> lse_buffer;
+    if (!lse) {
+        lse_buffer.resize(n);
+        lse = lse_buffer.data();
+    }
+    attend_batch(n, q, out, lse, params);
+}
+
+// ---- default cores: per query, in parallel ---------------------------------
+
+void KVIndex::search_batch(
+        idx_t n,
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
     parallel_for(n, [&](idx_t i) {
-        float l = estimate_attention(
+        search_one(q + i * d, k, distances + i * k, labels + i * k, params);
+    });
+}
+
+void KVIndex::select_batch(
+        idx_t n,
+        const float* q,
+        Selection* sel,
+        const faiss::SearchParameters* params) const {
+    parallel_for(n, [&](idx_t i) { select_one(q + i * d, sel[i], params); });
+}
+
+void KVIndex::attend_batch(
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    parallel_for(n, [&](idx_t i) { lse[i] = attend_one(q + i * d, out + i * d_value, params); });
+}
+
+void KVIndex::select_one(const float*, Selection&, const faiss::SearchParameters*) const {
+    FAISS_THROW_FMT("%s defines neither select_one nor select_batch", type_name());
+}
+
+namespace {
+
+const KVStorage& storage_of(const KVIndex* index, const KVStorage* st, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(
+            st, "%s: %s keeps no token storage and must define it", what, index->type_name());
+    return *st;
+}
+
+} // namespace
+
+void KVIndex::search_one(
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
+    const KVStorage& st = storage_of(this, token_storage(), "search_one");
+    Selection sel;
+    select_one(q, sel, params);
+    size_t m = sel.size();
+    std::vector<float> s(m);
+    inner_products_by_ids(q, st.keys.data(), d, sel.ids.data(), m, 1.0f, s.data());
+    std::vector<size_t> order(m);
+    std::iota(order.begin(), order.end(), size_t(0));
+    size_t kk = std::min<size_t>(k, m);
+    // larger score first; ties by smaller id, so results are deterministic
+    std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](size_t a, size_t b) {
+        return s[a] > s[b] || (s[a] == s[b] && sel.ids[a] < sel.ids[b]);
+    });
+    for (idx_t j = 0; j < k; j++) {
+        bool found = size_t(j) < kk;
+        distances[j] = found ? s[order[j]] : std::numeric_limits<float>::lowest();
+        labels[j] = found ? sel.ids[order[j]] : -1;
+    }
+}
+
+float KVIndex::attend_one(const float* q, float* out, const faiss::SearchParameters* params)
+        const {
+    const KVStorage& st = storage_of(this, token_storage(), "attend_one");
+    Selection sel;
+    select_one(q, sel, params);
+    return estimate_attention(
+            estimator, q, st.keys.data(), st.values.data(), d, d_value, sel, out);
+}
+
+void KVIndex::estimate_batch(
+        idx_t n,
+        const float* q,
+        const Selection* sel,
+        float* out,
+        float* lse) const {
+    const KVStorage& st = storage_of(this, token_storage(), "estimate_batch");
+    parallel_for(n, [&](idx_t i) {
+        lse[i] = estimate_attention(
                 estimator,
                 q + i * d,
-                st->keys.data(),
-                st->values.data(),
+                st.keys.data(),
+                st.values.data(),
                 d,
                 d_value,
                 sel[i],
                 out + i * d_value);
-        if (lse) {
-            lse[i] = l;
-        }
     });
+}
+
+// ---- tokens ----------------------------------------------------------------
+
+namespace {
+
+void check_token_id(const KVIndex* index, idx_t key, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(
+            key >= 0 && key < index->ntotal,
+            "%s: id %zd out of [0, %zd)",
+            what,
+            size_t(key),
+            size_t(index->ntotal));
+}
+
+} // namespace
+
+void KVIndex::reconstruct(idx_t key, float* recons) const {
+    const KVStorage& st = storage_of(this, token_storage(), "reconstruct");
+    check_token_id(this, key, "reconstruct");
+    std::memcpy(recons, st.key(key), sizeof(float) * d);
+}
+
+void KVIndex::reconstruct_value(idx_t key, float* value) const {
+    const KVStorage& st = storage_of(this, token_storage(), "reconstruct_value");
+    check_token_id(this, key, "reconstruct_value");
+    std::memcpy(value, st.value(key), sizeof(float) * d_value);
+}
+
+// ---- self-description defaults -------------------------------------------
+
+std::vector<const KVIndex*> KVIndex::children() const {
+    return {};
+}
+
+std::vector<KVIndex*> KVIndex::mutable_children() {
+    std::vector<KVIndex*> out;
+    for (const KVIndex* c : std::as_const(*this).children()) {
+        out.push_back(const_cast<KVIndex*>(c)); // this index owns them
+    }
+    return out;
+}
+
+std::vector<ParameterInfo> KVIndex::parameter_info() const {
+    return {{"k", false, "top-k budget: keys selected per query (types with a budget), >= 1"}};
+}
+
+bool KVIndex::set_parameter(const std::string& name, double value) {
+    if (name != "k") {
+        return false;
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            is_positive_integer(value), "parameter k=%g must be a positive integer", value);
+    k = idx_t(value);
+    return true;
+}
+
+bool KVIndex::get_parameter(const std::string& name, double* value) const {
+    if (name != "k") {
+        return false;
+    }
+    *value = double(k);
+    return true;
+}
+
+void KVIndex::set_stream(uint64_t stream) {
+    for (KVIndex* c : mutable_children()) {
+        c->set_stream(stream);
+    }
+}
+
+idx_t KVIndex::top_k_budget() const {
+    for (const KVIndex* c : children()) {
+        if (idx_t kk = c->top_k_budget()) {
+            return kk;
+        }
+    }
+    return 0;
+}
+
+void KVIndex::check_invariants() const {
+    FAISS_THROW_IF_NOT_FMT(
+            d > 0 && d_value > 0 && d <= (1 << 16) && d_value <= (1 << 16),
+            "%s: invalid dimensions d=%d d_value=%d",
+            type_name(),
+            d,
+            d_value);
+    FAISS_THROW_IF_NOT_FMT(ntotal >= 0, "%s: invalid ntotal %zd", type_name(), size_t(ntotal));
+    FAISS_THROW_IF_NOT_FMT(k > 0, "%s: invalid k %zd", type_name(), size_t(k));
+    FAISS_THROW_IF_NOT_FMT(
+            metric_type == faiss::METRIC_INNER_PRODUCT,
+            "%s: metric must be inner product",
+            type_name());
+    for (const KVIndex* c : children()) {
+        FAISS_THROW_IF_NOT_FMT(
+                c && c->d == d && c->d_value == d_value,
+                "%s: inner index has d=%d d_value=%d, the index d=%d d_value=%d",
+                type_name(),
+                c ? c->d : -1,
+                c ? c->d_value : -1,
+                d,
+                d_value);
+    }
 }
 
 } // namespace kvindex

@@ -2,6 +2,12 @@
 
 #include <algorithm>
 
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/impl/io.h>
+
+#include "checks.h"
+
 namespace kvindex {
 
 void KVStorage::append(idx_t n, const float* k, const float* v) {
@@ -29,6 +35,29 @@ void KVStorage::clear() {
 
 size_t KVStorage::memory_bytes() const {
     return (keys.capacity() + values.capacity()) * sizeof(float);
+}
+
+void KVStorage::write(BufferWriter& w) const {
+    w.vector(keys);
+    w.vector(values);
+}
+
+void KVStorage::read(BufferReader& r, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(d > 0 && d_value > 0, "read_index: %s: dimensions not set", what);
+    keys = r.vector<float>(what);
+    values = r.vector<float>(what);
+    FAISS_THROW_IF_NOT_FMT(
+            keys.size() % d == 0 && values.size() == keys.size() / d * d_value,
+            "read_index: %s: %zd key floats and %zd value floats do not make "
+            "whole tokens of d=%zd, d_value=%zd",
+            what,
+            keys.size(),
+            values.size(),
+            d,
+            d_value);
+    // refuse what add_kv would refuse
+    check_finite(keys.data(), size(), d, "read_index: keys");
+    check_finite(values.data(), size(), d_value, "read_index: values");
 }
 
 } // namespace kvindex

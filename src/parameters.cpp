@@ -8,13 +8,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
-#include <kvindex/IndexLSHSample.h>
-#include <kvindex/IndexProxyEvict.h>
-#include <kvindex/IndexSinkWindow.h>
-#include <kvindex/IndexTopK.h>
 #include <kvindex/index_factory.h>
-
-#include "checks.h"
 
 namespace kvindex {
 
@@ -37,75 +31,62 @@ bool parse_decimal(const std::string& text, double* value) {
     return stop && *stop == '\0' && std::isfinite(*value);
 }
 
-/// Prefill-time knobs of the eviction layer; false if `name` is not one.
-bool set_evict_parameter(IndexProxyEvict* e, const std::string& name, double value) {
-    if (name == "budget" || name == "n_sink" || name == "seed") {
+/// Calls f(name, value text) for each "name=value" of a parameter string;
+/// throws naming an item that is not of that shape.
+template <class F>
+void for_each_item(const std::string& description, F&& f) {
+    size_t pos = 0;
+    while (true) {
+        size_t end = std::min(description.find(',', pos), description.size());
+        std::string item = description.substr(pos, end - pos);
+        size_t eq = item.find('=');
         FAISS_THROW_IF_NOT_FMT(
-                is_positive_integer(value) || (name != "budget" && value == 0),
-                "parameter %s=%g must be a non-negative integer",
-                name.c_str(),
-                value);
-        if (name == "budget") {
-            e->budget_tokens = idx_t(value);
-        } else if (name == "n_sink") {
-            e->n_sink = idx_t(value);
-        } else {
-            e->seed = uint64_t(value);
+                eq != std::string::npos && eq > 0 && eq + 1 < item.size(),
+                "cannot parse parameter '%s' in '%s' (expected name=value)",
+                item.c_str(),
+                description.c_str());
+        f(item.substr(0, eq), item.substr(eq + 1));
+        if (end == description.size()) {
+            break;
         }
-        return true;
+        pos = end + 1;
     }
-    double* pct = name == "protect"        ? &e->protect_percent
-            : name == "proxy_keep"   ? &e->proxy_keep_percent
-            : name == "proxy_window" ? &e->proxy_window_percent
-                                     : nullptr;
-    if (!pct) {
-        return false;
-    }
-    FAISS_THROW_IF_NOT_FMT(
-            value >= 0 && value <= 100, "parameter %s=%g must be a percent in [0, 100]",
-            name.c_str(), value);
-    *pct = value;
-    return true;
 }
 
-/// Sets the parameter on this index and the ones it wraps; returns whether
+/// Sets the parameter on this index and the ones it holds; returns whether
 /// any of them has it.
 bool set_in_chain(KVIndex* index, const std::string& name, double value) {
-    bool found = false;
-    if (auto w = dynamic_cast<IndexSinkWindow*>(index)) {
-        found = set_in_chain(w->inner.get(), name, value);
-    }
-    if (auto e = dynamic_cast<IndexProxyEvict*>(index)) {
-        found = set_in_chain(e->inner.get(), name, value);
-        if (set_evict_parameter(e, name, value)) {
-            return true;
-        }
-    }
-    if (name == "k") {
-        FAISS_THROW_IF_NOT_FMT(
-                is_positive_integer(value), "parameter k=%g must be a positive integer", value);
-        index->k = idx_t(value);
-        return true;
-    }
-    if (auto h = dynamic_cast<IndexLSHSample*>(index)) {
-        if (name == "min_hits" || name == "max_sample") {
-            FAISS_THROW_IF_NOT_FMT(
-                    value == 0 || is_positive_integer(value),
-                    "parameter %s=%g must be a non-negative integer", name.c_str(), value);
-            FAISS_THROW_IF_NOT_FMT(
-                    name != "min_hits" || value <= h->L,
-                    "parameter min_hits=%g exceeds the %d tables", value, h->L);
-            (name == "min_hits" ? void(h->min_hits = int(value)) : void(h->max_sample = idx_t(value)));
-            return true;
-        }
-    }
-    if (auto t = dynamic_cast<IndexTopK*>(index)) {
-        if ((name == "nprobe" || name == "efSearch")) {
-            t->set_retriever_parameter(name, value); // throws if not this retriever's
-            return true;
-        }
+    bool found = index->set_parameter(name, value);
+    for (KVIndex* child : index->mutable_children()) {
+        found = set_in_chain(child, name, value) || found;
     }
     return found;
+}
+
+bool get_in_chain(const KVIndex* index, const std::string& name, double* value) {
+    if (index->get_parameter(name, value)) {
+        return true;
+    }
+    for (const KVIndex* child : index->children()) {
+        if (get_in_chain(child, name, value)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+void collect_info(const KVIndex* index, std::vector<ParameterInfo>& out) {
+    for (ParameterInfo& p : index->parameter_info()) {
+        bool seen = std::any_of(out.begin(), out.end(), [&](const ParameterInfo& q) {
+            return q.name == p.name;
+        });
+        if (!seen) {
+            out.push_back(std::move(p));
+        }
+    }
+    for (const KVIndex* child : index->children()) {
+        collect_info(child, out);
+    }
 }
 
 } // namespace
@@ -120,29 +101,84 @@ void set_index_parameter(KVIndex* index, const std::string& name, double value) 
 }
 
 void set_index_parameters(KVIndex* index, const std::string& description) {
-    size_t pos = 0;
-    while (true) {
-        size_t end = std::min(description.find(',', pos), description.size());
-        std::string item = description.substr(pos, end - pos);
-        size_t eq = item.find('=');
-        FAISS_THROW_IF_NOT_FMT(
-                eq != std::string::npos && eq > 0 && eq + 1 < item.size(),
-                "cannot parse parameter '%s' in '%s' (expected name=value)",
-                item.c_str(),
-                description.c_str());
-        std::string name = item.substr(0, eq), text = item.substr(eq + 1);
+    for_each_item(description, [&](const std::string& name, const std::string& text) {
         double value;
+        FAISS_THROW_IF_NOT_FMT(
+                text.back() != '%',
+                "parameter '%s': value '%s' is a percentage of the context "
+                "length: resolve it first (resolve_percentages)",
+                name.c_str(),
+                text.c_str());
         FAISS_THROW_IF_NOT_FMT(
                 parse_decimal(text, &value),
                 "parameter '%s': value '%s' is not a decimal number",
                 name.c_str(),
                 text.c_str());
         set_index_parameter(index, name, value);
-        if (end == description.size()) {
-            break;
-        }
-        pos = end + 1;
+    });
+}
+
+double get_index_parameter(const KVIndex* index, const std::string& name) {
+    FAISS_THROW_IF_NOT_MSG(index, "get_index_parameter: index is nullptr");
+    double value = 0;
+    FAISS_THROW_IF_NOT_FMT(
+            get_in_chain(index, name, &value),
+            "unknown parameter '%s' for index %s",
+            name.c_str(),
+            index_factory_string(index).c_str());
+    return value;
+}
+
+std::vector<ParameterInfo> index_parameter_info(const KVIndex* index) {
+    FAISS_THROW_IF_NOT_MSG(index, "index_parameter_info: index is nullptr");
+    std::vector<ParameterInfo> out;
+    collect_info(index, out);
+    return out;
+}
+
+IndexSpec parse_index_spec(const std::string& s) {
+    IndexSpec spec;
+    size_t bar = s.find('|');
+    spec.factory = s.substr(0, bar);
+    FAISS_THROW_IF_NOT_FMT(
+            !spec.factory.empty() || bar == std::string::npos,
+            "index spec '%s': empty factory string before '|'",
+            s.c_str());
+    if (bar != std::string::npos) {
+        spec.params = s.substr(bar + 1);
+        FAISS_THROW_IF_NOT_FMT(
+                !spec.params.empty(), "index spec '%s': no parameters after '|'", s.c_str());
     }
+    return spec;
+}
+
+std::string resolve_percentages(const std::string& params, idx_t n_context) {
+    if (params.empty()) {
+        return params;
+    }
+    std::string out;
+    for_each_item(params, [&](const std::string& name, const std::string& text) {
+        std::string value = text;
+        if (text.back() == '%') {
+            double pct;
+            FAISS_THROW_IF_NOT_FMT(
+                    parse_decimal(text.substr(0, text.size() - 1), &pct) && pct > 0 &&
+                            pct <= 100,
+                    "parameter '%s=%s': a percentage must be in (0, 100]",
+                    name.c_str(),
+                    text.c_str());
+            FAISS_THROW_IF_NOT_FMT(
+                    n_context > 0,
+                    "parameter '%s=%s': a percentage needs a context length, got %zd",
+                    name.c_str(),
+                    text.c_str(),
+                    size_t(n_context));
+            idx_t v = std::max<idx_t>(1, idx_t(std::ceil(pct / 100.0 * double(n_context))));
+            value = std::to_string(v);
+        }
+        out += (out.empty() ? "" : ",") + name + "=" + value;
+    });
+    return out;
 }
 
 } // namespace kvindex

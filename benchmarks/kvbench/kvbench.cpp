@@ -1,5 +1,5 @@
 // kvbench: how far each sparse-attention index is from exact attention, and
-// how much less it reads, on any trace (DESIGN.md §4).
+// how much less it reads, on any trace (format: include/kvindex/trace.h).
 //
 //   kvbench gen --out DIR --preset mixed --seed 1 [--tokens N --head-dim D
 //               --kv-heads H --group G --layers L --eval Q --dtype float16]
@@ -69,8 +69,8 @@ int cmd_run(int argc, char** argv) {
     po::options_description opts("kvbench run: compare indexes with exact attention on a trace");
     opts.add_options()
             ("trace", po::value(&opt.trace_dir)->required(), "trace directory")
-            ("index", po::value(&opt.indexes)->required(), "factory string (repeatable)")
-            ("params", po::value(&opt.params), "search-time parameters for every index, e.g. k=100,nprobe=8")
+            ("index", po::value(&opt.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
+            ("params", po::value(&opt.params), "parameters for every index, before its own, e.g. k=100,nprobe=8")
             ("layers", po::value(&layers), "comma-separated layers (default: all)")
             ("max-queries", po::value(&opt.max_queries)->default_value(0),
              "evaluation positions per (layer, q head), spread evenly; 0 = all")

@@ -12,9 +12,6 @@
 #include <faiss/impl/FaissAssert.h>
 #include <nlohmann/json.hpp>
 
-#include <kvindex/IndexProxyEvict.h>
-#include <kvindex/IndexSinkWindow.h>
-#include <kvindex/IndexTopK.h>
 #include <kvindex/attention.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
@@ -31,15 +28,19 @@ double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-/// The IndexTopK inside an index, if it has one: such indexes return a top-k.
-const kvindex::IndexTopK* topk_part(const kvindex::KVIndex* index) {
-    if (auto w = dynamic_cast<const kvindex::IndexSinkWindow*>(index)) {
-        return topk_part(w->inner.get());
+/** The index of one "STRING|params" argument: --params first, then the
+ * string's own parameters; budgets in percent are of the n_ctx prompt
+ * tokens. */
+std::unique_ptr<kvindex::KVIndex> make_index(
+        int d, const std::string& spec_string, const std::string& params, idx_t n_ctx) {
+    kvindex::IndexSpec spec = kvindex::parse_index_spec(spec_string);
+    auto index = kvindex::index_factory(d, spec.factory);
+    for (const std::string& p : {params, spec.params}) {
+        if (!p.empty()) {
+            kvindex::set_index_parameters(index.get(), kvindex::resolve_percentages(p, n_ctx));
+        }
     }
-    if (auto e = dynamic_cast<const kvindex::IndexProxyEvict*>(index)) {
-        return topk_part(e->inner.get());
-    }
-    return dynamic_cast<const kvindex::IndexTopK*>(index);
+    return index;
 }
 
 /// Per-row figures, summarised at the end.
@@ -107,10 +108,7 @@ RunResult run_kvbench(const RunOptions& opt) {
     // build every index once up front: a bad string or parameter fails
     // before any work is done
     for (const auto& s : opt.indexes) {
-        auto index = kvindex::index_factory(meta.head_dim, s);
-        if (!opt.params.empty()) {
-            kvindex::set_index_parameters(index.get(), opt.params);
-        }
+        make_index(meta.head_dim, s, opt.params, meta.n_ctx);
     }
     int d = meta.head_dim, g = meta.n_q_heads / meta.n_kv_heads;
     idx_t n = meta.n_tokens, n_ctx = meta.n_ctx;
@@ -151,10 +149,7 @@ RunResult run_kvbench(const RunOptions& opt) {
                 }
                 IndexResult& r = res.results[ix];
                 Accumulator& a = acc[ix];
-                auto index = kvindex::index_factory(d, opt.indexes[ix]);
-                if (!opt.params.empty()) {
-                    kvindex::set_index_parameters(index.get(), opt.params);
-                }
+                auto index = make_index(d, opt.indexes[ix], opt.params, n_ctx);
                 kvindex::PrefillInput in;
                 in.n_tokens = n_ctx;
                 in.keys = keys;
@@ -166,7 +161,8 @@ RunResult run_kvbench(const RunOptions& opt) {
                 auto tb = Clock::now();
                 index->prefill(in);
                 r.build_s += seconds_since(tb);
-                const kvindex::IndexTopK* topk = topk_part(index.get());
+                // indexes with a top-k retrieval inside get recall@k
+                const idx_t top_k = index->top_k_budget();
                 kvindex::SearchParametersKV count;
                 count.count_scanned = true;
 
@@ -213,8 +209,8 @@ RunResult run_kvbench(const RunOptions& opt) {
                         a.mass += mass;
                         a.selected += double(sel.size()) / (p + 1);
                         a.touched += (sel.n_scanned + 2.0 * sel.size()) / (2.0 * (p + 1));
-                        if (topk) {
-                            idx_t k = std::min<idx_t>(topk->k, p + 1);
+                        if (top_k > 0) {
+                            idx_t k = std::min<idx_t>(top_k, p + 1);
                             std::vector<idx_t> ids(k), truth(p + 1);
                             std::vector<float> dis(k);
                             index->search(1, q, k, dis.data(), ids.data());

@@ -14,8 +14,11 @@ using kvindex::idx_t;
 
 struct RunOptions {
     std::string trace_dir;
-    std::vector<std::string> indexes; ///< factory strings, in table order
-    std::string params;               ///< set on every index ("k=100,nprobe=8")
+    /// "STRING" or "STRING|params" (parameters.h), in table order
+    std::vector<std::string> indexes;
+    /// set on every index before its own parameters ("k=100,nprobe=8");
+    /// "k=5%" is 5% of the trace's n_ctx prompt tokens
+    std::string params;
     std::vector<int> layers;          ///< empty: every layer
     idx_t max_queries = 0;            ///< evaluation positions per (layer, q head); 0: all
     bool progress = true;             ///< progress lines on stderr
@@ -48,7 +51,7 @@ struct RunResult {
     std::vector<IndexResult> results;
 };
 
-/// Replays the trace through every index and exact attention (DESIGN §4).
+/// Replays the trace through every index and exact attention (trace.h).
 RunResult run_kvbench(const RunOptions& options);
 
 /// Evaluation positions: n spread evenly over [n_ctx, n_tokens), all if n <= 0.

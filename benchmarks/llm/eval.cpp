@@ -164,45 +164,11 @@ TraceSummary write_model_trace(
     return s;
 }
 
-IndexSpec parse_index_spec(const std::string& s) {
-    IndexSpec spec;
-    size_t bar = s.find('|');
-    spec.factory = s.substr(0, bar);
-    if (bar != std::string::npos) {
-        spec.params = s.substr(bar + 1);
-    }
-    if (spec.factory.empty()) {
-        throw std::invalid_argument("empty index string in \"" + s + "\"");
-    }
-    return spec;
-}
-
-std::string IndexSpec::resolved_params(int64_t n_context) const {
-    std::stringstream in(params);
-    std::string item, out;
-    while (std::getline(in, item, ',')) {
-        if (!item.empty() && item.back() == '%') {
-            size_t eq = item.find('=');
-            if (eq == std::string::npos) {
-                throw std::invalid_argument("bad parameter \"" + item + "\"");
-            }
-            double pct = std::stod(item.substr(eq + 1, item.size() - eq - 2));
-            if (!(pct > 0 && pct <= 100)) {
-                throw std::invalid_argument("percentage outside (0, 100] in \"" + item + "\"");
-            }
-            int64_t v = std::max<int64_t>(1, int64_t(std::ceil(pct / 100.0 * double(n_context))));
-            item = item.substr(0, eq + 1) + std::to_string(v);
-        }
-        out += (out.empty() ? "" : ",") + item;
-    }
-    return out;
-}
-
 void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig& cfg, std::ostream& out) {
     const int V = llm.cfg.n_vocab;
     const std::vector<int>& dense_layers = cfg.dense_layers;
-    std::vector<IndexSpec> specs;
-    for (const std::string& s : cfg.indexes) specs.push_back(parse_index_spec(s));
+    std::vector<kvindex::IndexSpec> specs;
+    for (const std::string& s : cfg.indexes) specs.push_back(kvindex::parse_index_spec(s));
     nlohmann::json results = nlohmann::json::array();
     for (int64_t C : cfg.contexts) {
         const int64_t M = cfg.n_eval;
@@ -227,8 +193,8 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
         std::snprintf(line, sizeof(line), "%-44s %8s %10s %10s %9s %9s %8s %9s\n", "index", "top1", "KL_mean",
                       "KL_max", "ppl_dense", "ppl_index", "build_s", "ms/token");
         out << line;
-        for (const IndexSpec& spec : specs) {
-            std::string params = spec.resolved_params(P);
+        for (const kvindex::IndexSpec& spec : specs) {
+            std::string params = kvindex::resolve_percentages(spec.params, P);
             t0 = Clock::now();
             kvindex::KVCache cache = llm.make_cache(rec, spec.factory, cfg.dense_index, dense_layers, params);
             double build_s = seconds_since(t0);
@@ -258,9 +224,9 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
             const double top1 = double(agree) / double(M), kl_mean = kl_sum / double(M);
             const double ppl_d = std::exp(nll_d / double(M - 1)), ppl_s = std::exp(nll_s / double(M - 1));
             std::snprintf(line, sizeof(line), "%-44s %8.3f %10.2e %10.2e %9.2f %9.2f %8.2f %9.1f\n",
-                          spec.label().c_str(), top1, kl_mean, kl_max, ppl_d, ppl_s, build_s, ms_per_token);
+                          spec.str().c_str(), top1, kl_mean, kl_max, ppl_d, ppl_s, build_s, ms_per_token);
             out << line << std::flush;
-            results.push_back({{"context", C}, {"n_eval", M}, {"label", spec.label()}, {"index", spec.factory},
+            results.push_back({{"context", C}, {"n_eval", M}, {"label", spec.str()}, {"index", spec.factory},
                                {"params", params}, {"top1", top1}, {"kl_mean", kl_mean},
                                {"kl_max", kl_max}, {"ppl_dense", ppl_d}, {"ppl_index", ppl_s},
                                {"build_s", build_s}, {"decode_ms_per_token", ms_per_token},
@@ -303,8 +269,8 @@ std::vector<int> needle_prompt(const BpeTokenizer& tok, int64_t target_tokens, d
 
 void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConfig& cfg, std::ostream& out) {
     const std::vector<int>& dense_layers = cfg.dense_layers;
-    std::vector<IndexSpec> specs;
-    for (const std::string& s : cfg.indexes) specs.push_back(parse_index_spec(s));
+    std::vector<kvindex::IndexSpec> specs;
+    for (const std::string& s : cfg.indexes) specs.push_back(kvindex::parse_index_spec(s));
     std::mt19937_64 rng(cfg.seed);
     std::uniform_int_distribution<int> digit5(10000, 99999);
     // correct[index][context]
@@ -331,7 +297,7 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
                 llm.prefill(prompt.data(), n, nullptr, 0, &rec, 0);
                 double prefill_s = seconds_since(t0);
                 for (size_t xi = 0; xi < specs.size(); xi++) {
-                    std::string params = specs[xi].resolved_params(n);
+                    std::string params = kvindex::resolve_percentages(specs[xi].params, n);
                     kvindex::KVCache cache =
                             llm.make_cache(rec, specs[xi].factory, cfg.dense_index, dense_layers, params);
                     std::vector<int> gen = llm.generate(prompt.back(), cfg.max_new, cache, stop_ids(tok));
@@ -345,11 +311,11 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
                     correct[xi][ci] += ok;
                     cases.push_back({{"context", cfg.contexts[ci]}, {"tokens", prompt.size()},
                                      {"depth", depth}, {"needle_token", needle_at}, {"key", key},
-                                     {"index", specs[xi].label()}, {"answer", answer}, {"correct", ok},
+                                     {"index", specs[xi].str()}, {"answer", answer}, {"correct", ok},
                                      {"prefill_s", prefill_s}});
                     char line[512];
                     std::snprintf(line, sizeof(line), "  ctx %5zu depth %.2f key %s  %-40s %s %s\n",
-                                  prompt.size(), depth, key.c_str(), specs[xi].label().c_str(),
+                                  prompt.size(), depth, key.c_str(), specs[xi].str().c_str(),
                                   ok ? "ok  " : "MISS", nlohmann::json(answer).dump().c_str());
                     out << line << std::flush;
                 }
@@ -367,13 +333,13 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
     out << "\n";
     nlohmann::json summary = nlohmann::json::array();
     for (size_t xi = 0; xi < specs.size(); xi++) {
-        std::snprintf(line, sizeof(line), "%-44s", specs[xi].label().c_str());
+        std::snprintf(line, sizeof(line), "%-44s", specs[xi].str().c_str());
         out << line;
         for (size_t ci = 0; ci < cfg.contexts.size(); ci++) {
             double acc = double(correct[xi][ci]) / double(per_context);
             std::snprintf(line, sizeof(line), " %7.2f", acc);
             out << line;
-            summary.push_back({{"index", specs[xi].label()}, {"context", cfg.contexts[ci]}, {"accuracy", acc}});
+            summary.push_back({{"index", specs[xi].str()}, {"context", cfg.contexts[ci]}, {"accuracy", acc}});
         }
         out << "\n";
     }

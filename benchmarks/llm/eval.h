@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <kvindex/parameters.h>
+
 #include "llama_model.h"
 #include "tokenizer.h"
 
@@ -54,18 +56,8 @@ TraceSummary write_model_trace(
         const std::string& source,
         const std::string& out_dir);
 
-/** An index under test: "STRING" or "STRING|params", where params go to
- * set_index_parameters and "k=5%" means 5% of the context's tokens. */
-struct IndexSpec {
-    std::string factory;
-    std::string params; ///< as written, before k=..% is resolved
-    std::string label() const {
-        return params.empty() ? factory : factory + "|" + params;
-    }
-    /// params with every "k=<x>%" replaced by ceil(x/100 * n_context) tokens.
-    std::string resolved_params(int64_t n_context) const;
-};
-IndexSpec parse_index_spec(const std::string& s);
+// An index under test is "STRING" or "STRING|params" (kvindex::IndexSpec),
+// where "k=5%" means 5% of the context's tokens (resolve_percentages).
 
 struct E2eConfig {
     std::vector<int64_t> contexts{2048, 4096, 8192};

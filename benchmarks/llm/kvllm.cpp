@@ -116,7 +116,7 @@ int cmd_logits(int argc, char** argv) {
             ("out", po::value(&out)->required(), "output .npy, float32 [n_tokens, n_vocab]")
             ("prefill", po::value(&n_prefill), "dense prefill of the first N tokens, the rest decoded "
                                                "through the KV cache (default: all prefilled)")
-            ("index", po::value(&index)->default_value(index), "factory string of the decode KV cache");
+            ("index", po::value(&index)->default_value(index), "index of the decode KV cache: STRING or STRING|params");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     GgufFile file(find_model(model));
@@ -152,7 +152,7 @@ int cmd_generate(int argc, char** argv) {
             ("prompt", po::value(&prompt)->required(), "prompt text")
             ("chat", po::bool_switch(&chat), "wrap the prompt in the model's chat template")
             ("max-new", po::value(&max_new)->default_value(max_new), "tokens to generate")
-            ("index", po::value(&index)->default_value(index), "factory string of the KV cache")
+            ("index", po::value(&index)->default_value(index), "index of the KV cache: STRING or STRING|params")
             ("dense-index", po::value(&dense_index)->default_value(dense_index),
              "factory string of layer 0 (kept dense, as the papers do)");
     po::variables_map vm;
@@ -204,7 +204,7 @@ int cmd_e2e(int argc, char** argv) {
             ("text-file", po::value(&text_file)->required(), "long document")
             ("context", po::value(&contexts)->default_value(contexts), "context lengths (prefill + evaluated)")
             ("eval", po::value(&c.n_eval)->default_value(c.n_eval), "evaluated tokens at the end of each context")
-            ("index", po::value(&c.indexes)->required(), "index factory string (repeatable)")
+            ("index", po::value(&c.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
             ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
             ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
             ("json", po::value(&c.json_out), "write the results as JSON");
@@ -228,7 +228,7 @@ int cmd_needle(int argc, char** argv) {
             ("depths", po::value(&depths)->default_value(depths), "needle depths in (0, 1)")
             ("trials", po::value(&c.trials)->default_value(c.trials), "passkeys per (context, depth)")
             ("seed", po::value(&c.seed)->default_value(c.seed), "seed of passkeys and haystack")
-            ("index", po::value(&c.indexes)->required(), "index factory string (repeatable)")
+            ("index", po::value(&c.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
             ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
             ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
             ("json", po::value(&c.json_out), "write the results as JSON");

@@ -1,47 +1,56 @@
 #pragma once
 
+#include <memory>
+
 #include <kvindex/KVIndex.h>
 #include <kvindex/KVStorage.h>
 
 namespace kvindex {
 
+struct FactoryChain;
+
 /** Exact attention over every token: the dense baseline.
  *
  * search is exact top-k by inner product; select returns every token;
  * attend runs the fused dense kernel, one pass over keys and values.
+ * Factory string: "Flat".
  */
 struct IndexKVFlat : KVIndex {
     KVStorage storage; ///< keys and values of all tokens
 
     explicit IndexKVFlat(int d = 0, int d_value = -1);
 
-    void search(
-            idx_t n,
-            const float* q,
-            idx_t k,
-            float* distances,
-            idx_t* labels,
-            const faiss::SearchParameters* params = nullptr) const override;
-    void select(
-            idx_t n,
-            const float* q,
-            Selection* sel,
-            const faiss::SearchParameters* params = nullptr) const override;
-    void attend(
-            idx_t n,
-            const float* q,
-            float* out,
-            float* lse,
-            const faiss::SearchParameters* params = nullptr) const override;
-
     void reset() override;
     size_t memory_bytes() const override;
+
+    const char* type_name() const override {
+        return "IndexKVFlat";
+    }
+    std::string factory_string() const override {
+        return "Flat";
+    }
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+    /// Registry parser: "Flat".
+    static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
     const KVStorage* token_storage() const override {
         return &storage;
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void search_one(
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const override;
+    void select_one(const float* q, Selection& sel, const faiss::SearchParameters* params)
+            const override;
+    float attend_one(const float* q, float* out, const faiss::SearchParameters* params)
+            const override;
 };
 
 /** Exact top-k by inner product over contiguous rows, for one query:

@@ -1,12 +1,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <kvindex/KVIndex.h>
 #include <kvindex/KVStorage.h>
 
 namespace kvindex {
+
+struct FactoryChain;
 
 /// Search-time knobs of IndexLSHSample; < 0 keeps the index's own setting.
 struct SearchParametersLSH : SearchParametersKV {
@@ -17,12 +21,12 @@ struct SearchParametersLSH : SearchParametersKV {
 /** Probability that a key collides with the query in at least min_hits of
  * L tables of K SimHash bits, for an angle theta between them:
  * p = 1 - theta/pi, P = p^K, u = P[Binomial(L, P) >= min_hits]
- * (= 1 - (1-P)^L - L P (1-P)^(L-1) for min_hits = 2, papers/magicpig.txt).
+ * (= 1 - (1-P)^L - L P (1-P)^(L-1) for min_hits = 2, as in MagicPIG).
  */
 double lsh_inclusion_probability(double theta, int K, int L, int min_hits);
 
-/** MagicPIG's LSH sampling with the unbiased attention estimator
- * (papers/magicpig.txt).
+/** MagicPIG's LSH sampling with the unbiased attention estimator ("MagicPIG:
+ * LSH Sampling for Efficient LLM Generation", arXiv 2410.16179).
  *
  * Keys are centred by the mean of the keys hashed at the first add (kept
  * fixed afterwards, so existing codes stay valid) and hashed by SimHash: K
@@ -38,6 +42,7 @@ double lsh_inclusion_probability(double theta, int K, int L, int min_hits);
  * by bucket, in 16-bit ids while they fit, 32-bit after. Tokens appended
  * after the last build are kept in a short tail, checked code by code, and
  * folded into the tables when the tail reaches 1/8 of them.
+ * Factory string: "LSHSample<K>x<L>". Knobs: k, min_hits, max_sample.
  */
 struct IndexLSHSample : KVIndex {
     int K = 10;            ///< bits per table, 1..16
@@ -66,25 +71,6 @@ struct IndexLSHSample : KVIndex {
     /// The K * L sign bits of (x - center) (center may be nullptr), as L codes.
     void hash(const float* x, const float* center, uint16_t* out_codes) const;
 
-    void search(
-            idx_t n,
-            const float* q,
-            idx_t k,
-            float* distances,
-            idx_t* labels,
-            const faiss::SearchParameters* params = nullptr) const override;
-    void select(
-            idx_t n,
-            const float* q,
-            Selection* sel,
-            const faiss::SearchParameters* params = nullptr) const override;
-    void attend(
-            idx_t n,
-            const float* q,
-            float* out,
-            float* lse,
-            const faiss::SearchParameters* params = nullptr) const override;
-
     void reset() override;
     size_t memory_bytes() const override;
     /// Bytes of the hash tables and codes alone (excluding keys and values).
@@ -94,11 +80,33 @@ struct IndexLSHSample : KVIndex {
     /// rest stay in the tail).
     void build_tables(idx_t n = -1);
 
+    const char* type_name() const override {
+        return "IndexLSHSample";
+    }
+    std::string factory_string() const override {
+        return "LSHSample" + std::to_string(K) + "x" + std::to_string(L);
+    }
+    std::vector<ParameterInfo> parameter_info() const override;
+    bool set_parameter(const std::string& name, double value) override;
+    bool get_parameter(const std::string& name, double* value) const override;
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+    /// Registry parser: "LSHSample<K>x<L>".
+    static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
    protected:
     const KVStorage* token_storage() const override {
         return &storage;
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    // search_one is the default: the sample ranked by inner product
+    void select_one(const float* q, Selection& sel, const faiss::SearchParameters* params)
+            const override;
+    /// fused: hash, count collisions, then the unbiased estimator
+    float attend_one(const float* q, float* out, const faiss::SearchParameters* params)
+            const override;
 
    private:
     /// min_hits and max_sample for one call: params override the fields.

@@ -9,7 +9,11 @@
 
 namespace kvindex {
 
-/// Which tokens a one-shot eviction keeps (papers/nacl.txt and its baselines).
+struct FactoryChain;
+
+/// Which tokens a one-shot eviction keeps ("NaCl: A General and Effective KV
+/// Cache Eviction Framework for LLMs at Inference Time", arXiv 2408.03675,
+/// and the baselines that fall out of it).
 enum class EvictPolicy {
     nacl,      ///< protected sinks + recent, top by proxy scores, random sample by them
     h2o,       ///< recent half + top by scores of all prompt queries (causal, accumulated)
@@ -66,6 +70,8 @@ void proxy_scores(
  * the prompt length. NaCl's split defaults follow the paper's Table 4 (10%:
  * protect 1, proxy-keep 2, random 7, proxy window 3; 20%: 2, 6, 12, 18;
  * 30%: 1.5, 10.5, 18, 20); other budgets scale the 20% row.
+ * Factory string: "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]".
+ * Knobs (prefill-time): budget, protect, proxy_keep, proxy_window, n_sink, seed.
  */
 struct IndexProxyEvict : KVIndex {
     EvictPolicy policy = EvictPolicy::nacl;
@@ -93,33 +99,52 @@ struct IndexProxyEvict : KVIndex {
     std::vector<idx_t> choose_kept(const PrefillInput& input) const;
 
     void prefill(const PrefillInput& input) override;
-
-    void search(
-            idx_t n,
-            const float* q,
-            idx_t k,
-            float* distances,
-            idx_t* labels,
-            const faiss::SearchParameters* params = nullptr) const override;
-    void select(
-            idx_t n,
-            const float* q,
-            Selection* sel,
-            const faiss::SearchParameters* params = nullptr) const override;
-    void attend(
-            idx_t n,
-            const float* q,
-            float* out,
-            float* lse,
-            const faiss::SearchParameters* params = nullptr) const override;
-
     void reset() override;
     void reconstruct(idx_t key, float* recons) const override;
     void reconstruct_value(idx_t key, float* value) const override;
     size_t memory_bytes() const override;
 
+    const char* type_name() const override {
+        return "IndexProxyEvict";
+    }
+    std::string factory_string() const override;
+    std::vector<const KVIndex*> children() const override {
+        return {inner.get()};
+    }
+    std::vector<ParameterInfo> parameter_info() const override;
+    bool set_parameter(const std::string& name, double value) override;
+    bool get_parameter(const std::string& name, double* value) const override;
+    /// Keeps the stream for the random part, and hands it on.
+    void set_stream(uint64_t stream) override;
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+    /// Registry parser: "ProxyEvict<P>[_Policy]", then the inner chain (Flat
+    /// when nothing follows).
+    static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
    protected:
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    // batched: the inner index answers, ids map back to positions
+    void search_batch(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const override;
+    void select_batch(
+            idx_t n,
+            const float* q,
+            Selection* sel,
+            const faiss::SearchParameters* params) const override;
+    void attend_batch(
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params) const override;
 
    private:
     /// Inner id of a position, or -1 if it was evicted.

@@ -7,6 +7,8 @@
 
 namespace kvindex {
 
+struct FactoryChain;
+
 /** The static part every sparse-attention method keeps: the first n_sink
  * tokens (attention sinks) and the n_window most recent tokens are attended
  * exactly; the tokens between them live in the inner index, whose estimate is
@@ -15,6 +17,7 @@ namespace kvindex {
  * The split stays disjoint as tokens are appended: a new token enters the
  * window, and the oldest window token moves into the inner index. Token
  * n_sink + j of this index is token j of the inner index.
+ * Factory string: "Sink<n>,Window<m>,<index>" (either count may be left out).
  */
 struct IndexSinkWindow : KVIndex {
     idx_t n_sink = 0;               ///< first tokens kept exact
@@ -27,26 +30,6 @@ struct IndexSinkWindow : KVIndex {
     IndexSinkWindow();
 
     void prefill(const PrefillInput& input) override;
-
-    void search(
-            idx_t n,
-            const float* q,
-            idx_t k,
-            float* distances,
-            idx_t* labels,
-            const faiss::SearchParameters* params = nullptr) const override;
-    void select(
-            idx_t n,
-            const float* q,
-            Selection* sel,
-            const faiss::SearchParameters* params = nullptr) const override;
-    void attend(
-            idx_t n,
-            const float* q,
-            float* out,
-            float* lse,
-            const faiss::SearchParameters* params = nullptr) const override;
-
     void reset() override;
     void reconstruct(idx_t key, float* recons) const override;
     void reconstruct_value(idx_t key, float* value) const override;
@@ -55,8 +38,41 @@ struct IndexSinkWindow : KVIndex {
     /// Position of the first window token (= n_sink + inner->ntotal).
     idx_t window_start() const;
 
+    const char* type_name() const override {
+        return "IndexSinkWindow";
+    }
+    std::string factory_string() const override;
+    std::vector<const KVIndex*> children() const override {
+        return {inner.get()};
+    }
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+    /// Registry parser: "Sink<n>" and / or "Window<m>", then the inner chain.
+    static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
    protected:
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    // batched: the inner index answers all the queries, then the merge
+    void search_batch(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const override;
+    void select_batch(
+            idx_t n,
+            const float* q,
+            Selection* sel,
+            const faiss::SearchParameters* params) const override;
+    void attend_batch(
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params) const override;
 };
 
 } // namespace kvindex

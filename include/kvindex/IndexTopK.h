@@ -9,22 +9,27 @@
 
 namespace kvindex {
 
+struct FactoryChain;
+
 /// Search-time knobs of IndexTopK. 0 keeps the retriever's own setting.
 struct SearchParametersTopK : SearchParametersKV {
     size_t nprobe = 0; ///< IVF retrievers: inverted lists visited
     int efSearch = 0;  ///< HNSW retrievers: beam width
 };
 
-/** Top-k attention with any Faiss index as the retriever
- * (papers/topk-million-tokens.txt): the k keys with the largest inner
- * product with the query (exact for Flat, approximate for IVF / HNSW / ...),
- * then exact softmax over them, with no correction for the tail.
+/** Top-k attention with any Faiss index as the retriever ("Exploiting
+ * Sparsity for Long Context Inference: Million Token Contexts on Commodity
+ * GPUs", arXiv 2502.06766): the k keys with the largest inner product with
+ * the query (exact for Flat, approximate for IVF / HNSW / ...), then exact
+ * softmax over them, with no correction for the tail.
  *
  * The retriever is built by faiss::index_factory(d, retriever_string,
  * METRIC_INNER_PRODUCT); IVF retrievers start with nprobe = min(nlist, 8)
- * as in the paper's code (Faiss's own default is 1). Retrievers that need training (IVF) train on the
- * first add, on a random sample of those keys (not a prefix, which would
- * only see the start of the document).
+ * as in the paper's code (Faiss's own default is 1). Retrievers that need
+ * training (IVF) train on the first add, on a random sample of those keys
+ * (not a prefix, which would only see the start of the document).
+ * Factory string: "TopK(<faiss string>)". Knobs: k, nprobe (IVF), efSearch
+ * (HNSW).
  */
 struct IndexTopK : KVIndex {
     std::string retriever_string;             ///< Faiss factory string
@@ -38,19 +43,6 @@ struct IndexTopK : KVIndex {
 
     IndexTopK(int d, int d_value, const std::string& retriever_string);
     IndexTopK();
-
-    void search(
-            idx_t n,
-            const float* q,
-            idx_t k,
-            float* distances,
-            idx_t* labels,
-            const faiss::SearchParameters* params = nullptr) const override;
-    void select(
-            idx_t n,
-            const float* q,
-            Selection* sel,
-            const faiss::SearchParameters* params = nullptr) const override;
 
     void reset() override;
     size_t memory_bytes() const override;
@@ -67,6 +59,25 @@ struct IndexTopK : KVIndex {
     /// searches; throws naming the knob if this retriever does not have it.
     void set_retriever_parameter(const std::string& name, double value);
 
+    const char* type_name() const override {
+        return "IndexTopK";
+    }
+    std::string factory_string() const override {
+        return "TopK(" + retriever_string + ")";
+    }
+    std::vector<ParameterInfo> parameter_info() const override;
+    bool set_parameter(const std::string& name, double value) override;
+    bool get_parameter(const std::string& name, double* value) const override;
+    idx_t top_k_budget() const override {
+        return k;
+    }
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+    /// Registry parser: "TopK(<faiss string>)".
+    static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
    protected:
     /// Vectors the retriever read per query (Selection::n_scanned).
     void count_scanned(
@@ -75,13 +86,32 @@ struct IndexTopK : KVIndex {
             const faiss::SearchParameters* params,
             size_t* scanned) const;
 
-    /// serialises per-call efSearch on HNSW retrievers (see search)
+    /// serialises per-call efSearch on HNSW retrievers (see search_batch)
     mutable std::mutex retriever_mutex;
 
     const KVStorage* token_storage() const override {
         return &storage;
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    // batched: Faiss searches all the queries of a call at once
+    void search_batch(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const override;
+    void select_batch(
+            idx_t n,
+            const float* q,
+            Selection* sel,
+            const faiss::SearchParameters* params) const override;
+    void attend_batch(
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params) const override;
 };
 
 } // namespace kvindex

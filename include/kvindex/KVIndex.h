@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include <faiss/Index.h>
@@ -12,6 +13,8 @@ namespace kvindex {
 
 using idx_t = faiss::Index::idx_t;
 struct KVStorage;
+struct BufferReader;
+struct BufferWriter;
 
 /// How a selection becomes an attention output (see attention.h).
 enum class Estimator {
@@ -91,6 +94,15 @@ struct PrefillInput {
     RopeParams rope;               ///< the model's RoPE parameters
 };
 
+/// A named knob of an index type, set by name with set_index_parameters.
+struct ParameterInfo {
+    std::string name;
+    /// prefill-time knobs shape what prefill builds (set them before
+    /// prefill); the others are read by every search / select / attend
+    bool prefill_time = false;
+    std::string doc; ///< meaning, unit and range, one line
+};
+
 /** The KV cache of one (layer, KV head) as a Faiss index.
  *
  * Row id = token position. The index owns its keys (dimension d) and values
@@ -100,6 +112,12 @@ struct PrefillInput {
  * since a key without its value is useless for attention: use `add_kv`.
  *
  * Attention uses scores s_i = <q, k_i> / sqrt(d).
+ *
+ * Writing an index type (see the existing ones in index/): the public calls
+ * below check their arguments once, answer the empty index, and call the
+ * type's core, the protected *_batch or *_one virtuals. A type describes
+ * itself through type_name, factory_string, children, the parameter
+ * virtuals and the io virtuals, and gets one row in index/registry.cpp.
  */
 struct KVIndex : faiss::Index {
     int d_value;   ///< dimension of the values
@@ -114,6 +132,8 @@ struct KVIndex : faiss::Index {
     explicit KVIndex(int d = 0, int d_value = -1);
     ~KVIndex() override;
 
+    // ---- the API: arguments checked here, once, for every type ----------
+
     /// Refused with an exception: values are missing (use add_kv).
     void add(idx_t n, const float* x) override;
 
@@ -126,16 +146,26 @@ struct KVIndex : faiss::Index {
     void add_kv(idx_t n, const float* keys, const float* values);
 
     /** Adds the prompt with everything prefill knows. The default adds the
-     * keys and values; query-aware indexes override to learn from queries.
-     * May be called on an empty index only.
+     * keys and values; query-aware indexes override to learn from queries
+     * (calling check_prefill first). May be called on an empty index only.
      */
     virtual void prefill(const PrefillInput& input);
 
-    /// Key of token `key` (size d); throws for an id out of range.
-    void reconstruct(idx_t key, float* recons) const override;
-
-    /// Value of token `key` (size d_value); throws for an id out of range.
-    virtual void reconstruct_value(idx_t key, float* value) const;
+    /** Top-k keys by inner product (exact or approximate, per type), as
+     * faiss::Index::search: distances = <q, k_i> unscaled, labels = token
+     * positions, padded with (lowest float, -1) when fewer than k are found.
+     *
+     * @param q          queries, size n * d
+     * @param distances  output, size n * k
+     * @param labels     output, size n * k
+     */
+    void search(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params = nullptr) const final;
 
     /** The tokens attention should read for each query, with inclusion
      * probabilities.
@@ -143,26 +173,31 @@ struct KVIndex : faiss::Index {
      * @param q    queries, size n * d
      * @param sel  output, size n
      */
-    virtual void select(
+    void select(
             idx_t n,
             const float* q,
             Selection* sel,
-            const faiss::SearchParameters* params = nullptr) const = 0;
+            const faiss::SearchParameters* params = nullptr) const;
 
-    /** Attention output per query: select + estimate by default,
+    /** Attention output per query: by default select + estimate,
      * out_i = softmax_{j in S}(s_j - log u_j) v_j, lse_i = log sum_{j in S} e^{s_j} / u_j.
-     * Index types override this with fused kernels.
      *
      * @param q    queries, size n * d
      * @param out  output, size n * d_value
      * @param lse  log-sum-exp of the scores per query, size n (may be nullptr)
      */
-    virtual void attend(
+    void attend(
             idx_t n,
             const float* q,
             float* out,
             float* lse,
             const faiss::SearchParameters* params = nullptr) const;
+
+    /// Key of token `key` (size d); throws for an id out of range.
+    void reconstruct(idx_t key, float* recons) const override;
+
+    /// Value of token `key` (size d_value); throws for an id out of range.
+    virtual void reconstruct_value(idx_t key, float* value) const;
 
     /// Bytes of memory the index holds (keys, values, structures).
     virtual size_t memory_bytes() const = 0;
@@ -173,33 +208,125 @@ struct KVIndex : faiss::Index {
     /// The attention scale 1 / sqrt(d).
     float score_scale() const;
 
+    // ---- self-description: factory, io, parameters and tools use these --
+
+    /// Name of the concrete type, the key of its registry row ("IndexKVFlat").
+    virtual const char* type_name() const = 0;
+
+    /// The canonical factory string of this index (index_factory.h):
+    /// index_factory(d, factory_string()) builds the same structure, empty.
+    virtual std::string factory_string() const = 0;
+
+    /// The indexes this one holds (wrappers, eviction: the inner index),
+    /// outermost first; empty for a leaf type.
+    virtual std::vector<const KVIndex*> children() const;
+    std::vector<KVIndex*> mutable_children();
+
+    /// This type's own knobs (k included); set_index_parameters walks the
+    /// children, so wrappers list only what they read themselves.
+    virtual std::vector<ParameterInfo> parameter_info() const;
+
+    /** Sets one of this type's own knobs. Returns false when `name` is not
+     * one of them; throws naming the knob when the value is out of range.
+     * set_index_parameter (parameters.h) sets a knob on a whole chain. */
+    virtual bool set_parameter(const std::string& name, double value);
+
+    /// Reads one of this type's own knobs; false when it has no such knob.
+    virtual bool get_parameter(const std::string& name, double* value) const;
+
+    /** One random stream per (layer, KV head), set by KVCache, so that
+     * types drawing random numbers at prefill differ across heads. The
+     * default hands it to the children; a type that samples keeps it. */
+    virtual void set_stream(uint64_t stream);
+
+    /// The k of the top-k retrieval inside this index (what recall@k
+    /// measures), 0 when it has none. Default: the first child's.
+    virtual idx_t top_k_budget() const;
+
+    /** io (index_io.h): the fields of this type, after the KVIndex fields
+     * that the io writes for every type. A child index is written with
+     * write_index_record, where the type wants it. */
+    virtual void write_fields(BufferWriter& w) const = 0;
+
+    /** Reads what write_fields wrote in record version `version` (1 up to
+     * the version of the type's registry row: every version ever written
+     * must stay readable). Called on an empty index whose KVIndex fields
+     * are already read. */
+    virtual void read_fields(BufferReader& r, uint32_t version) = 0;
+
+    /** Throws naming the first inconsistency between the fields (sizes,
+     * ranges, children): called after read_fields, so that a forged file
+     * is refused before any search can read out of bounds. The base checks
+     * the KVIndex fields and that children share d and d_value. */
+    virtual void check_invariants() const;
+
    protected:
-    /// Keys and values of all tokens in order, for the default attend;
-    /// index types that keep tokens elsewhere return nullptr and override attend.
-    virtual const KVStorage* token_storage() const {
-        return nullptr;
-    }
+    // ---- the type's core: arguments checked, n > 0 ---------------------
 
     /// Appends already validated tokens; add_kv checks, then calls this.
     virtual void add_kv_impl(idx_t n, const float* keys, const float* values) = 0;
+
+    /** Batch cores, called on a non-empty index. The defaults run the
+     * per-query cores below in parallel over the queries (OpenMP, BLAS held
+     * to one thread, the first exception rethrown after the loop); a type
+     * overrides a batch core when its work batches (a Faiss retriever's
+     * search, an inner index). attend_batch always gets an lse array. */
+    virtual void search_batch(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const;
+    virtual void select_batch(
+            idx_t n,
+            const float* q,
+            Selection* sel,
+            const faiss::SearchParameters* params) const;
+    virtual void attend_batch(
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params) const;
+
+    /** Per-query cores. select_one has no default: a type defines it or
+     * select_batch. search_one defaults to the exact top-k by inner product
+     * among select_one's tokens; attend_one to the index's estimator over
+     * select_one's tokens, read from token_storage(). */
+    virtual void select_one(const float* q, Selection& sel, const faiss::SearchParameters* params)
+            const;
+    virtual void search_one(
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const;
+    /// Returns the lse; out has size d_value.
+    virtual float attend_one(const float* q, float* out, const faiss::SearchParameters* params)
+            const;
+
+    /// The estimator over n selections of token_storage(), in parallel: for
+    /// types whose selection is batched.
+    void estimate_batch(idx_t n, const float* q, const Selection* sel, float* out, float* lse)
+            const;
+
+    /// Keys and values of all tokens in order, for the default cores and
+    /// reconstruct; types that keep tokens elsewhere return nullptr.
+    virtual const KVStorage* token_storage() const {
+        return nullptr;
+    }
 
     /// Checks a prefill input, keys and values included; throws naming the
     /// problem. The caller records `rope` once the tokens are in.
     void check_prefill(const PrefillInput& input) const;
 
-    /// Checks the arguments of search / select (n >= 0, q present and finite).
+    /// Checks the queries of a call (n >= 0, q present and finite).
     void check_query_args(idx_t n, const float* q, const char* what) const;
 
     /// Throws for search parameters no kvindex type accepts: an IDSelector
     /// (not supported) or SearchParametersKV::k < 0.
     void check_params(const faiss::SearchParameters* params) const;
-
-    /// check_query_args and check_params for search, plus k > 0.
-    void check_search_args(
-            idx_t n, const float* q, idx_t k, const faiss::SearchParameters* params) const;
-
-    /// check_query_args for attend, plus a non-empty index and an output.
-    void check_attend_args(idx_t n, const float* q, const float* out) const;
 };
 
 } // namespace kvindex

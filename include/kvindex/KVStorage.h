@@ -31,6 +31,13 @@ struct KVStorage {
     void erase_front(idx_t n);
     void clear();
     size_t memory_bytes() const;
+
+    /// io: the keys, then the values (BufferWriter::vector).
+    void write(BufferWriter& w) const;
+    /** Reads what write wrote, for tokens of dimensions d and d_value (set
+     * them first); refuses partial tokens and non-finite values, naming
+     * `what`. */
+    void read(BufferReader& r, const char* what);
 };
 
 } // namespace kvindex

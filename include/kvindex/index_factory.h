@@ -2,41 +2,91 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <kvindex/KVIndex.h>
 
 /* Factory strings, a comma-separated chain like Faiss's:
  *
+ *   spec    := chain [ "|" params ]           params: set_index_parameters syntax
  *   chain   := [ "Sink" N "," ] [ "Window" N "," ] body
- *   body    := evict [ "," body ] | inner
+ *   body    := evict [ "," chain ] | inner
  *   evict   := "ProxyEvict" P [ "_H2O" | "_TOVA" | "_StreamingLLM" | "_Random" ]
  *                                          keep P percent at prefill (IndexProxyEvict),
- *                                          attention by the body over the kept tokens
+ *                                          attention by the chain over the kept tokens
  *                                          (Flat when omitted)
  *   inner   := "Flat"                      exact attention (IndexKVFlat)
  *            | "TopK(" faiss-string ")"    top-k attention, Faiss retriever (IndexTopK)
  *            | "LSHSample" K "x" L         LSH sampling + unbiased estimator (IndexLSHSample)
  *
- * Sink / Window (either or both, any order) wrap the inner index in an
+ * Sink / Window (either or both, any order) wrap the rest of the chain in an
  * IndexSinkWindow. The Faiss string inside TopK(...) is any string
  * faiss::index_factory accepts with the inner-product metric: "Flat",
  * "IVF256,Flat", "HNSW32", ... Examples: "Flat", "TopK(HNSW32)",
  * "Sink4,Window64,TopK(IVF1024,Flat)", "ProxyEvict20", "ProxyEvict10_H2O",
- * "ProxyEvict20,TopK(HNSW32)".
+ * "ProxyEvict20,TopK(HNSW32)", "TopK(IVF256,Flat)|k=50,nprobe=16".
  *
- * index_factory_string prints the canonical string of an index:
- * index_factory_string(index_factory(d, s)) == s for canonical s (Sink
- * before Window, zero counts omitted).
+ * Each element is parsed by the type that owns it, found through the
+ * registry (registry.h): the list above is what the built-in rows accept.
+ * index_factory_string prints the canonical string of an index (without
+ * parameters): index_factory_string(index_factory(d, s)) == s for canonical
+ * s (Sink before Window, zero counts omitted).
  */
 
 namespace kvindex {
 
 /** Builds an index; throws naming the part of the string it cannot parse.
+ * "STRING|params" also sets the parameters (set_index_parameters); values
+ * in percent ("k=5%") need a context length: see resolve_percentages in
+ * parameters.h.
  * @param d_value  value dimension, -1 for d
  */
 std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, int d_value = -1);
 
-/// The factory string of an index (throws for a type without one).
+/// The factory string of an index (KVIndex::factory_string).
 std::string index_factory_string(const KVIndex* index);
+
+/** A factory string being parsed: its elements (split at the commas outside
+ * parentheses) and a cursor. The driver offers the element at the cursor to
+ * each registry row's parser in turn; the parser that owns it consumes it
+ * (take) and, if it wraps an index, builds the rest of the chain with
+ * build_rest. What is left when the outermost parser returns is an error.
+ */
+struct FactoryChain {
+    int d;       ///< key dimension of the index being built
+    int d_value; ///< value dimension
+
+    FactoryChain(int d, int d_value, const std::string& description);
+
+    /// The whole string, for error messages.
+    const std::string& description() const {
+        return description_;
+    }
+    /// Whether every element has been consumed.
+    bool at_end() const {
+        return pos_ >= elements_.size();
+    }
+    /// The element at the cursor; throws when at_end.
+    const std::string& peek() const;
+    /// Consumes the element at the cursor and returns it.
+    std::string take();
+    /** The index described by the elements after the ones consumed (the
+     * inner index of a wrapper); `owner` names the wrapper in the error
+     * when nothing follows it. */
+    std::unique_ptr<KVIndex> build_rest(const std::string& owner);
+
+    /// Builds the index at the cursor through the registry (one element
+    /// or a wrapper and its chain); throws naming an unknown element.
+    std::unique_ptr<KVIndex> parse_next();
+
+   private:
+    std::string description_;
+    std::vector<std::string> elements_;
+    size_t pos_ = 0;
+};
+
+/// If s is `prefix` followed by a decimal count (at most 12 digits),
+/// stores it and returns true: the common shape of factory elements.
+bool parse_factory_count(const std::string& s, const char* prefix, idx_t* count);
 
 } // namespace kvindex

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <kvindex/KVIndex.h>
@@ -12,25 +13,54 @@
  *
  *   "KVIX" | u32 format version | u64 payload size | u32 CRC-32 of payload | payload
  *
- * and the payload is one index record: a fourcc naming the type, the KVIndex
- * fields, then the type's own fields; wrapped indexes are nested records;
- * Faiss sub-indexes are written by Faiss's own io into a length-prefixed
- * blob. Reading checks the checksum before parsing (a flipped byte anywhere
- * is an exception), and every count against the bytes that remain (a
- * truncated or forged file is an exception, never a huge allocation).
+ * and the payload is one index record:
+ *
+ *   u32 fourcc of the type | u32 record version | KVIndex fields | the type's fields
+ *
+ * The fourcc and the record version come from the type's registry row
+ * (registry.h); the type writes its own fields (KVIndex::write_fields),
+ * its inner indexes as nested records. Faiss sub-indexes are written by
+ * Faiss's own io into a length-prefixed blob. Reading checks the checksum
+ * before parsing (a flipped byte anywhere is an exception), every count
+ * against the bytes that remain (a truncated or forged file is an
+ * exception, never a huge allocation), and each record's invariants
+ * (KVIndex::check_invariants).
+ *
+ * Versions: a record's version belongs to its type, so a type that gains a
+ * field raises its own version and keeps reading the older ones. Format
+ * version 1 (before per-record versions) is read as records of version 1.
+ * tests/data/golden holds files of every version ever written.
  */
 
 namespace kvindex {
 
-constexpr uint32_t kIndexFormatVersion = 1;
+struct BufferReader;
+struct BufferWriter;
+
+/// Format version of the container this build writes; it reads 1 .. this.
+constexpr uint32_t kIndexFormatVersion = 2;
 
 void write_index(const KVIndex* index, const std::string& fname);
 void write_index(const KVIndex* index, std::vector<uint8_t>* buffer);
+
+/** write_index to memory, also listing the byte ranges [begin, end) of the
+ * buffer that Faiss's own io wrote (the sub-indexes of TopK): their content
+ * is Faiss's format, read by Faiss's reader; every other byte is kvindex's
+ * to validate. For tests and fuzzers that corrupt files. */
+void write_index(
+        const KVIndex* index,
+        std::vector<uint8_t>* buffer,
+        std::vector<std::pair<size_t, size_t>>* faiss_ranges);
 
 std::unique_ptr<KVIndex> read_index(const std::string& fname);
 std::unique_ptr<KVIndex> read_index(const uint8_t* data, size_t size);
 inline std::unique_ptr<KVIndex> read_index(const std::vector<uint8_t>& buffer) {
     return read_index(buffer.data(), buffer.size());
 }
+
+/// One index record (the payload grammar above), for types that hold
+/// inner indexes: they write and read them where their fields say.
+void write_index_record(const KVIndex* index, BufferWriter& w);
+std::unique_ptr<KVIndex> read_index_record(BufferReader& r);
 
 } // namespace kvindex

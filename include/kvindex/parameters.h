@@ -1,13 +1,16 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <kvindex/KVIndex.h>
 
 namespace kvindex {
 
-/** Sets search-time parameters on an index and everything it wraps, like
- * faiss::ParameterSpace: "k=100,nprobe=32,efSearch=64". Names:
+/** Sets parameters on an index and everything it wraps, like
+ * faiss::ParameterSpace: "k=100,nprobe=32,efSearch=64". Each name goes to
+ * every index of the chain that has it (KVIndex::set_parameter); the names
+ * of the built-in types:
  *   k         top-k budget (every index type with a budget)
  *   nprobe    IVF retrievers of TopK(...)
  *   efSearch  HNSW retrievers of TopK(...)
@@ -15,11 +18,41 @@ namespace kvindex {
  *   budget, protect, proxy_keep, proxy_window, n_sink, seed
  *             ProxyEvict (prefill-time: set them before prefill; budget in
  *             tokens, the others in percent of the prompt)
- * A name that no index in the chain has throws naming it and the index.
+ * index_parameter_info lists them for any index. A name that no index in
+ * the chain has throws naming it and the index.
  */
 void set_index_parameters(KVIndex* index, const std::string& description);
 
 /// One parameter; throws if no index in the chain has it.
 void set_index_parameter(KVIndex* index, const std::string& name, double value);
+
+/// The value of a parameter: from the outermost index of the chain that
+/// has it; throws if none has it.
+double get_index_parameter(const KVIndex* index, const std::string& name);
+
+/// Every parameter of the chain (each name once, outermost first).
+std::vector<ParameterInfo> index_parameter_info(const KVIndex* index);
+
+/** An index with parameters, as every tool and binding writes it:
+ * "STRING" or "STRING|name=value,...", STRING a factory string
+ * (index_factory.h). Values may be given in percent ("k=5%"): they are then
+ * a share of the context length, resolved by resolve_percentages. */
+struct IndexSpec {
+    std::string factory; ///< the factory string
+    std::string params;  ///< set_index_parameters string, possibly empty
+
+    /// Back to "STRING" or "STRING|params".
+    std::string str() const {
+        return params.empty() ? factory : factory + "|" + params;
+    }
+};
+
+/// Splits at the first '|'; throws for an empty factory string or an
+/// empty parameter list after a '|'.
+IndexSpec parse_index_spec(const std::string& s);
+
+/** params with every "name=<x>%" replaced by max(1, ceil(x / 100 *
+ * n_context)), x in (0, 100]: budgets given as a share of the prompt. */
+std::string resolve_percentages(const std::string& params, idx_t n_context);
 
 } // namespace kvindex

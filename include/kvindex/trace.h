@@ -7,7 +7,7 @@
 #include <kvindex/KVIndex.h>
 #include <kvindex/rope.h>
 
-/* Trace files (DESIGN.md §4): a language-neutral record of the attention
+/* Trace files: a language-neutral record of the attention
  * inputs of a model, so that kvbench can replay them against any index.
  *
  *   DIR/meta.json

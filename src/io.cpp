@@ -1,4 +1,4 @@
-#include "io_buffer.h"
+#include <kvindex/impl/io.h>
 
 #include <array>
 

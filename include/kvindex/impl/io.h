@@ -1,9 +1,14 @@
 #pragma once
 
+// The byte streams of kvindex's serialization (index_io.h). Public so that an
+// index type defined outside the core (GPU, Python, a user's own) can write
+// and read its fields: KVIndex::write_fields / read_fields receive these.
+
 #include <cstdint>
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <faiss/impl/FaissAssert.h>
@@ -16,10 +21,16 @@ uint32_t crc32(const uint8_t* data, size_t size);
 /// Appends little-endian plain values to a byte vector.
 struct BufferWriter {
     std::vector<uint8_t>* out;
+    /// byte ranges [begin, end) of *out that another library's serializer
+    /// wrote (Faiss sub-indexes, see foreign): their format is its own
+    std::vector<std::pair<size_t, size_t>> foreign_ranges;
 
     explicit BufferWriter(std::vector<uint8_t>* out) : out(out) {}
 
     void bytes(const void* p, size_t n) {
+        if (n == 0) {
+            return;
+        }
         const uint8_t* b = static_cast<const uint8_t*>(p);
         out->insert(out->end(), b, b + n);
     }
@@ -28,14 +39,24 @@ struct BufferWriter {
         static_assert(std::is_trivially_copyable<T>::value, "plain values only");
         bytes(&x, sizeof(T));
     }
+    /// u64 element count, then the elements.
     template <class T>
     void vector(const std::vector<T>& v) {
+        static_assert(std::is_trivially_copyable<T>::value, "plain values only");
         value<uint64_t>(v.size());
         bytes(v.data(), v.size() * sizeof(T));
     }
     void string(const std::string& s) {
         value<uint64_t>(s.size());
         bytes(s.data(), s.size());
+    }
+    /// A blob another library serialized (a Faiss index), written as
+    /// vector() does; its range is recorded in foreign_ranges.
+    void foreign(const std::vector<uint8_t>& blob) {
+        value<uint64_t>(blob.size());
+        size_t begin = out->size();
+        bytes(blob.data(), blob.size());
+        foreign_ranges.emplace_back(begin, out->size());
     }
 };
 
@@ -47,6 +68,11 @@ struct BufferReader {
     const uint8_t* data;
     size_t size;
     size_t pos = 0;
+    /// container format version of the file being read (index_io.h):
+    /// format 1 has no per-record version, every record reads as version 1
+    uint32_t format_version = 0;
+    /// index records open around the current position (nesting limit)
+    int depth = 0;
 
     BufferReader(const uint8_t* data, size_t size) : data(data), size(size) {}
 
@@ -60,7 +86,9 @@ struct BufferReader {
                 what,
                 n,
                 remaining());
-        std::memcpy(p, data + pos, n);
+        if (n > 0) {
+            std::memcpy(p, data + pos, n);
+        }
         pos += n;
     }
     template <class T>

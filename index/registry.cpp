@@ -1,0 +1,113 @@
+// The built-in index types: one row each. Adding a type = its header, its
+// .cpp, one row here and its strings in tests/conformance_list.h.
+
+#include <kvindex/registry.h>
+
+#include <mutex>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexLSHSample.h>
+#include <kvindex/IndexProxyEvict.h>
+#include <kvindex/IndexSinkWindow.h>
+#include <kvindex/IndexTopK.h>
+
+namespace kvindex {
+
+namespace {
+
+template <class T>
+std::unique_ptr<KVIndex> make_empty() {
+    return std::make_unique<T>();
+}
+
+// The factory tries the parsers in this order; wrappers first, so that their
+// elements are never taken for something else.
+std::vector<IndexTypeInfo> builtin_types() {
+    return {
+            {"IndexSinkWindow", fourcc("KVSw"), 1, "Sink<n>,Window<m>,<index>",
+             "first n and last m tokens exact, the rest by the inner index, merged by lse",
+             IndexSinkWindow::from_factory, make_empty<IndexSinkWindow>},
+            {"IndexProxyEvict", fourcc("KVPe"), 1,
+             "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]",
+             "one-shot eviction at prefill (NaCl and its baselines), then any index over the kept tokens",
+             IndexProxyEvict::from_factory, make_empty<IndexProxyEvict>},
+            {"IndexKVFlat", fourcc("KVFl"), 1, "Flat",
+             "exact attention, one fused pass over keys and values (the dense baseline)",
+             IndexKVFlat::from_factory, make_empty<IndexKVFlat>},
+            {"IndexTopK", fourcc("KVTk"), 1, "TopK(<faiss string>)",
+             "top-k keys from any Faiss retriever, softmax over them",
+             IndexTopK::from_factory, make_empty<IndexTopK>},
+            {"IndexLSHSample", fourcc("KVLs"), 1, "LSHSample<K>x<L>",
+             "MagicPIG: SimHash tables, keys sampled with their inclusion probability, unbiased estimator",
+             IndexLSHSample::from_factory, make_empty<IndexLSHSample>},
+    };
+}
+
+struct Registry {
+    std::mutex mutex;
+    std::vector<IndexTypeInfo> rows = builtin_types();
+};
+
+Registry& registry() {
+    static Registry r;
+    return r;
+}
+
+} // namespace
+
+std::vector<IndexTypeInfo> index_types() {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    return r.rows;
+}
+
+IndexTypeInfo index_type(const std::string& name) {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const IndexTypeInfo& t : r.rows) {
+        if (t.name == name) {
+            return t;
+        }
+    }
+    FAISS_THROW_FMT("index type '%s' is not registered (registry.h)", name.c_str());
+}
+
+IndexTypeInfo index_type_of(const KVIndex* index) {
+    FAISS_THROW_IF_NOT_MSG(index, "index_type_of: index is nullptr");
+    return index_type(index->type_name());
+}
+
+bool find_index_type(uint32_t tag, IndexTypeInfo* row) {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const IndexTypeInfo& t : r.rows) {
+        if (t.fourcc == tag) {
+            *row = t;
+            return true;
+        }
+    }
+    return false;
+}
+
+void register_index_type(const IndexTypeInfo& row) {
+    FAISS_THROW_IF_NOT_FMT(
+            !row.name.empty() && row.fourcc != 0 && row.record_version >= 1 && row.make_empty,
+            "register_index_type: row '%s' needs a name, a fourcc, a record version and "
+            "an empty constructor",
+            row.name.c_str());
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (const IndexTypeInfo& t : r.rows) {
+        FAISS_THROW_IF_NOT_FMT(
+                t.name != row.name && t.fourcc != row.fourcc,
+                "register_index_type: '%s' (fourcc 0x%08x) clashes with registered '%s'",
+                row.name.c_str(),
+                row.fourcc,
+                t.name.c_str());
+    }
+    r.rows.push_back(row);
+}
+
+} // namespace kvindex
