@@ -1,0 +1,620 @@
+// The conformance suite: the contract every index type keeps, run over
+// every string of tests/conformance_list.h. A new type joins by adding its
+// strings to that list; nothing here names a concrete type.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <faiss/impl/FaissException.h>
+
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
+#include <kvindex/parameters.h>
+
+#include "conformance_list.h"
+#include "expect_throw.h"
+#include "golden_data.h"
+#include "reference.h"
+
+using namespace kvindex;
+using kvtest::ConformanceCase;
+
+namespace {
+
+constexpr int kD = 16;
+constexpr int kDv = 12;          ///< != kD: a mix-up of the two shows
+constexpr idx_t kPrompt = 200;   ///< > 39 * 4: IVF4 trains without warnings
+constexpr int kGroup = 3;        ///< query heads of the GQA group
+constexpr idx_t kAppends = 40;   ///< decode steps after prefill
+constexpr idx_t kQ = 6;          ///< queries per call
+constexpr idx_t kSearchK = 9;
+constexpr size_t kHeaderSize = 4 + 4 + 8 + 4;
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+const float kInf = std::numeric_limits<float>::infinity();
+
+/// Tokens and queries of one simulated sequence, from fixed seeds; the
+/// evaluation queries come from another seed and scale than the keys.
+struct Sequence {
+    std::vector<float> keys = kvtest::gaussian(kPrompt + kAppends, kD, 101, 1.0f, 0.3f);
+    std::vector<float> values = kvtest::gaussian(kPrompt + kAppends, kDv, 102);
+    std::vector<float> prefill_q = kvtest::gaussian(kGroup * kPrompt, kD, 103, 1.5f);
+    std::vector<float> q = kvtest::gaussian(kQ, kD, 104, 2.0f);
+
+    PrefillInput prefill_input(idx_t n) const {
+        PrefillInput in;
+        in.n_tokens = n;
+        in.keys = keys.data();
+        in.values = values.data();
+        in.n_queries = n;
+        in.n_query_heads = kGroup;
+        in.queries = prefill_q.data(); // head-major [kGroup, n, d]: head h at h * n
+        in.rope.theta = 500000.0;
+        in.rope.style = RopeStyle::interleaved;
+        return in;
+    }
+};
+
+const Sequence& sequence() {
+    static const Sequence s;
+    return s;
+}
+
+/// Prefill of the prompt (queries of a group of kGroup heads), then
+/// n_appends decode appends, with `params` set before prefill.
+std::unique_ptr<KVIndex> build(const ConformanceCase& c, const char* params, idx_t n_appends) {
+    const Sequence& s = sequence();
+    auto index = index_factory(kD, c.factory, kDv);
+    if (params && *params) {
+        set_index_parameters(index.get(), params);
+    }
+    // the group's queries: kGroup heads of kPrompt queries each
+    std::vector<float> pq(s.prefill_q.begin(), s.prefill_q.begin() + kGroup * kPrompt * kD);
+    PrefillInput in = s.prefill_input(kPrompt);
+    in.queries = pq.data();
+    index->prefill(in);
+    for (idx_t i = kPrompt; i < kPrompt + n_appends; i++) {
+        index->add_kv(1, s.keys.data() + i * kD, s.values.data() + i * kDv);
+    }
+    return index;
+}
+
+struct Answers {
+    std::vector<float> distances, out, lse;
+    std::vector<idx_t> labels;
+    std::vector<Selection> sel;
+};
+
+Answers answers(const KVIndex* index, const std::vector<float>& q) {
+    Answers a;
+    idx_t n = idx_t(q.size()) / kD;
+    a.distances.resize(n * kSearchK);
+    a.labels.resize(n * kSearchK);
+    index->search(n, q.data(), kSearchK, a.distances.data(), a.labels.data());
+    a.out.resize(n * kDv);
+    a.lse.resize(n);
+    index->attend(n, q.data(), a.out.data(), a.lse.data());
+    a.sel.resize(n);
+    index->select(n, q.data(), a.sel.data());
+    return a;
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+void expect_identical(const Answers& a, const Answers& b, const std::string& what) {
+    EXPECT_TRUE(same_bits(a.labels, b.labels)) << what << ": search labels differ";
+    EXPECT_TRUE(same_bits(a.distances, b.distances)) << what << ": search distances differ";
+    EXPECT_TRUE(same_bits(a.out, b.out)) << what << ": attend outputs differ";
+    EXPECT_TRUE(same_bits(a.lse, b.lse)) << what << ": attend lse differ";
+    ASSERT_EQ(a.sel.size(), b.sel.size());
+    for (size_t i = 0; i < a.sel.size(); i++) {
+        EXPECT_EQ(a.sel[i].ids, b.sel[i].ids) << what << ": selection " << i;
+        EXPECT_TRUE(same_bits(a.sel[i].inclusion, b.sel[i].inclusion)) << what;
+    }
+}
+
+/// What any answer must satisfy: ids in range and distinct, u in (0, 1],
+/// search sorted and padded like Faiss; finite outputs unless the stored
+/// tokens themselves are hostile (a forged key of 1e38 is finite, but its
+/// scores overflow).
+void expect_well_formed(
+        const KVIndex* index,
+        const Answers& a,
+        const std::string& what,
+        bool finite_outputs = true) {
+    idx_t n = idx_t(a.lse.size());
+    for (idx_t i = 0; i < n; i++) {
+        for (idx_t j = 0; j < kSearchK; j++) {
+            idx_t id = a.labels[i * kSearchK + j];
+            float dis = a.distances[i * kSearchK + j];
+            ASSERT_TRUE(id >= -1 && id < index->ntotal) << what << ": label " << id;
+            if (id == -1) {
+                EXPECT_EQ(dis, std::numeric_limits<float>::lowest()) << what;
+            } else if (j > 0) {
+                EXPECT_LE(dis, a.distances[i * kSearchK + j - 1]) << what << ": not sorted";
+            }
+        }
+        const Selection& s = a.sel[i];
+        ASSERT_EQ(s.ids.size(), s.inclusion.size()) << what;
+        std::vector<idx_t> ids = s.ids;
+        std::sort(ids.begin(), ids.end());
+        EXPECT_TRUE(std::adjacent_find(ids.begin(), ids.end()) == ids.end()) << what << ": repeated id";
+        for (size_t t = 0; t < s.size(); t++) {
+            ASSERT_TRUE(s.ids[t] >= 0 && s.ids[t] < index->ntotal) << what << ": id " << s.ids[t];
+            EXPECT_TRUE(s.inclusion[t] > 0 && s.inclusion[t] <= 1) << what;
+        }
+        if (!finite_outputs) {
+            continue;
+        }
+        EXPECT_TRUE(std::isfinite(a.lse[i])) << what;
+        for (int c = 0; c < kDv; c++) {
+            EXPECT_TRUE(std::isfinite(a.out[i * kDv + c])) << what;
+        }
+    }
+}
+
+/// Exact attention over the first n tokens, in double.
+void expect_exact(const KVIndex* index, idx_t n, const std::string& what) {
+    const Sequence& s = sequence();
+    std::vector<float> out(kQ * kDv), lse(kQ);
+    index->attend(kQ, s.q.data(), out.data(), lse.data());
+    for (idx_t i = 0; i < kQ; i++) {
+        std::vector<double> ref;
+        double ref_lse = kvtest::ref_attention_all(
+                s.q.data() + i * kD, s.keys.data(), s.values.data(), kD, kDv, n, ref);
+        // float accumulation over a few hundred tokens: 1e-5 relative
+        EXPECT_LT(kvtest::rel_max_err(out.data() + i * kDv, ref), 1e-5) << what << " query " << i;
+        EXPECT_NEAR(lse[i], ref_lse, 1e-5 * std::max(1.0, std::fabs(ref_lse))) << what;
+    }
+}
+
+/// Every knob of `knobs` ("a=1,b=2") reads back with its value.
+void expect_knobs(const KVIndex* index, const std::string& knobs, const std::string& what) {
+    size_t pos = 0;
+    while (pos < knobs.size()) {
+        size_t end = std::min(knobs.find(',', pos), knobs.size());
+        std::string item = knobs.substr(pos, end - pos);
+        size_t eq = item.find('=');
+        EXPECT_EQ(get_index_parameter(index, item.substr(0, eq)), std::stod(item.substr(eq + 1)))
+                << what << ": " << item;
+        pos = end + 1;
+    }
+}
+
+std::string param_name(const testing::TestParamInfo<ConformanceCase>& info) {
+    std::string s = std::to_string(info.index) + "_";
+    for (const char* p = info.param.factory; *p; p++) {
+        s += std::isalnum(static_cast<unsigned char>(*p)) ? *p : '_';
+    }
+    return s;
+}
+
+class Conformance : public testing::TestWithParam<ConformanceCase> {};
+
+} // namespace
+
+namespace kvtest {
+// ctest and gtest print the case as its string
+void PrintTo(const ConformanceCase& c, std::ostream* os) {
+    *os << c.factory;
+}
+} // namespace kvtest
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, Conformance, testing::ValuesIn(kvtest::kConformance), param_name);
+
+TEST_P(Conformance, FactoryRoundTrip) {
+    const ConformanceCase& c = GetParam();
+    auto index = index_factory(kD, c.factory, kDv);
+    EXPECT_EQ(index_factory_string(index.get()), c.factory);
+    EXPECT_EQ(index->d, kD);
+    EXPECT_EQ(index->d_value, kDv);
+    EXPECT_EQ(index->ntotal, 0);
+    EXPECT_EQ(index->metric_type, faiss::METRIC_INNER_PRODUCT);
+    EXPECT_NO_THROW(index->check_invariants());
+    // the printed string builds the same structure; "STRING|knobs" sets them
+    auto again = index_factory(kD, index_factory_string(index.get()) + "|" + c.knobs, kDv);
+    EXPECT_EQ(index_factory_string(again.get()), c.factory);
+    expect_knobs(again.get(), c.knobs, "STRING|knobs");
+    // every child has the dimensions of its parent
+    std::vector<const KVIndex*> todo = {index.get()};
+    while (!todo.empty()) {
+        const KVIndex* x = todo.back();
+        todo.pop_back();
+        EXPECT_EQ(x->d, kD);
+        EXPECT_EQ(x->d_value, kDv);
+        for (const KVIndex* ch : x->children()) {
+            todo.push_back(ch);
+        }
+    }
+}
+
+TEST_P(Conformance, ParametersListedReadAndSet) {
+    const ConformanceCase& c = GetParam();
+    auto index = index_factory(kD, c.factory, kDv);
+    std::vector<ParameterInfo> info = index_parameter_info(index.get());
+    ASSERT_FALSE(info.empty());
+    for (const ParameterInfo& p : info) {
+        SCOPED_TRACE(p.name);
+        EXPECT_FALSE(p.doc.empty());
+        double v = get_index_parameter(index.get(), p.name);
+        EXPECT_TRUE(std::isfinite(v));
+    }
+    set_index_parameters(index.get(), c.knobs);
+    expect_knobs(index.get(), c.knobs, "after set");
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "no_such_knob=1"), "no_such_knob");
+    EXPECT_THROW_MSG(get_index_parameter(index.get(), "no_such_knob"), "no_such_knob");
+}
+
+TEST_P(Conformance, IoRoundTripIsBitIdentical) {
+    const ConformanceCase& c = GetParam();
+    auto index = build(c, "", kAppends);
+    set_index_parameters(index.get(), c.knobs);
+    const Sequence& s = sequence();
+    Answers ref = answers(index.get(), s.q);
+    expect_well_formed(index.get(), ref, "original");
+
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    auto from_mem = read_index(buf);
+    std::string path = testing::TempDir() + "kvindex_conformance_" +
+            std::to_string(testing::UnitTest::GetInstance()->random_seed()) + "_" +
+            param_name({GetParam(), 0}) + ".kvix";
+    write_index(index.get(), path);
+    std::ifstream f(path, std::ios::binary);
+    std::vector<uint8_t> file_bytes((std::istreambuf_iterator<char>(f)), {});
+    auto from_file = read_index(path);
+    std::remove(path.c_str());
+    EXPECT_TRUE(file_bytes == buf) << "file and memory formats differ";
+
+    for (const KVIndex* copy : {from_mem.get(), from_file.get()}) {
+        EXPECT_EQ(index_factory_string(copy), c.factory);
+        EXPECT_EQ(copy->ntotal, index->ntotal);
+        EXPECT_EQ(copy->has_rope, index->has_rope);
+        EXPECT_TRUE(copy->rope == index->rope);
+        expect_knobs(copy, c.knobs, "read back");
+        expect_identical(ref, answers(copy, s.q), "read back");
+        std::vector<uint8_t> again;
+        write_index(copy, &again);
+        EXPECT_TRUE(again == buf) << "writing what was read changed the bytes";
+    }
+}
+
+TEST_P(Conformance, EveryTruncationThrows) {
+    const ConformanceCase& c = GetParam();
+    auto index = kvgolden::build_golden_index(c.factory, c.knobs); // a few KB
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    for (size_t len = 0; len < buf.size(); len++) {
+        // copy the prefix so that a read past its end is a real overrun
+        std::vector<uint8_t> prefix(buf.begin(), buf.begin() + len);
+        EXPECT_THROW(read_index(prefix.data(), len), faiss::FaissException) << "prefix " << len;
+    }
+}
+
+namespace {
+
+/// CRC-32 (IEEE, as zlib), written independently of src/io.cpp, to forge
+/// buffers whose checksum is right but whose content is not.
+uint32_t crc32_ref(const uint8_t* p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int b = 0; b < 8; b++) {
+            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+        }
+    }
+    return ~c;
+}
+
+/// Rewrites the header's payload size and checksum to match the payload,
+/// so that the parser itself must catch the corruption.
+void forge_header(std::vector<uint8_t>& buf) {
+    uint64_t payload = buf.size() - kHeaderSize;
+    std::memcpy(buf.data() + 8, &payload, 8);
+    uint32_t crc = crc32_ref(buf.data() + kHeaderSize, payload);
+    std::memcpy(buf.data() + 16, &crc, 4);
+}
+
+/// A read that succeeded must give an index that works.
+void expect_usable(const KVIndex* index, const std::string& what) {
+    EXPECT_NO_THROW(index->check_invariants()) << what;
+    if (index->ntotal == 0) {
+        return;
+    }
+    Answers a = answers(index, sequence().q);
+    expect_well_formed(index, a, what, /*finite_outputs=*/false);
+    std::vector<uint8_t> again;
+    write_index(index, &again);
+}
+
+} // namespace
+
+TEST_P(Conformance, ForgedTruncationsThrow) {
+    // the header made to agree with each shorter payload
+    const ConformanceCase& c = GetParam();
+    auto index = kvgolden::build_golden_index(c.factory, c.knobs);
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    for (size_t len = kHeaderSize; len < buf.size(); len++) {
+        std::vector<uint8_t> prefix(buf.begin(), buf.begin() + len);
+        forge_header(prefix);
+        EXPECT_THROW(read_index(prefix), faiss::FaissException) << "forged prefix " << len;
+    }
+}
+
+TEST_P(Conformance, ByteFlips) {
+    const ConformanceCase& c = GetParam();
+    auto index = kvgolden::build_golden_index(c.factory, c.knobs);
+    std::vector<uint8_t> buf;
+    std::vector<std::pair<size_t, size_t>> faiss_ranges;
+    write_index(index.get(), &buf, &faiss_ranges);
+    std::mt19937_64 rng(2024);
+    // checksum left as it is: every flip is caught
+    for (int trial = 0; trial < 500; trial++) {
+        std::vector<uint8_t> b = buf;
+        b[std::uniform_int_distribution<size_t>(0, b.size() - 1)(rng)] ^=
+                uint8_t(std::uniform_int_distribution<int>(1, 255)(rng));
+        EXPECT_THROW(read_index(b), faiss::FaissException);
+    }
+    // checksum recomputed: the parser refuses what is inconsistent, and
+    // whatever it accepts works. Faiss's own blobs are Faiss's to check.
+    auto in_faiss = [&](size_t pos) {
+        return std::any_of(faiss_ranges.begin(), faiss_ranges.end(),
+                           [&](auto r) { return pos >= r.first && pos < r.second; });
+    };
+    int n_thrown = 0, n_tried = 0;
+    while (n_tried < 400) {
+        size_t pos = std::uniform_int_distribution<size_t>(kHeaderSize, buf.size() - 1)(rng);
+        if (in_faiss(pos)) {
+            continue;
+        }
+        n_tried++;
+        std::vector<uint8_t> b = buf;
+        b[pos] ^= uint8_t(std::uniform_int_distribution<int>(1, 255)(rng));
+        forge_header(b);
+        std::unique_ptr<KVIndex> copy;
+        try {
+            copy = read_index(b);
+        } catch (const faiss::FaissException&) {
+            n_thrown++;
+            continue;
+        }
+        expect_usable(copy.get(), "forged flip at " + std::to_string(pos));
+        if (HasFailure()) {
+            break; // one report is enough
+        }
+    }
+    // most bytes are keys and values, whose flips read back fine, but some
+    // structure must have been hit
+    EXPECT_GT(n_thrown, 0);
+}
+
+TEST_P(Conformance, NonFiniteInputThrowsAndChangesNothing) {
+    const ConformanceCase& c = GetParam();
+    const Sequence& s = sequence();
+    auto index = build(c, "", 5);
+    Answers before = answers(index.get(), s.q);
+    idx_t n0 = index->ntotal;
+    for (float bad : {kNaN, kInf, -kInf}) {
+        std::vector<float> k(3 * kD, 0.5f), v(3 * kDv, 0.5f);
+        k[kD + 3] = bad;
+        EXPECT_THROW_MSG(index->add_kv(3, k.data(), v.data()), "non-finite");
+        k[kD + 3] = 0.5f;
+        v[2 * kDv + 1] = bad;
+        EXPECT_THROW_MSG(index->add_kv(3, k.data(), v.data()), "non-finite");
+        std::vector<float> q = s.q;
+        q[(kQ - 1) * kD + 2] = bad; // in the last query, not the first
+        std::vector<float> out(kQ * kDv), dis(kQ * kSearchK);
+        std::vector<idx_t> lab(kQ * kSearchK);
+        std::vector<Selection> sel(kQ);
+        EXPECT_THROW_MSG(index->attend(kQ, q.data(), out.data(), nullptr), "non-finite");
+        EXPECT_THROW_MSG(index->search(kQ, q.data(), kSearchK, dis.data(), lab.data()), "non-finite");
+        EXPECT_THROW_MSG(index->select(kQ, q.data(), sel.data()), "non-finite");
+    }
+    EXPECT_EQ(index->ntotal, n0);
+    expect_identical(before, answers(index.get(), s.q), "after refused input");
+
+    // prefill refuses them too, and leaves the index empty and unfixed
+    for (int what = 0; what < 3; what++) {
+        auto empty = index_factory(kD, c.factory, kDv);
+        std::vector<float> k = s.keys, v = s.values, q = s.prefill_q;
+        (what == 0 ? k[(kPrompt - 1) * kD] : what == 1 ? v[7] : q[kD * 5 + 1]) = kNaN;
+        PrefillInput in = s.prefill_input(kPrompt);
+        in.keys = k.data();
+        in.values = v.data();
+        in.queries = q.data();
+        EXPECT_THROW_MSG(empty->prefill(in), "non-finite");
+        EXPECT_EQ(empty->ntotal, 0);
+        EXPECT_FALSE(empty->has_rope);
+    }
+}
+
+TEST_P(Conformance, BadSizesAndArgumentsThrow) {
+    const ConformanceCase& c = GetParam();
+    const Sequence& s = sequence();
+    auto index = build(c, "", 0);
+    std::vector<float> out(kQ * kDv), dis(kQ * kSearchK);
+    std::vector<idx_t> lab(kQ * kSearchK);
+    std::vector<Selection> sel(kQ);
+    EXPECT_THROW_MSG(index->add_kv(-1, s.keys.data(), s.values.data()), "n=-1");
+    EXPECT_THROW_MSG(index->add_kv(2, s.keys.data(), nullptr), "values");
+    EXPECT_THROW_MSG(index->add_kv(2, nullptr, s.values.data()), "keys");
+    EXPECT_THROW_MSG(index->add(2, s.keys.data()), "values");
+    EXPECT_THROW_MSG(index->attend(-2, s.q.data(), out.data(), nullptr), "n=-2");
+    EXPECT_THROW_MSG(index->attend(kQ, nullptr, out.data(), nullptr), "queries");
+    EXPECT_THROW_MSG(index->attend(kQ, s.q.data(), nullptr, nullptr), "out");
+    EXPECT_THROW_MSG(index->search(-1, s.q.data(), kSearchK, dis.data(), lab.data()), "n=-1");
+    EXPECT_THROW_MSG(index->select(kQ, nullptr, sel.data()), "queries");
+    std::vector<float> key(kD);
+    EXPECT_THROW_MSG(index->reconstruct(index->ntotal, key.data()), "out of");
+    EXPECT_THROW_MSG(index->reconstruct(-1, key.data()), "out of");
+    EXPECT_EQ(index->ntotal, kPrompt);
+
+    // prefill: on a non-empty index, with more queries than the prompt has
+    // positions for, with a negative position
+    EXPECT_THROW_MSG(index->prefill(s.prefill_input(10)), "already holds");
+    auto empty = index_factory(kD, c.factory, kDv);
+    PrefillInput in = s.prefill_input(10);
+    in.n_queries = 11;
+    EXPECT_THROW_MSG(empty->prefill(in), "only 10 tokens");
+    std::vector<idx_t> pos(10, 3);
+    pos[4] = -7;
+    in.n_queries = 10;
+    in.query_positions = pos.data();
+    EXPECT_THROW_MSG(empty->prefill(in), "query_positions[4]=-7");
+    in.query_positions = nullptr;
+    in.n_query_heads = 0;
+    EXPECT_THROW_MSG(empty->prefill(in), "n_query_heads=0");
+    EXPECT_EQ(empty->ntotal, 0);
+}
+
+TEST_P(Conformance, NonPositiveKThrows) {
+    const ConformanceCase& c = GetParam();
+    const Sequence& s = sequence();
+    auto index = build(c, "", 0);
+    std::vector<float> out(kQ * kDv), dis(kQ * kSearchK);
+    std::vector<idx_t> lab(kQ * kSearchK);
+    std::vector<Selection> sel(kQ);
+    EXPECT_THROW_MSG(index->search(kQ, s.q.data(), 0, dis.data(), lab.data()), "k=0");
+    EXPECT_THROW_MSG(index->search(kQ, s.q.data(), -3, dis.data(), lab.data()), "k=-3");
+    SearchParametersKV p;
+    p.k = -2;
+    EXPECT_THROW_MSG(index->attend(kQ, s.q.data(), out.data(), nullptr, &p), "k=-2");
+    EXPECT_THROW_MSG(index->select(kQ, s.q.data(), sel.data(), &p), "k=-2");
+    EXPECT_THROW_MSG(index->search(kQ, s.q.data(), 4, dis.data(), lab.data(), &p), "k=-2");
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "k=0"), "k=0");
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "k=-1"), "k=-1");
+    EXPECT_EQ(get_index_parameter(index.get(), "k"), 100.0); // left as it was
+}
+
+TEST_P(Conformance, EmptyIndex) {
+    const ConformanceCase& c = GetParam();
+    const Sequence& s = sequence();
+    auto fresh = index_factory(kD, c.factory, kDv);
+    auto zero = index_factory(kD, c.factory, kDv);
+    zero->prefill(s.prefill_input(0)); // a prompt of no tokens
+    auto reset = build(c, "", 3);
+    reset->reset();
+    for (const KVIndex* index : {fresh.get(), zero.get(), reset.get()}) {
+        EXPECT_EQ(index->ntotal, 0);
+        EXPECT_NO_THROW(index->check_invariants());
+        std::vector<float> out(kQ * kDv), dis(kQ * kSearchK, 1.0f);
+        std::vector<idx_t> lab(kQ * kSearchK, 7);
+        EXPECT_THROW_MSG(index->attend(kQ, s.q.data(), out.data(), nullptr), "empty");
+        index->search(kQ, s.q.data(), kSearchK, dis.data(), lab.data());
+        for (idx_t i = 0; i < kQ * kSearchK; i++) {
+            EXPECT_EQ(lab[i], -1);
+            EXPECT_EQ(dis[i], std::numeric_limits<float>::lowest());
+        }
+        std::vector<Selection> sel(kQ);
+        sel[0].push_back(3);
+        index->select(kQ, s.q.data(), sel.data());
+        for (const Selection& x : sel) {
+            EXPECT_EQ(x.size(), 0u);
+        }
+        std::vector<uint8_t> buf;
+        write_index(index, &buf);
+        auto copy = read_index(buf);
+        EXPECT_EQ(copy->ntotal, 0);
+        EXPECT_EQ(index_factory_string(copy.get()), c.factory);
+    }
+    // the emptied index takes a new sequence
+    reset->add_kv(20, s.keys.data(), s.values.data());
+    EXPECT_EQ(reset->ntotal, 20);
+    std::vector<float> out(kQ * kDv);
+    EXPECT_NO_THROW(reset->attend(kQ, s.q.data(), out.data(), nullptr));
+}
+
+TEST_P(Conformance, DecodeAppends) {
+    // attend after every append, as a decode loop does
+    const ConformanceCase& c = GetParam();
+    const Sequence& s = sequence();
+    auto index = build(c, "", 0);
+    for (idx_t i = kPrompt; i < kPrompt + kAppends; i++) {
+        index->add_kv(1, s.keys.data() + i * kD, s.values.data() + i * kDv);
+        ASSERT_EQ(index->ntotal, i + 1);
+        ASSERT_NO_THROW(index->check_invariants()) << "after token " << i;
+        // generated tokens are always kept, whatever the type evicts
+        std::vector<float> key(kD), value(kDv);
+        index->reconstruct(i, key.data());
+        index->reconstruct_value(i, value.data());
+        EXPECT_TRUE(std::equal(key.begin(), key.end(), s.keys.begin() + i * kD));
+        EXPECT_TRUE(std::equal(value.begin(), value.end(), s.values.begin() + i * kDv));
+        if (i % 8 == 0 || i + 1 == kPrompt + kAppends) {
+            expect_well_formed(index.get(), answers(index.get(), s.q), "token " + std::to_string(i));
+        }
+    }
+}
+
+TEST_P(Conformance, FullBudgetIsExactWhileDecoding) {
+    const ConformanceCase& c = GetParam();
+    if (!c.exact_params) {
+        GTEST_SKIP() << c.factory << " has no full-budget setting";
+    }
+    const Sequence& s = sequence();
+    auto index = build(c, c.exact_params, 0);
+    expect_exact(index.get(), kPrompt, "after prefill");
+    for (idx_t i = kPrompt; i < kPrompt + kAppends; i++) {
+        index->add_kv(1, s.keys.data() + i * kD, s.values.data() + i * kDv);
+        if (i % 10 == 0 || i + 1 == kPrompt + kAppends) {
+            expect_exact(index.get(), i + 1, "after token " + std::to_string(i));
+        }
+    }
+    // and every token is selected with u = 1
+    std::vector<Selection> sel(kQ);
+    index->select(kQ, s.q.data(), sel.data());
+    for (const Selection& x : sel) {
+        EXPECT_EQ(idx_t(x.size()), index->ntotal);
+        for (float u : x.inclusion) {
+            EXPECT_EQ(u, 1.0f);
+        }
+    }
+}
+
+TEST_P(Conformance, ConcurrentConstCallsMatchSerial) {
+    // attend / search / select from 8 threads on one const index give the
+    // serial answers bit for bit
+    const ConformanceCase& c = GetParam();
+    auto index = build(c, "", kAppends);
+    set_index_parameters(index.get(), c.knobs);
+    const KVIndex* shared = index.get();
+    const std::vector<float>& q = sequence().q;
+    Answers serial = answers(shared, q);
+    const int n_threads = 8;
+    std::vector<Answers> got(n_threads);
+    std::vector<std::string> errors(n_threads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < n_threads; t++) {
+        threads.emplace_back([&, t]() {
+            try {
+                for (int rep = 0; rep < 3; rep++) {
+                    got[t] = answers(shared, q);
+                }
+            } catch (const std::exception& e) {
+                errors[t] = e.what();
+            }
+        });
+    }
+    for (auto& th : threads) {
+        th.join();
+    }
+    for (int t = 0; t < n_threads; t++) {
+        EXPECT_EQ(errors[t], "") << "thread " << t;
+        expect_identical(serial, got[t], "thread " + std::to_string(t));
+    }
+}
