@@ -25,6 +25,7 @@
 
 #include "conformance_list.h"
 #include "expect_throw.h"
+#include "forge.h"
 #include "golden_data.h"
 #include "reference.h"
 
@@ -40,7 +41,9 @@ constexpr int kGroup = 3;        ///< query heads of the GQA group
 constexpr idx_t kAppends = 40;   ///< decode steps after prefill
 constexpr idx_t kQ = 6;          ///< queries per call
 constexpr idx_t kSearchK = 9;
-constexpr size_t kHeaderSize = 4 + 4 + 8 + 4;
+constexpr size_t kHeaderSize = kvtest::kIndexHeaderSize;
+using kvtest::expect_knobs;
+using kvtest::forge_header;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
@@ -183,19 +186,6 @@ void expect_exact(const KVIndex* index, idx_t n, const std::string& what) {
     }
 }
 
-/// Every knob of `knobs` ("a=1,b=2") reads back with its value.
-void expect_knobs(const KVIndex* index, const std::string& knobs, const std::string& what) {
-    size_t pos = 0;
-    while (pos < knobs.size()) {
-        size_t end = std::min(knobs.find(',', pos), knobs.size());
-        std::string item = knobs.substr(pos, end - pos);
-        size_t eq = item.find('=');
-        EXPECT_EQ(get_index_parameter(index, item.substr(0, eq)), std::stod(item.substr(eq + 1)))
-                << what << ": " << item;
-        pos = end + 1;
-    }
-}
-
 std::string param_name(const testing::TestParamInfo<ConformanceCase>& info) {
     std::string s = std::to_string(info.index) + "_";
     for (const char* p = info.param.factory; *p; p++) {
@@ -307,28 +297,6 @@ TEST_P(Conformance, EveryTruncationThrows) {
 }
 
 namespace {
-
-/// CRC-32 (IEEE, as zlib), written independently of src/io.cpp, to forge
-/// buffers whose checksum is right but whose content is not.
-uint32_t crc32_ref(const uint8_t* p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) {
-        c ^= p[i];
-        for (int b = 0; b < 8; b++) {
-            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-        }
-    }
-    return ~c;
-}
-
-/// Rewrites the header's payload size and checksum to match the payload,
-/// so that the parser itself must catch the corruption.
-void forge_header(std::vector<uint8_t>& buf) {
-    uint64_t payload = buf.size() - kHeaderSize;
-    std::memcpy(buf.data() + 8, &payload, 8);
-    uint32_t crc = crc32_ref(buf.data() + kHeaderSize, payload);
-    std::memcpy(buf.data() + 16, &crc, 4);
-}
 
 /// A read that succeeded must give an index that works.
 void expect_usable(const KVIndex* index, const std::string& what) {

@@ -19,6 +19,7 @@
 #include <kvindex/parameters.h>
 
 #include "conformance_list.h"
+#include "forge.h"
 #include "golden_data.h"
 
 using namespace kvindex;
@@ -94,17 +95,7 @@ TEST(Golden, EveryVersionReadsBackAndAnswersAsSaved) {
             EXPECT_TRUE(index->has_rope);
             EXPECT_EQ(index->rope.theta, 500000.0);
             EXPECT_EQ(index->rope.style, RopeStyle::interleaved);
-            // the knobs set before saving came back
-            std::string knobs = e["knobs"].get<std::string>();
-            for (size_t pos = 0; pos < knobs.size();) {
-                size_t end = std::min(knobs.find(',', pos), knobs.size());
-                std::string item = knobs.substr(pos, end - pos);
-                size_t eq = item.find('=');
-                EXPECT_EQ(get_index_parameter(index.get(), item.substr(0, eq)),
-                          std::stod(item.substr(eq + 1)))
-                        << item;
-                pos = end + 1;
-            }
+            kvtest::expect_knobs(index.get(), e["knobs"].get<std::string>(), "knobs");
             kvgolden::Answers a = kvgolden::answer(index.get(), q);
             EXPECT_EQ(a.labels, e["labels"].get<std::vector<idx_t>>());
             EXPECT_LT(rel_err(a.distances, e["distances"].get<std::vector<float>>()), 1e-5);

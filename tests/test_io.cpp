@@ -32,6 +32,7 @@
 #include <kvindex/parameters.h>
 
 #include "expect_throw.h"
+#include "forge.h"
 #include "reference.h"
 
 using namespace kvindex;
@@ -39,30 +40,9 @@ using namespace kvindex;
 namespace {
 
 const int kDim = 16;
-const size_t kHeaderSize = 4 + 4 + 8 + 4; // magic, version, payload size, CRC
+using kvtest::forge_header;
+const size_t kHeaderSize = kvtest::kIndexHeaderSize;
 
-
-/// CRC-32 (IEEE, as zlib), written independently of src/io_buffer.cpp, to
-/// forge buffers whose checksum is right but whose content is not.
-uint32_t crc32_ref(const uint8_t* p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) {
-        c ^= p[i];
-        for (int b = 0; b < 8; b++) {
-            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-        }
-    }
-    return ~c;
-}
-
-/// Rewrites the payload size and the checksum of the header to match the
-/// payload, so that the reader has to catch the corruption by parsing.
-void forge_header(std::vector<uint8_t>& buf) {
-    uint64_t payload = buf.size() - kHeaderSize;
-    std::memcpy(buf.data() + 8, &payload, 8);
-    uint32_t crc = crc32_ref(buf.data() + kHeaderSize, payload);
-    std::memcpy(buf.data() + 16, &crc, 4);
-}
 
 struct IOCase {
     const char* factory;

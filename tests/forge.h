@@ -1,0 +1,58 @@
+#pragma once
+
+// Forging saved indexes for the io tests: a CRC-32 written independently of
+// src/io.cpp, and a header rewritten to agree with a corrupted payload, so
+// that the reader has to catch the corruption by parsing.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <kvindex/parameters.h>
+
+namespace kvtest {
+
+/// magic, format version, payload size, CRC (index_io.h)
+constexpr size_t kIndexHeaderSize = 4 + 4 + 8 + 4;
+
+/// CRC-32 (IEEE, as zlib), bit by bit.
+inline uint32_t crc32_ref(const uint8_t* p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int b = 0; b < 8; b++) {
+            c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+        }
+    }
+    return ~c;
+}
+
+/// Rewrites the payload size and the checksum of the header to match the
+/// payload that follows it.
+inline void forge_header(std::vector<uint8_t>& buf) {
+    uint64_t payload = buf.size() - kIndexHeaderSize;
+    std::memcpy(buf.data() + 8, &payload, 8);
+    uint32_t crc = crc32_ref(buf.data() + kIndexHeaderSize, payload);
+    std::memcpy(buf.data() + 16, &crc, 4);
+}
+
+/// Every knob of `knobs` ("a=1,b=2") reads back with its value.
+inline void expect_knobs(
+        const kvindex::KVIndex* index, const std::string& knobs, const std::string& what) {
+    size_t pos = 0;
+    while (pos < knobs.size()) {
+        size_t end = std::min(knobs.find(',', pos), knobs.size());
+        std::string item = knobs.substr(pos, end - pos);
+        size_t eq = item.find('=');
+        EXPECT_EQ(kvindex::get_index_parameter(index, item.substr(0, eq)),
+                  std::stod(item.substr(eq + 1)))
+                << what << ": " << item;
+        pos = end + 1;
+    }
+}
+
+} // namespace kvtest
