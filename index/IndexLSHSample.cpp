@@ -59,11 +59,35 @@ double lsh_inclusion_probability(double theta, int K, int L, int min_hits) {
 
 IndexLSHSample::IndexLSHSample() : KVIndex(0, 0) {}
 
+namespace {
+
+/// Sizes the hyperplanes (K * L * d floats) and the tables (L * (2^K + 1)
+/// offsets) take, bounded before anything is allocated.
+void check_lsh_shape(int K, int L, int d, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(K >= 1 && K <= 16, "%s: K=%d bits must be in [1, 16]", what, K);
+    FAISS_THROW_IF_NOT_FMT(L >= 1 && L <= 4096, "%s: L=%d tables must be in [1, 4096]", what, L);
+    const int64_t kMaxFloats = int64_t(1) << 26; // 256 MiB of hyperplanes or offsets
+    FAISS_THROW_IF_NOT_FMT(
+            int64_t(K) * L * d <= kMaxFloats,
+            "%s: K*L*d = %d*%d*%d hyperplane coordinates, more than %zd",
+            what, K, L, d, size_t(kMaxFloats));
+    FAISS_THROW_IF_NOT_FMT(
+            int64_t(L) << K <= kMaxFloats,
+            "%s: L*2^K = %d*2^%d bucket offsets, more than %zd",
+            what, L, K, size_t(kMaxFloats));
+}
+
+} // namespace
+
 IndexLSHSample::IndexLSHSample(int d, int d_value, int K, int L)
         : KVIndex(d, d_value), K(K), L(L), storage(d, this->d_value) {
     FAISS_THROW_IF_NOT_FMT(d > 0, "LSHSample: d=%d must be > 0", d);
-    FAISS_THROW_IF_NOT_FMT(K >= 1 && K <= 16, "LSHSample: K=%d bits must be in [1, 16]", K);
-    FAISS_THROW_IF_NOT_FMT(L >= 1 && L <= 4096, "LSHSample: L=%d tables must be in [1, 4096]", L);
+    check_lsh_shape(K, L, d, "LSHSample");
+    // a key is sampled at its min_hits-th collision: fewer tables never sample
+    FAISS_THROW_IF_NOT_FMT(
+            L >= min_hits,
+            "LSHSample%dx%d: L=%d tables cannot give min_hits=%d collisions",
+            K, L, L, min_hits);
     set_seed(seed);
 }
 
@@ -392,9 +416,9 @@ void IndexLSHSample::read_fields(BufferReader& r, uint32_t) {
     min_hits = r.value<int32_t>("min_hits");
     max_sample = r.value<int64_t>("max_sample");
     seed = r.value<uint64_t>("seed");
+    check_lsh_shape(K, L, d, "read_index: LSHSample");
     FAISS_THROW_IF_NOT_FMT(
-            K >= 1 && K <= 16 && L >= 1 && L <= 4096 && min_hits >= 0 && min_hits <= L &&
-                    max_sample >= 0,
+            min_hits >= 0 && min_hits <= L && max_sample >= 0,
             "read_index: invalid LSHSample parameters K=%d L=%d min_hits=%d",
             K,
             L,

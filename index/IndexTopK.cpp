@@ -51,6 +51,8 @@ IndexTopK::IndexTopK(int d, int d_value, const std::string& retriever_string)
           retriever_string(retriever_string),
           storage(d, this->d_value) {
     FAISS_THROW_IF_NOT_FMT(d > 0, "TopK: key dimension d=%d must be > 0", d);
+    // sizes are checked before Faiss allocates them
+    check_retriever_string(retriever_string, d, max_lists());
     try {
         retriever.reset(faiss::index_factory(
                 d, retriever_string.c_str(), faiss::METRIC_INNER_PRODUCT));
@@ -254,7 +256,12 @@ void IndexTopK::reset() {
     ntotal = 0;
 }
 
+idx_t IndexTopK::max_lists() const {
+    return std::min<idx_t>(max_train_points, kMaxRetrieverLists);
+}
+
 void IndexTopK::rebuild_retriever() {
+    check_retriever_string(retriever_string, d, max_lists());
     std::unique_ptr<faiss::Index> fresh(faiss::index_factory(
             d, retriever_string.c_str(), faiss::METRIC_INNER_PRODUCT));
     auto old_ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
@@ -343,6 +350,13 @@ void IndexTopK::read_fields(BufferReader& r, uint32_t) {
     max_train_points = r.value<int64_t>("max_train_points");
     min_train_points = r.value<int64_t>("min_train_points");
     train_seed = r.value<uint64_t>("train_seed");
+    FAISS_THROW_IF_NOT_FMT(
+            max_train_points >= 1 && max_train_points <= (idx_t(1) << 26) &&
+                    min_train_points >= 1 && min_train_points <= max_train_points,
+            "read_index: TopK training sizes %zd / %zd out of range",
+            size_t(min_train_points),
+            size_t(max_train_points));
+    check_retriever_string(retriever_string, d, max_lists());
     storage = KVStorage(d, d_value);
     storage.read(r, "TopK storage");
     faiss::VectorIOReader fr;

@@ -1,6 +1,7 @@
 #include "faiss_checks.h"
 
 #include <memory>
+#include <regex>
 #include <typeinfo>
 
 #include <faiss/IVFlib.h>
@@ -145,12 +146,54 @@ int family(const faiss::Index* index) {
 
 } // namespace
 
+void check_retriever_string(const std::string& s, int d, int64_t max_lists) {
+    static const std::regex ivf("IVF([0-9]+)"), imi("IMI([0-9]+)x([0-9]+)"),
+            hnsw("HNSW([0-9]+)"), pq("PQ([0-9]+)(x([0-9]+))?");
+    auto number = [&](const std::string& digits) {
+        // more than 9 digits is out of every bound below
+        return digits.size() > 9 ? int64_t(1) << 40 : std::stoll(digits);
+    };
+    auto fail = [&](const std::string& what) {
+        FAISS_THROW_FMT("TopK(%s): %s", s.c_str(), what.c_str());
+    };
+    std::smatch m;
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), ivf); it != std::sregex_iterator(); ++it) {
+        int64_t nlist = number((*it)[1]);
+        if (nlist < 1 || nlist > max_lists) {
+            fail("IVF" + (*it)[1].str() + ": the number of lists must be in [1, " +
+                 std::to_string(max_lists) + "] (at most the keys it trains on)");
+        }
+    }
+    if (std::regex_search(s, m, imi)) {
+        int64_t a = number(m[1]), b = number(m[2]);
+        if (a < 1 || b < 1 || a * b > 40 || (int64_t(1) << (a * b)) > max_lists) {
+            fail("IMI" + m[1].str() + "x" + m[2].str() + ": 2^(" + m[1].str() + "*" + m[2].str() +
+                 ") lists, more than the " + std::to_string(max_lists) + " keys it trains on");
+        }
+    }
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), hnsw); it != std::sregex_iterator(); ++it) {
+        int64_t M = number((*it)[1]);
+        if (M < 2 || M > 256) {
+            fail("HNSW" + (*it)[1].str() + ": M must be in [2, 256]");
+        }
+    }
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), pq); it != std::sregex_iterator(); ++it) {
+        int64_t M = number((*it)[1]);
+        int64_t nbits = (*it)[3].matched ? number((*it)[3]) : 8;
+        if (M < 1 || M > d || d % M != 0 || nbits < 1 || nbits > 16) {
+            fail((*it)[0].str() + ": PQ needs M dividing d=" + std::to_string(d) +
+                 " and 1 to 16 bits");
+        }
+    }
+}
+
 void check_faiss_retriever(
         const faiss::Index* ret,
         const std::string& factory_string,
         int d,
         idx_t ntotal) {
     FAISS_THROW_IF_NOT_MSG(ret, "read_index: retriever missing");
+    check_retriever_string(factory_string, d, kMaxRetrieverLists);
     std::unique_ptr<faiss::Index> fresh(
             faiss::index_factory(d, factory_string.c_str(), faiss::METRIC_INNER_PRODUCT));
     FAISS_THROW_IF_NOT_FMT(

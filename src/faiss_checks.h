@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include <faiss/Index.h>
@@ -18,5 +19,15 @@ void check_faiss_retriever(
         const std::string& factory_string,
         int d,
         faiss::Index::idx_t ntotal);
+
+/// Lists an IVF retriever may have at most, whatever its training sample.
+constexpr int64_t kMaxRetrieverLists = int64_t(1) << 20;
+
+/** Checks the sizes a Faiss factory string asks for before Faiss allocates
+ * them: IVF lists in [1, max_lists] (an IVF cannot train more lists than the
+ * keys it trains on; Faiss segfaults at 0 and allocates the lists of
+ * IVF999999999 up front), IMI likewise, HNSW M in [2, 256], PQ sub-quantizers
+ * dividing d with at most 16 bits. Throws naming the component. */
+void check_retriever_string(const std::string& factory_string, int d, int64_t max_lists);
 
 } // namespace kvindex

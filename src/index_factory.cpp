@@ -112,11 +112,16 @@ std::unique_ptr<KVIndex> FactoryChain::parse_next() {
 }
 
 std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, int d_value) {
-    FAISS_THROW_IF_NOT_FMT(d > 0, "index_factory: key dimension d=%d must be > 0", d);
     FAISS_THROW_IF_NOT_FMT(
-            d_value == -1 || d_value > 0,
-            "index_factory: value dimension d_value=%d must be > 0 (or -1 for d)",
-            d_value);
+            d > 0 && d <= kMaxDimension,
+            "index_factory: key dimension d=%d must be in [1, %d]",
+            d,
+            kMaxDimension);
+    FAISS_THROW_IF_NOT_FMT(
+            d_value == -1 || (d_value > 0 && d_value <= kMaxDimension),
+            "index_factory: value dimension d_value=%d must be in [1, %d] (or -1 for d)",
+            d_value,
+            kMaxDimension);
     IndexSpec spec = parse_index_spec(description);
     FactoryChain chain(d, d_value < 0 ? d : d_value, spec.factory);
     std::unique_ptr<KVIndex> index = chain.parse_next();

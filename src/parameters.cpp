@@ -56,6 +56,19 @@ void for_each_item(const std::string& description, F&& f) {
 /// Sets the parameter on this index and the ones it holds; returns whether
 /// any of them has it.
 bool set_in_chain(KVIndex* index, const std::string& name, double value) {
+    // a prefill-time knob shapes what prefill builds: once the index holds
+    // tokens it would be accepted without effect, so it is refused
+    if (index->ntotal > 0) {
+        for (const ParameterInfo& p : index->parameter_info()) {
+            FAISS_THROW_IF_NOT_FMT(
+                    p.name != name || !p.prefill_time,
+                    "parameter '%s' is prefill-time: set it before prefill (%s "
+                    "already holds %zd tokens)",
+                    name.c_str(),
+                    index->factory_string().c_str(),
+                    size_t(index->ntotal));
+        }
+    }
     bool found = index->set_parameter(name, value);
     for (KVIndex* child : index->mutable_children()) {
         found = set_in_chain(child, name, value) || found;

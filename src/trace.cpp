@@ -369,11 +369,16 @@ void check_finite(const std::string& path, const std::vector<size_t>& shape, con
 }
 
 /// Reads one array of a layer as float32, checking dtype, shape and finiteness.
-std::vector<float> read_layer_array(const std::string& path, const std::vector<size_t>& shape) {
+std::vector<float> read_layer_array(
+        const std::string& path, const std::vector<size_t>& shape, const TraceMeta& meta) {
     NpyArray a = read_npy(path);
     TRACE_CHECK(a.dtype == "<f4" || a.dtype == "<f2",
                 "%s: dtype %s, expected float32 (<f4) or float16 (<f2)",
                 path.c_str(), a.dtype.c_str());
+    const char* declared = meta.dtype == "float32" ? "<f4" : "<f2";
+    TRACE_CHECK(meta.dtype_from_arrays || a.dtype == declared,
+                "%s: dtype %s, but meta.json declares %s (%s)",
+                path.c_str(), a.dtype.c_str(), meta.dtype.c_str(), declared);
     TRACE_CHECK(a.shape == shape, "%s: shape %s, expected %s", path.c_str(),
                 shape_string(a.shape).c_str(), shape_string(shape).c_str());
     std::vector<float> out(shape[0] * shape[1] * shape[2]);
@@ -456,9 +461,10 @@ TraceMeta read_trace_meta(const std::string& dir) {
                 path.c_str(), style.c_str());
     m.rope_style = style == "half" ? RopeStyle::half : RopeStyle::interleaved;
     m.source = string_field(j, "source", path);
-    // dtype is ours, not in DESIGN §4's list: a trace written elsewhere may
-    // omit it (each .npy says its own dtype), so it defaults to float32
-    m.dtype = j.contains("dtype") ? string_field(j, "dtype", path) : "float32";
+    // dtype is optional: a trace written elsewhere may omit it, and each
+    // .npy then says its own; a declared one must match every array
+    m.dtype_from_arrays = !j.contains("dtype");
+    m.dtype = m.dtype_from_arrays ? "float32" : string_field(j, "dtype", path);
     std::string problem = meta_problem(m);
     TRACE_CHECK(problem.empty(), "%s: %s", path.c_str(), problem.c_str());
     return m;
@@ -486,9 +492,9 @@ TraceLayer read_trace_layer(const std::string& dir, const TraceMeta& meta, int l
     size_t n = meta.n_tokens, d = meta.head_dim;
     size_t kv = meta.n_kv_heads, q = meta.n_q_heads;
     TraceLayer t;
-    t.keys = read_layer_array(layer_file(dir, layer, "keys"), {kv, n, d});
-    t.values = read_layer_array(layer_file(dir, layer, "values"), {kv, n, d});
-    t.queries = read_layer_array(layer_file(dir, layer, "queries"), {q, n, d});
+    t.keys = read_layer_array(layer_file(dir, layer, "keys"), {kv, n, d}, meta);
+    t.values = read_layer_array(layer_file(dir, layer, "values"), {kv, n, d}, meta);
+    t.queries = read_layer_array(layer_file(dir, layer, "queries"), {q, n, d}, meta);
     return t;
 }
 

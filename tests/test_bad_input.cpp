@@ -17,6 +17,8 @@
 #include <kvindex/IndexTopK.h>
 #include <kvindex/KVCache.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
+#include <kvindex/parameters.h>
 #include <kvindex/rope.h>
 
 #include "expect_throw.h"
@@ -407,4 +409,87 @@ TEST(BadInput, KVCacheRefusesBadHeadBeforeChangingAny) {
     EXPECT_THROW_MSG(cache.append(0, 1, k1.data(), v1.data()), "non-finite");
     EXPECT_EQ(cache.index(0, 0)->ntotal, n);
     EXPECT_EQ(cache.index(0, 1)->ntotal, n);
+}
+
+// ---- sizes a string or a file asks for (issue: no crash from any input) ----
+
+TEST(BadInput, RetrieverSizesAreBoundedBeforeFaissAllocates) {
+    struct Case {
+        const char* s;
+        const char* named;
+    };
+    // IVF0 and HNSW0 segfaulted inside Faiss at the first add; IVF999999999
+    // allocated ~24 GB of empty lists before failing
+    const Case cases[] = {
+            {"TopK(IVF0,SQ8)", "IVF0"},
+            {"TopK(IVF0,Flat)", "IVF0"},
+            {"TopK(HNSW0)", "HNSW0"},
+            {"TopK(HNSW1)", "HNSW1"},
+            {"TopK(IVF999999999,Flat)", "IVF999999999"},
+            {"TopK(IVF65537,Flat)", "IVF65537"}, // more lists than its training sample
+            {"TopK(IMI2x30,Flat)", "IMI2x30"},
+            {"TopK(HNSW100000)", "HNSW100000"},
+            {"TopK(PQ3)", "PQ3"},                // 3 does not divide d = 16
+            {"TopK(IVF4,PQ4x40)", "PQ4x40"},
+            {"Sink4,Window8,TopK(IVF0,Flat)", "IVF0"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.s);
+        EXPECT_THROW_MSG(index_factory(kDim, c.s), c.named);
+    }
+    // what the bounds allow still works
+    for (const char* ok : {"TopK(IVF1,Flat)", "TopK(HNSW2)", "TopK(IVF4,PQ4)", "TopK(IVF4_HNSW8,Flat)"}) {
+        SCOPED_TRACE(ok);
+        auto index = filled(ok, 300);
+        std::vector<float> q = kvtest::gaussian(1, kDim, 3), out(kDim);
+        EXPECT_NO_THROW(index->attend(1, q.data(), out.data(), nullptr));
+    }
+}
+
+TEST(BadInput, ForgedRetrieverStringIsRefusedBeforeFaiss) {
+    // the reader rebuilds and checks the retriever from its string: a forged
+    // string must not reach faiss::index_factory unchecked
+    auto index = filled("TopK(IVF4,Flat)", 200);
+    for (const char* forged : {"IVF999999999,Flat", "IVF0,Flat", "HNSW0"}) {
+        SCOPED_TRACE(forged);
+        dynamic_cast<IndexTopK*>(index.get())->retriever_string = forged;
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        EXPECT_THROW_MSG(read_index(buf), forged);
+    }
+}
+
+TEST(BadInput, LSHTableSizesAreBounded) {
+    // 256 GiB of hyperplanes; 1 GiB of bucket offsets; tables that can never sample
+    EXPECT_THROW_MSG(index_factory(1 << 20, "LSHSample16x4096"), "d=1048576");
+    EXPECT_THROW_MSG(index_factory(65536, "LSHSample16x128"), "K*L*d");
+    EXPECT_THROW_MSG(index_factory(8, "LSHSample16x4096"), "L*2^K");
+    EXPECT_THROW_MSG(index_factory(kDim, "LSHSample1x1"), "min_hits=2");
+    EXPECT_NO_THROW(index_factory(kDim, "LSHSample1x2"));
+    EXPECT_NO_THROW(index_factory(128, "LSHSample10x150"));
+}
+
+TEST(BadInput, PrefillTimeParameterAfterPrefill) {
+    // budget=5 set on an eviction index after prefill was accepted and did
+    // nothing; now it is refused, and accepted before prefill
+    auto e = index_factory(kDim, "ProxyEvict20");
+    EXPECT_NO_THROW(set_index_parameters(e.get(), "budget=5"));
+    std::vector<float> kv = kvtest::gaussian(40, kDim, 5), q = kvtest::gaussian(40, kDim, 6);
+    PrefillInput in;
+    in.n_tokens = 40;
+    in.keys = kv.data();
+    in.values = kv.data();
+    in.n_queries = 40;
+    in.queries = q.data();
+    e->prefill(in);
+    EXPECT_EQ(e->ntotal, 40);
+    for (const char* knob : {"budget=5", "protect=3", "seed=2"}) {
+        SCOPED_TRACE(knob);
+        EXPECT_THROW_MSG(set_index_parameters(e.get(), knob), "prefill-time");
+    }
+    EXPECT_EQ(get_index_parameter(e.get(), "budget"), 5.0);
+    // search-time knobs are still fine after prefill, and a factory string's
+    // parameters are set on an empty index
+    EXPECT_NO_THROW(set_index_parameters(e.get(), "k=7"));
+    EXPECT_NO_THROW(index_factory(kDim, "Sink4,ProxyEvict20|budget=5"));
 }

@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <kvindex/trace.h>
 
 #include "expect_throw.h"
@@ -137,9 +139,21 @@ TEST(Trace, RoundTripFloat16) {
         ASSERT_LE(std::abs(t.queries[i] - e.queries[i]),
                   std::ldexp(1.0f, -11) * std::abs(e.queries[i]) + std::ldexp(1.0f, -25));
     }
-    // either dtype is accepted on read, whatever meta.dtype says
+    // a declared dtype must match the arrays (float16 meta over float32
+    // arrays, or the reverse, is refused naming both) ...
     m.dtype = "float32";
-    EXPECT_EQ(read_trace_layer(dir, m, 1).keys, t.keys);
+    EXPECT_THROW_MSG(read_trace_layer(dir, m, 1), "dtype <f2, but meta.json declares float32");
+    // ... and a meta.json without dtype takes each array's own
+    std::string meta_path = dir + "/meta.json";
+    std::ifstream in(meta_path);
+    nlohmann::json j;
+    in >> j;
+    in.close();
+    j.erase("dtype");
+    std::ofstream(meta_path) << j.dump();
+    TraceMeta undeclared = read_trace_meta(dir);
+    EXPECT_TRUE(undeclared.dtype_from_arrays);
+    EXPECT_EQ(read_trace_layer(dir, undeclared, 1).keys, t.keys);
 }
 
 TEST(TraceHalf, KnownBitPatterns) {
@@ -431,7 +445,7 @@ TEST(TraceLayer, MalformedFiles) {
     s[s.size() - 2] = 0x00;
     s[s.size() - 1] = 0x7C;
     write_text(q16, s);
-    EXPECT_THROW_MSG(read_trace_layer(dir16, m, 1),
+    EXPECT_THROW_MSG(read_trace_layer(dir16, read_trace_meta(dir16), 1),
                      "layer_1/queries.npy: non-finite value inf at index 383 (head 3, token 11, dim 7)");
 }
 

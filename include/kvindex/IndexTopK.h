@@ -79,6 +79,9 @@ struct IndexTopK : KVIndex {
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
+    /// IVF lists the retriever may have: no more than the keys it trains on
+    idx_t max_lists() const;
+
     /// Vectors the retriever read per query (Selection::n_scanned).
     void count_scanned(
             idx_t n,

@@ -35,6 +35,9 @@
 
 namespace kvindex {
 
+/// Largest head dimension (keys or values) the factory and the reader accept.
+constexpr int kMaxDimension = 1 << 16;
+
 /** Builds an index; throws naming the part of the string it cannot parse.
  * "STRING|params" also sets the parameters (set_index_parameters); values
  * in percent ("k=5%") need a context length: see resolve_percentages in

@@ -37,6 +37,9 @@ struct TraceMeta {
     RopeStyle rope_style = RopeStyle::half;
     std::string source;      ///< free text: generator preset or model name
     std::string dtype = "float32"; ///< "float32" or "float16": how arrays are stored
+    /// set on read when meta.json has no dtype: each .npy then says its own
+    /// (a declared dtype must match every array)
+    bool dtype_from_arrays = false;
 
     /// Throws naming the first inconsistent field.
     void check() const;
