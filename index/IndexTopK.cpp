@@ -62,6 +62,22 @@ IndexTopK::IndexTopK(int d, int d_value, const std::string& retriever_string)
                 retriever_string.c_str(),
                 e.what());
     }
+    // Faiss silently builds some families for L2 whatever the metric asked
+    FAISS_THROW_IF_NOT_FMT(
+            retriever->metric_type == faiss::METRIC_INNER_PRODUCT,
+            "TopK(%s): unsupported retriever: Faiss builds it for the L2 metric, "
+            "top-k attention needs inner product",
+            retriever_string.c_str());
+    // a retriever must be one the reader can validate, or its index could
+    // be written but never read back
+    faiss::VectorIOWriter blob;
+    faiss::write_index(retriever.get(), &blob);
+    try {
+        check_faiss_blob(blob.data.data(), blob.data.size(), d);
+    } catch (const std::exception& e) {
+        FAISS_THROW_FMT(
+                "TopK(%s): unsupported retriever: %s", retriever_string.c_str(), e.what());
+    }
     min_train_points = min_keys_to_train(retriever.get());
     set_default_knobs(retriever.get());
 }
@@ -364,6 +380,12 @@ void IndexTopK::read_fields(BufferReader& r, uint32_t) {
     FAISS_THROW_IF_NOT_MSG(
             storage.size() == ntotal && max_train_points > 0 && min_train_points > 0,
             "read_index: TopK storage or training fields inconsistent");
+    // Faiss's reader leaks on a malformed blob: it only sees validated ones
+    try {
+        check_faiss_blob(fr.data.data(), fr.data.size(), d);
+    } catch (const std::exception& e) {
+        FAISS_THROW_FMT("read_index: TopK retriever malformed: %s", e.what());
+    }
     try {
         retriever.reset(faiss::read_index(&fr));
     } catch (const std::exception& e) {

@@ -30,4 +30,14 @@ constexpr int64_t kMaxRetrieverLists = int64_t(1) << 20;
  * dividing d with at most 16 bits. Throws naming the component. */
 void check_retriever_string(const std::string& factory_string, int d, int64_t max_lists);
 
+/** Walks a serialized Faiss retriever the way faiss::read_index (v1.7.3)
+ * will, before it does: Faiss's reader leaks the index it is filling when it
+ * throws, so a blob must be known good before it gets there. Accepts the
+ * families kvindex reads back (Flat, SQ, PQ; IVF with Flat, SQ or PQ lists
+ * over a Flat or HNSW quantizer; HNSW over Flat or SQ: the inner-product
+ * families of Faiss 1.7.3's factory), all of
+ * dimension d, with every size consistent with the bytes present; throws
+ * naming the first problem otherwise. */
+void check_faiss_blob(const uint8_t* data, size_t size, int d);
+
 } // namespace kvindex
