@@ -76,7 +76,7 @@ float IndexKVFlat::attend_one(const float* q, float* out, const faiss::SearchPar
             q, storage.keys.data(), storage.values.data(), d, d_value, ntotal, out);
 }
 
-void IndexKVFlat::reset() {
+void IndexKVFlat::reset_impl() {
     storage.clear();
     ntotal = 0;
 }

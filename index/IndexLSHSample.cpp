@@ -333,7 +333,7 @@ float IndexLSHSample::attend_one(const float* q, float* out, const faiss::Search
             s.data(), log_u.data(), storage.values.data(), d_value, sel.ids.data(), m, out);
 }
 
-void IndexLSHSample::reset() {
+void IndexLSHSample::reset_impl() {
     storage.clear();
     mean.clear();
     norms.clear();

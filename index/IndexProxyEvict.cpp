@@ -293,7 +293,7 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
     return kept;
 }
 
-void IndexProxyEvict::prefill(const PrefillInput& in) {
+void IndexProxyEvict::prefill_impl(const PrefillInput& in) {
     check_prefill(in);
     std::vector<idx_t> kept = choose_kept(in);
     // only the kept tokens are ever stored
@@ -366,13 +366,13 @@ void IndexProxyEvict::attend_batch(
     inner->attend(n, q, out, lse, params);
 }
 
-void IndexProxyEvict::reset() {
+void IndexProxyEvict::reset_impl() {
     inner->reset();
     positions.clear();
     ntotal = 0;
 }
 
-void IndexProxyEvict::reconstruct(idx_t key, float* recons) const {
+void IndexProxyEvict::reconstruct_impl(idx_t key, float* recons) const {
     FAISS_THROW_IF_NOT_FMT(
             key >= 0 && key < ntotal, "reconstruct: id %zd out of [0, %zd)",
             size_t(key), size_t(ntotal));
@@ -381,7 +381,7 @@ void IndexProxyEvict::reconstruct(idx_t key, float* recons) const {
     inner->reconstruct(i, recons);
 }
 
-void IndexProxyEvict::reconstruct_value(idx_t key, float* value) const {
+void IndexProxyEvict::reconstruct_value_impl(idx_t key, float* value) const {
     FAISS_THROW_IF_NOT_FMT(
             key >= 0 && key < ntotal, "reconstruct_value: id %zd out of [0, %zd)",
             size_t(key), size_t(ntotal));

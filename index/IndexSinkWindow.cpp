@@ -118,7 +118,7 @@ void IndexSinkWindow::add_kv_impl(idx_t n, const float* keys, const float* value
     }
 }
 
-void IndexSinkWindow::prefill(const PrefillInput& in) {
+void IndexSinkWindow::prefill_impl(const PrefillInput& in) {
     check_prefill(in);
     // The inner index gets the middle of the prompt and every query, with
     // absolute positions so that position-aware indexes stay correct.
@@ -252,14 +252,14 @@ void IndexSinkWindow::attend_batch(
     });
 }
 
-void IndexSinkWindow::reset() {
+void IndexSinkWindow::reset_impl() {
     sink.clear();
     window.clear();
     inner->reset();
     ntotal = 0;
 }
 
-void IndexSinkWindow::reconstruct(idx_t key, float* recons) const {
+void IndexSinkWindow::reconstruct_impl(idx_t key, float* recons) const {
     FAISS_THROW_IF_NOT_FMT(
             key >= 0 && key < ntotal,
             "reconstruct: id %zd out of [0, %zd)",
@@ -274,7 +274,7 @@ void IndexSinkWindow::reconstruct(idx_t key, float* recons) const {
     }
 }
 
-void IndexSinkWindow::reconstruct_value(idx_t key, float* value) const {
+void IndexSinkWindow::reconstruct_value_impl(idx_t key, float* value) const {
     FAISS_THROW_IF_NOT_FMT(
             key >= 0 && key < ntotal,
             "reconstruct_value: id %zd out of [0, %zd)",

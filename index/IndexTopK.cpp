@@ -265,7 +265,7 @@ void IndexTopK::count_scanned(
     }
 }
 
-void IndexTopK::reset() {
+void IndexTopK::reset_impl() {
     // a new sequence has new keys: its retriever trains on them afresh
     storage.clear();
     rebuild_retriever();

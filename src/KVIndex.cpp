@@ -28,6 +28,43 @@ KVIndex::KVIndex(int d, int d_value)
 
 KVIndex::~KVIndex() = default;
 
+// ---- the thread-safety contract --------------------------------------------
+
+ReadScope::ReadScope(const KVIndex& index, const char* what) : index_(index) {
+    std::atomic<int64_t>& state = index.access_.state;
+    int64_t s = state.load(std::memory_order_relaxed);
+    do {
+        FAISS_THROW_IF_NOT_FMT(
+                s >= 0,
+                "%s: refused, a write (add_kv, prefill, reset or a knob change) is "
+                "running on this index in another thread; writes must not overlap "
+                "other calls on one index (KVIndex.h, thread safety)",
+                what);
+    } while (!state.compare_exchange_weak(s, s + 1, std::memory_order_acquire));
+}
+
+ReadScope::~ReadScope() {
+    index_.access_.state.fetch_sub(1, std::memory_order_release);
+}
+
+WriteScope::WriteScope(KVIndex& index, const char* what) : index_(index) {
+    int64_t s = 0;
+    if (!index.access_.state.compare_exchange_strong(s, -1, std::memory_order_acquire)) {
+        std::string running = s < 0
+                ? std::string("another write is")
+                : std::to_string(s) + " const calls (search, attend, ...) are";
+        FAISS_THROW_FMT(
+                "%s: refused, %s running on this index in another thread; writes "
+                "must not overlap other calls on one index (KVIndex.h, thread safety)",
+                what,
+                running.c_str());
+    }
+}
+
+WriteScope::~WriteScope() {
+    index_.access_.state.store(0, std::memory_order_release);
+}
+
 // ---- adding tokens ---------------------------------------------------------
 
 void KVIndex::add(idx_t, const float*) {
@@ -37,6 +74,7 @@ void KVIndex::add(idx_t, const float*) {
 }
 
 void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
+    WriteScope scope(*this, "add_kv");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "add_kv: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
         return;
@@ -110,6 +148,16 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
 }
 
 void KVIndex::prefill(const PrefillInput& in) {
+    WriteScope scope(*this, "prefill");
+    prefill_impl(in);
+}
+
+void KVIndex::reset() {
+    WriteScope scope(*this, "reset");
+    reset_impl();
+}
+
+void KVIndex::prefill_impl(const PrefillInput& in) {
     check_prefill(in); // checks the tokens too: append them directly
     if (in.n_tokens > 0) {
         add_kv_impl(in.n_tokens, in.keys, in.values);
@@ -170,6 +218,7 @@ void KVIndex::search(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
+    ReadScope scope(*this, "search");
     FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
     check_query_args(n, q, "search: queries");
     check_params(params);
@@ -192,6 +241,7 @@ void KVIndex::select(
         const float* q,
         Selection* sel,
         const faiss::SearchParameters* params) const {
+    ReadScope scope(*this, "select");
     check_query_args(n, q, "select: queries");
     check_params(params);
     if (n == 0) {
@@ -213,6 +263,7 @@ void KVIndex::attend(
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
+    ReadScope scope(*this, "attend");
     check_query_args(n, q, "attend: queries");
     FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
     check_not_null(out, "attend: out");
@@ -345,14 +396,26 @@ void check_token_id(const KVIndex* index, idx_t key, const char* what) {
 } // namespace
 
 void KVIndex::reconstruct(idx_t key, float* recons) const {
-    const KVStorage& st = storage_of(this, token_storage(), "reconstruct");
+    ReadScope scope(*this, "reconstruct");
     check_token_id(this, key, "reconstruct");
-    std::memcpy(recons, st.key(key), sizeof(float) * d);
+    check_not_null(recons, "reconstruct: output");
+    reconstruct_impl(key, recons);
 }
 
 void KVIndex::reconstruct_value(idx_t key, float* value) const {
-    const KVStorage& st = storage_of(this, token_storage(), "reconstruct_value");
+    ReadScope scope(*this, "reconstruct_value");
     check_token_id(this, key, "reconstruct_value");
+    check_not_null(value, "reconstruct_value: output");
+    reconstruct_value_impl(key, value);
+}
+
+void KVIndex::reconstruct_impl(idx_t key, float* recons) const {
+    const KVStorage& st = storage_of(this, token_storage(), "reconstruct");
+    std::memcpy(recons, st.key(key), sizeof(float) * d);
+}
+
+void KVIndex::reconstruct_value_impl(idx_t key, float* value) const {
+    const KVStorage& st = storage_of(this, token_storage(), "reconstruct_value");
     std::memcpy(value, st.value(key), sizeof(float) * d_value);
 }
 

@@ -96,6 +96,7 @@ void write_index(
         std::vector<uint8_t>* buffer,
         std::vector<std::pair<size_t, size_t>>* faiss_ranges) {
     FAISS_THROW_IF_NOT_MSG(index && buffer, "write_index: nullptr argument");
+    ReadScope scope(*index, "write_index");
     std::vector<uint8_t> payload;
     BufferWriter pw(&payload);
     write_index_record(index, pw);

@@ -56,6 +56,7 @@ void for_each_item(const std::string& description, F&& f) {
 /// Sets the parameter on this index and the ones it holds; returns whether
 /// any of them has it.
 bool set_in_chain(KVIndex* index, const std::string& name, double value) {
+    WriteScope scope(*index, "set_index_parameter");
     // a prefill-time knob shapes what prefill builds: once the index holds
     // tokens it would be accepted without effect, so it is refused
     if (index->ntotal > 0) {

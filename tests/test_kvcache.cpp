@@ -80,10 +80,10 @@ struct RecordingIndex : IndexKVFlat {
     std::vector<float> queries;
     int n_query_heads = 0;
     RecordingIndex() : IndexKVFlat(kD, kDv) {}
-    void prefill(const PrefillInput& in) override {
+    void prefill_impl(const PrefillInput& in) override {
         queries.assign(in.queries, in.queries + in.n_query_heads * in.n_queries * kD);
         n_query_heads = in.n_query_heads;
-        IndexKVFlat::prefill(in);
+        IndexKVFlat::prefill_impl(in);
     }
 };
 } // namespace

@@ -86,7 +86,7 @@ struct IndexRecent : KVIndex {
     IndexRecent() : KVIndex(0, 0) {}
     IndexRecent(int d, int dv, idx_t n) : KVIndex(d, dv), n_recent(n), storage(d, d_value) {}
 
-    void reset() override {
+    void reset_impl() override {
         storage.clear();
         ntotal = 0;
     }

@@ -20,7 +20,6 @@ struct IndexKVFlat : KVIndex {
 
     explicit IndexKVFlat(int d = 0, int d_value = -1);
 
-    void reset() override;
     size_t memory_bytes() const override;
 
     const char* type_name() const override {
@@ -37,6 +36,7 @@ struct IndexKVFlat : KVIndex {
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
+    void reset_impl() override;
     const KVStorage* token_storage() const override {
         return &storage;
     }

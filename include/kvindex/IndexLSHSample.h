@@ -71,7 +71,6 @@ struct IndexLSHSample : KVIndex {
     /// The K * L sign bits of (x - center) (center may be nullptr), as L codes.
     void hash(const float* x, const float* center, uint16_t* out_codes) const;
 
-    void reset() override;
     size_t memory_bytes() const override;
     /// Bytes of the hash tables and codes alone (excluding keys and values).
     size_t table_bytes() const;
@@ -97,6 +96,7 @@ struct IndexLSHSample : KVIndex {
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
+    void reset_impl() override;
     const KVStorage* token_storage() const override {
         return &storage;
     }

@@ -98,10 +98,6 @@ struct IndexProxyEvict : KVIndex {
      * Deterministic in (seed, stream). Exposed for tests and analysis. */
     std::vector<idx_t> choose_kept(const PrefillInput& input) const;
 
-    void prefill(const PrefillInput& input) override;
-    void reset() override;
-    void reconstruct(idx_t key, float* recons) const override;
-    void reconstruct_value(idx_t key, float* value) const override;
     size_t memory_bytes() const override;
 
     const char* type_name() const override {
@@ -125,6 +121,10 @@ struct IndexProxyEvict : KVIndex {
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
+    void prefill_impl(const PrefillInput& input) override;
+    void reset_impl() override;
+    void reconstruct_impl(idx_t key, float* recons) const override;
+    void reconstruct_value_impl(idx_t key, float* value) const override;
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
     // batched: the inner index answers, ids map back to positions
     void search_batch(

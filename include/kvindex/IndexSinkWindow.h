@@ -29,10 +29,6 @@ struct IndexSinkWindow : KVIndex {
     IndexSinkWindow(idx_t n_sink, idx_t n_window, std::unique_ptr<KVIndex> inner);
     IndexSinkWindow();
 
-    void prefill(const PrefillInput& input) override;
-    void reset() override;
-    void reconstruct(idx_t key, float* recons) const override;
-    void reconstruct_value(idx_t key, float* value) const override;
     size_t memory_bytes() const override;
 
     /// Position of the first window token (= n_sink + inner->ntotal).
@@ -53,6 +49,10 @@ struct IndexSinkWindow : KVIndex {
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
+    void prefill_impl(const PrefillInput& input) override;
+    void reset_impl() override;
+    void reconstruct_impl(idx_t key, float* recons) const override;
+    void reconstruct_value_impl(idx_t key, float* value) const override;
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
     // batched: the inner index answers all the queries, then the merge
     void search_batch(

@@ -44,7 +44,6 @@ struct IndexTopK : KVIndex {
     IndexTopK(int d, int d_value, const std::string& retriever_string);
     IndexTopK();
 
-    void reset() override;
     size_t memory_bytes() const override;
 
     /** A fresh, untrained retriever from retriever_string, keeping the
@@ -79,6 +78,7 @@ struct IndexTopK : KVIndex {
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
+    void reset_impl() override;
     /// IVF lists the retriever may have: no more than the keys it trains on
     idx_t max_lists() const;
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <numeric>
 #include <string>
@@ -103,6 +104,17 @@ struct ParameterInfo {
     std::string doc; ///< meaning, unit and range, one line
 };
 
+/** How many calls run on one index, for the thread-safety contract below:
+ * >= 0 const calls, or -1 while a write runs. Copies start idle. */
+struct AccessCount {
+    std::atomic<int64_t> state{0};
+    AccessCount() = default;
+    AccessCount(const AccessCount&) {}
+    AccessCount& operator=(const AccessCount&) {
+        return *this;
+    }
+};
+
 /** The KV cache of one (layer, KV head) as a Faiss index.
  *
  * Row id = token position. The index owns its keys (dimension d) and values
@@ -118,6 +130,22 @@ struct ParameterInfo {
  * type's core, the protected *_batch or *_one virtuals. A type describes
  * itself through type_name, factory_string, children, the parameter
  * virtuals and the io virtuals, and gets one row in index/registry.cpp.
+ *
+ * Thread safety. Const calls (search, select, attend, reconstruct,
+ * reconstruct_value, write_index) may run concurrently on one index, from
+ * any number of threads, and give the same answers as run one by one.
+ * Writes (add_kv, prefill, reset, set_index_parameter(s), read into) must
+ * not overlap any other call on the same index: a write that finds calls
+ * running, or a call that finds a write running, is refused with an
+ * exception naming both, and changes nothing. The check is one atomic
+ * counter per call, not a lock: nothing waits. Why refuse rather than make
+ * appends safe under readers: a decode step appends one token and then
+ * attends, in that order, so a serving stack never needs the overlap;
+ * refusing keeps the storage contiguous (the dense and top-k kernels stream
+ * it) and costs no lock on the hot path, while an overlap it did not mean
+ * (two requests mapped to one cache) becomes a clear error instead of a
+ * read of moved memory. Different indexes (the heads and layers of a
+ * KVCache) are independent: write them from as many threads as you like.
  */
 struct KVIndex : faiss::Index {
     int d_value;   ///< dimension of the values
@@ -145,11 +173,14 @@ struct KVIndex : faiss::Index {
      */
     void add_kv(idx_t n, const float* keys, const float* values);
 
-    /** Adds the prompt with everything prefill knows. The default adds the
-     * keys and values; query-aware indexes override to learn from queries
-     * (calling check_prefill first). May be called on an empty index only.
+    /** Adds the prompt with everything prefill knows: the default adds the
+     * keys and values, query-aware indexes learn from the queries
+     * (prefill_impl). May be called on an empty index only.
      */
-    virtual void prefill(const PrefillInput& input);
+    void prefill(const PrefillInput& input);
+
+    /// Removes every token (a new sequence); the knobs stay.
+    void reset() final;
 
     /** Top-k keys by inner product (exact or approximate, per type), as
      * faiss::Index::search: distances = <q, k_i> unscaled, labels = token
@@ -194,10 +225,10 @@ struct KVIndex : faiss::Index {
             const faiss::SearchParameters* params = nullptr) const;
 
     /// Key of token `key` (size d); throws for an id out of range.
-    void reconstruct(idx_t key, float* recons) const override;
+    void reconstruct(idx_t key, float* recons) const final;
 
     /// Value of token `key` (size d_value); throws for an id out of range.
-    virtual void reconstruct_value(idx_t key, float* value) const;
+    void reconstruct_value(idx_t key, float* value) const;
 
     /// Bytes of memory the index holds (keys, values, structures).
     virtual size_t memory_bytes() const = 0;
@@ -266,6 +297,18 @@ struct KVIndex : faiss::Index {
     /// Appends already validated tokens; add_kv checks, then calls this.
     virtual void add_kv_impl(idx_t n, const float* keys, const float* values) = 0;
 
+    /// prefill's core; query-aware types override it (calling check_prefill
+    /// first). The default checks and appends the tokens.
+    virtual void prefill_impl(const PrefillInput& input);
+
+    /// reset's core: drop every token, keep the knobs.
+    virtual void reset_impl() = 0;
+
+    /// reconstruct's cores, for an id in [0, ntotal). The defaults read
+    /// token_storage().
+    virtual void reconstruct_impl(idx_t key, float* recons) const;
+    virtual void reconstruct_value_impl(idx_t key, float* value) const;
+
     /** Batch cores, called on a non-empty index. The defaults run the
      * per-query cores below in parallel over the queries (OpenMP, BLAS held
      * to one thread, the first exception rethrown after the loop); a type
@@ -327,6 +370,37 @@ struct KVIndex : faiss::Index {
     /// Throws for search parameters no kvindex type accepts: an IDSelector
     /// (not supported) or SearchParametersKV::k < 0.
     void check_params(const faiss::SearchParameters* params) const;
+
+   private:
+    friend class ReadScope;
+    friend class WriteScope;
+    mutable AccessCount access_; ///< calls running now (thread-safety contract)
+};
+
+/** Marks a const call running on `index` for its lifetime; throws, naming
+ * `what`, if a write is running on it (see KVIndex, thread safety). */
+class ReadScope {
+   public:
+    ReadScope(const KVIndex& index, const char* what);
+    ~ReadScope();
+    ReadScope(const ReadScope&) = delete;
+    ReadScope& operator=(const ReadScope&) = delete;
+
+   private:
+    const KVIndex& index_;
+};
+
+/** Marks a write running on `index` for its lifetime; throws, naming
+ * `what`, if any other call is running on it. */
+class WriteScope {
+   public:
+    WriteScope(KVIndex& index, const char* what);
+    ~WriteScope();
+    WriteScope(const WriteScope&) = delete;
+    WriteScope& operator=(const WriteScope&) = delete;
+
+   private:
+    KVIndex& index_;
 };
 
 } // namespace kvindex
