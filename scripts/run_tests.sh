@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Every test: set-up and build, then the gtest suite through CTest.
+# Every test: set-up and build, the gtest suites through CTest, then the
+# library's tests again under ASan + UBSan (scripts/run_sanitizers.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh build
 # setup.sh installed the model: the tests that need it must run, not skip
 KVINDEX_REQUIRE_MODEL=1 ctest --test-dir build --output-on-failure -j "$(nproc)"
+bash scripts/run_sanitizers.sh build-asan
