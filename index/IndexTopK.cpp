@@ -314,6 +314,16 @@ void IndexTopK::set_retriever_parameter(const std::string& name, double value) {
             "TopK(%s): the retriever has no parameter '%s'",
             retriever_string.c_str(),
             name.c_str());
+    if (name == "nprobe") {
+        // the reader refuses nprobe > nlist: a file written with it would not read back
+        size_t nlist = faiss::ivflib::try_extract_index_ivf(retriever.get())->nlist;
+        FAISS_THROW_IF_NOT_FMT(
+                value <= double(nlist),
+                "TopK(%s): nprobe=%g must be in [1, nlist=%zd]",
+                retriever_string.c_str(),
+                value,
+                nlist);
+    }
     faiss::ParameterSpace().set_index_parameter(retriever.get(), name, value);
 }
 

@@ -107,6 +107,7 @@ void write_index(
         }
     }
     buffer->clear();
+    buffer->reserve(kHeaderSize + payload.size()); // one allocation
     BufferWriter w(buffer);
     w.value(kMagic);
     w.value(kIndexFormatVersion);

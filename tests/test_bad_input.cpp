@@ -493,3 +493,14 @@ TEST(BadInput, PrefillTimeParameterAfterPrefill) {
     EXPECT_NO_THROW(set_index_parameters(e.get(), "k=7"));
     EXPECT_NO_THROW(index_factory(kDim, "Sink4,ProxyEvict20|budget=5"));
 }
+
+TEST(BadInput, NprobeAboveNlistIsRefused) {
+    // found by fuzz_factory: accepted, then the saved index did not read back
+    EXPECT_THROW_MSG(index_factory(kDim, "TopK(IVF4,Flat)|k=7,nprobe=6"), "nprobe=6 must be in [1, nlist=4]");
+    auto index = filled("TopK(IVF4,Flat)", 200);
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "nprobe=5"), "nprobe=5");
+    set_index_parameters(index.get(), "nprobe=4");
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    EXPECT_EQ(get_index_parameter(read_index(buf).get(), "nprobe"), 4.0);
+}
