@@ -240,11 +240,17 @@ GgufFile::GgufFile(const std::string& path_in) : path(path_in) {
         if (n_dims == 0 || n_dims > 4) {
             fail(path, "tensor " + t.name + " has rank " + std::to_string(n_dims) + " (1..4 allowed)");
         }
+        // every dimension and their product in [1, 2^40], so that no size
+        // computed from the shape can overflow
+        const uint64_t max_elements = uint64_t(1) << 40;
+        uint64_t n_elements = 1;
         for (uint32_t j = 0; j < n_dims; j++) {
             uint64_t s = c.read<uint64_t>("tensor shape");
-            if (s == 0 || s > (uint64_t(1) << 40)) {
-                fail(path, "tensor " + t.name + " has dimension " + std::to_string(s));
+            if (s == 0 || s > max_elements / n_elements) {
+                fail(path, "tensor " + t.name + " has dimension " + std::to_string(s) +
+                                   " (at most 2^40 elements in all)");
             }
+            n_elements *= s;
             t.shape.push_back(int64_t(s));
         }
         t.type = c.read<uint32_t>("tensor type");

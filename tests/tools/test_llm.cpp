@@ -164,6 +164,10 @@ TEST(Gguf, BadFilesGetClearErrors) {
     std::vector<uint8_t> version = good;
     version[4] = 9;
     EXPECT_NE(error_of(version).find("version 9"), std::string::npos);
+    // found by fuzz_gguf: each dimension was bounded, their product overflowed
+    TinyTensor huge{"huge", 0, {int64_t(1) << 40, int64_t(1) << 40}, {}};
+    std::string e = error_of(make_gguf({huge}));
+    EXPECT_NE(e.find("at most 2^40 elements"), std::string::npos) << e;
     GgufFile f(write_temp("ok.gguf", good));
     EXPECT_THROW(f.dequantize("a", {32, 4}), std::runtime_error);
     EXPECT_THROW(f.tensor("missing"), std::runtime_error);

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of tests/fuzz with clang, AddressSanitizer
+# (leak detection on) and UndefinedBehaviorSanitizer, writes their seed
+# corpora with the library itself, and runs each target for a fixed time.
+# Exits non-zero when any target finds a crash, a sanitizer report, a leak,
+# an OOM or a timeout; the input that did it is in BUILD_DIR/artifacts/.
+#
+# Usage: bash scripts/run_fuzzers.sh [seconds-per-target] [build-dir]
+#        (defaults: 60, build-fuzz)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS="${1:-60}"
+BUILD_DIR="${2:-build-fuzz}"
+
+PACKAGES=(clang libclang-rt-dev libomp-dev cmake libfaiss-dev libopenblas-dev
+          nlohmann-json3-dev)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "run_fuzzers: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The whole build is instrumented (library included); only the harnesses
+# link libFuzzer's main (tests/fuzz/CMakeLists.txt adds -fsanitize=fuzzer).
+SAN_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+start=$(date +%s)
+cmake --no-warn-unused-cli -S . -B "$BUILD_DIR" \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DCMAKE_CXX_FLAGS="$SAN_FLAGS" \
+  -DKVINDEX_BUILD_FUZZERS=ON -DKVINDEX_BUILD_TESTS=OFF -DKVINDEX_BUILD_BENCHMARKS=OFF \
+  -DKVINDEX_ENABLE_GPU=OFF -DKVINDEX_ENABLE_PYTHON=OFF >/dev/null
+TARGETS=(fuzz_read_index fuzz_factory fuzz_trace fuzz_gguf)
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${TARGETS[@]}" kvindex_fuzz_make_seeds
+echo "run_fuzzers: build took $(( $(date +%s) - start )) s"
+
+# One thread everywhere: reproducible runs, and no OpenMP / BLAS pools per input.
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=0:${ASAN_OPTIONS:-}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:${UBSAN_OPTIONS:-}"
+
+CORPUS="$BUILD_DIR/corpus"
+ARTIFACTS="$BUILD_DIR/artifacts"
+LOGS="$BUILD_DIR/fuzz_logs"
+mkdir -p "$CORPUS" "$ARTIFACTS" "$LOGS"
+# seeds are added to the corpus (which keeps what earlier runs found)
+"$BUILD_DIR/tests/fuzz/kvindex_fuzz_make_seeds" "$CORPUS" 2>"$LOGS/make_seeds.log"
+
+# target -> max input length (bytes) and dictionary
+declare -A MAX_LEN=([fuzz_read_index]=32768 [fuzz_factory]=256 [fuzz_trace]=4096 [fuzz_gguf]=4096)
+declare -A DICT=([fuzz_factory]=tests/fuzz/factory.dict [fuzz_trace]=tests/fuzz/trace.dict)
+
+failed=()
+summary=()
+for t in "${TARGETS[@]}"; do
+  corpus="$CORPUS/${t#fuzz_}"
+  log="$LOGS/$t.log"
+  args=(-max_total_time="$SECS" -rss_limit_mb=2048 -timeout=30 -max_len="${MAX_LEN[$t]}"
+        -print_final_stats=1 -artifact_prefix="$ARTIFACTS/$t-")
+  [ -n "${DICT[$t]:-}" ] && args+=(-dict="${DICT[$t]}")
+  echo "run_fuzzers: $t for $SECS s (log: $log)"
+  t0=$(date +%s)
+  rc=0
+  "$BUILD_DIR/tests/fuzz/$t" "${args[@]}" "$corpus" >"$log" 2>&1 || rc=$?
+  secs=$(( $(date +%s) - t0 ))
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+  if [ "$rc" -eq 0 ]; then
+    summary+=("$t: ${execs:-?} executions in $secs s, no crash")
+  else
+    failed+=("$t")
+    summary+=("$t: FAILED (exit $rc) after ${execs:-?} executions in $secs s; see $log and $ARTIFACTS/")
+    echo "---- $t: last lines of $log" >&2
+    tail -n 60 "$log" >&2
+  fi
+done
+
+echo "run_fuzzers: summary (total $(( $(date +%s) - start )) s)"
+printf '  %s\n' "${summary[@]}"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "run_fuzzers: ${#failed[@]} target(s) failed: ${failed[*]}" >&2
+  echo "run_fuzzers: reproduce with $BUILD_DIR/tests/fuzz/<target> $ARTIFACTS/<target>-crash-..." >&2
+  exit 1
+fi

@@ -1,0 +1,116 @@
+#pragma once
+
+// Helpers shared by the libFuzzer harnesses and the seed generator.
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <omp.h>
+
+namespace kvfuzz {
+
+/// magic, format version, payload size, CRC-32 of the payload (index_io.h)
+constexpr size_t kIndexHeaderSize = 4 + 4 + 8 + 4;
+
+/// CRC-32 (IEEE, as zlib), table driven; independent of src/io.cpp.
+inline uint32_t crc32(const uint8_t* p, size_t n) {
+    static const std::array<uint32_t, 256> table = [] {
+        std::array<uint32_t, 256> t{};
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int b = 0; b < 8; b++) {
+                c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+            }
+            t[i] = c;
+        }
+        return t;
+    }();
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+    }
+    return ~c;
+}
+
+/// Rewrites payload size and CRC so that a mutated payload reaches the parser.
+inline void forge_header(std::vector<uint8_t>& buf) {
+    if (buf.size() < kIndexHeaderSize) {
+        return;
+    }
+    uint64_t payload = buf.size() - kIndexHeaderSize;
+    std::memcpy(buf.data() + 8, &payload, 8);
+    uint32_t crc = crc32(buf.data() + kIndexHeaderSize, payload);
+    std::memcpy(buf.data() + 16, &crc, 4);
+}
+
+/// Deterministic finite values in [-scale, scale] (a fixed LCG).
+inline std::vector<float> det_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+    std::vector<float> v(n);
+    uint32_t s = seed * 2654435761u + 12345u;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 1664525u + 1013904223u;
+        v[i] = scale * (float(s >> 8) / float(1u << 24) * 2.0f - 1.0f);
+    }
+    return v;
+}
+
+/// Aborts with a message: a contract violation the sanitizers cannot see.
+[[noreturn]] inline void fail(const char* what, const std::string& detail) {
+    std::fprintf(stderr, "FUZZ CONTRACT VIOLATION: %s: %s\n", what, detail.c_str());
+    std::abort();
+}
+
+/// One OpenMP thread: deterministic runs, and faster on small inputs.
+inline void single_thread() {
+    omp_set_num_threads(1);
+}
+
+/// A directory of this process for the harnesses that read files, removed
+/// at exit (left behind only when the process dies on a finding).
+inline const std::string& temp_dir() {
+    struct Dir {
+        std::string path;
+        Dir() {
+            const char* base = std::getenv("TMPDIR");
+            std::string tmpl =
+                    std::string(base && *base ? base : "/tmp") + "/kvindex_fuzz_XXXXXX";
+            std::vector<char> buf(tmpl.begin(), tmpl.end());
+            buf.push_back('\0');
+            if (!mkdtemp(buf.data())) {
+                std::perror("mkdtemp");
+                std::abort();
+            }
+            path = buf.data();
+        }
+        ~Dir() {
+            std::error_code ec;
+            std::filesystem::remove_all(path, ec);
+        }
+    };
+    static const Dir dir;
+    return dir.path;
+}
+
+inline void write_file(const std::string& path, const uint8_t* data, size_t size) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) {
+        std::perror(path.c_str());
+        std::abort();
+    }
+    if (size > 0 && std::fwrite(data, 1, size, f) != size) {
+        std::perror(path.c_str());
+        std::abort();
+    }
+    std::fclose(f);
+}
+
+} // namespace kvfuzz
