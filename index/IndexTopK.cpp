@@ -168,6 +168,11 @@ void IndexTopK::search_batch(
         FAISS_THROW_IF_NOT_FMT(
                 hnsw, "search: efSearch does not apply to retriever %s",
                 retriever_string.c_str());
+        FAISS_THROW_IF_NOT_FMT(
+                p->efSearch <= kMaxEfSearch,
+                "search: efSearch=%d must be in [1, %d]",
+                p->efSearch,
+                kMaxEfSearch);
         // Faiss 1.7.3's IndexHNSW::search ignores SearchParametersHNSW, so
         // the beam width is set on the index for this call, under a lock
         // (restored even if the search throws).
@@ -324,6 +329,13 @@ void IndexTopK::set_retriever_parameter(const std::string& name, double value) {
                 value,
                 nlist);
     }
+    // efSearch is an int in Faiss; the reader refuses more than 2^20
+    FAISS_THROW_IF_NOT_FMT(
+            name != "efSearch" || value <= double(kMaxEfSearch),
+            "TopK(%s): efSearch=%g must be in [1, %d]",
+            retriever_string.c_str(),
+            value,
+            kMaxEfSearch);
     faiss::ParameterSpace().set_index_parameter(retriever.get(), name, value);
 }
 

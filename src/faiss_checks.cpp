@@ -99,7 +99,7 @@ void check_hnsw(const faiss::IndexHNSW* index, idx_t n) {
             "read_index: HNSW arrays do not match %zd vectors",
             size_t(n));
     FAISS_THROW_IF_NOT_FMT(
-            h.efSearch >= 1 && h.efSearch <= (1 << 20),
+            h.efSearch >= 1 && h.efSearch <= kMaxEfSearch,
             "read_index: HNSW efSearch=%d out of range",
             h.efSearch);
     FAISS_THROW_IF_NOT_FMT(

@@ -23,6 +23,9 @@ void check_faiss_retriever(
 /// Lists an IVF retriever may have at most, whatever its training sample.
 constexpr int64_t kMaxRetrieverLists = int64_t(1) << 20;
 
+/// The widest HNSW search beam a retriever may be set to or read with.
+constexpr int kMaxEfSearch = 1 << 20;
+
 /** Checks the sizes a Faiss factory string asks for before Faiss allocates
  * them: IVF lists in [1, max_lists] (an IVF cannot train more lists than the
  * keys it trains on; Faiss segfaults at 0 and allocates the lists of

@@ -504,3 +504,20 @@ TEST(BadInput, NprobeAboveNlistIsRefused) {
     write_index(index.get(), &buf);
     EXPECT_EQ(get_index_parameter(read_index(buf).get(), "nprobe"), 4.0);
 }
+
+TEST(BadInput, EfSearchOutOfRangeIsRefused) {
+    // found by fuzz_factory: efSearch=1e14 was accepted (and truncated to an
+    // int by Faiss), then the saved index did not read back
+    EXPECT_THROW_MSG(
+            index_factory(kDim, "ProxyEvict50_TOVA,TopK(HNSW8)|k=7,efSearch=100000000000020"),
+            "efSearch=1e+14 must be in [1, 1048576]");
+    auto index = filled("TopK(HNSW8)", 200);
+    SearchParametersTopK per_call;
+    per_call.efSearch = 1 << 30; // Faiss would allocate heaps of that size
+    std::vector<float> q = kvtest::gaussian(1, kDim, 3), out(kDim);
+    EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr, &per_call), "efSearch=1073741824");
+    set_index_parameters(index.get(), "efSearch=1048576");
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    EXPECT_EQ(get_index_parameter(read_index(buf).get(), "efSearch"), 1048576.0);
+}
