@@ -134,10 +134,12 @@ struct AccessCount {
  * Thread safety. Const calls (search, select, attend, reconstruct,
  * reconstruct_value, write_index) may run concurrently on one index, from
  * any number of threads, and give the same answers as run one by one.
- * Writes (add_kv, prefill, reset, set_index_parameter(s), read into) must
- * not overlap any other call on the same index: a write that finds calls
- * running, or a call that finds a write running, is refused with an
- * exception naming both, and changes nothing. The check is one atomic
+ * Writes (add_kv, prefill, reset, set_index_parameter(s)) must not overlap
+ * any other call on the same index: a write that finds calls running, or a
+ * call that finds a write running, is refused with an exception that says
+ * which, and changes nothing. Assigning public fields (k, estimator, ...)
+ * and set_stream are writes the check cannot see: do them between calls.
+ * The check is one atomic
  * counter per call, not a lock: nothing waits. Why refuse rather than make
  * appends safe under readers: a decode step appends one token and then
  * attends, in that order, so a serving stack never needs the overlap;
