@@ -14,17 +14,7 @@ BUILD_DIR="${2:-build-fuzz}"
 
 PACKAGES=(clang libclang-rt-dev libomp-dev cmake libfaiss-dev libopenblas-dev
           nlohmann-json3-dev)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "run_fuzzers: installing ${missing[*]}" >&2
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+bash scripts/install_packages.sh "${PACKAGES[@]}"
 
 # The whole build is instrumented (library included); only the harnesses
 # link libFuzzer's main (tests/fuzz/CMakeLists.txt adds -fsanitize=fuzzer).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The library's tests under AddressSanitizer (leaks included) and
 # UndefinedBehaviorSanitizer: any report fails the run. Part of the README
-# test command (scripts/run_tests.sh). Usage: bash scripts/run_sanitizers.sh [build-dir]
+# test command (scripts/run_tests.sh), after setup.sh has installed the
+# packages. Usage: bash scripts/run_sanitizers.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${1:-build-asan}"

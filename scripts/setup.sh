@@ -9,17 +9,7 @@ BUILD_DIR="${1:-build}"
 PACKAGES=(build-essential cmake libfaiss-dev libopenblas-dev libboost-dev
           libboost-program-options-dev libgtest-dev libbenchmark-dev
           pybind11-dev nlohmann-json3-dev libicu-dev python3-venv)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}" >&2
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
+bash scripts/install_packages.sh "${PACKAGES[@]}"
 
 # Python tools (plots, trace checks) live in a virtual environment.
 if [ ! -x .venv/bin/python ]; then

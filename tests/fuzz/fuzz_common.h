@@ -8,13 +8,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
 
 #include <omp.h>
+
+#include <kvindex/KVIndex.h>
+#include <kvindex/index_io.h>
 
 namespace kvfuzz {
 
@@ -67,6 +72,25 @@ inline std::vector<float> det_floats(size_t n, uint32_t seed, float scale = 1.0f
 [[noreturn]] inline void fail(const char* what, const std::string& detail) {
     std::fprintf(stderr, "FUZZ CONTRACT VIOLATION: %s: %s\n", what, detail.c_str());
     std::abort();
+}
+
+/// What the library wrote must read back: same factory string, type and
+/// size. Aborts (a contract violation) otherwise; `when` names the moment.
+inline void expect_round_trip(const kvindex::KVIndex& index, const char* when) {
+    std::string fs = index.factory_string();
+    std::vector<uint8_t> buf;
+    std::unique_ptr<kvindex::KVIndex> back;
+    try {
+        kvindex::write_index(&index, &buf);
+        back = kvindex::read_index(buf);
+    } catch (const std::exception& e) {
+        fail("write_index / read_index round trip", fs + " (" + when + "): " + e.what());
+    }
+    if (back->factory_string() != fs || back->ntotal != index.ntotal ||
+        std::strcmp(back->type_name(), index.type_name()) != 0) {
+        fail("write_index / read_index round trip",
+             fs + " (" + when + ") read back as " + back->factory_string());
+    }
 }
 
 /// One OpenMP thread: deterministic runs, and faster on small inputs.

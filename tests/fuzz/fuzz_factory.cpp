@@ -31,23 +31,6 @@ constexpr idx_t kPrefill = 64;
 constexpr idx_t kDecode = 8;
 constexpr size_t kMaxInput = 256;
 
-void round_trip(const kvindex::KVIndex& index, const char* when) {
-    std::string fs = index.factory_string();
-    std::vector<uint8_t> buf;
-    std::unique_ptr<kvindex::KVIndex> back;
-    try {
-        kvindex::write_index(&index, &buf);
-        back = kvindex::read_index(buf);
-    } catch (const std::exception& e) {
-        kvfuzz::fail("write_index / read_index round trip", fs + " (" + when + "): " + e.what());
-    }
-    if (back->factory_string() != fs || back->ntotal != index.ntotal ||
-        std::strcmp(back->type_name(), index.type_name()) != 0) {
-        kvfuzz::fail("write_index / read_index round trip",
-                     fs + " (" + when + ") read back as " + back->factory_string());
-    }
-}
-
 void fill_and_query(kvindex::KVIndex& index) {
     const idx_t n = kPrefill + kDecode;
     std::vector<float> keys = kvfuzz::det_floats(size_t(n * kD), 1);
@@ -64,7 +47,7 @@ void fill_and_query(kvindex::KVIndex& index) {
     for (idx_t i = kPrefill; i < n; i++) {
         index.add_kv(1, keys.data() + i * kD, values.data() + i * kDValue);
     }
-    round_trip(index, "filled");
+    kvfuzz::expect_round_trip(index, "filled");
 
     const idx_t nq = 2;
     std::vector<float> q = kvfuzz::det_floats(size_t(nq * kD), 4, 2.0f);
@@ -130,7 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                      "'" + s + "' prints as '" + fs + "', which builds '" +
                              again->factory_string() + "' (" + again->type_name() + ")");
     }
-    round_trip(*index, "empty");
+    kvfuzz::expect_round_trip(*index, "empty");
 
     try {
         fill_and_query(*index);
