@@ -11,10 +11,12 @@
 
 #include "faiss_checks.h"
 
-#include <cstring>
 #include <string>
+#include <vector>
 
 #include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/impl/io.h>
 
 namespace kvindex {
 
@@ -52,40 +54,26 @@ enum class Role { top, quantizer, hnsw_storage };
 
 class BlobWalker {
    public:
-    BlobWalker(const uint8_t* data, size_t size, int d) : p_(data), left_(size), d_(d) {}
+    BlobWalker(const uint8_t* data, size_t size, int d) : in_(data, size), d_(d) {}
 
     void walk_all() {
         walk_index(Role::top, 0);
-        if (left_ != 0) {
-            fail(std::to_string(left_) + " trailing bytes");
+        if (in_.remaining() != 0) {
+            fail(std::to_string(in_.remaining()) + " trailing bytes");
         }
     }
 
    private:
-    const uint8_t* p_;
-    size_t left_;
+    BufferReader in_; ///< every read checked against the bytes left
     const int d_;
 
     [[noreturn]] void fail(const std::string& what) const {
         FAISS_THROW_MSG(what);
     }
 
-    void bytes(void* out, size_t n, const char* what) {
-        if (n > left_) {
-            fail(std::string("truncated in ") + what);
-        }
-        if (n > 0) {
-            std::memcpy(out, p_, n);
-        }
-        p_ += n;
-        left_ -= n;
-    }
-
     template <typename T>
     T value(const char* what) {
-        T v;
-        bytes(&v, sizeof(T), what);
-        return v;
+        return in_.value<T>(what);
     }
 
     bool boolean(const char* what) {
@@ -96,27 +84,16 @@ class BlobWalker {
         return b == 1;
     }
 
-    /// READVECTOR: a size_t count, then count elements. Returns the count.
+    /// READVECTOR: a size_t count, then count elements, skipped. Returns
+    /// the count.
     size_t vector_skip(size_t elem_size, const char* what) {
         size_t count = value<uint64_t>(what);
-        if (count >= (uint64_t(1) << 40) || count > left_ / elem_size) {
+        if (count >= (uint64_t(1) << 40) || count > in_.remaining() / elem_size) {
             fail(std::string(what) + " holds " + std::to_string(count) +
                  " elements, more than the bytes left");
         }
-        p_ += count * elem_size;
-        left_ -= count * elem_size;
+        in_.skip(count * elem_size, what);
         return count;
-    }
-
-    template <typename T>
-    std::vector<T> vector(const char* what) {
-        const uint8_t* start = p_ + sizeof(uint64_t);
-        size_t count = vector_skip(sizeof(T), what);
-        std::vector<T> v(count);
-        if (count > 0) {
-            std::memcpy(v.data(), start, count * sizeof(T));
-        }
-        return v;
     }
 
     Header header(const char* what) {
@@ -208,12 +185,12 @@ class BlobWalker {
         std::vector<uint64_t> sizes(nlist, 0);
         uint32_t list_type = value<uint32_t>("list sizes");
         if (list_type == fourcc("full")) {
-            sizes = vector<uint64_t>("list sizes");
+            sizes = in_.vector<uint64_t>("list sizes");
             if (sizes.size() != nlist) {
                 fail("list sizes for " + std::to_string(sizes.size()) + " lists");
             }
         } else if (list_type == fourcc("sprs")) {
-            auto pairs = vector<uint64_t>("sparse list sizes");
+            auto pairs = in_.vector<uint64_t>("sparse list sizes");
             if (pairs.size() % 2 != 0) {
                 fail("sparse list sizes of odd length");
             }
@@ -228,11 +205,10 @@ class BlobWalker {
         }
         const size_t entry = code_size + sizeof(int64_t);
         for (uint64_t s : sizes) {
-            if (s > left_ / entry) {
+            if (s > in_.remaining() / entry) {
                 fail("an inverted list of " + std::to_string(s) + " entries, more than the bytes left");
             }
-            p_ += s * entry;
-            left_ -= s * entry;
+            in_.skip(s * entry, "inverted list");
         }
     }
 

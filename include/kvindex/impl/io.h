@@ -80,15 +80,16 @@ struct BufferReader {
         return size - pos;
     }
     void bytes(void* p, size_t n, const char* what) {
-        FAISS_THROW_IF_NOT_FMT(
-                n <= remaining(),
-                "read_index: truncated while reading %s (%zd bytes needed, %zd left)",
-                what,
-                n,
-                remaining());
+        need(n, what);
         if (n > 0) {
             std::memcpy(p, data + pos, n);
         }
+        pos += n;
+    }
+    /// Moves past n bytes, checked as bytes() is: for data a validator
+    /// only needs to count (a Faiss blob's codes).
+    void skip(size_t n, const char* what) {
+        need(n, what);
         pos += n;
     }
     template <class T>
@@ -113,6 +114,16 @@ struct BufferReader {
     std::string string(const char* what) {
         std::vector<char> v = vector<char>(what);
         return std::string(v.begin(), v.end());
+    }
+
+   private:
+    void need(size_t n, const char* what) const {
+        FAISS_THROW_IF_NOT_FMT(
+                n <= remaining(),
+                "read_index: truncated while reading %s (%zd bytes needed, %zd left)",
+                what,
+                n,
+                remaining());
     }
 };
 
