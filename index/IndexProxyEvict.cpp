@@ -373,18 +373,12 @@ void IndexProxyEvict::reset_impl() {
 }
 
 void IndexProxyEvict::reconstruct_impl(idx_t key, float* recons) const {
-    FAISS_THROW_IF_NOT_FMT(
-            key >= 0 && key < ntotal, "reconstruct: id %zd out of [0, %zd)",
-            size_t(key), size_t(ntotal));
     idx_t i = inner_id(key);
     FAISS_THROW_IF_NOT_FMT(i >= 0, "reconstruct: token %zd was evicted", size_t(key));
     inner->reconstruct(i, recons);
 }
 
 void IndexProxyEvict::reconstruct_value_impl(idx_t key, float* value) const {
-    FAISS_THROW_IF_NOT_FMT(
-            key >= 0 && key < ntotal, "reconstruct_value: id %zd out of [0, %zd)",
-            size_t(key), size_t(ntotal));
     idx_t i = inner_id(key);
     FAISS_THROW_IF_NOT_FMT(i >= 0, "reconstruct_value: token %zd was evicted", size_t(key));
     inner->reconstruct_value(i, value);

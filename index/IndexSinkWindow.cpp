@@ -260,11 +260,6 @@ void IndexSinkWindow::reset_impl() {
 }
 
 void IndexSinkWindow::reconstruct_impl(idx_t key, float* recons) const {
-    FAISS_THROW_IF_NOT_FMT(
-            key >= 0 && key < ntotal,
-            "reconstruct: id %zd out of [0, %zd)",
-            size_t(key),
-            size_t(ntotal));
     if (key < sink.size()) {
         std::memcpy(recons, sink.key(key), sizeof(float) * d);
     } else if (key >= window_start()) {
@@ -275,11 +270,6 @@ void IndexSinkWindow::reconstruct_impl(idx_t key, float* recons) const {
 }
 
 void IndexSinkWindow::reconstruct_value_impl(idx_t key, float* value) const {
-    FAISS_THROW_IF_NOT_FMT(
-            key >= 0 && key < ntotal,
-            "reconstruct_value: id %zd out of [0, %zd)",
-            size_t(key),
-            size_t(ntotal));
     if (key < sink.size()) {
         std::memcpy(value, sink.value(key), sizeof(float) * d_value);
     } else if (key >= window_start()) {

@@ -329,13 +329,15 @@ void IndexTopK::set_retriever_parameter(const std::string& name, double value) {
                 value,
                 nlist);
     }
-    // efSearch is an int in Faiss; the reader refuses more than 2^20
-    FAISS_THROW_IF_NOT_FMT(
-            name != "efSearch" || value <= double(kMaxEfSearch),
-            "TopK(%s): efSearch=%g must be in [1, %d]",
-            retriever_string.c_str(),
-            value,
-            kMaxEfSearch);
+    if (name == "efSearch") {
+        // an int in Faiss; the reader refuses more than kMaxEfSearch
+        FAISS_THROW_IF_NOT_FMT(
+                value <= double(kMaxEfSearch),
+                "TopK(%s): efSearch=%g must be in [1, %d]",
+                retriever_string.c_str(),
+                value,
+                kMaxEfSearch);
+    }
     faiss::ParameterSpace().set_index_parameter(retriever.get(), name, value);
 }
 
@@ -400,8 +402,7 @@ void IndexTopK::read_fields(BufferReader& r, uint32_t) {
     faiss::VectorIOReader fr;
     fr.data = r.vector<uint8_t>("TopK retriever");
     FAISS_THROW_IF_NOT_MSG(
-            storage.size() == ntotal && max_train_points > 0 && min_train_points > 0,
-            "read_index: TopK storage or training fields inconsistent");
+            storage.size() == ntotal, "read_index: TopK storage and ntotal inconsistent");
     // Faiss's reader leaks on a malformed blob: it only sees validated ones
     try {
         check_faiss_blob(fr.data.data(), fr.data.size(), d);

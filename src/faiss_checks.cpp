@@ -193,7 +193,6 @@ void check_faiss_retriever(
         int d,
         idx_t ntotal) {
     FAISS_THROW_IF_NOT_MSG(ret, "read_index: retriever missing");
-    check_retriever_string(factory_string, d, kMaxRetrieverLists);
     std::unique_ptr<faiss::Index> fresh(
             faiss::index_factory(d, factory_string.c_str(), faiss::METRIC_INNER_PRODUCT));
     FAISS_THROW_IF_NOT_FMT(

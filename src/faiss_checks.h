@@ -7,8 +7,9 @@
 
 namespace kvindex {
 
-/** Checks a Faiss retriever read from a file against what its owner expects:
- * the type its factory string builds, dimension d, inner product, ntotal
+/** Checks a Faiss retriever read from a file against what its owner expects
+ * (factory_string has passed check_retriever_string): the type its factory
+ * string builds, dimension d, inner product, ntotal
  * vectors, and the internal structure of the types kvindex uses (Flat, IVF
  * with array lists, HNSW): every stored id and neighbour in range, sizes
  * consistent. A forged file that passes the checksum is thus refused before a

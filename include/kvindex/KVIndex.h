@@ -139,10 +139,10 @@ struct AccessCount {
  * call that finds a write running, is refused with an exception that says
  * which, and changes nothing. Assigning public fields (k, estimator, ...)
  * and set_stream are writes the check cannot see: do them between calls.
- * The check is one atomic
- * counter per call, not a lock: nothing waits. Why refuse rather than make
- * appends safe under readers: a decode step appends one token and then
- * attends, in that order, so a serving stack never needs the overlap;
+ * The check is one atomic counter per call, not a lock: nothing waits. Why
+ * refuse rather than make appends safe under readers: a decode step appends
+ * one token and then attends, in that order, so a serving stack never needs
+ * the overlap;
  * refusing keeps the storage contiguous (the dense and top-k kernels stream
  * it) and costs no lock on the hot path, while an overlap it did not mean
  * (two requests mapped to one cache) becomes a clear error instead of a
