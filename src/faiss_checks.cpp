@@ -28,6 +28,8 @@ void check_flat_codes(const faiss::IndexFlatCodes* f, idx_t n, const char* what)
             size_t(n));
 }
 
+void check_hnsw(const faiss::IndexHNSW* index, idx_t n);
+
 void check_ivf(const faiss::IndexIVF* ivf, idx_t ntotal) {
     FAISS_THROW_IF_NOT_MSG(ivf->quantizer, "read_index: IVF retriever has no quantizer");
     FAISS_THROW_IF_NOT_FMT(
@@ -37,6 +39,9 @@ void check_ivf(const faiss::IndexIVF* ivf, idx_t ntotal) {
             ivf->nlist);
     if (auto qf = dynamic_cast<const faiss::IndexFlatCodes*>(ivf->quantizer)) {
         check_flat_codes(qf, qf->ntotal, "IVF quantizer");
+    }
+    if (auto qh = dynamic_cast<const faiss::IndexHNSW*>(ivf->quantizer)) {
+        check_hnsw(qh, qh->ntotal);
     }
     FAISS_THROW_IF_NOT_FMT(
             ivf->nprobe >= 1 && ivf->nprobe <= ivf->nlist,
@@ -120,12 +125,29 @@ void check_hnsw(const faiss::IndexHNSW* index, idx_t n) {
                 "read_index: HNSW node %zd has a malformed neighbour list",
                 size_t(i));
     }
-    for (auto nb : h.neighbors) {
-        FAISS_THROW_IF_NOT_FMT(
-                nb >= -1 && nb < n,
-                "read_index: HNSW neighbour %d out of [-1, %zd)",
-                nb,
-                size_t(n));
+    // Faiss's greedy descent reads the neighbours of the entry point from
+    // max_level down, and of every node it reaches at level l its level-l
+    // list: a node below that level has no such list and the read runs into
+    // the next node's (or past the table).
+    FAISS_THROW_IF_NOT_FMT(
+            n == 0 || h.levels[h.entry_point] == h.max_level + 1,
+            "read_index: HNSW entry point %d is not on the top level %d",
+            h.entry_point,
+            h.max_level);
+    for (idx_t i = 0; i < n; i++) {
+        for (int l = 0; l < h.levels[i]; l++) {
+            size_t begin, end;
+            h.neighbor_range(i, l, &begin, &end);
+            for (size_t j = begin; j < end; j++) {
+                int nb = h.neighbors[j];
+                FAISS_THROW_IF_NOT_FMT(
+                        nb >= -1 && nb < n && (nb == -1 || h.levels[nb] > l),
+                        "read_index: HNSW node %zd links to %d, not a node of level %d",
+                        size_t(i),
+                        nb,
+                        l);
+            }
+        }
     }
 }
 

@@ -4,11 +4,17 @@
 // The sanitizer job of scripts/run_tests.sh runs these under LeakSanitizer.
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <faiss/IndexHNSW.h>
+#include <faiss/IndexIVF.h>
+#include <faiss/impl/io.h>
+#include <faiss/index_io.h>
 
 #include <kvindex/IndexTopK.h>
 #include <kvindex/index_factory.h>
@@ -130,6 +136,75 @@ TEST(FaissBlob, CorruptedBytesNeverReachFaissUnchecked) {
             }
         }
     }
+}
+
+/// Reads the Faiss blob of a saved TopK, lets `corrupt` change values (never
+/// sizes) in the graph, writes it back in place and expects read_index to
+/// refuse the file naming `message`. Faiss's HNSW search trusts the graph, so
+/// such a file would otherwise segfault at the first search (found by
+/// fuzz_read_index in an IVF's HNSW quantizer).
+void expect_corrupt_graph_refused(
+        const std::string& family,
+        const std::function<void(faiss::HNSW&)>& corrupt,
+        const std::string& message) {
+    SCOPED_TRACE(family);
+    Saved s = saved_topk(family);
+    faiss::VectorIOReader reader;
+    reader.data.assign(s.buf.begin() + s.begin, s.buf.begin() + s.end);
+    std::unique_ptr<faiss::Index> ret(faiss::read_index(&reader));
+    faiss::IndexHNSW* hnsw = dynamic_cast<faiss::IndexHNSW*>(ret.get());
+    if (auto ivf = dynamic_cast<faiss::IndexIVF*>(ret.get())) {
+        hnsw = dynamic_cast<faiss::IndexHNSW*>(ivf->quantizer);
+    }
+    ASSERT_NE(hnsw, nullptr);
+    corrupt(hnsw->hnsw);
+    faiss::VectorIOWriter writer;
+    faiss::write_index(ret.get(), &writer);
+    ASSERT_EQ(writer.data.size(), s.end - s.begin);
+    std::copy(writer.data.begin(), writer.data.end(), s.buf.begin() + s.begin);
+    kvtest::forge_header(s.buf);
+    EXPECT_THROW_MSG(kvindex::read_index(s.buf), message);
+}
+
+/// The first node with a list on `level` and the first one without.
+std::pair<int, int> nodes_around_level(const faiss::HNSW& h, int level) {
+    int above = -1, below = -1;
+    for (int i = 0; i < int(h.levels.size()); i++) {
+        int& slot = h.levels[i] > level ? above : below;
+        if (slot < 0) {
+            slot = i;
+        }
+    }
+    return {above, below};
+}
+
+TEST(FaissBlob, CorruptHnswGraphsAreRefused) {
+    // a neighbour id past the quantizer's centroids (the quantizer's graph
+    // was not checked at all before)
+    expect_corrupt_graph_refused(
+            "IVF4_HNSW8,Flat",
+            [](faiss::HNSW& h) { h.neighbors[0] = 4; },
+            "HNSW node 0 links to 4");
+    // an upper-level link to a node that has no list on that level
+    expect_corrupt_graph_refused(
+            "HNSW8",
+            [](faiss::HNSW& h) {
+                auto [above, below] = nodes_around_level(h, 1);
+                ASSERT_GE(above, 0);
+                ASSERT_GE(below, 0);
+                size_t begin, end;
+                h.neighbor_range(above, 1, &begin, &end);
+                h.neighbors[begin] = below;
+            },
+            "not a node of level 1");
+    // an entry point below the top level
+    expect_corrupt_graph_refused(
+            "HNSW8",
+            [](faiss::HNSW& h) {
+                ASSERT_GE(h.max_level, 1);
+                h.entry_point = nodes_around_level(h, 1).second;
+            },
+            "is not on the top level");
 }
 
 } // namespace
