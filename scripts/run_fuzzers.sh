@@ -7,6 +7,9 @@
 #
 # Usage: bash scripts/run_fuzzers.sh [seconds-per-target] [build-dir]
 #        (defaults: 60, build-fuzz)
+# FUZZ_SEED=n fixes libFuzzer's mutation sequence (the test command uses 1, so
+# a commit's result does not hang on the luck of one run); unset or 0 draws a
+# new seed each run, which is what long exploratory runs want.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${1:-60}"
@@ -52,7 +55,7 @@ for t in "${TARGETS[@]}"; do
   corpus="$CORPUS/${t#fuzz_}"
   log="$LOGS/$t.log"
   args=(-max_total_time="$SECS" -rss_limit_mb=2048 -timeout=30 -max_len="${MAX_LEN[$t]}"
-        -print_final_stats=1 -artifact_prefix="$ARTIFACTS/$t-")
+        -print_final_stats=1 -artifact_prefix="$ARTIFACTS/$t-" -seed="${FUZZ_SEED:-0}")
   [ -n "${DICT[$t]:-}" ] && args+=(-dict="${DICT[$t]}")
   echo "run_fuzzers: $t for $SECS s (log: $log)"
   t0=$(date +%s)
