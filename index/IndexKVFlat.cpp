@@ -22,20 +22,15 @@ void exact_topk_inner_product(
         idx_t k,
         float* distances,
         idx_t* labels) {
-    std::vector<float> s(n);
-    inner_products_scaled(q, x, d, n, 1.0f, s.data());
+    // one fused pass (kernels.h); ties go to the smaller id, so results
+    // are deterministic
     idx_t kk = std::min(k, n);
-    std::vector<idx_t> ids(n);
-    std::iota(ids.begin(), ids.end(), 0);
-    // larger score first; ties by smaller id, so results are deterministic
-    auto better = [&](idx_t a, idx_t b) {
-        return s[a] > s[b] || (s[a] == s[b] && a < b);
-    };
-    std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(), better);
-    for (idx_t j = 0; j < kk; j++) {
-        distances[j] = s[ids[j]];
-        labels[j] = ids[j];
-    }
+    size_t filled = 0;
+    static_assert(sizeof(idx_t) == sizeof(int64_t), "labels are the heap's ids");
+    topk_inner_products(
+            q, x, d, size_t(n), nullptr, 0, size_t(kk), distances,
+            reinterpret_cast<int64_t*>(labels), &filled);
+    topk_heap_sort(distances, reinterpret_cast<int64_t*>(labels), filled);
     // padding as Faiss does for inner product: lowest float, label -1
     for (idx_t j = kk; j < k; j++) {
         distances[j] = std::numeric_limits<float>::lowest();

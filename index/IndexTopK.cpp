@@ -21,6 +21,7 @@
 #include "checks.h"
 #include "faiss_checks.h"
 #include "parallel.h"
+#include "retriever_scan.h"
 
 namespace kvindex {
 
@@ -160,6 +161,21 @@ void IndexTopK::search_batch(
                 retriever_string.c_str());
         ivf_params.nprobe = p->nprobe;
         rp = &ivf_params;
+    }
+    if (has_own_scan(retriever.get())) {
+        // Flat and IVF-Flat: our kernels scan (retriever_scan.h); one query
+        // per thread, each reading its keys once
+        FAISS_THROW_IF_NOT_FMT(
+                !(p && p->efSearch > 0),
+                "search: efSearch does not apply to retriever %s",
+                retriever_string.c_str());
+        auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
+        size_t nprobe = p && p->nprobe > 0 ? p->nprobe : ivf ? ivf->nprobe : 0;
+        parallel_for(n, [&](idx_t i) {
+            own_scan_search(
+                    retriever.get(), q + i * d, k, nprobe, distances + i * k, labels + i * k);
+        });
+        return;
     }
     // one thread of BLAS inside OpenMP regions (Faiss's flat search uses sgemm)
     ScopedBlasThreads blas(omp_in_parallel() ? 1 : 0);

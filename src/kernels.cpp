@@ -1,6 +1,8 @@
 #include <kvindex/kernels.h>
 
+#include <algorithm>
 #include <atomic>
+#include <numeric>
 #include <cstdlib>
 #include <string>
 
@@ -160,6 +162,37 @@ float dense_attention(
         float scale,
         float* out) {
     return kernels().dense_attention(q, keys, values, d, dv, n, scale, out);
+}
+
+void topk_inner_products(
+        const float* q,
+        const float* x,
+        size_t d,
+        size_t n,
+        const int64_t* ids,
+        int64_t id0,
+        size_t k,
+        float* heap_scores,
+        int64_t* heap_ids,
+        size_t* heap_size) {
+    kernels().topk_inner_products(q, x, d, n, ids, id0, k, heap_scores, heap_ids, heap_size);
+}
+
+void topk_heap_sort(float* heap_scores, int64_t* heap_ids, size_t heap_size) {
+    std::vector<size_t> order(heap_size);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return heap_scores[a] > heap_scores[b] ||
+                (heap_scores[a] == heap_scores[b] && heap_ids[a] < heap_ids[b]);
+    });
+    std::vector<float> s(heap_size);
+    std::vector<int64_t> ids(heap_size);
+    for (size_t j = 0; j < heap_size; j++) {
+        s[j] = heap_scores[order[j]];
+        ids[j] = heap_ids[order[j]];
+    }
+    std::copy(s.begin(), s.end(), heap_scores);
+    std::copy(ids.begin(), ids.end(), heap_ids);
 }
 
 } // namespace kvindex

@@ -359,6 +359,8 @@ float dense_attention(
     return m + std::log(sum);
 }
 
+#include "kernels_topk_body.h"
+
 const KernelTable table = {
         inner_products_scaled,
         inner_products_by_ids,
@@ -366,6 +368,7 @@ const KernelTable table = {
         weighted_sum,
         weighted_sum_by_ids,
         dense_attention,
+        topk_inner_products,
 };
 
 } // namespace KVINDEX_SIMD_NS

@@ -15,6 +15,9 @@ struct KernelTable {
     void (*weighted_sum_by_ids)(const float*, const float*, size_t, const int64_t*, size_t, float*);
     float (*dense_attention)(
             const float*, const float*, const float*, size_t, size_t, size_t, float, float*);
+    void (*topk_inner_products)(
+            const float*, const float*, size_t, size_t, const int64_t*, int64_t, size_t,
+            float*, int64_t*, size_t*);
 };
 
 namespace simd_generic {

@@ -68,4 +68,28 @@ float dense_attention(
         float scale,
         float* out);
 
+/** Running top-k by inner product, the selection fused into the scan (one
+ * read of each row). Rows x_i = x + i * d, i < n, carry the ids ids[i], or
+ * id0 + i when ids is nullptr. The heap (heap_scores, heap_ids: size k;
+ * *heap_size entries in use, 0 before the first call) keeps the k best
+ * rows of all the calls made with it, best = larger score, ties to the
+ * smaller id; it is a min-heap (the worst kept at index 0), so several
+ * calls (e.g. the probed lists of an IVF) can feed one selection.
+ * topk_heap_sort orders it at the end. Scores are unscaled <q, x_i>.
+ */
+void topk_inner_products(
+        const float* q,
+        const float* x,
+        size_t d,
+        size_t n,
+        const int64_t* ids,
+        int64_t id0,
+        size_t k,
+        float* heap_scores,
+        int64_t* heap_ids,
+        size_t* heap_size);
+
+/// Orders the heap of topk_inner_products best first, in place.
+void topk_heap_sort(float* heap_scores, int64_t* heap_ids, size_t heap_size);
+
 } // namespace kvindex

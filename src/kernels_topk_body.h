@@ -1,0 +1,113 @@
+// Top-k by inner product with the selection fused into the scan; part of
+// kernels_body.h (same namespace, same helpers), compiled once per
+// instruction set.
+//
+// Why fused: an exact top-k must read every key once, so it is bound by the
+// read bandwidth only if nothing else touches memory. Scores of a block of
+// rows stay in L1, are compared with the current k-th best there, and only
+// the few that beat it enter the heap; no n-sized score array is written
+// and read back.
+
+namespace {
+
+/// (sa, ia) ranks below (sb, ib): a lower score, or an equal score and a
+/// larger id (ties go to the smaller id, as in the reference).
+inline bool ranks_below(float sa, int64_t ia, float sb, int64_t ib) {
+    return sa < sb || (sa == sb && ia > ib);
+}
+
+/// Min-heap by ranks_below (the root is the worst kept): adds (s, id) to a
+/// heap of `size` entries.
+inline void heap_push(float* hs, int64_t* hi, size_t size, float s, int64_t id) {
+    size_t i = size;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!ranks_below(s, id, hs[parent], hi[parent])) {
+            break;
+        }
+        hs[i] = hs[parent];
+        hi[i] = hi[parent];
+        i = parent;
+    }
+    hs[i] = s;
+    hi[i] = id;
+}
+
+/// Replaces the root of a full heap by (s, id), which ranks above it.
+inline void heap_replace_root(float* hs, int64_t* hi, size_t size, float s, int64_t id) {
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= size) {
+            break;
+        }
+        if (c + 1 < size && ranks_below(hs[c + 1], hi[c + 1], hs[c], hi[c])) {
+            c++;
+        }
+        if (!ranks_below(hs[c], hi[c], s, id)) {
+            break;
+        }
+        hs[i] = hs[c];
+        hi[i] = hi[c];
+        i = c;
+    }
+    hs[i] = s;
+    hi[i] = id;
+}
+
+inline bool any_lane(vi mask) {
+    vi zero = {};
+    return std::memcmp(&mask, &zero, sizeof(mask)) != 0;
+}
+
+} // namespace
+
+void topk_inner_products(
+        const float* q,
+        const float* x,
+        size_t d,
+        size_t n,
+        const int64_t* ids,
+        int64_t id0,
+        size_t k,
+        float* heap_scores,
+        int64_t* heap_ids,
+        size_t* heap_size) {
+    if (k == 0) {
+        return;
+    }
+    constexpr size_t B = 256;
+    alignas(64) float s[B];
+    float* hs = heap_scores;
+    int64_t* hi = heap_ids;
+    size_t size = *heap_size;
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t nb = n - i0 < B ? n - i0 : B;
+        const float* xb = x + i0 * d;
+        inner_products_rows<true>(q, d, nb, 1.0f, s, [=](size_t i) { return xb + i * d; });
+        auto id_of = [&](size_t i) { return ids ? ids[i0 + i] : id0 + int64_t(i0 + i); };
+        size_t i = 0;
+        for (; i < nb && size < k; i++) {
+            heap_push(hs, hi, size++, s[i], id_of(i));
+        }
+        // Only a score at least the k-th best can enter (equal: it may win
+        // the tie on its id); once the heap is warm almost no lane does.
+        auto offer = [&](size_t r) {
+            int64_t id = id_of(r);
+            if (ranks_below(hs[0], hi[0], s[r], id)) {
+                heap_replace_root(hs, hi, size, s[r], id);
+            }
+        };
+        for (; i + W <= nb; i += W) {
+            if (any_lane(load(s + i) >= splat(hs[0]))) {
+                for (size_t r = i; r < i + W; r++) {
+                    offer(r);
+                }
+            }
+        }
+        for (; i < nb; i++) {
+            offer(i);
+        }
+    }
+    *heap_size = size;
+}

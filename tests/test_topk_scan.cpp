@@ -1,0 +1,203 @@
+// The fused top-k scan (kernels.h topk_inner_products) and the retriever
+// scans built on it (src/retriever_scan.h) against a double-precision
+// reference: every SIMD level, ties broken by the smaller id.
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <faiss/IndexIVF.h>
+
+#include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexTopK.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/kernels.h>
+
+#include "reference.h"
+
+using namespace kvindex;
+
+namespace {
+
+class TopKScanTest : public ::testing::TestWithParam<SimdLevel> {
+   protected:
+    void SetUp() override {
+        saved_ = get_simd_level();
+        set_simd_level(GetParam());
+    }
+    void TearDown() override {
+        set_simd_level(saved_);
+    }
+    SimdLevel saved_;
+};
+
+/// Small integers: every dot product is exact in float and in double, and
+/// many of them tie, which exercises the tie rule.
+std::vector<float> small_integers(size_t n, size_t d, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> pick(-2, 2);
+    std::vector<float> x(n * d);
+    for (float& v : x) {
+        v = float(pick(rng));
+    }
+    return x;
+}
+
+double dot_ref(const float* a, const float* b, size_t d) {
+    double s = 0;
+    for (size_t j = 0; j < d; j++) {
+        s += double(a[j]) * b[j];
+    }
+    return s;
+}
+
+const size_t kDims[] = {1, 3, 17, 64, 128, 130};
+const size_t kCounts[] = {0, 1, 5, 255, 256, 257, 1000, 3000};
+
+} // namespace
+
+TEST_P(TopKScanTest, ExactTopKEqualsReferenceWithTies) {
+    for (size_t d : kDims) {
+        for (size_t n : kCounts) {
+            auto x = small_integers(n, d, 3 + n * 7 + d);
+            auto q = small_integers(1, d, 11 + d);
+            for (idx_t k : {idx_t(1), idx_t(7), idx_t(100), idx_t(n), idx_t(n + 5)}) {
+                if (k == 0) {
+                    continue;
+                }
+                std::vector<float> dist(k);
+                std::vector<idx_t> labels(k);
+                exact_topk_inner_product(q.data(), x.data(), d, n, k, dist.data(), labels.data());
+                auto ref = kvtest::ref_topk(q.data(), x.data(), d, n, k);
+                for (idx_t j = 0; j < k; j++) {
+                    if (j < idx_t(ref.size())) {
+                        ASSERT_EQ(labels[j], ref[j]) << "d=" << d << " n=" << n << " k=" << k
+                                                     << " rank " << j;
+                        ASSERT_EQ(double(dist[j]), dot_ref(q.data(), x.data() + ref[j] * d, d));
+                    } else { // padding, as Faiss pads inner-product results
+                        ASSERT_EQ(labels[j], -1);
+                        ASSERT_EQ(dist[j], std::numeric_limits<float>::lowest());
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_P(TopKScanTest, GaussianScoresMatchReferenceRanks) {
+    // real-valued scores: float rounding may swap two scores closer than
+    // its error, so the j-th score (not the id) is compared
+    for (size_t d : {64, 128}) {
+        for (size_t n : {300, 4097}) {
+            auto x = kvtest::gaussian(n, d, 5 + n + d);
+            auto q = kvtest::gaussian(1, d, 17 + d);
+            idx_t k = 50;
+            std::vector<float> dist(k);
+            std::vector<idx_t> labels(k);
+            exact_topk_inner_product(q.data(), x.data(), d, n, k, dist.data(), labels.data());
+            auto ref = kvtest::ref_topk(q.data(), x.data(), d, n, k);
+            for (idx_t j = 0; j < k; j++) {
+                double want = dot_ref(q.data(), x.data() + ref[j] * d, d);
+                EXPECT_NEAR(dist[j], want, 1e-5 * (1 + std::abs(want))) << "rank " << j;
+                EXPECT_NEAR(
+                        dot_ref(q.data(), x.data() + labels[j] * d, d), want,
+                        1e-5 * (1 + std::abs(want)));
+            }
+        }
+    }
+}
+
+TEST_P(TopKScanTest, OneHeapFedByManyCallsWithIds) {
+    // the IVF use: chunks of rows with arbitrary ids feed one selection
+    const size_t d = 33, n = 2000;
+    const size_t k = 64;
+    auto x = small_integers(n, d, 21);
+    auto q = small_integers(1, d, 22);
+    std::vector<int64_t> perm(n);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(4));
+    std::vector<float> xp(n * d); // row r of xp is row perm[r] of x
+    for (size_t r = 0; r < n; r++) {
+        std::copy_n(x.data() + perm[r] * d, d, xp.data() + r * d);
+    }
+    std::vector<float> hs(k);
+    std::vector<int64_t> hi(k);
+    size_t filled = 0;
+    for (size_t begin = 0; begin < n;) {
+        size_t len = std::min(n - begin, 1 + begin % 301);
+        topk_inner_products(
+                q.data(), xp.data() + begin * d, d, len, perm.data() + begin, 0, k, hs.data(),
+                hi.data(), &filled);
+        begin += len;
+    }
+    ASSERT_EQ(filled, k);
+    topk_heap_sort(hs.data(), hi.data(), filled);
+    auto ref = kvtest::ref_topk(q.data(), x.data(), d, n, k);
+    for (size_t j = 0; j < k; j++) {
+        EXPECT_EQ(hi[j], ref[j]) << "rank " << j;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+        AllLevels,
+        TopKScanTest,
+        ::testing::ValuesIn(available_simd_levels()),
+        [](const ::testing::TestParamInfo<SimdLevel>& info) {
+            return std::string(simd_level_name(info.param));
+        });
+
+TEST(RetrieverScan, TopKFlatEqualsReference) {
+    const int d = 16;
+    const idx_t n = 1500, k = 40;
+    auto keys = small_integers(n, d, 31);
+    auto index = index_factory(d, "TopK(Flat)");
+    index->add_kv(n, keys.data(), keys.data());
+    for (int t = 0; t < 5; t++) {
+        auto q = small_integers(1, d, 40 + t);
+        std::vector<float> dist(k);
+        std::vector<idx_t> labels(k);
+        index->search(1, q.data(), k, dist.data(), labels.data());
+        auto ref = kvtest::ref_topk(q.data(), keys.data(), d, n, k);
+        EXPECT_EQ(labels, ref);
+    }
+}
+
+TEST(RetrieverScan, IvfFlatScanEqualsFaissSearch) {
+    // kvindex scans the probed lists itself; Faiss's own search of the same
+    // retriever is the independent reference (same lists, same keys)
+    const int d = 32;
+    const idx_t n = 4000, k = 30;
+    auto keys = kvtest::gaussian(n, d, 51);
+    auto index = index_factory(d, "TopK(IVF16,Flat)");
+    index->add_kv(n, keys.data(), keys.data());
+    auto topk = dynamic_cast<IndexTopK*>(index.get());
+    ASSERT_NE(topk, nullptr);
+    auto ivf = dynamic_cast<faiss::IndexIVF*>(topk->retriever.get());
+    ASSERT_NE(ivf, nullptr);
+    ASSERT_TRUE(ivf->is_trained);
+    const idx_t nq = 20;
+    auto q = kvtest::gaussian(nq, d, 52);
+    for (size_t nprobe : {1, 3, 8, 16}) {
+        SearchParametersTopK params;
+        params.nprobe = nprobe;
+        std::vector<float> dist(nq * k), fdist(nq * k);
+        std::vector<idx_t> labels(nq * k), flabels(nq * k);
+        index->search(nq, q.data(), k, dist.data(), labels.data(), &params);
+        faiss::SearchParametersIVF fparams;
+        fparams.nprobe = nprobe;
+        ivf->search(nq, q.data(), k, fdist.data(), flabels.data(), &fparams);
+        for (idx_t i = 0; i < nq * k; i++) {
+            // Faiss breaks ties its own way: scores rank by rank, ids as sets
+            EXPECT_NEAR(dist[i], fdist[i], 1e-5f * (1 + std::abs(fdist[i]))) << "nprobe=" << nprobe;
+            EXPECT_EQ(labels[i] < 0, flabels[i] < 0);
+        }
+        std::vector<idx_t> a(labels), b(flabels);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        EXPECT_EQ(a, b) << "nprobe=" << nprobe;
+    }
+}
