@@ -142,7 +142,7 @@ void check_hnsw(const faiss::IndexHNSW* index, idx_t n) {
                 int nb = h.neighbors[j];
                 FAISS_THROW_IF_NOT_FMT(
                         nb >= -1 && nb < n && (nb == -1 || h.levels[nb] > l),
-                        "read_index: HNSW node %zd links to %d, not a node of level %d",
+                        "read_index: HNSW node %zd: neighbour %d is not a node of level %d",
                         size_t(i),
                         nb,
                         l);

@@ -184,7 +184,7 @@ TEST(FaissBlob, CorruptHnswGraphsAreRefused) {
     expect_corrupt_graph_refused(
             "IVF4_HNSW8,Flat",
             [](faiss::HNSW& h) { h.neighbors[0] = 4; },
-            "HNSW node 0 links to 4");
+            "HNSW node 0: neighbour 4");
     // an upper-level link to a node that has no list on that level
     expect_corrupt_graph_refused(
             "HNSW8",
