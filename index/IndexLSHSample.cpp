@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <numeric>
 #include <random>
 
@@ -57,6 +58,200 @@ double lsh_inclusion_probability(double theta, int K, int L, int min_hits) {
     return upper;
 }
 
+namespace {
+
+/// log C(L, j) (exact sums of logs for small min(j, L - j), lgamma otherwise).
+double log_binomial(int L, int j) {
+    int k = std::min(j, L - j);
+    if (k <= 64) {
+        double s = 0;
+        for (int i = 0; i < k; i++) {
+            s += std::log(double(L - i) / double(i + 1));
+        }
+        return s;
+    }
+    return std::lgamma(L + 1.0) - std::lgamma(j + 1.0) - std::lgamma(L - j + 1.0);
+}
+
+/** log P[Binomial(L, P) >= m] - m K log_y with P = x^K, 0 < x <= 1, m >= 1,
+ * in the log domain throughout (no underflow for tiny u, no cancellation
+ * near u = 1): the tail that is summed is always the one whose terms
+ * decrease away from its first term. The reference the tables are built from. */
+double log_tail_shifted(double x, double log_y, int K, int L, int m, double log_c_m, double log_c_m1) {
+    double log_x = std::log(x), log_p = K * log_x, P = std::exp(log_p);
+    if (P >= 1.0) {
+        return -m * K * log_y;
+    }
+    double log_q = std::log1p(-P), ratio = P / (1.0 - P);
+    double mode = std::floor((L + 1) * P);
+    if (m > mode) { // upper tail from t_m, terms decrease
+        double sum = 1, t = 1;
+        for (int j = m; j < L; j++) {
+            t *= double(L - j) / double(j + 1) * ratio;
+            sum += t;
+            if (t < 1e-17 * sum) {
+                break;
+            }
+        }
+        return log_c_m + m * K * (log_x - log_y) + (L - m) * log_q + std::log(sum);
+    }
+    // lower tail backwards from t_{m-1} (m - 1 <= mode: terms decrease)
+    double log_t = log_c_m1 + (m - 1) * log_p + (L - m + 1) * log_q;
+    double sum = 1, t = 1;
+    for (int j = m - 1; j > 0; j--) {
+        t *= double(j) / double(L - j + 1) / ratio;
+        sum += t;
+        if (t < 1e-17 * sum) {
+            break;
+        }
+    }
+    double lower = std::min(1.0, std::exp(log_t) * sum);
+    return std::log1p(-lower) - m * K * log_y;
+}
+
+/// Natural log of a positive normal double without libm: exponent bits and
+/// an atanh series on the mantissa in [sqrt(1/2), sqrt(2)) (|error| < 1e-15).
+inline double poly_log(double r) {
+    uint64_t bits;
+    std::memcpy(&bits, &r, sizeof(bits));
+    int e = int((bits >> 52) & 0x7ff) - 1023;
+    bits = (bits & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL;
+    double mant;
+    std::memcpy(&mant, &bits, sizeof(mant));
+    if (mant > 1.4142135623730951) {
+        mant *= 0.5;
+        e++;
+    }
+    double z = (mant - 1.0) / (mant + 1.0), z2 = z * z; // |z| <= 0.1716
+    double p = 1.0 / 17;
+    p = p * z2 + 1.0 / 15;
+    p = p * z2 + 1.0 / 13;
+    p = p * z2 + 1.0 / 11;
+    p = p * z2 + 1.0 / 9;
+    p = p * z2 + 1.0 / 7;
+    p = p * z2 + 1.0 / 5;
+    p = p * z2 + 1.0 / 3;
+    p = p * z2 + 1.0;
+    return 2.0 * z * p + e * 0.6931471805599453;
+}
+
+constexpr double kHalfMax = 0.70710678118654752440; // sin(pi/4)
+
+inline double eval_cubic(const double* a, double t) {
+    return a[0] + t * (a[1] + t * (a[2] + t * a[3]));
+}
+
+/// Coefficients in t in [0, 1] of the cubic through f at t = 0, 1/3, 2/3, 1.
+void cubic_through(double f0, double f1, double f2, double f3, double* a) {
+    double d1 = f1 - f0, d2 = f2 - 2 * f1 + f0, d3 = f3 - 3 * f2 + 3 * f1 - f0;
+    // Newton form in u = 3t: f0 + d1 u + d2 u(u-1)/2 + d3 u(u-1)(u-2)/6
+    a[0] = f0;
+    a[1] = 3 * (d1 - d2 / 2 + d3 / 3);
+    a[2] = 9 * (d2 / 2 - d3 / 2);
+    a[3] = 27 * (d3 / 6);
+}
+
+} // namespace
+
+LSHInclusionTable::LSHInclusionTable(int K, int L, int min_hits) : K_(K), L_(L), m_(min_hits) {
+    FAISS_THROW_IF_NOT_FMT(
+            K >= 1 && K <= 16 && L >= 1 && L <= 4096 && min_hits >= 1 && min_hits <= L,
+            "LSHInclusionTable: K=%d, L=%d, min_hits=%d outside K in [1, 16], "
+            "1 <= min_hits <= L <= 4096", K, L, min_hits);
+    int m = min_hits;
+    mk_ = double(m) * K;
+    log_floor_ = std::log(kMinInclusion);
+    double lcm = log_binomial(L, m), lcm1 = log_binomial(L, m - 1);
+    // near half: log u at s = sin(theta / 2)
+    auto f_near = [&](double s) {
+        double theta = 2 * std::asin(std::min(s, 1.0));
+        double x = 1.0 - theta / M_PI;
+        return log_tail_shifted(x, 0.0, K, L, m, lcm, lcm1);
+    };
+    // far half: log u - m K log r at r = cos(theta / 2); pi - theta = 2 asin(r)
+    double g0 = lcm + mk_ * std::log(2.0 / M_PI);
+    auto f_far = [&](double r) {
+        if (r <= 0) {
+            return g0;
+        }
+        double x = 2 * std::asin(std::min(r, 1.0)) / M_PI;
+        return log_tail_shifted(x, std::log(r), K, L, m, lcm, lcm1);
+    };
+    for (int n = 32;; n *= 2) {
+        double h = kHalfMax / n, err = 0;
+        auto build = [&](auto&& f, auto&& shift, std::vector<double>& coef) {
+            std::vector<double> node(3 * size_t(n) + 1);
+            for (size_t k = 0; k < node.size(); k++) {
+                node[k] = f(std::min(kHalfMax, k * h / 3));
+            }
+            coef.resize(4 * size_t(n));
+            for (int i = 0; i < n; i++) {
+                const double* v = node.data() + 3 * size_t(i);
+                cubic_through(v[0], v[1], v[2], v[3], coef.data() + 4 * size_t(i));
+                for (double t : {1.0 / 6, 0.5, 5.0 / 6}) {
+                    double at = (i + t) * h, sh = shift(at);
+                    double exact = f(at), got = eval_cubic(coef.data() + 4 * size_t(i), t);
+                    // only values above the floor matter (log u is clamped after)
+                    if (exact + sh > log_floor_ - 1 || got + sh > log_floor_ - 1) {
+                        err = std::max(err, std::fabs(exact - got));
+                    }
+                }
+            }
+        };
+        build(f_near, [](double) { return 0.0; }, near_);
+        double err_near = err;
+        err = 0;
+        build(f_far, [&](double r) { return mk_ * std::log(r); }, far_);
+        n_ = n;
+        inv_h_ = n / kHalfMax;
+        max_err_ = std::max(err_near, err);
+        if (max_err_ <= kBuildTarget || n >= (1 << 16)) {
+            break;
+        }
+    }
+}
+
+
+double LSHInclusionTable::log_inclusion(double c) const {
+    c = std::min(1.0, std::max(-1.0, c));
+    double v;
+    if (c >= 0) {
+        double t = std::sqrt((1.0 - c) * 0.5) * inv_h_;
+        int i = std::min(int(t), n_ - 1);
+        v = eval_cubic(near_.data() + 4 * size_t(i), t - i);
+    } else {
+        double r = std::sqrt((1.0 + c) * 0.5);
+        if (!(r > 1e-300)) {
+            return log_floor_;
+        }
+        double t = r * inv_h_;
+        int i = std::min(int(t), n_ - 1);
+        v = eval_cubic(far_.data() + 4 * size_t(i), t - i) + mk_ * poly_log(r);
+    }
+    return std::min(0.0, std::max(log_floor_, v));
+}
+
+double LSHInclusionTable::inclusion(double c) const {
+    return std::exp(log_inclusion(c));
+}
+
+std::shared_ptr<const LSHInclusionTable> LSHInclusionTable::get(int K, int L, int min_hits) {
+    static std::mutex mu;
+    static std::vector<std::shared_ptr<const LSHInclusionTable>> cache;
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& t : cache) {
+        if (t->K_ == K && t->L_ == L && t->m_ == min_hits) {
+            return t;
+        }
+    }
+    auto t = std::make_shared<const LSHInclusionTable>(K, L, min_hits);
+    if (cache.size() >= 64) { // bounded: drop the oldest
+        cache.erase(cache.begin());
+    }
+    cache.push_back(t);
+    return t;
+}
+
 IndexLSHSample::IndexLSHSample() : KVIndex(0, 0) {}
 
 namespace {
@@ -77,6 +272,12 @@ void check_lsh_shape(int K, int L, int d, const char* what) {
             what, L, K, size_t(kMaxFloats));
 }
 
+/// Tokens past the tail's tables before they are rebuilt: the rebuild costs
+/// L (tail + 2^K), each query scans the unindexed ones code by code.
+idx_t recent_threshold(idx_t tail) {
+    return std::max<idx_t>(256, idx_t(std::sqrt(double(tail))));
+}
+
 } // namespace
 
 IndexLSHSample::IndexLSHSample(int d, int d_value, int K, int L)
@@ -89,6 +290,21 @@ IndexLSHSample::IndexLSHSample(int d, int d_value, int K, int L)
             "LSHSample%dx%d: L=%d tables cannot give min_hits=%d collisions",
             K, L, L, min_hits);
     set_seed(seed);
+    refresh_table();
+}
+
+void IndexLSHSample::refresh_table() {
+    table.reset();
+    if (min_hits >= 1 && min_hits <= L && K >= 1 && K <= 16) {
+        table = LSHInclusionTable::get(K, L, min_hits);
+    }
+}
+
+std::shared_ptr<const LSHInclusionTable> IndexLSHSample::table_for(int hits) const {
+    if (table && table->K() == K && table->L() == L && table->min_hits() == hits) {
+        return table;
+    }
+    return LSHInclusionTable::get(K, L, hits);
 }
 
 std::unique_ptr<KVIndex> IndexLSHSample::from_factory(FactoryChain& chain) {
@@ -170,7 +386,37 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
     idx_t tail = storage.size() - n_indexed;
     if (n_indexed == 0 || tail * 8 > n_indexed) {
         build_tables();
+    } else if (storage.size() - std::max(n_recent, n_indexed) > recent_threshold(tail)) {
+        build_recent_tables();
     }
+}
+
+void IndexLSHSample::build_recent_tables() {
+    idx_t n = storage.size(), t = n - n_indexed;
+    recent_offsets.clear();
+    recent_ids.clear();
+    n_recent = n_indexed;
+    if (t <= 0) {
+        return;
+    }
+    size_t B = size_t(1) << K;
+    recent_offsets.assign(size_t(L) * (B + 1), 0);
+    recent_ids.resize(size_t(L) * t);
+    std::vector<uint32_t> fill(B);
+    for (int l = 0; l < L; l++) {
+        uint32_t* off = recent_offsets.data() + size_t(l) * (B + 1);
+        for (idx_t i = n_indexed; i < n; i++) {
+            off[codes[i * L + l] + 1]++;
+        }
+        for (size_t b = 0; b < B; b++) {
+            off[b + 1] += off[b];
+        }
+        std::copy(off, off + B, fill.begin());
+        for (idx_t i = n_indexed; i < n; i++) { // ids ascending within each bucket
+            recent_ids[size_t(l) * t + fill[codes[i * L + l]]++] = uint32_t(i);
+        }
+    }
+    n_recent = n;
 }
 
 void IndexLSHSample::build_tables(idx_t n) {
@@ -200,7 +446,135 @@ void IndexLSHSample::build_tables(idx_t n) {
         }
     }
     n_indexed = n;
+    recent_offsets.clear();
+    recent_ids.clear();
+    n_recent = n;
 }
+
+namespace {
+
+/// Per-thread scratch of sample_one: zeroed collision counters (size >=
+/// ntotal, grown once) and buffers sized by the buckets walked.
+struct SampleScratch {
+    std::vector<uint8_t> count8;
+    std::vector<uint16_t> count16;
+    std::vector<uint32_t> touched, emitted, tmp;
+    std::vector<uint32_t> hist;
+};
+
+SampleScratch& sample_scratch() {
+    thread_local SampleScratch s;
+    return s;
+}
+
+/// Counts collisions of the ids of one bucket, branch-free: an id goes to
+/// touched at its first hit and to emitted at its (hm1 + 1)-th.
+template <class Count, class Id>
+inline void walk_bucket(
+        const Id* ids,
+        size_t len,
+        Count* count,
+        unsigned hm1,
+        uint32_t* touched,
+        size_t& nt,
+        uint32_t* emitted,
+        size_t& ne) {
+    constexpr unsigned kMax = std::numeric_limits<Count>::max();
+    for (size_t j = 0; j < len; j++) {
+        uint32_t id = ids[j];
+        unsigned c = count[id];
+        touched[nt] = id;
+        nt += c == 0;
+        emitted[ne] = id;
+        ne += c == hm1;
+        count[id] = Count(c + (c < kMax));
+    }
+}
+
+/// Sorts a[0, n) ascending (ids < 2^bits), LSD radix with <= 11-bit digits.
+void sort_ids(uint32_t* a, size_t n, int bits, std::vector<uint32_t>& tmp, std::vector<uint32_t>& hist) {
+    if (n < 256) {
+        std::sort(a, a + n);
+        return;
+    }
+    int passes = std::max(1, (bits + 10) / 11);
+    int w = (bits + passes - 1) / passes;
+    uint32_t mask = (1u << w) - 1;
+    tmp.resize(std::max(tmp.size(), n));
+    hist.resize(size_t(1) << w);
+    uint32_t *src = a, *dst = tmp.data();
+    for (int p = 0; p < passes; p++) {
+        int shift = p * w;
+        std::fill(hist.begin(), hist.end(), 0u);
+        for (size_t i = 0; i < n; i++) {
+            hist[(src[i] >> shift) & mask]++;
+        }
+        uint32_t sum = 0;
+        for (auto& h : hist) {
+            uint32_t c = h;
+            h = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++) {
+            dst[hist[(src[i] >> shift) & mask]++] = src[i];
+        }
+        std::swap(src, dst);
+    }
+    if (src != a) {
+        std::copy(src, src + n, a);
+    }
+}
+
+/// Rows gathered per kernel call; the rows of the next block are prefetched
+/// while this one is computed.
+constexpr size_t kGatherBlock = 8;
+
+inline void prefetch_rows(const float* base, size_t stride, const idx_t* ids, size_t n) {
+    size_t bytes = stride * sizeof(float);
+    for (size_t t = 0; t < n; t++) {
+        const char* p = reinterpret_cast<const char*>(base + size_t(ids[t]) * stride);
+        for (size_t b = 0; b < bytes; b += 64) {
+            __builtin_prefetch(p + b);
+        }
+        __builtin_prefetch(p + bytes - 1);
+    }
+}
+
+/// s[t] = <q, x_{ids[t]}>, ids ascending, rows prefetched a block ahead.
+void gathered_dots(const float* q, const float* x, size_t d, const idx_t* ids, size_t m, float* s) {
+    prefetch_rows(x, d, ids, std::min(m, kGatherBlock));
+    for (size_t t0 = 0; t0 < m; t0 += kGatherBlock) {
+        size_t nb = std::min(kGatherBlock, m - t0);
+        if (t0 + nb < m) {
+            prefetch_rows(x, d, ids + t0 + nb, std::min(kGatherBlock, m - t0 - nb));
+        }
+        inner_products_by_ids(q, x, d, ids + t0, nb, 1.0f, s + t0);
+    }
+}
+
+/// out = sum_t w[t] v_{ids[t]}, rows prefetched a block ahead.
+void gathered_weighted_sum(
+        const float* w, const float* v, size_t dv, const idx_t* ids, size_t m, float* out) {
+    constexpr size_t kBlock = 4 * kGatherBlock;
+    std::vector<float> part(dv);
+    std::fill(out, out + dv, 0.0f);
+    prefetch_rows(v, dv, ids, std::min(m, kGatherBlock));
+    for (size_t t0 = 0; t0 < m; t0 += kBlock) {
+        size_t nb = std::min(kBlock, m - t0);
+        for (size_t t1 = 0; t1 < nb; t1 += kGatherBlock) {
+            size_t next = t0 + t1 + kGatherBlock;
+            if (next < m) {
+                prefetch_rows(v, dv, ids + next, std::min(kGatherBlock, m - next));
+            }
+        }
+        weighted_sum_by_ids(w + t0, v, dv, ids + t0, nb, part.data());
+        for (size_t j = 0; j < dv; j++) {
+            out[j] += part[j];
+        }
+    }
+}
+
+} // namespace
 
 void IndexLSHSample::sample_one(
         const float* q,
@@ -208,12 +582,14 @@ void IndexLSHSample::sample_one(
         idx_t cap,
         Selection& sel,
         std::vector<float>& dots,
-        std::vector<uint8_t>& count) const {
+        std::vector<float>& log_u) const {
     sel.clear();
     if (hits <= 0) {
         sel.set_all(ntotal);
+        sel.inclusion.clear();
         dots.resize(ntotal);
         inner_products_scaled(q, storage.keys.data(), d, ntotal, 1.0f, dots.data());
+        log_u.assign(ntotal, 0.0f);
         sel.n_scanned = size_t(K) * L;
         return;
     }
@@ -221,73 +597,102 @@ void IndexLSHSample::sample_one(
     std::vector<uint16_t> qc(L);
     hash(q, nullptr, qc.data());
     size_t B = size_t(1) << K;
-    count.resize(std::max<size_t>(count.size(), ntotal));
-    std::vector<idx_t> touched;
-    // a token is emitted at its hits-th collision (saturating uint8 counter)
-    auto hit = [&](idx_t id) {
-        uint8_t& c = count[id];
-        if (c == 0) {
-            touched.push_back(id);
-        }
-        if (c < 255) {
-            c++;
-        }
-        if (c == hits) {
-            sel.ids.push_back(id);
-        }
-    };
+    bool recent = n_recent > n_indexed;
+    // the buckets the query falls in, in both levels: the work is their size
+    size_t total = 0;
     for (int l = 0; l < L; l++) {
         const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
-        size_t base = size_t(l) * n_indexed;
-        for (uint32_t j = off[qc[l]]; j < off[qc[l] + 1]; j++) {
-            hit(ids16.empty() ? idx_t(ids32[base + j]) : idx_t(ids16[base + j]));
+        total += off[qc[l] + 1] - off[qc[l]];
+        if (recent) {
+            const uint32_t* ro = recent_offsets.data() + size_t(l) * (B + 1);
+            total += ro[qc[l] + 1] - ro[qc[l]];
         }
     }
-    for (idx_t i : touched) {
-        count[i] = 0;
+    SampleScratch& sc = sample_scratch();
+    sc.touched.resize(std::max(sc.touched.size(), total + 1));
+    sc.emitted.resize(std::max(sc.emitted.size(), total + 1 + size_t(ntotal - std::max(n_recent, n_indexed))));
+    size_t nt = 0, ne = 0;
+    auto walk = [&](auto* count) {
+        unsigned hm1 = unsigned(hits - 1);
+        for (int l = 0; l < L; l++) {
+            const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
+            size_t base = size_t(l) * n_indexed, b0 = off[qc[l]], len = off[qc[l] + 1] - b0;
+            if (ids16.empty()) {
+                walk_bucket(ids32.data() + base + b0, len, count, hm1, sc.touched.data(), nt, sc.emitted.data(), ne);
+            } else {
+                walk_bucket(ids16.data() + base + b0, len, count, hm1, sc.touched.data(), nt, sc.emitted.data(), ne);
+            }
+            if (recent) {
+                const uint32_t* ro = recent_offsets.data() + size_t(l) * (B + 1);
+                size_t rb = size_t(l) * (n_recent - n_indexed) + ro[qc[l]];
+                walk_bucket(recent_ids.data() + rb, size_t(ro[qc[l] + 1] - ro[qc[l]]), count, hm1,
+                            sc.touched.data(), nt, sc.emitted.data(), ne);
+            }
+        }
+        for (size_t t = 0; t < nt; t++) {
+            count[sc.touched[t]] = 0;
+        }
+    };
+    if (hits <= 254) { // uint8 counters saturate at 255
+        if (sc.count8.size() < size_t(ntotal)) {
+            sc.count8.resize(ntotal, 0);
+        }
+        walk(sc.count8.data());
+    } else {
+        if (sc.count16.size() < size_t(ntotal)) {
+            sc.count16.resize(ntotal, 0);
+        }
+        walk(sc.count16.data());
     }
-    for (idx_t i = n_indexed; i < ntotal; i++) { // the tail, code by code
+    int bits = 1;
+    while (bits < 32 && (uint64_t(1) << bits) < uint64_t(ntotal)) {
+        bits++;
+    }
+    sort_ids(sc.emitted.data(), ne, bits, sc.tmp, sc.hist);
+    for (idx_t i = std::max(n_recent, n_indexed); i < ntotal; i++) { // the last tokens, code by code
         int c = 0;
         for (int l = 0; l < L; l++) {
             c += codes[i * L + l] == qc[l];
         }
         if (c >= hits) {
-            sel.ids.push_back(i);
+            sc.emitted[ne++] = uint32_t(i);
         }
     }
-    // inclusion probabilities from the angle between q and the centred key
-    size_t m = sel.ids.size();
+    size_t m = ne;
+    sel.ids.assign(sc.emitted.begin(), sc.emitted.begin() + m);
     dots.resize(m);
-    inner_products_by_ids(q, storage.keys.data(), d, sel.ids.data(), m, 1.0f, dots.data());
+    gathered_dots(q, storage.keys.data(), d, sel.ids.data(), m, dots.data());
+    // inclusion probabilities from cos(q, centred key), through the table
     double qm = 0, qq = 0;
     for (int j = 0; j < d; j++) {
         qm += double(q[j]) * mean[j];
         qq += double(q[j]) * q[j];
     }
     double qn = std::sqrt(qq);
-    sel.inclusion.resize(m);
+    auto tab = table_for(hits);
+    log_u.resize(m);
     for (size_t t = 0; t < m; t++) {
         double den = qn * norms[sel.ids[t]];
         double cosv = den > 0 ? (dots[t] - qm) / den : 0.0;
-        double theta = std::acos(std::min(1.0, std::max(-1.0, cosv)));
-        double u = lsh_inclusion_probability(theta, K, L, hits);
-        sel.inclusion[t] = float(std::max(u, 1e-30));
+        log_u[t] = float(tab->log_inclusion(cosv));
     }
     if (cap > 0 && idx_t(m) > cap) {
-        // keep the best-scoring keys (the estimate is then no longer unbiased)
+        // keep the best-scoring keys (the estimate is then no longer unbiased),
+        // in ascending id order
         std::vector<size_t> order(m);
         std::iota(order.begin(), order.end(), 0);
         std::partial_sort(order.begin(), order.begin() + cap, order.end(),
                           [&](size_t a, size_t b) { return dots[a] > dots[b]; });
-        Selection kept;
-        kept.n_scanned = sel.n_scanned;
-        std::vector<float> kept_dots(cap);
+        order.resize(cap);
+        std::sort(order.begin(), order.end());
         for (idx_t t = 0; t < cap; t++) {
-            kept.push_back(sel.ids[order[t]], sel.inclusion[order[t]]);
-            kept_dots[t] = dots[order[t]];
+            sel.ids[t] = sel.ids[order[t]];
+            dots[t] = dots[order[t]];
+            log_u[t] = log_u[order[t]];
         }
-        sel = std::move(kept);
-        dots = std::move(kept_dots);
+        sel.ids.resize(cap);
+        dots.resize(cap);
+        log_u.resize(cap);
     }
 }
 
@@ -306,9 +711,12 @@ void IndexLSHSample::select_one(
     int hits;
     idx_t cap;
     knobs(params, &hits, &cap);
-    thread_local std::vector<uint8_t> count;
-    std::vector<float> dots;
-    sample_one(q, hits, cap, sel, dots, count);
+    std::vector<float> dots, log_u;
+    sample_one(q, hits, cap, sel, dots, log_u);
+    sel.inclusion.resize(sel.ids.size());
+    for (size_t t = 0; t < sel.ids.size(); t++) {
+        sel.inclusion[t] = std::exp(log_u[t]);
+    }
 }
 
 float IndexLSHSample::attend_one(const float* q, float* out, const faiss::SearchParameters* params)
@@ -317,20 +725,22 @@ float IndexLSHSample::attend_one(const float* q, float* out, const faiss::Search
     idx_t cap;
     knobs(params, &hits, &cap);
     // the unbiased estimator on the sample, softmax(s_i - log u_i), from the
-    // inner products sampling computed for u
-    thread_local std::vector<uint8_t> count;
+    // inner products sampling computed for u, and log u from the table
     Selection sel;
-    std::vector<float> s;
-    sample_one(q, hits, cap, sel, s, count);
+    std::vector<float> s, log_u;
+    sample_one(q, hits, cap, sel, s, log_u);
     size_t m = sel.size();
+    if (m == 0) {
+        std::fill(out, out + d_value, 0.0f);
+        return -std::numeric_limits<float>::infinity();
+    }
     float scale = score_scale();
-    std::vector<float> log_u(m);
     for (size_t t = 0; t < m; t++) {
         s[t] *= scale;
-        log_u[t] = std::log(sel.inclusion[t]);
     }
-    return attention_from_scores(
-            s.data(), log_u.data(), storage.values.data(), d_value, sel.ids.data(), m, out);
+    float lse = softmax_inplace(s.data(), log_u.data(), m);
+    gathered_weighted_sum(s.data(), storage.values.data(), d_value, sel.ids.data(), m, out);
+    return lse;
 }
 
 void IndexLSHSample::reset_impl() {
@@ -341,14 +751,18 @@ void IndexLSHSample::reset_impl() {
     offsets.clear();
     ids16.clear();
     ids32.clear();
+    recent_offsets.clear();
+    recent_ids.clear();
     n_indexed = 0;
+    n_recent = 0;
     ntotal = 0;
 }
 
 size_t IndexLSHSample::table_bytes() const {
     return codes.capacity() * sizeof(uint16_t) + offsets.capacity() * sizeof(uint32_t) +
             ids16.capacity() * sizeof(uint16_t) + ids32.capacity() * sizeof(uint32_t) +
-            norms.capacity() * sizeof(float);
+            recent_offsets.capacity() * sizeof(uint32_t) +
+            recent_ids.capacity() * sizeof(uint32_t) + norms.capacity() * sizeof(float);
 }
 
 size_t IndexLSHSample::memory_bytes() const {
@@ -378,6 +792,7 @@ bool IndexLSHSample::set_parameter(const std::string& name, double value) {
             L);
     if (name == "min_hits") {
         min_hits = int(value);
+        refresh_table();
     } else {
         max_sample = idx_t(value);
     }
@@ -447,7 +862,9 @@ void IndexLSHSample::read_fields(BufferReader& r, uint32_t) {
     check_finite(norms.data(), 1, norms.size(), "read_index: key norms");
     if (n > 0) {
         build_tables(n_tables);
+        build_recent_tables();
     }
+    refresh_table();
 }
 
 void IndexLSHSample::check_invariants() const {
@@ -462,7 +879,10 @@ void IndexLSHSample::check_invariants() const {
                     storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
                     n_indexed >= 0 && n_indexed <= n &&
                     (n == 0 || offsets.size() == size_t(L) * (B + 1)) &&
-                    ids16.size() + ids32.size() == size_t(L) * n_indexed,
+                    ids16.size() + ids32.size() == size_t(L) * n_indexed &&
+                    n_recent >= n_indexed && n_recent <= n &&
+                    recent_ids.size() == size_t(L) * (n_recent - n_indexed) &&
+                    (n_recent == n_indexed || recent_offsets.size() == size_t(L) * (B + 1)),
             "IndexLSHSample: tables, codes and ntotal=%zd disagree",
             size_t(n));
 }

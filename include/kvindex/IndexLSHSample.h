@@ -25,6 +25,79 @@ struct SearchParametersLSH : SearchParametersKV {
  */
 double lsh_inclusion_probability(double theta, int K, int L, int min_hits);
 
+/** lsh_inclusion_probability as a function of c = cos(theta), tabulated
+ * once per (K, L, min_hits) so that a query pays no acos, pow, exp or log
+ * per sampled key: one sqrt, one table cell and a cubic polynomial.
+ *
+ * Layout: two halves of the angle, each smooth in its own variable (which
+ * removes the square-root singularities of acos at c = +-1):
+ *  - c >= 0: s = sqrt((1 - c) / 2) = sin(theta/2) in [0, 1/sqrt(2)], the
+ *    table holds log u;
+ *  - c <  0: r = sqrt((1 + c) / 2) = cos(theta/2) in (0, 1/sqrt(2)], the
+ *    table holds log u - m K log r (u ~ C(L, m) (2r/pi)^(mK) as r -> 0, so
+ *    this is smooth up to theta = pi), and m K log r is added back with a
+ *    polynomial logarithm (|error| < 1e-12 per unit of m K).
+ * Each half is N cells with a cubic through 4 equispaced exact values per
+ * cell (continuous at the nodes). N doubles from 32 until the largest
+ * error of log u at 3 check points per cell is below kBuildTarget (N is
+ * capped at 2^16; max_log_error() reports what was reached).
+ *
+ * Error bound: |log u_table - log max(u, kMinInclusion)| <= kMaxLogError
+ * (1e-7) for every c in [-1, 1], i.e. the relative error of u (and of the
+ * estimator's weights 1/u) is below 1.0000001e-7 wherever u >= kMinInclusion.
+ * Tiny u: below kMinInclusion = 1e-30 (theta near pi, large K * min_hits)
+ * the table returns exactly kMinInclusion, the same floor the exact path
+ * applied, so weights 1/u stay finite. The bound is the one verified by
+ * tests/test_lsh_speed_paths.cpp over K in [1, 16], L up to 300 and
+ * min_hits 1..3; for larger K * min_hits the build keeps refining until its
+ * check points meet kBuildTarget. min_hits = 0 is u = 1 (no table needed).
+ */
+class LSHInclusionTable {
+   public:
+    static constexpr double kMinInclusion = 1e-30;
+    static constexpr double kMaxLogError = 1e-7;
+    static constexpr double kBuildTarget = 1e-8;
+
+    /// Builds the table (costs some thousands of exact evaluations).
+    LSHInclusionTable(int K, int L, int min_hits);
+
+    /// The table of (K, L, min_hits), built once per process and shared.
+    static std::shared_ptr<const LSHInclusionTable> get(int K, int L, int min_hits);
+
+    /// log u for cos(theta) = c (clamped to [-1, 1]); >= log(kMinInclusion).
+    double log_inclusion(double c) const;
+    /// u = exp(log_inclusion(c)).
+    double inclusion(double c) const;
+
+    int K() const {
+        return K_;
+    }
+    int L() const {
+        return L_;
+    }
+    int min_hits() const {
+        return m_;
+    }
+    /// cells per half
+    int cells() const {
+        return n_;
+    }
+    /// largest |error of log u| measured at the build's check points
+    double max_log_error() const {
+        return max_err_;
+    }
+
+   private:
+    int K_, L_, m_;
+    int n_ = 0;
+    double inv_h_ = 0;      ///< cells per unit of s (or r)
+    double mk_ = 0;         ///< m * K
+    double log_floor_ = 0;  ///< log(kMinInclusion)
+    double max_err_ = 0;
+    std::vector<double> near_; ///< 4 coefficients per cell, c >= 0
+    std::vector<double> far_;  ///< 4 coefficients per cell, c < 0
+};
+
 /** MagicPIG's LSH sampling with the unbiased attention estimator ("MagicPIG:
  * LSH Sampling for Efficient LLM Generation", arXiv 2410.16179).
  *
@@ -40,8 +113,18 @@ double lsh_inclusion_probability(double theta, int K, int L, int min_hits);
  *
  * Tables are CSR per table: 2^K + 1 bucket offsets and the token ids sorted
  * by bucket, in 16-bit ids while they fit, 32-bit after. Tokens appended
- * after the last build are kept in a short tail, checked code by code, and
- * folded into the tables when the tail reaches 1/8 of them.
+ * after the last build are kept in a tail, folded into the tables when it
+ * reaches 1/8 of them. The tail has CSR tables of its own (recent_*),
+ * rebuilt when more than max(256, tail / 16) tokens arrived after them; only
+ * those last tokens are checked code by code.
+ *
+ * Per query the work is proportional to the buckets the query falls in, not
+ * to ntotal: collisions are counted in a per-thread uint8 (uint16 when
+ * min_hits > 254) scratch by walking the L buckets and reset through the
+ * list of touched ids; the sample is sorted by id (radix sort) and the key
+ * and value rows are prefetched ahead of the gathered dot products and
+ * weighted sum; u comes from an LSHInclusionTable (no acos / binomial per
+ * key), and attend feeds log u straight to the softmax.
  * Factory string: "LSHSample<K>x<L>". Knobs: k, min_hits, max_sample.
  */
 struct IndexLSHSample : KVIndex {
@@ -61,6 +144,10 @@ struct IndexLSHSample : KVIndex {
     std::vector<uint32_t> offsets;     ///< size L * (2^K + 1)
     std::vector<uint16_t> ids16;       ///< size L * n_indexed when n_indexed <= 65536
     std::vector<uint32_t> ids32;       ///< size L * n_indexed otherwise
+    /// tokens [n_indexed, n_recent) are in the tail's tables, the rest are scanned
+    idx_t n_recent = 0;
+    std::vector<uint32_t> recent_offsets; ///< size L * (2^K + 1) when n_recent > n_indexed
+    std::vector<uint32_t> recent_ids;     ///< size L * (n_recent - n_indexed), absolute ids
 
     IndexLSHSample(int d, int d_value, int K, int L);
     IndexLSHSample();
@@ -112,16 +199,26 @@ struct IndexLSHSample : KVIndex {
     /// min_hits and max_sample for one call: params override the fields.
     void knobs(const faiss::SearchParameters* params, int* hits, idx_t* cap) const;
 
-    /** The sample of one query: ids and inclusion probabilities in sel, and
-     * <q, k_i> of each sampled key in dots (computed for u anyway, reused by
-     * attend and search). count is a zeroed per-thread counter array. */
+    /** The sample of one query, ids ascending: ids in sel, <q, k_i> of each
+     * sampled key in dots (computed for u anyway, reused by attend) and
+     * log u_i in log_u; sel.inclusion is left empty (select fills it). */
     void sample_one(
             const float* q,
             int hits,
             idx_t cap,
             Selection& sel,
             std::vector<float>& dots,
-            std::vector<uint8_t>& count) const;
+            std::vector<float>& log_u) const;
+
+    /// Rebuilds the tail's tables over [n_indexed, ntotal).
+    void build_recent_tables();
+
+    /// The inclusion table of (K, L, hits): the one held if it matches.
+    std::shared_ptr<const LSHInclusionTable> table_for(int hits) const;
+    /// Fetches the table of (K, L, min_hits) into `table` (non-const paths).
+    void refresh_table();
+
+    std::shared_ptr<const LSHInclusionTable> table; ///< of (K, L, min_hits), or null
 };
 
 } // namespace kvindex
