@@ -12,6 +12,8 @@
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
 
+#include "parallel.h"
+
 namespace kvindex {
 
 void exact_topk_inner_product(
@@ -67,8 +69,30 @@ void IndexKVFlat::select_one(const float*, Selection& sel, const faiss::SearchPa
 }
 
 float IndexKVFlat::attend_one(const float* q, float* out, const faiss::SearchParameters*) const {
-    return exact_attention(
-            q, storage.keys.data(), storage.values.data(), d, d_value, ntotal, out);
+    // the group kernel for one query, so that every path of attend rounds
+    // alike (a query's result does not depend on its chunk)
+    float lse;
+    dense_attention_group(
+            q, 1, storage.keys.data(), storage.values.data(), d, d_value, ntotal,
+            score_scale(), out, &lse);
+    return lse;
+}
+
+void IndexKVFlat::attend_batch(
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters*) const {
+    // one pass over keys and values per chunk of queries; chunks in parallel
+    idx_t n_chunks = (n + kAttendChunk - 1) / kAttendChunk;
+    parallel_for(n_chunks, [&](idx_t c) {
+        idx_t i0 = c * kAttendChunk;
+        idx_t nc = std::min(kAttendChunk, n - i0);
+        dense_attention_group(
+                q + i0 * d, size_t(nc), storage.keys.data(), storage.values.data(), d,
+                d_value, ntotal, score_scale(), out + i0 * d_value, lse + i0);
+    });
 }
 
 void IndexKVFlat::reset_impl() {

@@ -225,30 +225,45 @@ void IndexSinkWindow::attend_batch(
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
+    // the inner index gets all the queries in one call (a GQA group: one
+    // pass over its tokens where its type batches, e.g. Flat)
     std::vector<float> inner_out, inner_lse;
     if (inner->ntotal > 0) {
         inner_out.resize(n * d_value);
         inner_lse.resize(n);
         inner->attend(n, q, inner_out.data(), inner_lse.data(), params);
     }
-    parallel_for(n, [&](idx_t i) {
-        const float* qi = q + i * d;
-        std::vector<float> parts(2 * d_value);
-        float lses[3];
-        lses[0] = exact_attention(
-                qi, sink.keys.data(), sink.values.data(), d, d_value, sink.size(),
-                parts.data());
-        lses[1] = exact_attention(
-                qi, window.keys.data(), window.values.data(), d, d_value,
-                window.size(), parts.data() + d_value);
-        const float* outs[3] = {parts.data(), parts.data() + d_value, nullptr};
-        size_t n_parts = 2;
-        if (inner->ntotal > 0) {
-            outs[2] = inner_out.data() + i * d_value;
-            lses[2] = inner_lse[i];
-            n_parts = 3;
+    // the static tokens: one pass over sink and window per chunk of
+    // queries, then a merge per query
+    constexpr idx_t chunk = 8;
+    idx_t n_chunks = (n + chunk - 1) / chunk;
+    float scale = score_scale();
+    parallel_for(n_chunks, [&](idx_t ch) {
+        idx_t i0 = ch * chunk;
+        idx_t nc = std::min(chunk, n - i0);
+        const float* qc = q + i0 * d;
+        std::vector<float> parts(2 * nc * d_value);
+        float* sink_out = parts.data();
+        float* window_out = parts.data() + nc * d_value;
+        float sink_lse[chunk], window_lse[chunk];
+        dense_attention_group(
+                qc, size_t(nc), sink.keys.data(), sink.values.data(), d, d_value,
+                sink.size(), scale, sink_out, sink_lse);
+        dense_attention_group(
+                qc, size_t(nc), window.keys.data(), window.values.data(), d, d_value,
+                window.size(), scale, window_out, window_lse);
+        for (idx_t c = 0; c < nc; c++) {
+            idx_t i = i0 + c;
+            float lses[3] = {sink_lse[c], window_lse[c], 0.0f};
+            const float* outs[3] = {sink_out + c * d_value, window_out + c * d_value, nullptr};
+            size_t n_parts = 2;
+            if (inner->ntotal > 0) {
+                outs[2] = inner_out.data() + i * d_value;
+                lses[2] = inner_lse[i];
+                n_parts = 3;
+            }
+            lse[i] = merge_attention(n_parts, outs, lses, d_value, out + i * d_value);
         }
-        lse[i] = merge_attention(n_parts, outs, lses, d_value, out + i * d_value);
     });
 }
 

@@ -178,13 +178,19 @@ void KVCache::attend(
         check_not_null(q, "KVCache::attend: queries");
         check_not_null(out, "KVCache::attend: out");
     }
-    parallel_for(n_q_heads, [&](idx_t h) {
-        index(layer, kv_head_of(int(h)))
+    // One call per KV head with the g * n queries of its group: the query
+    // heads of KV head h are g consecutive heads, so their queries, outputs
+    // and lse are contiguous ([g, n, d] is [g * n, d]), and an index that
+    // batches (Flat: one pass over its keys and values) reads its tokens
+    // once per group instead of once per query head.
+    idx_t g = group_size();
+    parallel_for(n_kv_heads, [&](idx_t h) {
+        index(layer, int(h))
                 ->attend(
-                        n,
-                        q + h * n * d,
-                        out + h * n * d_value,
-                        lse ? lse + h * n : nullptr,
+                        g * n,
+                        q + h * g * n * d,
+                        out + h * g * n * d_value,
+                        lse ? lse + h * g * n : nullptr,
                         params);
     });
 }

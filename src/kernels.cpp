@@ -164,6 +164,20 @@ float dense_attention(
     return kernels().dense_attention(q, keys, values, d, dv, n, scale, out);
 }
 
+void dense_attention_group(
+        const float* q,
+        size_t g,
+        const float* keys,
+        const float* values,
+        size_t d,
+        size_t dv,
+        size_t n,
+        float scale,
+        float* out,
+        float* lse) {
+    kernels().dense_attention_group(q, g, keys, values, d, dv, n, scale, out, lse);
+}
+
 void topk_inner_products(
         const float* q,
         const float* x,

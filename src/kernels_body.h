@@ -361,6 +361,8 @@ float dense_attention(
 
 #include "kernels_topk_body.h"
 
+#include "kernels_group_body.h"
+
 const KernelTable table = {
         inner_products_scaled,
         inner_products_by_ids,
@@ -369,6 +371,7 @@ const KernelTable table = {
         weighted_sum_by_ids,
         dense_attention,
         topk_inner_products,
+        dense_attention_group,
 };
 
 } // namespace KVINDEX_SIMD_NS

@@ -18,6 +18,9 @@ struct KernelTable {
     void (*topk_inner_products)(
             const float*, const float*, size_t, size_t, const int64_t*, int64_t, size_t,
             float*, int64_t*, size_t*);
+    void (*dense_attention_group)(
+            const float*, size_t, const float*, const float*, size_t, size_t, size_t, float,
+            float*, float*);
 };
 
 namespace simd_generic {

@@ -12,11 +12,19 @@ struct FactoryChain;
 /** Exact attention over every token: the dense baseline.
  *
  * search is exact top-k by inner product; select returns every token;
- * attend runs the fused dense kernel, one pass over keys and values.
+ * attend runs the fused dense kernel, one pass over keys and values for
+ * up to kAttendChunk queries at once (dense_attention_group): a GQA group
+ * handed over in one attend call reads its KV head once, not once per
+ * query head. A query's output does not depend on how many queries share
+ * its call (attend(n) equals n calls of attend(1), bit for bit).
  * Factory string: "Flat".
  */
 struct IndexKVFlat : KVIndex {
     KVStorage storage; ///< keys and values of all tokens
+
+    /// Queries attended by one pass over the keys and values; the chunks
+    /// of a larger batch run in parallel.
+    static constexpr idx_t kAttendChunk = 8;
 
     explicit IndexKVFlat(int d = 0, int d_value = -1);
 
@@ -51,6 +59,12 @@ struct IndexKVFlat : KVIndex {
             const override;
     float attend_one(const float* q, float* out, const faiss::SearchParameters* params)
             const override;
+    void attend_batch(
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params) const override;
 };
 
 /** Exact top-k by inner product over contiguous rows, for one query:

@@ -75,7 +75,10 @@ struct KVCache {
     /// leave the heads of the layer with different lengths.
     void append(int layer, idx_t n, const float* keys, const float* values);
 
-    /** Attention of n queries per query head of one layer.
+    /** Attention of n queries per query head of one layer. Each KV head
+     * gets the queries of its whole GQA group in one attend call (g * n
+     * queries), so that an index that batches reads its tokens once per
+     * group; the KV heads run in parallel.
      * @param q    size n_q_heads * n * d
      * @param out  size n_q_heads * n * d_value
      * @param lse  size n_q_heads * n, or nullptr

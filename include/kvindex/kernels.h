@@ -68,6 +68,32 @@ float dense_attention(
         float scale,
         float* out);
 
+/** Fused dense attention of g queries over the same n contiguous tokens,
+ * one pass over keys and values for all of them (the query heads of a GQA
+ * group, or a batch): each key and value row is read from memory once,
+ * not g times. Query c gets what dense_attention(q + c * d, ...) gives, up
+ * to float rounding (the sums run in another order: relative differences
+ * ~1e-6).
+ *
+ * @param q       queries, size g * d (row c = query c)
+ * @param keys    size n * d
+ * @param values  size n * dv
+ * @param out     output, size g * dv (row c = output of query c)
+ * @param lse     output, size g: log-sum-exp of the scaled scores of each
+ *                query (-inf when n == 0, with out = 0)
+ */
+void dense_attention_group(
+        const float* q,
+        size_t g,
+        const float* keys,
+        const float* values,
+        size_t d,
+        size_t dv,
+        size_t n,
+        float scale,
+        float* out,
+        float* lse);
+
 /** Running top-k by inner product, the selection fused into the scan (one
  * read of each row). Rows x_i = x + i * d, i < n, carry the ids ids[i], or
  * id0 + i when ids is nullptr. The heap (heap_scores, heap_ids: size k;
