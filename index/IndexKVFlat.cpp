@@ -22,13 +22,18 @@ void exact_topk_inner_product(
         idx_t k,
         float* distances,
         idx_t* labels) {
+    exact_topk_inner_product(q, KVRows(x, d), n, k, distances, labels);
+}
+
+void exact_topk_inner_product(
+        const float* q, KVRows x, idx_t n, idx_t k, float* distances, idx_t* labels) {
     // one fused pass (kernels.h); ties go to the smaller id, so results
     // are deterministic
     idx_t kk = std::min(k, n);
     size_t filled = 0;
     static_assert(sizeof(idx_t) == sizeof(int64_t), "labels are the heap's ids");
     topk_inner_products(
-            q, x, d, size_t(n), nullptr, 0, size_t(kk), distances,
+            q, x, size_t(n), nullptr, 0, size_t(kk), distances,
             reinterpret_cast<int64_t*>(labels), &filled);
     topk_heap_sort(distances, reinterpret_cast<int64_t*>(labels), filled);
     // padding as Faiss does for inner product: lowest float, label -1
@@ -38,15 +43,15 @@ void exact_topk_inner_product(
     }
 }
 
-IndexKVFlat::IndexKVFlat(int d, int d_value)
-        : KVIndex(d, d_value), storage(d, this->d_value) {}
+IndexKVFlat::IndexKVFlat(int d, int d_value, KVType kv_type)
+        : KVIndex(d, d_value, kv_type), storage(d, this->d_value, kv_type) {}
 
 std::unique_ptr<KVIndex> IndexKVFlat::from_factory(FactoryChain& chain) {
     if (chain.peek() != "Flat") {
         return nullptr;
     }
     chain.take();
-    return std::make_unique<IndexKVFlat>(chain.d, chain.d_value);
+    return std::make_unique<IndexKVFlat>(chain.d, chain.d_value, chain.kv_type);
 }
 
 void IndexKVFlat::add_kv_impl(idx_t n, const float* keys, const float* values) {
@@ -59,7 +64,7 @@ void IndexKVFlat::search_one(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters*) const {
-    exact_topk_inner_product(q, storage.keys.data(), d, ntotal, k, distances, labels);
+    exact_topk_inner_product(q, storage.key_rows(), ntotal, k, distances, labels);
 }
 
 void IndexKVFlat::select_one(const float*, Selection& sel, const faiss::SearchParameters*) const {
@@ -67,8 +72,7 @@ void IndexKVFlat::select_one(const float*, Selection& sel, const faiss::SearchPa
 }
 
 float IndexKVFlat::attend_one(const float* q, float* out, const faiss::SearchParameters*) const {
-    return exact_attention(
-            q, storage.keys.data(), storage.values.data(), d, d_value, ntotal, out);
+    return exact_attention(q, storage.key_rows(), storage.value_rows(), ntotal, out);
 }
 
 void IndexKVFlat::reset_impl() {
@@ -85,7 +89,7 @@ void IndexKVFlat::write_fields(BufferWriter& w) const {
 }
 
 void IndexKVFlat::read_fields(BufferReader& r, uint32_t) {
-    storage = KVStorage(d, d_value);
+    storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "Flat storage");
 }
 
@@ -93,7 +97,7 @@ void IndexKVFlat::check_invariants() const {
     KVIndex::check_invariants();
     FAISS_THROW_IF_NOT_FMT(
             storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
-                    storage.size() == ntotal,
+                    storage.type == kv_type && storage.size() == ntotal,
             "IndexKVFlat: storage holds %zd tokens, ntotal is %zd",
             size_t(storage.size()),
             size_t(ntotal));

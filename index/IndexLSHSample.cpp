@@ -79,8 +79,8 @@ void check_lsh_shape(int K, int L, int d, const char* what) {
 
 } // namespace
 
-IndexLSHSample::IndexLSHSample(int d, int d_value, int K, int L)
-        : KVIndex(d, d_value), K(K), L(L), storage(d, this->d_value) {
+IndexLSHSample::IndexLSHSample(int d, int d_value, int K, int L, KVType kv_type)
+        : KVIndex(d, d_value, kv_type), K(K), L(L), storage(d, this->d_value, kv_type) {
     FAISS_THROW_IF_NOT_FMT(d > 0, "LSHSample: d=%d must be > 0", d);
     check_lsh_shape(K, L, d, "LSHSample");
     // a key is sampled at its min_hits-th collision: fewer tables never sample
@@ -106,7 +106,8 @@ std::unique_ptr<KVIndex> IndexLSHSample::from_factory(FactoryChain& chain) {
         return nullptr;
     }
     chain.take();
-    return std::make_unique<IndexLSHSample>(chain.d, chain.d_value, std::stoi(ks), std::stoi(ls));
+    return std::make_unique<IndexLSHSample>(
+            chain.d, chain.d_value, std::stoi(ks), std::stoi(ls), chain.kv_type);
 }
 
 void IndexLSHSample::set_seed(uint64_t new_seed) {
@@ -139,6 +140,14 @@ void IndexLSHSample::hash(const float* x, const float* center, uint16_t* out) co
 }
 
 void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    // hashed as stored, so that codes, norms and the scores agree
+    std::vector<float> rounded;
+    const float* input_keys = keys;
+    if (kv_type != KVType::f32) {
+        rounded.resize(size_t(n) * d);
+        round_to(kv_type, keys, rounded.size(), rounded.data());
+        keys = rounded.data();
+    }
     if (mean.empty()) {
         // centre by the mean of the first keys hashed; it never changes after,
         // so that the codes already computed stay valid
@@ -166,7 +175,7 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
         }
         norms[n0 + i] = float(std::sqrt(s));
     });
-    storage.append(n, keys, values);
+    storage.append(n, input_keys, values);
     idx_t tail = storage.size() - n_indexed;
     if (n_indexed == 0 || tail * 8 > n_indexed) {
         build_tables();
@@ -213,7 +222,7 @@ void IndexLSHSample::sample_one(
     if (hits <= 0) {
         sel.set_all(ntotal);
         dots.resize(ntotal);
-        inner_products_scaled(q, storage.keys.data(), d, ntotal, 1.0f, dots.data());
+        inner_products_scaled(q, storage.key_rows(), ntotal, 1.0f, dots.data());
         sel.n_scanned = size_t(K) * L;
         return;
     }
@@ -258,7 +267,7 @@ void IndexLSHSample::sample_one(
     // inclusion probabilities from the angle between q and the centred key
     size_t m = sel.ids.size();
     dots.resize(m);
-    inner_products_by_ids(q, storage.keys.data(), d, sel.ids.data(), m, 1.0f, dots.data());
+    inner_products_by_ids(q, storage.key_rows(), sel.ids.data(), m, 1.0f, dots.data());
     double qm = 0, qq = 0;
     for (int j = 0; j < d; j++) {
         qm += double(q[j]) * mean[j];
@@ -330,7 +339,7 @@ float IndexLSHSample::attend_one(const float* q, float* out, const faiss::Search
         log_u[t] = std::log(sel.inclusion[t]);
     }
     return attention_from_scores(
-            s.data(), log_u.data(), storage.values.data(), d_value, sel.ids.data(), m, out);
+            s.data(), log_u.data(), storage.value_rows(), sel.ids.data(), m, out);
 }
 
 void IndexLSHSample::reset_impl() {
@@ -427,7 +436,7 @@ void IndexLSHSample::read_fields(BufferReader& r, uint32_t) {
     mean = r.vector<float>("centring mean");
     norms = r.vector<float>("key norms");
     codes = r.vector<uint16_t>("codes");
-    storage = KVStorage(d, d_value);
+    storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "LSHSample storage");
     idx_t n_tables = r.value<int64_t>("n_indexed");
     idx_t n = ntotal;
@@ -460,6 +469,7 @@ void IndexLSHSample::check_invariants() const {
                     mean.size() == (n > 0 ? size_t(d) : 0) && norms.size() == size_t(n) &&
                     codes.size() == size_t(n) * L && storage.size() == n &&
                     storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
+                    storage.type == kv_type &&
                     n_indexed >= 0 && n_indexed <= n &&
                     (n == 0 || offsets.size() == size_t(L) * (B + 1)) &&
                     ids16.size() + ids32.size() == size_t(L) * n_indexed,

@@ -18,7 +18,7 @@ struct FactoryChain;
 struct IndexKVFlat : KVIndex {
     KVStorage storage; ///< keys and values of all tokens
 
-    explicit IndexKVFlat(int d = 0, int d_value = -1);
+    explicit IndexKVFlat(int d = 0, int d_value = -1, KVType kv_type = KVType::f32);
 
     size_t memory_bytes() const override;
 
@@ -65,5 +65,9 @@ void exact_topk_inner_product(
         idx_t k,
         float* distances,
         idx_t* labels);
+
+/// The same over rows stored in any KVType.
+void exact_topk_inner_product(
+        const float* q, KVRows x, idx_t n, idx_t k, float* distances, idx_t* labels);
 
 } // namespace kvindex

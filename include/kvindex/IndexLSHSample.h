@@ -62,7 +62,7 @@ struct IndexLSHSample : KVIndex {
     std::vector<uint16_t> ids16;       ///< size L * n_indexed when n_indexed <= 65536
     std::vector<uint32_t> ids32;       ///< size L * n_indexed otherwise
 
-    IndexLSHSample(int d, int d_value, int K, int L);
+    IndexLSHSample(int d, int d_value, int K, int L, KVType kv_type = KVType::f32);
     IndexLSHSample();
 
     /// Draws the hyperplanes from `seed` (empty index only).
