@@ -44,11 +44,42 @@ inline vf load(const float* p) {
     return v;
 }
 
-/// W stored 16-bit elements, zero-extended to 32-bit lanes.
+/// 2W 16-bit elements, the size of a vf.
+typedef uint16_t vh2 __attribute__((vector_size(KVINDEX_SIMD_BYTES)));
+
+/// W stored 16-bit elements, zero-extended to 32-bit lanes: each element
+/// interleaved with a zero (little endian). Written as a shuffle because
+/// GCC 12 lowers __builtin_convertvector(vh, vu) to two half-width
+/// extensions and an insert, where this gives one vpmovzxwd.
 inline vu load_u16(const uint16_t* p) {
+#if KVINDEX_SIMD_BYTES == 16 || KVINDEX_SIMD_BYTES == 32
     vh h;
     std::memcpy(&h, p, sizeof(h));
-    return __builtin_convertvector(h, vu);
+    const vh z = {};
+#if KVINDEX_SIMD_BYTES == 16
+    vh2 r = __builtin_shufflevector(h, z, 0, 4, 1, 4, 2, 4, 3, 4);
+#else
+    vh2 r = __builtin_shufflevector(h, z, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8);
+#endif
+    return bitcast<vu>(r);
+#elif KVINDEX_SIMD_BYTES == 64
+    // 16-bit shuffles of a zmm need AVX512BW, which this level does not
+    // assume: two 256-bit extensions, then one 32-bit concatenation
+    typedef uint16_t vh8 __attribute__((vector_size(16)));
+    typedef uint16_t vh16 __attribute__((vector_size(32)));
+    typedef unsigned vu8 __attribute__((vector_size(32)));
+    vh8 lo, hi;
+    std::memcpy(&lo, p, sizeof(lo));
+    std::memcpy(&hi, p + 8, sizeof(hi));
+    const vh8 z8 = {};
+    vu8 a = bitcast<vu8>(vh16(
+            __builtin_shufflevector(lo, z8, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8)));
+    vu8 b = bitcast<vu8>(vh16(
+            __builtin_shufflevector(hi, z8, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8)));
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+#error "KVINDEX_SIMD_BYTES must be 16, 32 or 64"
+#endif
 }
 
 /// bfloat16 is the upper half of a float: widen and shift.
@@ -65,7 +96,8 @@ inline vf load(const f16_t* p) {
     vu em = h & 0x7fffu;
     vu shifted = em << 13;
     vu scaled = bitcast<vu>(bitcast<vf>(shifted) * (vf{} + 0x1p112f));
-    vu special = bitcast<vu>(em >= (vu{} + 0x7c00u)); // all ones where inf / nan
+    // all ones where inf / nan (em < 2^15: a signed compare is exact and cheaper)
+    vu special = bitcast<vu>(bitcast<vi>(em) > (vi{} + 0x7bff));
     vu bits = (scaled & ~special) | ((shifted | 0x7f800000u) & special);
     return bitcast<vf>(bits | sign);
 }
