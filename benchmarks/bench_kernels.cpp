@@ -8,8 +8,15 @@
 // BM_DenseAttention runs exact attention of one query over N = 131072 keys
 // and values of d = 128 (64 MiB each) with kvindex's fused kernel, at each
 // SIMD level this CPU runs. bytes_per_second counts keys + values read.
+// BM_DenseAttentionKV does the same with keys and values stored as float32,
+// bfloat16 or fp16 (kv_type.h; args: SIMD level, KVType): tokens_per_s is
+// the figure to compare across types (bf16 and fp16 read half the bytes).
+//
+//   ./build/benchmarks/bench_kernels --benchmark_filter=DenseAttentionKV
 
+#include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -89,6 +96,47 @@ void dense_levels(benchmark::internal::Benchmark* b) {
     }
 }
 BENCHMARK(BM_DenseAttention)->Apply(dense_levels)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+
+void BM_DenseAttentionKV(benchmark::State& state) {
+    auto level = kvindex::SimdLevel(state.range(0));
+    auto type = kvindex::KVType(state.range(1));
+    size_t es = kvindex::kv_type_size(type);
+    std::vector<uint8_t> keys(kTokens * kDim * es), values(kTokens * kDim * es);
+    {
+        auto kf = filled(kTokens * kDim, -0.5f);
+        auto vf = filled(kTokens * kDim, 0.1f);
+        kvindex::convert_from_float(type, kf.data(), kf.size(), kDim, keys.data(), "keys");
+        kvindex::convert_from_float(type, vf.data(), vf.size(), kDim, values.data(), "values");
+    }
+    kvindex::KVRows k(keys.data(), kDim, type), v(values.data(), kDim, type);
+    auto q = filled(kDim, 0.3f);
+    std::vector<float> out(kDim);
+    kvindex::SimdLevel saved = kvindex::get_simd_level();
+    kvindex::set_simd_level(level);
+    for (auto _ : state) {
+        float lse = kvindex::dense_attention(q.data(), k, v, kTokens, 0.0883883f, out.data());
+        benchmark::DoNotOptimize(lse);
+        benchmark::DoNotOptimize(out.data());
+    }
+    kvindex::set_simd_level(saved);
+    state.SetLabel(std::string(kvindex::simd_level_name(level)) + " " +
+                   kvindex::kv_type_name(type));
+    state.SetBytesProcessed(int64_t(state.iterations()) * 2 * kTokens * kDim * es);
+    state.counters["tokens_per_s"] = benchmark::Counter(
+            double(state.iterations()) * kTokens, benchmark::Counter::kIsRate);
+}
+
+void dense_levels_types(benchmark::internal::Benchmark* b) {
+    for (auto level : kvindex::available_simd_levels()) {
+        for (int t = 0; t < kvindex::kNumKVTypes; t++) {
+            b->Args({int(level), t});
+        }
+    }
+}
+BENCHMARK(BM_DenseAttentionKV)
+        ->Apply(dense_levels_types)
+        ->Unit(benchmark::kMillisecond)
+        ->MinTime(2.0);
 
 } // namespace
 

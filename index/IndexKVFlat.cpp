@@ -24,13 +24,18 @@ void exact_topk_inner_product(
         idx_t k,
         float* distances,
         idx_t* labels) {
+    exact_topk_inner_product(q, KVRows(x, d), n, k, distances, labels);
+}
+
+void exact_topk_inner_product(
+        const float* q, KVRows x, idx_t n, idx_t k, float* distances, idx_t* labels) {
     // one fused pass (kernels.h); ties go to the smaller id, so results
     // are deterministic
     idx_t kk = std::min(k, n);
     size_t filled = 0;
     static_assert(sizeof(idx_t) == sizeof(int64_t), "labels are the heap's ids");
     topk_inner_products(
-            q, x, d, size_t(n), nullptr, 0, size_t(kk), distances,
+            q, x, size_t(n), nullptr, 0, size_t(kk), distances,
             reinterpret_cast<int64_t*>(labels), &filled);
     topk_heap_sort(distances, reinterpret_cast<int64_t*>(labels), filled);
     // padding as Faiss does for inner product: lowest float, label -1
@@ -40,15 +45,15 @@ void exact_topk_inner_product(
     }
 }
 
-IndexKVFlat::IndexKVFlat(int d, int d_value)
-        : KVIndex(d, d_value), storage(d, this->d_value) {}
+IndexKVFlat::IndexKVFlat(int d, int d_value, KVType kv_type)
+        : KVIndex(d, d_value, kv_type), storage(d, this->d_value, kv_type) {}
 
 std::unique_ptr<KVIndex> IndexKVFlat::from_factory(FactoryChain& chain) {
     if (chain.peek() != "Flat") {
         return nullptr;
     }
     chain.take();
-    return std::make_unique<IndexKVFlat>(chain.d, chain.d_value);
+    return std::make_unique<IndexKVFlat>(chain.d, chain.d_value, chain.kv_type);
 }
 
 void IndexKVFlat::add_kv_impl(idx_t n, const float* keys, const float* values) {
@@ -61,7 +66,7 @@ void IndexKVFlat::search_one(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters*) const {
-    exact_topk_inner_product(q, storage.keys.data(), d, ntotal, k, distances, labels);
+    exact_topk_inner_product(q, storage.key_rows(), ntotal, k, distances, labels);
 }
 
 void IndexKVFlat::select_one(const float*, Selection& sel, const faiss::SearchParameters*) const {
@@ -73,8 +78,8 @@ float IndexKVFlat::attend_one(const float* q, float* out, const faiss::SearchPar
     // alike (a query's result does not depend on its chunk)
     float lse;
     dense_attention_group(
-            q, 1, storage.keys.data(), storage.values.data(), d, d_value, ntotal,
-            score_scale(), out, &lse);
+            q, 1, storage.key_rows(), storage.value_rows(), size_t(ntotal), score_scale(),
+            out, &lse);
     return lse;
 }
 
@@ -90,8 +95,8 @@ void IndexKVFlat::attend_batch(
         idx_t i0 = c * kAttendChunk;
         idx_t nc = std::min(kAttendChunk, n - i0);
         dense_attention_group(
-                q + i0 * d, size_t(nc), storage.keys.data(), storage.values.data(), d,
-                d_value, ntotal, score_scale(), out + i0 * d_value, lse + i0);
+                q + i0 * d, size_t(nc), storage.key_rows(), storage.value_rows(),
+                size_t(ntotal), score_scale(), out + i0 * d_value, lse + i0);
     });
 }
 
@@ -109,7 +114,7 @@ void IndexKVFlat::write_fields(BufferWriter& w) const {
 }
 
 void IndexKVFlat::read_fields(BufferReader& r, uint32_t) {
-    storage = KVStorage(d, d_value);
+    storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "Flat storage");
 }
 
@@ -117,7 +122,7 @@ void IndexKVFlat::check_invariants() const {
     KVIndex::check_invariants();
     FAISS_THROW_IF_NOT_FMT(
             storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
-                    storage.size() == ntotal,
+                    storage.type == kv_type && storage.size() == ntotal,
             "IndexKVFlat: storage holds %zd tokens, ntotal is %zd",
             size_t(storage.size()),
             size_t(ntotal));

@@ -280,8 +280,8 @@ idx_t recent_threshold(idx_t tail) {
 
 } // namespace
 
-IndexLSHSample::IndexLSHSample(int d, int d_value, int K, int L)
-        : KVIndex(d, d_value), K(K), L(L), storage(d, this->d_value) {
+IndexLSHSample::IndexLSHSample(int d, int d_value, int K, int L, KVType kv_type)
+        : KVIndex(d, d_value, kv_type), K(K), L(L), storage(d, this->d_value, kv_type) {
     FAISS_THROW_IF_NOT_FMT(d > 0, "LSHSample: d=%d must be > 0", d);
     check_lsh_shape(K, L, d, "LSHSample");
     // a key is sampled at its min_hits-th collision: fewer tables never sample
@@ -322,7 +322,8 @@ std::unique_ptr<KVIndex> IndexLSHSample::from_factory(FactoryChain& chain) {
         return nullptr;
     }
     chain.take();
-    return std::make_unique<IndexLSHSample>(chain.d, chain.d_value, std::stoi(ks), std::stoi(ls));
+    return std::make_unique<IndexLSHSample>(
+            chain.d, chain.d_value, std::stoi(ks), std::stoi(ls), chain.kv_type);
 }
 
 void IndexLSHSample::set_seed(uint64_t new_seed) {
@@ -355,6 +356,14 @@ void IndexLSHSample::hash(const float* x, const float* center, uint16_t* out) co
 }
 
 void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    // hashed as stored, so that codes, norms and the scores agree
+    std::vector<float> rounded;
+    const float* input_keys = keys;
+    if (kv_type != KVType::f32) {
+        rounded.resize(size_t(n) * d);
+        round_to(kv_type, keys, rounded.size(), rounded.data());
+        keys = rounded.data();
+    }
     if (mean.empty()) {
         // centre by the mean of the first keys hashed; it never changes after,
         // so that the codes already computed stay valid
@@ -382,7 +391,7 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
         }
         norms[n0 + i] = float(std::sqrt(s));
     });
-    storage.append(n, keys, values);
+    storage.append(n, input_keys, values);
     idx_t tail = storage.size() - n_indexed;
     if (n_indexed == 0 || tail * 8 > n_indexed) {
         build_tables();
@@ -529,10 +538,10 @@ void sort_ids(uint32_t* a, size_t n, int bits, std::vector<uint32_t>& tmp, std::
 /// while this one is computed.
 constexpr size_t kGatherBlock = 8;
 
-inline void prefetch_rows(const float* base, size_t stride, const idx_t* ids, size_t n) {
-    size_t bytes = stride * sizeof(float);
+inline void prefetch_rows(KVRows rows, const idx_t* ids, size_t n) {
+    size_t bytes = rows.row_bytes();
     for (size_t t = 0; t < n; t++) {
-        const char* p = reinterpret_cast<const char*>(base + size_t(ids[t]) * stride);
+        const char* p = static_cast<const char*>(rows.data) + size_t(ids[t]) * bytes;
         for (size_t b = 0; b < bytes; b += 64) {
             __builtin_prefetch(p + b);
         }
@@ -541,33 +550,34 @@ inline void prefetch_rows(const float* base, size_t stride, const idx_t* ids, si
 }
 
 /// s[t] = <q, x_{ids[t]}>, ids ascending, rows prefetched a block ahead.
-void gathered_dots(const float* q, const float* x, size_t d, const idx_t* ids, size_t m, float* s) {
-    prefetch_rows(x, d, ids, std::min(m, kGatherBlock));
+void gathered_dots(const float* q, KVRows x, const idx_t* ids, size_t m, float* s) {
+    prefetch_rows(x, ids, std::min(m, kGatherBlock));
     for (size_t t0 = 0; t0 < m; t0 += kGatherBlock) {
         size_t nb = std::min(kGatherBlock, m - t0);
         if (t0 + nb < m) {
-            prefetch_rows(x, d, ids + t0 + nb, std::min(kGatherBlock, m - t0 - nb));
+            prefetch_rows(x, ids + t0 + nb, std::min(kGatherBlock, m - t0 - nb));
         }
-        inner_products_by_ids(q, x, d, ids + t0, nb, 1.0f, s + t0);
+        inner_products_by_ids(q, x, ids + t0, nb, 1.0f, s + t0);
     }
 }
 
 /// out = sum_t w[t] v_{ids[t]}, rows prefetched a block ahead.
 void gathered_weighted_sum(
-        const float* w, const float* v, size_t dv, const idx_t* ids, size_t m, float* out) {
+        const float* w, KVRows v, const idx_t* ids, size_t m, float* out) {
+    size_t dv = v.dim;
     constexpr size_t kBlock = 4 * kGatherBlock;
     std::vector<float> part(dv);
     std::fill(out, out + dv, 0.0f);
-    prefetch_rows(v, dv, ids, std::min(m, kGatherBlock));
+    prefetch_rows(v, ids, std::min(m, kGatherBlock));
     for (size_t t0 = 0; t0 < m; t0 += kBlock) {
         size_t nb = std::min(kBlock, m - t0);
         for (size_t t1 = 0; t1 < nb; t1 += kGatherBlock) {
             size_t next = t0 + t1 + kGatherBlock;
             if (next < m) {
-                prefetch_rows(v, dv, ids + next, std::min(kGatherBlock, m - next));
+                prefetch_rows(v, ids + next, std::min(kGatherBlock, m - next));
             }
         }
-        weighted_sum_by_ids(w + t0, v, dv, ids + t0, nb, part.data());
+        weighted_sum_by_ids(w + t0, v, ids + t0, nb, part.data());
         for (size_t j = 0; j < dv; j++) {
             out[j] += part[j];
         }
@@ -588,7 +598,7 @@ void IndexLSHSample::sample_one(
         sel.set_all(ntotal);
         sel.inclusion.clear();
         dots.resize(ntotal);
-        inner_products_scaled(q, storage.keys.data(), d, ntotal, 1.0f, dots.data());
+        inner_products_scaled(q, storage.key_rows(), ntotal, 1.0f, dots.data());
         log_u.assign(ntotal, 0.0f);
         sel.n_scanned = size_t(K) * L;
         return;
@@ -661,7 +671,7 @@ void IndexLSHSample::sample_one(
     size_t m = ne;
     sel.ids.assign(sc.emitted.begin(), sc.emitted.begin() + m);
     dots.resize(m);
-    gathered_dots(q, storage.keys.data(), d, sel.ids.data(), m, dots.data());
+    gathered_dots(q, storage.key_rows(), sel.ids.data(), m, dots.data());
     // inclusion probabilities from cos(q, centred key), through the table
     double qm = 0, qq = 0;
     for (int j = 0; j < d; j++) {
@@ -739,7 +749,7 @@ float IndexLSHSample::attend_one(const float* q, float* out, const faiss::Search
         s[t] *= scale;
     }
     float lse = softmax_inplace(s.data(), log_u.data(), m);
-    gathered_weighted_sum(s.data(), storage.values.data(), d_value, sel.ids.data(), m, out);
+    gathered_weighted_sum(s.data(), storage.value_rows(), sel.ids.data(), m, out);
     return lse;
 }
 
@@ -842,7 +852,7 @@ void IndexLSHSample::read_fields(BufferReader& r, uint32_t) {
     mean = r.vector<float>("centring mean");
     norms = r.vector<float>("key norms");
     codes = r.vector<uint16_t>("codes");
-    storage = KVStorage(d, d_value);
+    storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "LSHSample storage");
     idx_t n_tables = r.value<int64_t>("n_indexed");
     idx_t n = ntotal;
@@ -877,6 +887,7 @@ void IndexLSHSample::check_invariants() const {
                     mean.size() == (n > 0 ? size_t(d) : 0) && norms.size() == size_t(n) &&
                     codes.size() == size_t(n) * L && storage.size() == n &&
                     storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
+                    storage.type == kv_type &&
                     n_indexed >= 0 && n_indexed <= n &&
                     (n == 0 || offsets.size() == size_t(L) * (B + 1)) &&
                     ids16.size() + ids32.size() == size_t(L) * n_indexed &&

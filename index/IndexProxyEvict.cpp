@@ -126,7 +126,8 @@ std::unique_ptr<KVIndex> IndexProxyEvict::from_factory(FactoryChain& chain) {
     std::string element = chain.take();
     // the kept tokens go to the rest of the chain, exact attention if none
     std::unique_ptr<KVIndex> kept = chain.at_end()
-            ? index_factory(chain.d, "Flat", chain.d_value)
+            ? index_factory(chain.d, std::string(kv_type_prefix(chain.kv_type)) + "Flat",
+                            chain.d_value)
             : chain.build_rest(element);
     return std::make_unique<IndexProxyEvict>(policy, percent, std::move(kept));
 }
@@ -144,7 +145,9 @@ std::string IndexProxyEvict::factory_string() const {
 
 IndexProxyEvict::IndexProxyEvict(
         EvictPolicy policy, double keep_percent, std::unique_ptr<KVIndex> inner_index)
-        : KVIndex(inner_index ? inner_index->d : 0, inner_index ? inner_index->d_value : 0),
+        : KVIndex(inner_index ? inner_index->d : 0,
+                  inner_index ? inner_index->d_value : 0,
+                  inner_index ? inner_index->kv_type : KVType::f32),
           policy(policy),
           keep_percent(keep_percent),
           inner(std::move(inner_index)) {

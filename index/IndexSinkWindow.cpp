@@ -23,12 +23,13 @@ IndexSinkWindow::IndexSinkWindow() : KVIndex(0, 0) {}
 IndexSinkWindow::IndexSinkWindow(
         idx_t n_sink, idx_t n_window, std::unique_ptr<KVIndex> inner_index)
         : KVIndex(inner_index ? inner_index->d : 0,
-                  inner_index ? inner_index->d_value : 0),
+                  inner_index ? inner_index->d_value : 0,
+                  inner_index ? inner_index->kv_type : KVType::f32),
           n_sink(n_sink),
           n_window(n_window),
           inner(std::move(inner_index)),
-          sink(d, d_value),
-          window(d, d_value) {
+          sink(d, d_value, kv_type),
+          window(d, d_value, kv_type) {
     FAISS_THROW_IF_NOT_MSG(inner, "IndexSinkWindow: inner index missing (nullptr)");
     FAISS_THROW_IF_NOT_FMT(
             n_sink >= 0 && n_window >= 0,
@@ -102,10 +103,13 @@ void IndexSinkWindow::add_kv_impl(idx_t n, const float* keys, const float* value
     if (overflow > 0) {
         idx_t from_window = std::min(overflow, window.size());
         idx_t from_new = overflow - from_window;
-        KVStorage moving(d, d_value);
-        moving.append(from_window, window.keys.data(), window.values.data());
-        moving.append(from_new, keys + to_sink * d, values + to_sink * d_value);
-        inner->add_kv(overflow, moving.keys.data(), moving.values.data());
+        // as floats: the window's stored values convert back exactly
+        std::vector<float> mk, mv;
+        window.to_float(0, from_window, &mk, &mv);
+        mk.insert(mk.end(), keys + to_sink * d, keys + (to_sink + from_new) * d);
+        mv.insert(mv.end(), values + to_sink * d_value,
+                  values + (to_sink + from_new) * d_value);
+        inner->add_kv(overflow, mk.data(), mv.data());
         window.erase_front(from_window);
         sink.append(to_sink, keys, values);
         window.append(
@@ -165,11 +169,11 @@ void IndexSinkWindow::search_batch(
         std::vector<std::pair<float, idx_t>> cand;
         std::vector<float> s(std::max(sink.size(), window.size()));
         const float* qi = q + i * d;
-        inner_products_scaled(qi, sink.keys.data(), d, sink.size(), 1.0f, s.data());
+        inner_products_scaled(qi, sink.key_rows(), sink.size(), 1.0f, s.data());
         for (idx_t j = 0; j < sink.size(); j++) {
             cand.emplace_back(s[j], j);
         }
-        inner_products_scaled(qi, window.keys.data(), d, window.size(), 1.0f, s.data());
+        inner_products_scaled(qi, window.key_rows(), window.size(), 1.0f, s.data());
         for (idx_t j = 0; j < window.size(); j++) {
             cand.emplace_back(s[j], w0 + j);
         }
@@ -247,11 +251,11 @@ void IndexSinkWindow::attend_batch(
         float* window_out = parts.data() + nc * d_value;
         float sink_lse[chunk], window_lse[chunk];
         dense_attention_group(
-                qc, size_t(nc), sink.keys.data(), sink.values.data(), d, d_value,
-                sink.size(), scale, sink_out, sink_lse);
+                qc, size_t(nc), sink.key_rows(), sink.value_rows(), size_t(sink.size()),
+                scale, sink_out, sink_lse);
         dense_attention_group(
-                qc, size_t(nc), window.keys.data(), window.values.data(), d, d_value,
-                window.size(), scale, window_out, window_lse);
+                qc, size_t(nc), window.key_rows(), window.value_rows(),
+                size_t(window.size()), scale, window_out, window_lse);
         for (idx_t c = 0; c < nc; c++) {
             idx_t i = i0 + c;
             float lses[3] = {sink_lse[c], window_lse[c], 0.0f};
@@ -276,9 +280,9 @@ void IndexSinkWindow::reset_impl() {
 
 void IndexSinkWindow::reconstruct_impl(idx_t key, float* recons) const {
     if (key < sink.size()) {
-        std::memcpy(recons, sink.key(key), sizeof(float) * d);
+        sink.key(key, recons);
     } else if (key >= window_start()) {
-        std::memcpy(recons, window.key(key - window_start()), sizeof(float) * d);
+        window.key(key - window_start(), recons);
     } else {
         inner->reconstruct(key - sink.size(), recons);
     }
@@ -286,9 +290,9 @@ void IndexSinkWindow::reconstruct_impl(idx_t key, float* recons) const {
 
 void IndexSinkWindow::reconstruct_value_impl(idx_t key, float* value) const {
     if (key < sink.size()) {
-        std::memcpy(value, sink.value(key), sizeof(float) * d_value);
+        sink.value(key, value);
     } else if (key >= window_start()) {
-        std::memcpy(value, window.value(key - window_start()), sizeof(float) * d_value);
+        window.value(key - window_start(), value);
     } else {
         inner->reconstruct_value(key - sink.size(), value);
     }
@@ -309,8 +313,8 @@ void IndexSinkWindow::write_fields(BufferWriter& w) const {
 void IndexSinkWindow::read_fields(BufferReader& r, uint32_t) {
     n_sink = r.value<int64_t>("n_sink");
     n_window = r.value<int64_t>("n_window");
-    sink = KVStorage(d, d_value);
-    window = KVStorage(d, d_value);
+    sink = KVStorage(d, d_value, kv_type);
+    window = KVStorage(d, d_value, kv_type);
     sink.read(r, "sink tokens");
     window.read(r, "window tokens");
     inner = read_index_record(r);
@@ -322,6 +326,7 @@ void IndexSinkWindow::check_invariants() const {
     bool full_sink = sink.size() == n_sink;
     FAISS_THROW_IF_NOT_MSG(
             n_sink >= 0 && n_window >= 0 && sink.d == size_t(d) && window.d == size_t(d) &&
+                    sink.type == kv_type && window.type == kv_type &&
                     sink.d_value == size_t(d_value) && window.d_value == size_t(d_value) &&
                     sink.size() <= n_sink && window.size() <= n_window &&
                     (full_sink || (inner->ntotal == 0 && window.size() == 0)) &&

@@ -47,10 +47,11 @@ void set_default_knobs(faiss::Index* retriever) {
 
 IndexTopK::IndexTopK() : KVIndex(0, 0) {}
 
-IndexTopK::IndexTopK(int d, int d_value, const std::string& retriever_string)
-        : KVIndex(d, d_value),
+IndexTopK::IndexTopK(
+        int d, int d_value, const std::string& retriever_string, KVType kv_type)
+        : KVIndex(d, d_value, kv_type),
           retriever_string(retriever_string),
-          storage(d, this->d_value) {
+          storage(d, this->d_value, kv_type) {
     FAISS_THROW_IF_NOT_FMT(d > 0, "TopK: key dimension d=%d must be > 0", d);
     // sizes are checked before Faiss allocates them
     check_retriever_string(retriever_string, d, max_lists());
@@ -92,13 +93,21 @@ std::unique_ptr<KVIndex> IndexTopK::from_factory(FactoryChain& chain) {
     }
     chain.take();
     return std::make_unique<IndexTopK>(
-            chain.d, chain.d_value, s.substr(head.size(), s.size() - head.size() - 1));
+            chain.d, chain.d_value, s.substr(head.size(), s.size() - head.size() - 1),
+            chain.kv_type);
 }
 
 void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
     storage.append(n, keys, values);
     try {
         if (retriever->is_trained) {
+            // the retriever holds float keys: the keys as stored, so that its
+            // scores are the storage's
+            std::vector<float> stored;
+            if (kv_type != KVType::f32) {
+                storage.to_float(storage.size() - n, n, &stored, nullptr);
+                keys = stored.data();
+            }
             retriever->add(n, keys);
             return;
         }
@@ -118,16 +127,17 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         }
         std::vector<float> sample(n_sample * d);
         for (idx_t i = 0; i < n_sample; i++) {
-            std::copy_n(storage.key(perm[i]), d, sample.data() + i * d);
+            storage.key(perm[i], sample.data() + i * d);
         }
         retriever->train(n_sample, sample.data());
-        retriever->add(nt, storage.keys.data());
+        std::vector<float> all;
+        storage.to_float(0, nt, &all, nullptr);
+        retriever->add(nt, all.data());
     } catch (const std::exception& e) {
         // keep the index consistent: the tokens of this call are not added,
         // and a retriever left half-built (failed training, partial add)
         // starts again untrained; it trains on the next add
-        storage.keys.resize((storage.size() - n) * d);
-        storage.values.resize(storage.keys.size() / d * d_value);
+        storage.truncate(storage.size() - n);
         if (!retriever->is_trained || retriever->ntotal != storage.size()) {
             rebuild_retriever();
         }
@@ -146,8 +156,7 @@ void IndexTopK::search_batch(
         // too few keys to train yet: exact scan of what is stored
         parallel_for(n, [&](idx_t i) {
             exact_topk_inner_product(
-                    q + i * d, storage.keys.data(), d, ntotal, k,
-                    distances + i * k, labels + i * k);
+                    q + i * d, storage.key_rows(), ntotal, k, distances + i * k, labels + i * k);
         });
         return;
     }
@@ -413,7 +422,7 @@ void IndexTopK::read_fields(BufferReader& r, uint32_t) {
             size_t(min_train_points),
             size_t(max_train_points));
     check_retriever_string(retriever_string, d, max_lists());
-    storage = KVStorage(d, d_value);
+    storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "TopK storage");
     faiss::VectorIOReader fr;
     fr.data = r.vector<uint8_t>("TopK retriever");
@@ -444,6 +453,7 @@ void IndexTopK::check_invariants() const {
             retriever && retriever->d == d &&
                     retriever->ntotal == (retriever->is_trained ? ntotal : 0) &&
                     storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
+                    storage.type == kv_type &&
                     storage.size() == ntotal && max_train_points > 0 && min_train_points > 0,
             "IndexTopK(%s): retriever, storage and ntotal=%zd disagree",
             retriever_string.c_str(),

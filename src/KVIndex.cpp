@@ -19,9 +19,10 @@
 
 namespace kvindex {
 
-KVIndex::KVIndex(int d, int d_value)
+KVIndex::KVIndex(int d, int d_value, KVType kv_type)
         : faiss::Index(d, faiss::METRIC_INNER_PRODUCT),
-          d_value(d_value < 0 ? d : d_value) {
+          d_value(d_value < 0 ? d : d_value),
+          kv_type(kv_type) {
     // d = 0 is the empty index read_index fills in
     FAISS_THROW_IF_NOT_FMT(d >= 0, "KVIndex: key dimension d=%d must be >= 0", d);
 }
@@ -88,6 +89,8 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     check_not_null(values, "add_kv: values");
     check_finite(keys, n, d, "add_kv: keys");
     check_finite(values, n, d_value, "add_kv: values");
+    check_kv_type_fits(kv_type, keys, size_t(n) * d, d, "add_kv: keys");
+    check_kv_type_fits(kv_type, values, size_t(n) * d_value, d_value, "add_kv: values");
     add_kv_impl(n, keys, values);
     ntotal += n;
 }
@@ -118,6 +121,8 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
         check_not_null(in.values, "prefill: values");
         check_finite(in.keys, in.n_tokens, d, "prefill: keys");
         check_finite(in.values, in.n_tokens, d_value, "prefill: values");
+        check_kv_type_fits(kv_type, in.keys, size_t(in.n_tokens) * d, d, "prefill: keys");
+        check_kv_type_fits(kv_type, in.values, size_t(in.n_tokens) * d_value, d_value, "prefill: values");
     }
     FAISS_THROW_IF_NOT_FMT(
             in.n_queries >= 0, "prefill: n_queries=%zd must be >= 0", size_t(in.n_queries));
@@ -336,7 +341,7 @@ void KVIndex::search_one(
     select_one(q, sel, params);
     size_t m = sel.size();
     std::vector<float> s(m);
-    inner_products_by_ids(q, st.keys.data(), d, sel.ids.data(), m, 1.0f, s.data());
+    inner_products_by_ids(q, st.key_rows(), sel.ids.data(), m, 1.0f, s.data());
     std::vector<size_t> order(m);
     std::iota(order.begin(), order.end(), size_t(0));
     size_t kk = std::min<size_t>(k, m);
@@ -356,8 +361,7 @@ float KVIndex::attend_one(const float* q, float* out, const faiss::SearchParamet
     const KVStorage& st = storage_of(this, token_storage(), "attend_one");
     Selection sel;
     select_one(q, sel, params);
-    return estimate_attention(
-            estimator, q, st.keys.data(), st.values.data(), d, d_value, sel, out);
+    return estimate_attention(estimator, q, st.key_rows(), st.value_rows(), sel, out);
 }
 
 void KVIndex::estimate_batch(
@@ -369,14 +373,7 @@ void KVIndex::estimate_batch(
     const KVStorage& st = storage_of(this, token_storage(), "estimate_batch");
     parallel_for(n, [&](idx_t i) {
         lse[i] = estimate_attention(
-                estimator,
-                q + i * d,
-                st.keys.data(),
-                st.values.data(),
-                d,
-                d_value,
-                sel[i],
-                out + i * d_value);
+                estimator, q + i * d, st.key_rows(), st.value_rows(), sel[i], out + i * d_value);
     });
 }
 
@@ -411,12 +408,12 @@ void KVIndex::reconstruct_value(idx_t key, float* value) const {
 
 void KVIndex::reconstruct_impl(idx_t key, float* recons) const {
     const KVStorage& st = storage_of(this, token_storage(), "reconstruct");
-    std::memcpy(recons, st.key(key), sizeof(float) * d);
+    st.key(key, recons);
 }
 
 void KVIndex::reconstruct_value_impl(idx_t key, float* value) const {
     const KVStorage& st = storage_of(this, token_storage(), "reconstruct_value");
-    std::memcpy(value, st.value(key), sizeof(float) * d_value);
+    st.value(key, value);
 }
 
 // ---- self-description defaults -------------------------------------------
@@ -483,7 +480,18 @@ void KVIndex::check_invariants() const {
             metric_type == faiss::METRIC_INNER_PRODUCT,
             "%s: metric must be inner product",
             type_name());
+    FAISS_THROW_IF_NOT_FMT(
+            int(kv_type) >= 0 && int(kv_type) < kNumKVTypes,
+            "%s: invalid storage type %d",
+            type_name(),
+            int(kv_type));
     for (const KVIndex* c : children()) {
+        FAISS_THROW_IF_NOT_FMT(
+                c && c->kv_type == kv_type,
+                "%s: inner index stores %s, the index %s (one type per chain)",
+                type_name(),
+                c ? kv_type_name(c->kv_type) : "nothing",
+                kv_type_name(kv_type));
         FAISS_THROW_IF_NOT_FMT(
                 c && c->d == d && c->d_value == d_value,
                 "%s: inner index has d=%d d_value=%d, the index d=%d d_value=%d",

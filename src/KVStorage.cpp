@@ -10,22 +10,98 @@
 
 namespace kvindex {
 
-void KVStorage::append(idx_t n, const float* k, const float* v) {
-    // grow by 1/4 rather than std::vector's doubling: a KV cache is large
-    // and grows one token at a time, and bytes per token is a figure we report
-    size_t need = keys.size() + n * d;
-    if (need > keys.capacity()) {
-        keys.reserve(std::max(need, keys.capacity() + keys.capacity() / 4));
-        values.reserve(std::max(values.size() + n * d_value,
-                                values.capacity() + values.capacity() / 4));
+namespace {
+
+/// Grows a token array by 1/4 rather than std::vector's doubling: a KV cache
+/// is large and grows one token at a time, and bytes per token is a figure
+/// we report.
+void reserve_for(std::vector<uint8_t>& v, size_t need) {
+    if (need > v.capacity()) {
+        v.reserve(std::max(need, v.capacity() + v.capacity() / 4));
     }
-    keys.insert(keys.end(), k, k + n * d);
-    values.insert(values.end(), v, v + n * d_value);
+}
+
+/// Refuses stored 16-bit values with an all-ones exponent (inf / nan).
+void check_finite_stored(KVType t, const std::vector<uint8_t>& bytes, size_t dim,
+                         const char* what) {
+    if (t == KVType::f32) {
+        check_finite(reinterpret_cast<const float*>(bytes.data()),
+                     idx_t(bytes.size() / (dim * 4)), dim, what);
+        return;
+    }
+    uint16_t exp_mask = t == KVType::bf16 ? 0x7f80 : 0x7c00;
+    size_t n = bytes.size() / 2;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        std::memcpy(&h, bytes.data() + 2 * i, 2);
+        FAISS_THROW_IF_NOT_FMT(
+                (h & exp_mask) != exp_mask,
+                "%s: non-finite %s value (bits 0x%04x) at row %zd, column %zd",
+                what,
+                kv_type_name(t),
+                unsigned(h),
+                i / dim,
+                i % dim);
+    }
+}
+
+} // namespace
+
+void KVStorage::key(idx_t i, float* out) const {
+    convert_to_float(type, keys.data() + i * key_bytes(), d, out);
+}
+
+void KVStorage::value(idx_t i, float* out) const {
+    convert_to_float(type, values.data() + i * value_bytes(), d_value, out);
+}
+
+void KVStorage::append(idx_t n, const float* k, const float* v) {
+    size_t nk = keys.size(), nv = values.size();
+    reserve_for(keys, nk + n * key_bytes());
+    reserve_for(values, nv + n * value_bytes());
+    keys.resize(nk + n * key_bytes());
+    values.resize(nv + n * value_bytes());
+    try {
+        convert_from_float(type, k, n * d, d, keys.data() + nk, "add_kv: keys");
+        convert_from_float(type, v, n * d_value, d_value, values.data() + nv, "add_kv: values");
+    } catch (...) {
+        keys.resize(nk);
+        values.resize(nv);
+        throw;
+    }
+}
+
+void KVStorage::append_from(const KVStorage& other, idx_t i0, idx_t n) {
+    FAISS_THROW_IF_NOT_MSG(
+            other.d == d && other.d_value == d_value && other.type == type,
+            "KVStorage::append_from: storages differ in dimensions or type");
+    reserve_for(keys, keys.size() + n * key_bytes());
+    reserve_for(values, values.size() + n * value_bytes());
+    keys.insert(keys.end(), other.keys.begin() + i0 * key_bytes(),
+                other.keys.begin() + (i0 + n) * key_bytes());
+    values.insert(values.end(), other.values.begin() + i0 * value_bytes(),
+                  other.values.begin() + (i0 + n) * value_bytes());
+}
+
+void KVStorage::to_float(idx_t i0, idx_t n, std::vector<float>* k, std::vector<float>* v) const {
+    if (k) {
+        k->resize(n * d);
+        convert_to_float(type, keys.data() + i0 * key_bytes(), n * d, k->data());
+    }
+    if (v) {
+        v->resize(n * d_value);
+        convert_to_float(type, values.data() + i0 * value_bytes(), n * d_value, v->data());
+    }
 }
 
 void KVStorage::erase_front(idx_t n) {
-    keys.erase(keys.begin(), keys.begin() + n * d);
-    values.erase(values.begin(), values.begin() + n * d_value);
+    keys.erase(keys.begin(), keys.begin() + n * key_bytes());
+    values.erase(values.begin(), values.begin() + n * value_bytes());
+}
+
+void KVStorage::truncate(idx_t n) {
+    keys.resize(std::min(keys.size(), n * key_bytes()));
+    values.resize(std::min(values.size(), n * value_bytes()));
 }
 
 void KVStorage::clear() {
@@ -34,30 +110,49 @@ void KVStorage::clear() {
 }
 
 size_t KVStorage::memory_bytes() const {
-    return (keys.capacity() + values.capacity()) * sizeof(float);
+    return keys.capacity() + values.capacity();
 }
 
 void KVStorage::write(BufferWriter& w) const {
-    w.vector(keys);
-    w.vector(values);
+    size_t es = kv_type_size(type);
+    w.value<uint64_t>(keys.size() / es);
+    w.bytes(keys.data(), keys.size());
+    w.value<uint64_t>(values.size() / es);
+    w.bytes(values.data(), values.size());
 }
 
 void KVStorage::read(BufferReader& r, const char* what) {
     FAISS_THROW_IF_NOT_FMT(d > 0 && d_value > 0, "read_index: %s: dimensions not set", what);
-    keys = r.vector<float>(what);
-    values = r.vector<float>(what);
     FAISS_THROW_IF_NOT_FMT(
-            keys.size() % d == 0 && values.size() == keys.size() / d * d_value,
-            "read_index: %s: %zd key floats and %zd value floats do not make "
+            int(type) >= 0 && int(type) < kNumKVTypes,
+            "read_index: %s: invalid storage type %d",
+            what,
+            int(type));
+    size_t es = kv_type_size(type);
+    for (std::vector<uint8_t>* v : {&keys, &values}) {
+        uint64_t n = r.value<uint64_t>(what);
+        FAISS_THROW_IF_NOT_FMT(
+                n <= r.remaining() / es,
+                "read_index: %s claims %zd elements, only %zd bytes left",
+                what,
+                size_t(n),
+                r.remaining());
+        v->resize(n * es);
+        r.bytes(v->data(), n * es, what);
+    }
+    size_t n_keys = keys.size() / es, n_values = values.size() / es;
+    FAISS_THROW_IF_NOT_FMT(
+            n_keys % d == 0 && n_values == n_keys / d * d_value,
+            "read_index: %s: %zd key elements and %zd value elements do not make "
             "whole tokens of d=%zd, d_value=%zd",
             what,
-            keys.size(),
-            values.size(),
+            n_keys,
+            n_values,
             d,
             d_value);
     // refuse what add_kv would refuse
-    check_finite(keys.data(), size(), d, "read_index: keys");
-    check_finite(values.data(), size(), d_value, "read_index: values");
+    check_finite_stored(type, keys, d, "read_index: keys");
+    check_finite_stored(type, values, d_value, "read_index: values");
 }
 
 } // namespace kvindex

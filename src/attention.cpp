@@ -24,6 +24,17 @@ float estimate_attention(
         size_t dv,
         const Selection& sel,
         float* out) {
+    return estimate_attention(estimator, q, KVRows(keys, d), KVRows(values, dv), sel, out);
+}
+
+float estimate_attention(
+        Estimator estimator,
+        const float* q,
+        KVRows keys,
+        KVRows values,
+        const Selection& sel,
+        float* out) {
+    size_t d = keys.dim, dv = values.dim;
     size_t n = sel.size();
     if (n == 0) {
         std::memset(out, 0, sizeof(float) * dv);
@@ -31,7 +42,7 @@ float estimate_attention(
     }
     std::vector<float> w(n);
     inner_products_by_ids(
-            q, keys, d, sel.ids.data(), n, float(1.0 / std::sqrt(double(d))), w.data());
+            q, keys, sel.ids.data(), n, float(1.0 / std::sqrt(double(d))), w.data());
     std::vector<float> log_u;
     if (estimator == Estimator::unbiased) {
         FAISS_THROW_IF_NOT_MSG(
@@ -50,7 +61,7 @@ float estimate_attention(
         }
     }
     return attention_from_scores(
-            w.data(), log_u.empty() ? nullptr : log_u.data(), values, dv, sel.ids.data(), n, out);
+            w.data(), log_u.empty() ? nullptr : log_u.data(), values, sel.ids.data(), n, out);
 }
 
 float attention_from_scores(
@@ -61,12 +72,19 @@ float attention_from_scores(
         const idx_t* ids,
         size_t n,
         float* out) {
+    return attention_from_scores(s, log_u, KVRows(values, dv), ids, n, out);
+}
+
+float attention_from_scores(
+        float* s, const float* log_u, KVRows values, const idx_t* ids, size_t n, float* out) {
+    size_t dv = values.dim;
     if (n == 0) {
         std::memset(out, 0, sizeof(float) * dv);
         return -std::numeric_limits<float>::infinity();
     }
     float lse = softmax_inplace(s, log_u, n);
-    weighted_sum_by_ids(s, values, dv, ids, n, out);
+    static_assert(sizeof(idx_t) == sizeof(int64_t), "token ids are 64-bit");
+    weighted_sum_by_ids(s, values, reinterpret_cast<const int64_t*>(ids), n, out);
     return lse;
 }
 
@@ -78,8 +96,11 @@ float exact_attention(
         size_t dv,
         size_t n,
         float* out) {
-    return dense_attention(
-            q, keys, values, d, dv, n, float(1.0 / std::sqrt(double(d))), out);
+    return exact_attention(q, KVRows(keys, d), KVRows(values, dv), n, out);
+}
+
+float exact_attention(const float* q, KVRows keys, KVRows values, size_t n, float* out) {
+    return dense_attention(q, keys, values, n, float(1.0 / std::sqrt(double(keys.dim))), out);
 }
 
 float merge_attention(

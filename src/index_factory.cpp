@@ -48,6 +48,31 @@ std::string known_elements() {
     return s;
 }
 
+/// Strips a leading "BF16," / "FP16," and returns the type it selects.
+KVType take_kv_type_prefix(std::string& s) {
+    for (KVType t : {KVType::bf16, KVType::f16}) {
+        std::string p = kv_type_prefix(t);
+        if (s.compare(0, p.size(), p) == 0) {
+            s = s.substr(p.size());
+            return t;
+        }
+    }
+    return KVType::f32;
+}
+
+/// Every index of the tree stores `t`; names the first that does not.
+void check_chain_type(const KVIndex* index, KVType t, const std::string& description) {
+    FAISS_THROW_IF_NOT_FMT(
+            index->kv_type == t,
+            "index_factory: '%s': %s does not support %s storage",
+            description.c_str(),
+            index->type_name(),
+            kv_type_name(t));
+    for (const KVIndex* c : index->children()) {
+        check_chain_type(c, t, description);
+    }
+}
+
 } // namespace
 
 bool parse_factory_count(const std::string& s, const char* prefix, idx_t* count) {
@@ -64,8 +89,13 @@ bool parse_factory_count(const std::string& s, const char* prefix, idx_t* count)
     return true;
 }
 
-FactoryChain::FactoryChain(int d, int d_value, const std::string& description)
-        : d(d), d_value(d_value), description_(description), elements_(split_chain(description)) {}
+FactoryChain::FactoryChain(
+        int d, int d_value, const std::string& description, KVType kv_type)
+        : d(d),
+          d_value(d_value),
+          kv_type(kv_type),
+          description_(description),
+          elements_(split_chain(description)) {}
 
 const std::string& FactoryChain::peek() const {
     FAISS_THROW_IF_NOT_FMT(
@@ -123,7 +153,9 @@ std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, in
             d_value,
             kMaxDimension);
     IndexSpec spec = parse_index_spec(description);
-    FactoryChain chain(d, d_value < 0 ? d : d_value, spec.factory);
+    std::string body = spec.factory;
+    KVType kv_type = take_kv_type_prefix(body);
+    FactoryChain chain(d, d_value < 0 ? d : d_value, body, kv_type);
     std::unique_ptr<KVIndex> index = chain.parse_next();
     FAISS_THROW_IF_NOT_FMT(
             chain.at_end(),
@@ -131,6 +163,7 @@ std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, in
             chain.peek().c_str(),
             spec.factory.c_str(),
             index->factory_string().c_str());
+    check_chain_type(index.get(), kv_type, spec.factory);
     if (!spec.params.empty()) {
         set_index_parameters(index.get(), spec.params);
     }
@@ -139,7 +172,7 @@ std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, in
 
 std::string index_factory_string(const KVIndex* index) {
     FAISS_THROW_IF_NOT_MSG(index, "index_factory_string: index is nullptr");
-    return index->factory_string();
+    return kv_type_prefix(index->kv_type) + index->factory_string();
 }
 
 } // namespace kvindex

@@ -27,6 +27,7 @@ void write_kvindex_fields(const KVIndex* idx, BufferWriter& w) {
     w.value<uint8_t>(idx->has_rope);
     w.value<double>(idx->rope.theta);
     w.value<uint8_t>(uint8_t(idx->rope.style));
+    w.value<uint8_t>(uint8_t(idx->kv_type)); // format >= 3
 }
 
 void read_kvindex_fields(KVIndex* idx, BufferReader& r) {
@@ -38,6 +39,8 @@ void read_kvindex_fields(KVIndex* idx, BufferReader& r) {
     idx->has_rope = r.value<uint8_t>("has_rope") != 0;
     idx->rope.theta = r.value<double>("rope theta");
     uint8_t style = r.value<uint8_t>("rope style");
+    // formats 1 and 2 stored float32 only
+    uint8_t kv_type = r.format_version >= 3 ? r.value<uint8_t>("storage type") : 0;
     // checked now: the type's fields are sized by d and d_value
     FAISS_THROW_IF_NOT_FMT(
             idx->d > 0 && idx->d_value > 0 && idx->d <= (1 << 16) &&
@@ -53,7 +56,10 @@ void read_kvindex_fields(KVIndex* idx, BufferReader& r) {
             std::isfinite(idx->rope.theta) && idx->rope.theta > 0,
             "read_index: invalid RoPE theta %g",
             idx->rope.theta);
+    FAISS_THROW_IF_NOT_FMT(
+            kv_type < kNumKVTypes, "read_index: invalid storage type %d", int(kv_type));
     idx->estimator = Estimator(est);
+    idx->kv_type = KVType(kv_type);
     idx->rope.style = RopeStyle(style);
 }
 

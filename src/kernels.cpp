@@ -118,9 +118,23 @@ void set_simd_level(SimdLevel level) {
     current_level.store(int(level));
 }
 
+namespace {
+
+const RowKernels& row_kernels(KVType t) {
+    FAISS_THROW_IF_NOT_FMT(
+            int(t) >= 0 && int(t) < kNumKVTypes, "kernels: invalid KV storage type %d", int(t));
+    return kernels().rows[int(t)];
+}
+
+const RowKernels& f32_kernels() {
+    return kernels().rows[int(KVType::f32)];
+}
+
+} // namespace
+
 void inner_products_scaled(
         const float* q, const float* x, size_t d, size_t n, float scale, float* s) {
-    kernels().inner_products_scaled(q, x, d, n, scale, s);
+    f32_kernels().inner_products_scaled(q, x, d, n, scale, s);
 }
 
 void inner_products_by_ids(
@@ -131,7 +145,7 @@ void inner_products_by_ids(
         size_t n,
         float scale,
         float* s) {
-    kernels().inner_products_by_ids(q, x, d, ids, n, scale, s);
+    f32_kernels().inner_products_by_ids(q, x, d, ids, n, scale, s);
 }
 
 float softmax_inplace(float* s, const float* bias, size_t n) {
@@ -139,7 +153,7 @@ float softmax_inplace(float* s, const float* bias, size_t n) {
 }
 
 void weighted_sum(const float* w, const float* v, size_t dv, size_t n, float* out) {
-    kernels().weighted_sum(w, v, dv, n, out);
+    f32_kernels().weighted_sum(w, v, dv, n, out);
 }
 
 void weighted_sum_by_ids(
@@ -149,7 +163,7 @@ void weighted_sum_by_ids(
         const int64_t* ids,
         size_t n,
         float* out) {
-    kernels().weighted_sum_by_ids(w, v, dv, ids, n, out);
+    f32_kernels().weighted_sum_by_ids(w, v, dv, ids, n, out);
 }
 
 float dense_attention(
@@ -161,7 +175,7 @@ float dense_attention(
         size_t n,
         float scale,
         float* out) {
-    return kernels().dense_attention(q, keys, values, d, dv, n, scale, out);
+    return f32_kernels().dense_attention(q, keys, values, d, dv, n, scale, out);
 }
 
 void dense_attention_group(
@@ -175,7 +189,7 @@ void dense_attention_group(
         float scale,
         float* out,
         float* lse) {
-    kernels().dense_attention_group(q, g, keys, values, d, dv, n, scale, out, lse);
+    f32_kernels().dense_attention_group(q, g, keys, values, d, dv, n, scale, out, lse);
 }
 
 void topk_inner_products(
@@ -189,7 +203,67 @@ void topk_inner_products(
         float* heap_scores,
         int64_t* heap_ids,
         size_t* heap_size) {
-    kernels().topk_inner_products(q, x, d, n, ids, id0, k, heap_scores, heap_ids, heap_size);
+    f32_kernels().topk_inner_products(q, x, d, n, ids, id0, k, heap_scores, heap_ids, heap_size);
+}
+
+void inner_products_scaled(const float* q, KVRows x, size_t n, float scale, float* s) {
+    row_kernels(x.type).inner_products_scaled(q, x.data, x.dim, n, scale, s);
+}
+
+void inner_products_by_ids(
+        const float* q, KVRows x, const int64_t* ids, size_t n, float scale, float* s) {
+    row_kernels(x.type).inner_products_by_ids(q, x.data, x.dim, ids, n, scale, s);
+}
+
+void weighted_sum(const float* w, KVRows v, size_t n, float* out) {
+    row_kernels(v.type).weighted_sum(w, v.data, v.dim, n, out);
+}
+
+void weighted_sum_by_ids(const float* w, KVRows v, const int64_t* ids, size_t n, float* out) {
+    row_kernels(v.type).weighted_sum_by_ids(w, v.data, v.dim, ids, n, out);
+}
+
+float dense_attention(
+        const float* q, KVRows keys, KVRows values, size_t n, float scale, float* out) {
+    FAISS_THROW_IF_NOT_FMT(
+            keys.type == values.type,
+            "dense_attention: keys stored as %s, values as %s; one type expected",
+            kv_type_name(keys.type),
+            kv_type_name(values.type));
+    return row_kernels(keys.type).dense_attention(
+            q, keys.data, values.data, keys.dim, values.dim, n, scale, out);
+}
+
+void dense_attention_group(
+        const float* q,
+        size_t g,
+        KVRows keys,
+        KVRows values,
+        size_t n,
+        float scale,
+        float* out,
+        float* lse) {
+    FAISS_THROW_IF_NOT_FMT(
+            keys.type == values.type,
+            "dense_attention_group: keys stored as %s, values as %s; one type expected",
+            kv_type_name(keys.type),
+            kv_type_name(values.type));
+    row_kernels(keys.type).dense_attention_group(
+            q, g, keys.data, values.data, keys.dim, values.dim, n, scale, out, lse);
+}
+
+void topk_inner_products(
+        const float* q,
+        KVRows x,
+        size_t n,
+        const int64_t* ids,
+        int64_t id0,
+        size_t k,
+        float* heap_scores,
+        int64_t* heap_ids,
+        size_t* heap_size) {
+    row_kernels(x.type).topk_inner_products(
+            q, x.data, x.dim, n, ids, id0, k, heap_scores, heap_ids, heap_size);
 }
 
 void topk_heap_sort(float* heap_scores, int64_t* heap_ids, size_t heap_size) {

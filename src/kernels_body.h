@@ -20,12 +20,86 @@ namespace {
 
 typedef float vf __attribute__((vector_size(KVINDEX_SIMD_BYTES)));
 typedef int vi __attribute__((vector_size(KVINDEX_SIMD_BYTES)));
+typedef unsigned vu __attribute__((vector_size(KVINDEX_SIMD_BYTES)));
+/// W 16-bit elements: the stored bits of one vf's worth of bf16 / fp16
+typedef uint16_t vh __attribute__((vector_size(KVINDEX_SIMD_BYTES / 2)));
 constexpr size_t W = KVINDEX_SIMD_BYTES / sizeof(float);
+
+template <class To, class From>
+inline To bitcast(From x) {
+    static_assert(sizeof(To) == sizeof(From), "same size");
+    To y;
+    std::memcpy(&y, &x, sizeof(y));
+    return y;
+}
+
+// ---- loading stored rows as float vectors ---------------------------------
+// Every kernel that reads keys or values is a template on the stored element
+// type T (float, bf16_t, f16_t: kv_type.h); load(const T*) widens W
+// elements to a float vector, to_float(T) one element (scalar tails).
 
 inline vf load(const float* p) {
     vf v;
     std::memcpy(&v, p, sizeof(v));
     return v;
+}
+
+/// 2W 16-bit elements, the size of a vf.
+typedef uint16_t vh2 __attribute__((vector_size(KVINDEX_SIMD_BYTES)));
+
+/// W stored 16-bit elements, zero-extended to 32-bit lanes: each element
+/// interleaved with a zero (little endian). Written as a shuffle because
+/// GCC 12 lowers __builtin_convertvector(vh, vu) to two half-width
+/// extensions and an insert, where this gives one vpmovzxwd.
+inline vu load_u16(const uint16_t* p) {
+#if KVINDEX_SIMD_BYTES == 16 || KVINDEX_SIMD_BYTES == 32
+    vh h;
+    std::memcpy(&h, p, sizeof(h));
+    const vh z = {};
+#if KVINDEX_SIMD_BYTES == 16
+    vh2 r = __builtin_shufflevector(h, z, 0, 4, 1, 4, 2, 4, 3, 4);
+#else
+    vh2 r = __builtin_shufflevector(h, z, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8);
+#endif
+    return bitcast<vu>(r);
+#elif KVINDEX_SIMD_BYTES == 64
+    // 16-bit shuffles of a zmm need AVX512BW, which this level does not
+    // assume: two 256-bit extensions, then one 32-bit concatenation
+    typedef uint16_t vh8 __attribute__((vector_size(16)));
+    typedef uint16_t vh16 __attribute__((vector_size(32)));
+    typedef unsigned vu8 __attribute__((vector_size(32)));
+    vh8 lo, hi;
+    std::memcpy(&lo, p, sizeof(lo));
+    std::memcpy(&hi, p + 8, sizeof(hi));
+    const vh8 z8 = {};
+    vu8 a = bitcast<vu8>(vh16(
+            __builtin_shufflevector(lo, z8, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8)));
+    vu8 b = bitcast<vu8>(vh16(
+            __builtin_shufflevector(hi, z8, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8)));
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+#error "KVINDEX_SIMD_BYTES must be 16, 32 or 64"
+#endif
+}
+
+/// bfloat16 is the upper half of a float: widen and shift.
+inline vf load(const bf16_t* p) {
+    return bitcast<vf>(load_u16(&p->bits) << 16);
+}
+
+/// IEEE half, as to_float(f16_t) in kv_type.h: exponent and mantissa moved
+/// to float position read as 2^-112 times the value (subnormals included),
+/// a multiply rescales; inf / nan get the all-ones exponent; the sign ORed.
+inline vf load(const f16_t* p) {
+    vu h = load_u16(&p->bits);
+    vu sign = (h & 0x8000u) << 16;
+    vu em = h & 0x7fffu;
+    vu shifted = em << 13;
+    vu scaled = bitcast<vu>(bitcast<vf>(shifted) * (vf{} + 0x1p112f));
+    // all ones where inf / nan (em < 2^15: a signed compare is exact and cheaper)
+    vu special = bitcast<vu>(bitcast<vi>(em) > (vi{} + 0x7bff));
+    vu bits = (scaled & ~special) | ((shifted | 0x7f800000u) & special);
+    return bitcast<vf>(bits | sign);
 }
 inline void store(float* p, vf v) {
     std::memcpy(p, &v, sizeof(v));
@@ -81,8 +155,9 @@ inline float exp_s(float x) {
     return std::exp(x);
 }
 
-/// <q, x> for one row.
-inline float dot(const float* q, const float* x, size_t d) {
+/// <q, x> for one row of stored type T.
+template <class T>
+inline float dot(const float* q, const T* x, size_t d) {
     vf a0 = {}, a1 = {};
     size_t j = 0;
     for (; j + 2 * W <= d; j += 2 * W) {
@@ -94,19 +169,20 @@ inline float dot(const float* q, const float* x, size_t d) {
     }
     float s = hsum(a0 + a1);
     for (; j < d; j++) {
-        s += q[j] * x[j];
+        s += q[j] * to_float(x[j]);
     }
     return s;
 }
 
 /// <q, x_r> for four rows at once: the query is loaded once per chunk and
 /// four independent accumulators keep the FMA units busy.
+template <class T>
 inline void dot4(
         const float* q,
-        const float* x0,
-        const float* x1,
-        const float* x2,
-        const float* x3,
+        const T* x0,
+        const T* x1,
+        const T* x2,
+        const T* x3,
         size_t d,
         float* s) {
     vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
@@ -120,10 +196,10 @@ inline void dot4(
     }
     float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
     for (; j < d; j++) {
-        s0 += q[j] * x0[j];
-        s1 += q[j] * x1[j];
-        s2 += q[j] * x2[j];
-        s3 += q[j] * x3[j];
+        s0 += q[j] * to_float(x0[j]);
+        s1 += q[j] * to_float(x1[j]);
+        s2 += q[j] * to_float(x2[j]);
+        s3 += q[j] * to_float(x3[j]);
     }
     s[0] = s0;
     s[1] = s1;
@@ -134,24 +210,31 @@ inline void dot4(
 /// Prefetch distance for contiguous scans. A core keeps only a few misses
 /// in flight on its own; asking for lines this far ahead lets the two
 /// streams of attention (keys, values) run near the read bandwidth.
-constexpr size_t kPrefetchFloats = 2048; // 8 KiB
+constexpr size_t kPrefetchBytes = 8192;
 
-/// One prefetch per cache line of [p, p + n).
-inline void prefetch_lines(const float* p, size_t n) {
-    for (size_t i = 0; i < n; i += 64 / sizeof(float)) {
-        __builtin_prefetch(p + i);
+/// One prefetch per cache line of [p, p + n_bytes).
+inline void prefetch_lines(const void* p, size_t n_bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (size_t i = 0; i < n_bytes; i += 64) {
+        __builtin_prefetch(c + i);
     }
 }
 
-/// s[i] = scale * <q, row(i)> for any row accessor; Contiguous rows are
-/// prefetched ahead.
+/// Prefetches the lines kPrefetchBytes ahead of n_rows rows from row.
+template <class T>
+inline void prefetch_ahead(const T* row, size_t n_rows, size_t dim) {
+    prefetch_lines(reinterpret_cast<const char*>(row) + kPrefetchBytes, n_rows * dim * sizeof(T));
+}
+
+/// s[i] = scale * <q, row(i)> for any row accessor (returning const T*);
+/// Contiguous rows are prefetched ahead.
 template <bool Contiguous = false, class RowOf>
 inline void inner_products_rows(
         const float* q, size_t d, size_t n, float scale, float* s, RowOf row) {
     size_t i = 0;
     for (; i + 4 <= n; i += 4) {
         if (Contiguous) {
-            prefetch_lines(row(i) + kPrefetchFloats, 4 * d);
+            prefetch_ahead(row(i), 4, d);
         }
         dot4(q, row(i), row(i + 1), row(i + 2), row(i + 3), d, s + i);
         for (size_t r = 0; r < 4; r++) {
@@ -164,25 +247,27 @@ inline void inner_products_rows(
 }
 
 /// out += w * v (one row).
-inline void axpy(float w, const float* v, size_t dv, float* out) {
+template <class T>
+inline void axpy(float w, const T* v, size_t dv, float* out) {
     vf wv = splat(w);
     size_t j = 0;
     for (; j + W <= dv; j += W) {
         store(out + j, load(out + j) + wv * load(v + j));
     }
     for (; j < dv; j++) {
-        out[j] += w * v[j];
+        out[j] += w * to_float(v[j]);
     }
 }
 
 /// out += sum_r w[r] * v_r over four rows: one load / store of out per
 /// four rows keeps the loop bound by reading the values.
+template <class T>
 inline void axpy4(
         const float* w,
-        const float* v0,
-        const float* v1,
-        const float* v2,
-        const float* v3,
+        const T* v0,
+        const T* v1,
+        const T* v2,
+        const T* v3,
         size_t dv,
         float* out) {
     vf w0 = splat(w[0]), w1 = splat(w[1]), w2 = splat(w[2]), w3 = splat(w[3]);
@@ -196,17 +281,18 @@ inline void axpy4(
         store(out + j, o);
     }
     for (; j < dv; j++) {
-        out[j] += w[0] * v0[j] + w[1] * v1[j] + w[2] * v2[j] + w[3] * v3[j];
+        out[j] += w[0] * to_float(v0[j]) + w[1] * to_float(v1[j]) + w[2] * to_float(v2[j]) +
+                w[3] * to_float(v3[j]);
     }
 }
 
-/// out += sum_i w[i] * row(i), i < n.
+/// out += sum_i w[i] * row(i), i < n (row returning const T*).
 template <bool Contiguous = false, class RowOf>
 inline void accumulate_rows(const float* w, size_t dv, size_t n, float* out, RowOf row) {
     size_t i = 0;
     for (; i + 4 <= n; i += 4) {
         if (Contiguous) {
-            prefetch_lines(row(i) + kPrefetchFloats, 4 * dv);
+            prefetch_ahead(row(i), 4, dv);
         }
         axpy4(w + i, row(i), row(i + 1), row(i + 2), row(i + 3), dv, out);
     }
@@ -257,23 +343,96 @@ inline float exp_shift_sum(float* s, size_t n, float m) {
     return sum;
 }
 
-} // namespace
+// ---- the kernels of the table, one instance per stored type T --------------
+// Rows arrive as const void* (the table is type-erased) and are read as T.
 
-void inner_products_scaled(
-        const float* q, const float* x, size_t d, size_t n, float scale, float* s) {
+template <class T>
+void inner_products_scaled_t(
+        const float* q, const void* xv, size_t d, size_t n, float scale, float* s) {
+    const T* x = static_cast<const T*>(xv);
     inner_products_rows<true>(q, d, n, scale, s, [=](size_t i) { return x + i * d; });
 }
 
-void inner_products_by_ids(
+template <class T>
+void inner_products_by_ids_t(
         const float* q,
-        const float* x,
+        const void* xv,
         size_t d,
         const int64_t* ids,
         size_t n,
         float scale,
         float* s) {
+    const T* x = static_cast<const T*>(xv);
     inner_products_rows(
             q, d, n, scale, s, [=](size_t i) { return x + size_t(ids[i]) * d; });
+}
+
+template <class T>
+void weighted_sum_t(const float* w, const void* vv, size_t dv, size_t n, float* out) {
+    const T* v = static_cast<const T*>(vv);
+    weighted_sum_rows(w, dv, n, out, [=](size_t i) { return v + i * dv; });
+}
+
+template <class T>
+void weighted_sum_by_ids_t(
+        const float* w,
+        const void* vv,
+        size_t dv,
+        const int64_t* ids,
+        size_t n,
+        float* out) {
+    const T* v = static_cast<const T*>(vv);
+    weighted_sum_rows(
+            w, dv, n, out, [=](size_t i) { return v + size_t(ids[i]) * dv; });
+}
+
+template <class T>
+float dense_attention_t(
+        const float* q,
+        const void* keys_v,
+        const void* values_v,
+        size_t d,
+        size_t dv,
+        size_t n,
+        float scale,
+        float* out) {
+    const T* keys = static_cast<const T*>(keys_v);
+    const T* values = static_cast<const T*>(values_v);
+    // Online softmax over blocks: a block of scores stays in L1 while its
+    // values are summed, so keys and values are each read exactly once.
+    constexpr size_t B = 256;
+    alignas(64) float s[B];
+    float m = -std::numeric_limits<float>::infinity();
+    float sum = 0;
+    std::memset(out, 0, sizeof(float) * dv);
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t nb = n - i0 < B ? n - i0 : B;
+        const T* kb = keys + i0 * d;
+        inner_products_rows<true>(q, d, nb, scale, s, [=](size_t i) { return kb + i * d; });
+        float mb = max_of(s, nb);
+        if (mb > m) {
+            // rescale what was accumulated under the old maximum
+            float r = exp_s(m - mb);
+            sum *= r;
+            if (r != 1.0f) {
+                for (size_t j = 0; j < dv; j++) {
+                    out[j] *= r;
+                }
+            }
+            m = mb;
+        }
+        sum += exp_shift_sum(s, nb, m);
+        const T* vb = values + i0 * dv;
+        accumulate_rows<true>(s, dv, nb, out, [=](size_t i) { return vb + i * dv; });
+    }
+    if (n == 0) {
+        return m;
+    }
+    float inv = 1.0f / sum;
+    for (size_t j = 0; j < dv; j++) {
+        out[j] *= inv;
+    }
+    return m + std::log(sum);
 }
 
 float softmax_inplace(float* s, const float* bias, size_t n) {
@@ -299,79 +458,35 @@ float softmax_inplace(float* s, const float* bias, size_t n) {
     return m + std::log(sum);
 }
 
-void weighted_sum(const float* w, const float* v, size_t dv, size_t n, float* out) {
-    weighted_sum_rows(w, dv, n, out, [=](size_t i) { return v + i * dv; });
-}
-
-void weighted_sum_by_ids(
-        const float* w,
-        const float* v,
-        size_t dv,
-        const int64_t* ids,
-        size_t n,
-        float* out) {
-    weighted_sum_rows(
-            w, dv, n, out, [=](size_t i) { return v + size_t(ids[i]) * dv; });
-}
-
-float dense_attention(
-        const float* q,
-        const float* keys,
-        const float* values,
-        size_t d,
-        size_t dv,
-        size_t n,
-        float scale,
-        float* out) {
-    // Online softmax over blocks: a block of scores stays in L1 while its
-    // values are summed, so keys and values are each read exactly once.
-    constexpr size_t B = 256;
-    alignas(64) float s[B];
-    float m = -std::numeric_limits<float>::infinity();
-    float sum = 0;
-    std::memset(out, 0, sizeof(float) * dv);
-    for (size_t i0 = 0; i0 < n; i0 += B) {
-        size_t nb = n - i0 < B ? n - i0 : B;
-        inner_products_scaled(q, keys + i0 * d, d, nb, scale, s);
-        float mb = max_of(s, nb);
-        if (mb > m) {
-            // rescale what was accumulated under the old maximum
-            float r = exp_s(m - mb);
-            sum *= r;
-            if (r != 1.0f) {
-                for (size_t j = 0; j < dv; j++) {
-                    out[j] *= r;
-                }
-            }
-            m = mb;
-        }
-        sum += exp_shift_sum(s, nb, m);
-        const float* vb = values + i0 * dv;
-        accumulate_rows<true>(s, dv, nb, out, [=](size_t i) { return vb + i * dv; });
-    }
-    if (n == 0) {
-        return m;
-    }
-    float inv = 1.0f / sum;
-    for (size_t j = 0; j < dv; j++) {
-        out[j] *= inv;
-    }
-    return m + std::log(sum);
-}
+} // namespace
 
 #include "kernels_topk_body.h"
 
 #include "kernels_group_body.h"
 
+namespace {
+
+/// The row-reading kernels for stored type T. A new kernel that reads keys
+/// or values is written as a template on T and gets one entry here.
+template <class T>
+constexpr RowKernels row_kernels() {
+    return {
+            inner_products_scaled_t<T>,
+            inner_products_by_ids_t<T>,
+            weighted_sum_t<T>,
+            weighted_sum_by_ids_t<T>,
+            dense_attention_t<T>,
+            topk_inner_products_t<T>,
+            dense_attention_group_t<T>,
+    };
+}
+
+} // namespace
+
+// indexed by KVType: f32, bf16, f16
 const KernelTable table = {
-        inner_products_scaled,
-        inner_products_by_ids,
         softmax_inplace,
-        weighted_sum,
-        weighted_sum_by_ids,
-        dense_attention,
-        topk_inner_products,
-        dense_attention_group,
+        {row_kernels<float>(), row_kernels<bf16_t>(), row_kernels<f16_t>()},
 };
 
 } // namespace KVINDEX_SIMD_NS

@@ -66,8 +66,8 @@ inline vf bcast(float x) {
 
 /// s[r] = scale * <q, x_r> for the W rows x_r = x + r * D, D a multiple
 /// of W known at compile time (the row addresses are constant offsets).
-template <size_t D>
-inline void dot_tile_fixed(const float* q, const float* x, float scale, float* s) {
+template <size_t D, class T>
+inline void dot_tile_fixed(const float* q, const T* x, float scale, float* s) {
     static_assert(D % W == 0, "whole vectors");
     vf acc[W];
     vf q0 = load(q);
@@ -85,7 +85,8 @@ inline void dot_tile_fixed(const float* q, const float* x, float scale, float* s
 }
 
 /// dot_tile_fixed for any d.
-inline void dot_tile(const float* q, const float* x, size_t d, float scale, float* s) {
+template <class T>
+inline void dot_tile(const float* q, const T* x, size_t d, float scale, float* s) {
     vf acc[W];
     for (size_t r = 0; r < W; r++) {
         acc[r] = vf{};
@@ -104,7 +105,7 @@ inline void dot_tile(const float* q, const float* x, size_t d, float scale, floa
         for (size_t r = 0; r < W; r++) {
             float t = 0;
             for (size_t jj = j; jj < d; jj++) {
-                t += q[jj] * x[r * d + jj];
+                t += q[jj] * to_float(x[r * d + jj]);
             }
             sv[r] += t;
         }
@@ -115,7 +116,8 @@ inline void dot_tile(const float* q, const float* x, size_t d, float scale, floa
 /// Queries served by one pass of the group kernel: their score blocks
 /// (kGroupChunk x kBlock floats, 8 KiB) stay in L1 with the tile of keys.
 constexpr size_t kGroupChunk = 8;
-/// Prefetch distance of the group kernel (2 KiB: 8 rows of d = 64). It
+/// Prefetch distance of the group kernel, in stored elements (2 KiB of
+/// float32: 8 rows of d = 64). It
 /// computes g times more per byte than dense_attention, so it needs its
 /// lines sooner; longer distances measured slower (8k and 128k tokens).
 constexpr size_t kGroupPrefetchFloats = 512;
@@ -127,9 +129,9 @@ constexpr size_t kBlock = 256;
 /// in registers over the block, so each value row is loaded once for all
 /// the queries. Each output element sums its rows in order, whatever G
 /// and V are (a query's result does not depend on its chunk).
-template <size_t G, size_t V>
+template <size_t G, size_t V, class T>
 inline void accumulate_strip(
-        const float (*s)[kBlock], const float* vb, size_t dv, size_t nb, size_t j0, float* out) {
+        const float (*s)[kBlock], const T* vb, size_t dv, size_t nb, size_t j0, float* out) {
     vf o[G][V];
     for (size_t c = 0; c < G; c++) {
         for (size_t k = 0; k < V; k++) {
@@ -137,9 +139,9 @@ inline void accumulate_strip(
         }
     }
     for (size_t i = 0; i < nb; i++) {
-        const float* row = vb + i * dv + j0;
+        const T* row = vb + i * dv + j0;
         if (j0 == 0) {
-            prefetch_lines(row + kGroupPrefetchFloats, dv);
+            prefetch_lines(row + kGroupPrefetchFloats, dv * sizeof(T));
         }
         vf v[V];
         for (size_t k = 0; k < V; k++) {
@@ -162,9 +164,9 @@ inline void accumulate_strip(
 /// accumulate_strip over all of dv: strips of V vectors as wide as the
 /// registers allow for G queries, then single vectors, then the last
 /// dv % W coordinates one by one.
-template <size_t G>
+template <size_t G, class T>
 inline void accumulate_group_g(
-        const float (*s)[kBlock], const float* vb, size_t dv, size_t nb, float* out) {
+        const float (*s)[kBlock], const T* vb, size_t dv, size_t nb, float* out) {
     // accumulators G x V plus V loaded rows must fit the register file
     // (32 vectors with AVX-512, 16 otherwise)
     constexpr size_t regs = W == 16 ? 28 : 14;
@@ -182,15 +184,16 @@ inline void accumulate_group_g(
         for (size_t c = 0; c < G; c++) {
             float o = out[c * dv + j];
             for (size_t i = 0; i < nb; i++) {
-                o += s[c][i] * vb[i * dv + j];
+                o += s[c][i] * to_float(vb[i * dv + j]);
             }
             out[c * dv + j] = o;
         }
     }
 }
 
+template <class T>
 inline void accumulate_group(
-        const float (*s)[kBlock], size_t g, const float* vb, size_t dv, size_t nb, float* out) {
+        const float (*s)[kBlock], size_t g, const T* vb, size_t dv, size_t nb, float* out) {
     switch (g) {
         case 1: accumulate_group_g<1>(s, vb, dv, nb, out); break;
         case 2: accumulate_group_g<2>(s, vb, dv, nb, out); break;
@@ -203,12 +206,13 @@ inline void accumulate_group(
     }
 }
 
-/// The group kernel for g <= kGroupChunk queries.
+/// The group kernel for g <= kGroupChunk queries, rows stored as T.
+template <class T>
 inline void dense_attention_group_chunk(
         const float* q,
         size_t g,
-        const float* keys,
-        const float* values,
+        const T* keys,
+        const T* values,
         size_t d,
         size_t dv,
         size_t n,
@@ -225,13 +229,13 @@ inline void dense_attention_group_chunk(
     std::memset(out, 0, sizeof(float) * g * dv);
     for (size_t i0 = 0; i0 < n; i0 += B) {
         size_t nb = n - i0 < B ? n - i0 : B;
-        const float* kb = keys + i0 * d;
+        const T* kb = keys + i0 * d;
         // scores: each tile of W keys comes from memory once, then serves
         // every query from L1
         size_t i = 0;
         for (; i + W <= nb; i += W) {
-            const float* kt = kb + i * d;
-            prefetch_lines(kt + kGroupPrefetchFloats, W * d);
+            const T* kt = kb + i * d;
+            prefetch_lines(kt + kGroupPrefetchFloats, W * d * sizeof(T));
             // the head dimensions of the models we serve get constant offsets
             if (d == 64) {
                 for (size_t c = 0; c < g; c++) {
@@ -285,22 +289,25 @@ inline void dense_attention_group_chunk(
     }
 }
 
-} // namespace
-
-void dense_attention_group(
+template <class T>
+void dense_attention_group_t(
         const float* q,
         size_t g,
-        const float* keys,
-        const float* values,
+        const void* keys_v,
+        const void* values_v,
         size_t d,
         size_t dv,
         size_t n,
         float scale,
         float* out,
         float* lse) {
+    const T* keys = static_cast<const T*>(keys_v);
+    const T* values = static_cast<const T*>(values_v);
     for (size_t c0 = 0; c0 < g; c0 += kGroupChunk) {
         size_t gc = g - c0 < kGroupChunk ? g - c0 : kGroupChunk;
         dense_attention_group_chunk(
                 q + c0 * d, gc, keys, values, d, dv, n, scale, out + c0 * dv, lse + c0);
     }
 }
+
+} // namespace

@@ -3,24 +3,34 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <kvindex/kv_type.h>
+
 namespace kvindex {
 
-/// One entry per kernel of kernels.h; one table per instruction set.
-struct KernelTable {
-    void (*inner_products_scaled)(const float*, const float*, size_t, size_t, float, float*);
+/** The kernels of kernels.h that read stored rows (keys, values), for one
+ * storage type: the rows arrive untyped and are read as that type. A new
+ * row-reading kernel gets an entry here and one template instance per type
+ * (kernels_body.h, row_kernels). */
+struct RowKernels {
+    void (*inner_products_scaled)(const float*, const void*, size_t, size_t, float, float*);
     void (*inner_products_by_ids)(
-            const float*, const float*, size_t, const int64_t*, size_t, float, float*);
-    float (*softmax_inplace)(float*, const float*, size_t);
-    void (*weighted_sum)(const float*, const float*, size_t, size_t, float*);
-    void (*weighted_sum_by_ids)(const float*, const float*, size_t, const int64_t*, size_t, float*);
+            const float*, const void*, size_t, const int64_t*, size_t, float, float*);
+    void (*weighted_sum)(const float*, const void*, size_t, size_t, float*);
+    void (*weighted_sum_by_ids)(const float*, const void*, size_t, const int64_t*, size_t, float*);
     float (*dense_attention)(
-            const float*, const float*, const float*, size_t, size_t, size_t, float, float*);
+            const float*, const void*, const void*, size_t, size_t, size_t, float, float*);
     void (*topk_inner_products)(
-            const float*, const float*, size_t, size_t, const int64_t*, int64_t, size_t,
+            const float*, const void*, size_t, size_t, const int64_t*, int64_t, size_t,
             float*, int64_t*, size_t*);
     void (*dense_attention_group)(
-            const float*, size_t, const float*, const float*, size_t, size_t, size_t, float,
+            const float*, size_t, const void*, const void*, size_t, size_t, size_t, float,
             float*, float*);
+};
+
+/// One table per instruction set.
+struct KernelTable {
+    float (*softmax_inplace)(float*, const float*, size_t);
+    RowKernels rows[kNumKVTypes]; ///< indexed by KVType
 };
 
 namespace simd_generic {

@@ -1,4 +1,5 @@
-// Top-k by inner product with the selection fused into the scan; part of
+// Top-k by inner product with the selection fused into the scan (a template
+// on the stored type T, as the kernels of kernels_body.h); part of
 // kernels_body.h (same namespace, same helpers), compiled once per
 // instruction set.
 //
@@ -60,11 +61,10 @@ inline bool any_lane(vi mask) {
     return std::memcmp(&mask, &zero, sizeof(mask)) != 0;
 }
 
-} // namespace
-
-void topk_inner_products(
+template <class T>
+void topk_inner_products_t(
         const float* q,
-        const float* x,
+        const void* xv,
         size_t d,
         size_t n,
         const int64_t* ids,
@@ -76,6 +76,7 @@ void topk_inner_products(
     if (k == 0) {
         return;
     }
+    const T* x = static_cast<const T*>(xv);
     constexpr size_t B = 256;
     alignas(64) float s[B];
     float* hs = heap_scores;
@@ -83,7 +84,7 @@ void topk_inner_products(
     size_t size = *heap_size;
     for (size_t i0 = 0; i0 < n; i0 += B) {
         size_t nb = n - i0 < B ? n - i0 : B;
-        const float* xb = x + i0 * d;
+        const T* xb = x + i0 * d;
         inner_products_rows<true>(q, d, nb, 1.0f, s, [=](size_t i) { return xb + i * d; });
         auto id_of = [&](size_t i) { return ids ? ids[i0 + i] : id0 + int64_t(i0 + i); };
         size_t i = 0;
@@ -111,3 +112,5 @@ void topk_inner_products(
     }
     *heap_size = size;
 }
+
+} // namespace

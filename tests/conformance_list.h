@@ -37,6 +37,17 @@ inline const ConformanceCase kConformance[] = {
          "budget=1000000,k=1000000"},
         {"ProxyEvict50_Random,LSHSample6x20", "k=7", "budget=1000000,min_hits=0"},
         {"ProxyEvict20,Sink4,Window64,LSHSample8x50", "k=7", "budget=1000000,min_hits=0"},
+        // keys and values stored as bfloat16 / fp16 (kv_type.h), every type
+        {"BF16,Flat", "k=7", ""},
+        {"FP16,Flat", "k=7", ""},
+        {"BF16,TopK(IVF4,Flat)", "k=7,nprobe=3", "k=1000000"},
+        {"FP16,TopK(HNSW8)", "k=7,efSearch=24", "k=1000000"},
+        {"BF16,LSHSample6x20", "k=7,min_hits=3", "min_hits=0"},
+        {"FP16,Sink4,Window8,Flat", "k=7", ""},
+        {"BF16,Sink2,Window8,LSHSample6x20", "k=7,max_sample=30", "min_hits=0"},
+        {"FP16,ProxyEvict30_H2O,TopK(Flat)", "k=7", "budget=1000000,k=1000000"},
+        {"BF16,ProxyEvict40_StreamingLLM,Sink2,Window4,TopK(IVF4,Flat)", "k=7,nprobe=2",
+         "budget=1000000,k=1000000"},
 };
 
 } // namespace kvtest

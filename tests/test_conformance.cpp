@@ -77,6 +77,13 @@ const Sequence& sequence() {
     return s;
 }
 
+/// x as an index of storage type t holds it (BF16 / FP16 round; f32: x).
+std::vector<float> stored(KVType t, const std::vector<float>& x) {
+    std::vector<float> r(x.size());
+    round_to(t, x.data(), x.size(), r.data());
+    return r;
+}
+
 /// Prefill of the prompt (queries of a group of kGroup heads), then
 /// n_appends decode appends, with `params` set before prefill.
 std::unique_ptr<KVIndex> build(const ConformanceCase& c, const char* params, idx_t n_appends) {
@@ -178,10 +185,13 @@ void expect_exact(const KVIndex* index, idx_t n, const std::string& what) {
     const Sequence& s = sequence();
     std::vector<float> out(kQ * kDv), lse(kQ);
     index->attend(kQ, s.q.data(), out.data(), lse.data());
+    // the reference reads the tokens as the index stores them
+    std::vector<float> keys = stored(index->kv_type, s.keys);
+    std::vector<float> values = stored(index->kv_type, s.values);
     for (idx_t i = 0; i < kQ; i++) {
         std::vector<double> ref;
         double ref_lse = kvtest::ref_attention_all(
-                s.q.data() + i * kD, s.keys.data(), s.values.data(), kD, kDv, n, ref);
+                s.q.data() + i * kD, keys.data(), values.data(), kD, kDv, n, ref);
         // float accumulation over a few hundred tokens: 1e-5 relative
         EXPECT_LT(kvtest::rel_max_err(out.data() + i * kDv, ref), 1e-5) << what << " query " << i;
         EXPECT_NEAR(lse[i], ref_lse, 1e-5 * std::max(1.0, std::fabs(ref_lse))) << what;
@@ -515,6 +525,8 @@ TEST_P(Conformance, DecodeAppends) {
     const ConformanceCase& c = GetParam();
     const Sequence& s = sequence();
     auto index = build(c, "", 0);
+    std::vector<float> keys = stored(index->kv_type, s.keys);
+    std::vector<float> values = stored(index->kv_type, s.values);
     for (idx_t i = kPrompt; i < kPrompt + kAppends; i++) {
         index->add_kv(1, s.keys.data() + i * kD, s.values.data() + i * kDv);
         ASSERT_EQ(index->ntotal, i + 1);
@@ -523,8 +535,8 @@ TEST_P(Conformance, DecodeAppends) {
         std::vector<float> key(kD), value(kDv);
         index->reconstruct(i, key.data());
         index->reconstruct_value(i, value.data());
-        EXPECT_TRUE(std::equal(key.begin(), key.end(), s.keys.begin() + i * kD));
-        EXPECT_TRUE(std::equal(value.begin(), value.end(), s.values.begin() + i * kDv));
+        EXPECT_TRUE(std::equal(key.begin(), key.end(), keys.begin() + i * kD));
+        EXPECT_TRUE(std::equal(value.begin(), value.end(), values.begin() + i * kDv));
         if (i % 8 == 0 || i + 1 == kPrompt + kAppends) {
             expect_well_formed(index.get(), answers(index.get(), s.q), "token " + std::to_string(i));
         }

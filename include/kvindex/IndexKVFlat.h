@@ -26,7 +26,7 @@ struct IndexKVFlat : KVIndex {
     /// of a larger batch run in parallel.
     static constexpr idx_t kAttendChunk = 8;
 
-    explicit IndexKVFlat(int d = 0, int d_value = -1);
+    explicit IndexKVFlat(int d = 0, int d_value = -1, KVType kv_type = KVType::f32);
 
     size_t memory_bytes() const override;
 
@@ -79,5 +79,9 @@ void exact_topk_inner_product(
         idx_t k,
         float* distances,
         idx_t* labels);
+
+/// The same over rows stored in any KVType.
+void exact_topk_inner_product(
+        const float* q, KVRows x, idx_t n, idx_t k, float* distances, idx_t* labels);
 
 } // namespace kvindex

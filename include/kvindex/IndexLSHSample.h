@@ -149,7 +149,7 @@ struct IndexLSHSample : KVIndex {
     std::vector<uint32_t> recent_offsets; ///< size L * (2^K + 1) when n_recent > n_indexed
     std::vector<uint32_t> recent_ids;     ///< size L * (n_recent - n_indexed), absolute ids
 
-    IndexLSHSample(int d, int d_value, int K, int L);
+    IndexLSHSample(int d, int d_value, int K, int L, KVType kv_type = KVType::f32);
     IndexLSHSample();
 
     /// Draws the hyperplanes from `seed` (empty index only).

@@ -41,7 +41,8 @@ struct IndexTopK : KVIndex {
     idx_t min_train_points = 1;
     uint64_t train_seed = 1234;               ///< seed of the training sample
 
-    IndexTopK(int d, int d_value, const std::string& retriever_string);
+    IndexTopK(int d, int d_value, const std::string& retriever_string,
+              KVType kv_type = KVType::f32);
     IndexTopK();
 
     size_t memory_bytes() const override;

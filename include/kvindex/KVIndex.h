@@ -8,6 +8,7 @@
 
 #include <faiss/Index.h>
 
+#include <kvindex/kv_type.h>
 #include <kvindex/rope.h>
 
 namespace kvindex {
@@ -158,8 +159,12 @@ struct KVIndex : faiss::Index {
 
     RopeParams rope;        ///< set by the first prefill
     bool has_rope = false;  ///< whether a prefill has fixed `rope`
+    /// element type of the stored keys and values (kv_type.h), the same
+    /// for every index of a chain; set at construction ("BF16," / "FP16,"
+    /// in the factory string). Tokens are given and returned as floats.
+    KVType kv_type = KVType::f32;
 
-    explicit KVIndex(int d = 0, int d_value = -1);
+    explicit KVIndex(int d = 0, int d_value = -1, KVType kv_type = KVType::f32);
     ~KVIndex() override;
 
     // ---- the API: arguments checked here, once, for every type ----------
@@ -246,8 +251,12 @@ struct KVIndex : faiss::Index {
     /// Name of the concrete type, the key of its registry row ("IndexKVFlat").
     virtual const char* type_name() const = 0;
 
-    /// The canonical factory string of this index (index_factory.h):
-    /// index_factory(d, factory_string()) builds the same structure, empty.
+    /** The canonical factory chain of this index (index_factory.h), without
+     * the storage-type prefix: a wrapper appends its inner index's chain.
+     * index_factory_string(index) = kv_type_prefix(kv_type) +
+     * factory_string() is the whole string, and
+     * index_factory(d, index_factory_string(index)) builds the same
+     * structure, empty. */
     virtual std::string factory_string() const = 0;
 
     /// The indexes this one holds (wrappers, eviction: the inner index),
@@ -356,8 +365,9 @@ struct KVIndex : faiss::Index {
     void estimate_batch(idx_t n, const float* q, const Selection* sel, float* out, float* lse)
             const;
 
-    /// Keys and values of all tokens in order, for the default cores and
-    /// reconstruct; types that keep tokens elsewhere return nullptr.
+    /// Keys and values of all tokens in order (of type kv_type), for the
+    /// default cores and reconstruct; types that keep tokens elsewhere
+    /// return nullptr.
     virtual const KVStorage* token_storage() const {
         return nullptr;
     }

@@ -1,42 +1,72 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include <kvindex/KVIndex.h>
+#include <kvindex/kv_type.h>
 
 namespace kvindex {
 
-/// Keys and values of a run of tokens, row-major, as the indexes own them.
+/** Keys and values of a run of tokens, row-major, as the indexes own them,
+ * stored in one KVType (float32, bfloat16 or fp16): append converts from
+ * float (rounding to nearest even, refusing values the type cannot hold),
+ * the kernels read the rows in their type (key_rows, value_rows), and
+ * key / value give floats back. */
 struct KVStorage {
-    size_t d = 0;              ///< key dimension
-    size_t d_value = 0;        ///< value dimension
-    std::vector<float> keys;   ///< size size() * d
-    std::vector<float> values; ///< size size() * d_value
+    size_t d = 0;                   ///< key dimension
+    size_t d_value = 0;             ///< value dimension
+    KVType type = KVType::f32;      ///< element type of keys and values
+    std::vector<uint8_t> keys;      ///< size() * d elements of `type`
+    std::vector<uint8_t> values;    ///< size() * d_value elements of `type`
 
     KVStorage() = default;
-    KVStorage(size_t d, size_t d_value) : d(d), d_value(d_value) {}
+    KVStorage(size_t d, size_t d_value, KVType type = KVType::f32)
+            : d(d), d_value(d_value), type(type) {}
 
     idx_t size() const {
-        return d == 0 ? 0 : idx_t(keys.size() / d);
+        return d == 0 ? 0 : idx_t(keys.size() / key_bytes());
     }
-    const float* key(idx_t i) const {
-        return keys.data() + i * d;
+    /// Bytes of one stored key / value.
+    size_t key_bytes() const {
+        return d * kv_type_size(type);
     }
-    const float* value(idx_t i) const {
-        return values.data() + i * d_value;
+    size_t value_bytes() const {
+        return d_value * kv_type_size(type);
     }
+    /// The stored rows, for the kernels (kernels.h).
+    KVRows key_rows() const {
+        return KVRows(keys.data(), d, type);
+    }
+    KVRows value_rows() const {
+        return KVRows(values.data(), d_value, type);
+    }
+    /// Key / value of token i as floats (exact: the stored value widened).
+    void key(idx_t i, float* out) const;
+    void value(idx_t i, float* out) const;
+    /** Appends n tokens given as floats, converted to `type`; throws naming
+     * the first value the type cannot hold, and then adds nothing. */
     void append(idx_t n, const float* k, const float* v);
+    /// Appends tokens [i0, i0 + n) of `other` (same d, d_value and type) as stored.
+    void append_from(const KVStorage& other, idx_t i0, idx_t n);
+    /// The keys and values of tokens [i0, i0 + n) as floats (sizes n * d, n * d_value).
+    void to_float(idx_t i0, idx_t n, std::vector<float>* k, std::vector<float>* v) const;
     /// Drops the first n tokens (the oldest); the others move down.
     void erase_front(idx_t n);
+    /// Keeps the first n tokens.
+    void truncate(idx_t n);
     void clear();
     size_t memory_bytes() const;
 
-    /// io: the keys, then the values (BufferWriter::vector).
+    /** io: the keys, then the values, each as a u64 element count and the
+     * elements in `type` (float32 storage: BufferWriter::vector<float>).
+     * The type itself is the index's (KVIndex::kv_type), written with the
+     * KVIndex fields. */
     void write(BufferWriter& w) const;
-    /** Reads what write wrote, for tokens of dimensions d and d_value (set
-     * them first); refuses partial tokens and non-finite values, naming
-     * `what`. */
+    /** Reads what write wrote, for tokens of dimensions d and d_value and
+     * type `type` (set them first); refuses partial tokens and non-finite
+     * values, naming `what`. */
     void read(BufferReader& r, const char* what);
 };
 

@@ -3,6 +3,7 @@
 #include <cstddef>
 
 #include <kvindex/KVIndex.h>
+#include <kvindex/kv_type.h>
 
 /* The attention-estimator layer: it turns what an index selected into an
  * attention output and a log-sum-exp (lse). Scores are s_i = <q, k_i> / sqrt(d);
@@ -55,6 +56,22 @@ float exact_attention(
         size_t dv,
         size_t n,
         float* out);
+
+// The same over rows stored in any KVType (KVRows: float32, bf16, fp16);
+// the float* versions above read float32 rows of dimensions d and dv.
+
+float estimate_attention(
+        Estimator estimator,
+        const float* q,
+        KVRows keys,
+        KVRows values,
+        const Selection& sel,
+        float* out);
+
+float attention_from_scores(
+        float* s, const float* log_u, KVRows values, const idx_t* ids, size_t n, float* out);
+
+float exact_attention(const float* q, KVRows keys, KVRows values, size_t n, float* out);
 
 /** Merges partial results over disjoint sets:
  * out = sum_j e^{lse_j - m} out_j / sum_j e^{lse_j - m}, m = max_j lse_j,

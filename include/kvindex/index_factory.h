@@ -8,7 +8,10 @@
 
 /* Factory strings, a comma-separated chain like Faiss's:
  *
- *   spec    := chain [ "|" params ]           params: set_index_parameters syntax
+ *   spec    := [ type "," ] chain [ "|" params ]   params: set_index_parameters syntax
+ *   type    := "BF16" | "FP16"             keys and values of every index of the chain
+ *                                          stored as bfloat16 / fp16 (kv_type.h);
+ *                                          float32 when omitted
  *   chain   := [ "Sink" N "," ] [ "Window" N "," ] body
  *   body    := evict [ "," chain ] | inner
  *   evict   := "ProxyEvict" P [ "_H2O" | "_TOVA" | "_StreamingLLM" | "_Random" ]
@@ -24,13 +27,17 @@
  * faiss::index_factory accepts with the inner-product metric: "Flat",
  * "IVF256,Flat", "HNSW32", ... Examples: "Flat", "TopK(HNSW32)",
  * "Sink4,Window64,TopK(IVF1024,Flat)", "ProxyEvict20", "ProxyEvict10_H2O",
- * "ProxyEvict20,TopK(HNSW32)", "TopK(IVF256,Flat)|k=50,nprobe=16".
+ * "ProxyEvict20,TopK(HNSW32)", "TopK(IVF256,Flat)|k=50,nprobe=16",
+ * "BF16,Flat", "FP16,Sink4,Window64,TopK(HNSW32)".
  *
  * Each element is parsed by the type that owns it, found through the
  * registry (registry.h): the list above is what the built-in rows accept.
+ * The storage type is the chain's (FactoryChain::kv_type): every parser
+ * gives it to the index it builds; a type that ignores it is refused.
  * index_factory_string prints the canonical string of an index (without
- * parameters): index_factory_string(index_factory(d, s)) == s for canonical
- * s (Sink before Window, zero counts omitted).
+ * parameters, the storage prefix included):
+ * index_factory_string(index_factory(d, s)) == s for canonical s (Sink
+ * before Window, zero counts omitted, no prefix for float32).
  */
 
 namespace kvindex {
@@ -46,7 +53,8 @@ constexpr int kMaxDimension = 1 << 16;
  */
 std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, int d_value = -1);
 
-/// The factory string of an index (KVIndex::factory_string).
+/// The factory string of an index: kv_type_prefix(index->kv_type) +
+/// index->factory_string().
 std::string index_factory_string(const KVIndex* index);
 
 /** A factory string being parsed: its elements (split at the commas outside
@@ -58,8 +66,12 @@ std::string index_factory_string(const KVIndex* index);
 struct FactoryChain {
     int d;       ///< key dimension of the index being built
     int d_value; ///< value dimension
+    /// storage type of every index of the chain (the "BF16," / "FP16,"
+    /// prefix); parsers pass it to the indexes they build
+    KVType kv_type = KVType::f32;
 
-    FactoryChain(int d, int d_value, const std::string& description);
+    FactoryChain(int d, int d_value, const std::string& description,
+                 KVType kv_type = KVType::f32);
 
     /// The whole string, for error messages.
     const std::string& description() const {

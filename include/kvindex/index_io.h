@@ -17,6 +17,10 @@
  *
  *   u32 fourcc of the type | u32 record version | KVIndex fields | the type's fields
  *
+ * KVIndex fields: i32 d, i32 d_value, i64 ntotal, i64 k, u8 estimator,
+ * u8 has_rope, f64 RoPE theta, u8 RoPE style, and from format 3 on u8
+ * storage type (KVType; the keys and values of the type's fields are in it).
+ *
  * The fourcc and the record version come from the type's registry row
  * (registry.h); the type writes its own fields (KVIndex::write_fields),
  * its inner indexes as nested records. Faiss sub-indexes are written by
@@ -38,7 +42,9 @@ struct BufferReader;
 struct BufferWriter;
 
 /// Format version of the container this build writes; it reads 1 .. this.
-constexpr uint32_t kIndexFormatVersion = 2;
+/// Format 3: the KVIndex fields of every record end with the storage type
+/// (kv_type.h); formats 1 and 2 are read as float32 storage.
+constexpr uint32_t kIndexFormatVersion = 3;
 
 void write_index(const KVIndex* index, const std::string& fname);
 void write_index(const KVIndex* index, std::vector<uint8_t>* buffer);

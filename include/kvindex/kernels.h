@@ -4,10 +4,18 @@
 #include <cstdint>
 #include <vector>
 
+#include <kvindex/kv_type.h>
+
 /* The hot loops of attention, written once (src/kernels_body.h) and compiled
  * for several instruction sets. The widest one the CPU supports is chosen at
  * the first call; KVINDEX_SIMD=generic|avx2|avx512 in the environment or
  * set_simd_level() overrides it (tests compare every level with a reference).
+ *
+ * Stored rows (keys, values) may be float32, bfloat16 or fp16 (kv_type.h):
+ * the kernels taking KVRows read them in their type and widen each element
+ * to float on the fly (exactly); queries, weights, scores and outputs are
+ * float32, and all arithmetic is float32. The float* overloads read float32
+ * rows, as the KVRows ones do for KVRows(x, d).
  */
 
 namespace kvindex {
@@ -107,6 +115,44 @@ void topk_inner_products(
         const float* q,
         const float* x,
         size_t d,
+        size_t n,
+        const int64_t* ids,
+        int64_t id0,
+        size_t k,
+        float* heap_scores,
+        int64_t* heap_ids,
+        size_t* heap_size);
+
+// ---- the same kernels over rows stored in any KVType ---------------------
+// (x.dim is the row length: d for keys, dv for values)
+
+void inner_products_scaled(const float* q, KVRows x, size_t n, float scale, float* s);
+
+void inner_products_by_ids(
+        const float* q, KVRows x, const int64_t* ids, size_t n, float scale, float* s);
+
+void weighted_sum(const float* w, KVRows v, size_t n, float* out);
+
+void weighted_sum_by_ids(const float* w, KVRows v, const int64_t* ids, size_t n, float* out);
+
+/// keys and values must have the same type (one storage holds both).
+float dense_attention(
+        const float* q, KVRows keys, KVRows values, size_t n, float scale, float* out);
+
+/// keys and values must have the same type.
+void dense_attention_group(
+        const float* q,
+        size_t g,
+        KVRows keys,
+        KVRows values,
+        size_t n,
+        float scale,
+        float* out,
+        float* lse);
+
+void topk_inner_products(
+        const float* q,
+        KVRows x,
         size_t n,
         const int64_t* ids,
         int64_t id0,

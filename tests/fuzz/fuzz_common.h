@@ -19,6 +19,7 @@
 #include <omp.h>
 
 #include <kvindex/KVIndex.h>
+#include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
 
 namespace kvfuzz {
@@ -77,7 +78,7 @@ inline std::vector<float> det_floats(size_t n, uint32_t seed, float scale = 1.0f
 /// What the library wrote must read back: same factory string, type and
 /// size. Aborts (a contract violation) otherwise; `when` names the moment.
 inline void expect_round_trip(const kvindex::KVIndex& index, const char* when) {
-    std::string fs = index.factory_string();
+    std::string fs = kvindex::index_factory_string(&index); // storage prefix included
     std::vector<uint8_t> buf;
     std::unique_ptr<kvindex::KVIndex> back;
     try {
@@ -86,10 +87,10 @@ inline void expect_round_trip(const kvindex::KVIndex& index, const char* when) {
     } catch (const std::exception& e) {
         fail("write_index / read_index round trip", fs + " (" + when + "): " + e.what());
     }
-    if (back->factory_string() != fs || back->ntotal != index.ntotal ||
+    if (kvindex::index_factory_string(back.get()) != fs || back->ntotal != index.ntotal ||
         std::strcmp(back->type_name(), index.type_name()) != 0) {
         fail("write_index / read_index round trip",
-             fs + " (" + when + ") read back as " + back->factory_string());
+             fs + " (" + when + ") read back as " + kvindex::index_factory_string(back.get()));
     }
 }
 

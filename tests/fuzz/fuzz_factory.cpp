@@ -100,7 +100,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
 
     // the canonical string builds the same structure
-    std::string fs = index->factory_string();
+    std::string fs = kvindex::index_factory_string(index.get()); // storage prefix included
     std::unique_ptr<kvindex::KVIndex> again;
     try {
         again = kvindex::index_factory(kD, fs, kDValue);
@@ -108,10 +108,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         kvfuzz::fail("factory_string round trip",
                      "'" + s + "' prints as '" + fs + "', which does not build: " + e.what());
     }
-    if (again->factory_string() != fs || std::strcmp(again->type_name(), index->type_name()) != 0) {
+    if (kvindex::index_factory_string(again.get()) != fs ||
+        std::strcmp(again->type_name(), index->type_name()) != 0) {
         kvfuzz::fail("factory_string round trip",
                      "'" + s + "' prints as '" + fs + "', which builds '" +
-                             again->factory_string() + "' (" + again->type_name() + ")");
+                             kvindex::index_factory_string(again.get()) + "' (" +
+                             again->type_name() + ")");
     }
     kvfuzz::expect_round_trip(*index, "empty");
 
