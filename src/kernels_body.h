@@ -13,6 +13,10 @@
 
 #include "kernels_internal.h"
 
+#if KVINDEX_SIMD_BYTES == 64
+#include <immintrin.h>
+#endif
+
 namespace kvindex {
 namespace KVINDEX_SIMD_NS {
 
@@ -63,20 +67,9 @@ inline vu load_u16(const uint16_t* p) {
 #endif
     return bitcast<vu>(r);
 #elif KVINDEX_SIMD_BYTES == 64
-    // 16-bit shuffles of a zmm need AVX512BW, which this level does not
-    // assume: two 256-bit extensions, then one 32-bit concatenation
-    typedef uint16_t vh8 __attribute__((vector_size(16)));
-    typedef uint16_t vh16 __attribute__((vector_size(32)));
-    typedef unsigned vu8 __attribute__((vector_size(32)));
-    vh8 lo, hi;
-    std::memcpy(&lo, p, sizeof(lo));
-    std::memcpy(&hi, p + 8, sizeof(hi));
-    const vh8 z8 = {};
-    vu8 a = bitcast<vu8>(vh16(
-            __builtin_shufflevector(lo, z8, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8)));
-    vu8 b = bitcast<vu8>(vh16(
-            __builtin_shufflevector(hi, z8, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8)));
-    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    // one vpmovzxwd (AVX512F); the generic shuffles of a zmm would need
+    // AVX512BW, and GCC builds this one from two halves and an insert
+    return bitcast<vu>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
 #else
 #error "KVINDEX_SIMD_BYTES must be 16, 32 or 64"
 #endif
@@ -91,6 +84,11 @@ inline vf load(const bf16_t* p) {
 /// to float position read as 2^-112 times the value (subnormals included),
 /// a multiply rescales; inf / nan get the all-ones exponent; the sign ORed.
 inline vf load(const f16_t* p) {
+#if KVINDEX_SIMD_BYTES == 64
+    // AVX512F converts halves itself (vcvtph2ps), subnormals and inf / nan
+    // included: one instruction for the bit work below
+    return bitcast<vf>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&p->bits))));
+#else
     vu h = load_u16(&p->bits);
     vu sign = (h & 0x8000u) << 16;
     vu em = h & 0x7fffu;
@@ -100,6 +98,7 @@ inline vf load(const f16_t* p) {
     vu special = bitcast<vu>(bitcast<vi>(em) > (vi{} + 0x7bff));
     vu bits = (scaled & ~special) | ((shifted | 0x7f800000u) & special);
     return bitcast<vf>(bits | sign);
+#endif
 }
 inline void store(float* p, vf v) {
     std::memcpy(p, &v, sizeof(v));
