@@ -179,7 +179,18 @@ void IndexTopK::search_batch(
                 "search: efSearch does not apply to retriever %s",
                 retriever_string.c_str());
         auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
-        size_t nprobe = p && p->nprobe > 0 ? p->nprobe : ivf ? ivf->nprobe : 0;
+        if (!ivf) {
+            // a flat retriever holds the stored keys widened to float: the
+            // storage itself gives the same top-k, reading half the bytes
+            // under BF16 / FP16
+            parallel_for(n, [&](idx_t i) {
+                exact_topk_inner_product(
+                        q + i * d, storage.key_rows(), ntotal, k, distances + i * k,
+                        labels + i * k);
+            });
+            return;
+        }
+        size_t nprobe = p && p->nprobe > 0 ? p->nprobe : ivf->nprobe;
         parallel_for(n, [&](idx_t i) {
             own_scan_search(
                     retriever.get(), q + i * d, k, nprobe, distances + i * k, labels + i * k);

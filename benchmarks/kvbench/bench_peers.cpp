@@ -152,7 +152,10 @@ int main(int argc, char** argv) {
         long nlist = std::max(1L, long(std::ceil(n / 1000.0)));
         std::vector<std::string> specs = {"Flat", "TopK(Flat)",
                                           "TopK(IVF" + std::to_string(nlist) + ",Flat)",
-                                          "Sink4,Window64,LSHSample10x150"};
+                                          "Sink4,Window64,LSHSample10x150",
+                                          // the same paths over bf16 storage (half the bytes)
+                                          "BF16,Flat", "BF16,TopK(Flat)",
+                                          "BF16,Sink4,Window64,LSHSample10x150"};
         if (n <= hnsw_max) {
             specs.push_back("TopK(HNSW32)");
         }
