@@ -13,6 +13,8 @@
 // the figure to compare across types (bf16 and fp16 read half the bytes).
 //
 //   ./build/benchmarks/bench_kernels --benchmark_filter=DenseAttentionKV
+//
+// BM_GroupAttention: a GQA group attended head by head or in one pass.
 
 #include <cstdint>
 #include <cstring>
@@ -137,6 +139,37 @@ BENCHMARK(BM_DenseAttentionKV)
         ->Apply(dense_levels_types)
         ->Unit(benchmark::kMillisecond)
         ->MinTime(2.0);
+
+/// One GQA group (g query heads sharing a KV head of d = 64, SmolLM2-135M's
+/// head) over n tokens: g dense_attention calls (args: n, g, fused = 0)
+/// against one dense_attention_group call (fused = 1). Time is per group.
+void BM_GroupAttention(benchmark::State& state) {
+    size_t n = size_t(state.range(0)), g = size_t(state.range(1));
+    bool fused = state.range(2) != 0;
+    const size_t d = 64;
+    auto keys = filled(n * d, -0.5f), values = filled(n * d, 0.1f);
+    auto q = filled(g * d, 0.3f);
+    std::vector<float> out(g * d), lse(g);
+    for (auto _ : state) {
+        if (fused) {
+            kvindex::dense_attention_group(
+                    q.data(), g, keys.data(), values.data(), d, d, n, 0.125f, out.data(),
+                    lse.data());
+        } else {
+            for (size_t c = 0; c < g; c++) {
+                lse[c] = kvindex::dense_attention(
+                        q.data() + c * d, keys.data(), values.data(), d, d, n, 0.125f,
+                        out.data() + c * d);
+            }
+        }
+        benchmark::DoNotOptimize(out.data());
+    }
+    state.SetLabel(fused ? "one group pass" : "one pass per query head");
+}
+BENCHMARK(BM_GroupAttention)
+        ->ArgsProduct({{8192, 131072}, {3, 4}, {0, 1}})
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(1.0);
 
 } // namespace
 

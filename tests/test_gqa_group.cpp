@@ -13,9 +13,7 @@
 // itself is exact (bit for bit).
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <vector>
 
@@ -232,50 +230,5 @@ TEST(GQAGroup, KVCacheAttendEqualsPerHeadAttends) {
                 }
             }
         }
-    }
-}
-
-// Timing, not a test: run with
-//   ./build-gqa/tests/kvindex_tests --gtest_also_run_disabled_tests \
-//       --gtest_filter='GQAGroup.DISABLED_Timing'
-// One thread: g separate dense_attention calls against one
-// dense_attention_group call, SmolLM2-135M's group (g = 3, d = 64).
-TEST(GQAGroup, DISABLED_Timing) {
-    using Clock = std::chrono::steady_clock;
-    const size_t d = 64, dv = 64, g = 3;
-    const int kLayers = 30, kKVHeads = 3; // SmolLM2-135M
-    for (size_t n : {size_t(8192), size_t(131072)}) {
-        auto keys = gaussian(n, d, 1, 1.0f, 0.1f);
-        auto values = gaussian(n, dv, 2);
-        auto q = gaussian(g, d, 3, 2.0f);
-        std::vector<float> out(g * dv), lse(g);
-        float scale = float(1 / std::sqrt(double(d)));
-        int reps = n > 100000 ? 15 : 201;
-        std::vector<double> sep, grp;
-        for (int r = 0; r < reps; r++) {
-            auto t0 = Clock::now();
-            for (size_t c = 0; c < g; c++) {
-                lse[c] = dense_attention(
-                        q.data() + c * d, keys.data(), values.data(), d, dv, n, scale,
-                        out.data() + c * dv);
-            }
-            auto t1 = Clock::now();
-            dense_attention_group(
-                    q.data(), g, keys.data(), values.data(), d, dv, n, scale, out.data(),
-                    lse.data());
-            auto t2 = Clock::now();
-            sep.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
-            grp.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
-        }
-        std::sort(sep.begin(), sep.end());
-        std::sort(grp.begin(), grp.end());
-        double s = sep[reps / 2], gr = grp[reps / 2];
-        std::printf(
-                "[%s] n=%zu d=%zu g=%zu: %zu x dense_attention %.1f us, "
-                "dense_attention_group %.1f us per group (%.2fx); per layer (%d KV heads) "
-                "%.2f ms vs %.2f ms; per token (%d layers) %.1f ms vs %.1f ms\n",
-                simd_level_name(get_simd_level()), n, d, g, g, s, gr, s / gr, kKVHeads,
-                kKVHeads * s / 1e3, kKVHeads * gr / 1e3, kLayers, kLayers * kKVHeads * s / 1e3,
-                kLayers * kKVHeads * gr / 1e3);
     }
 }
