@@ -27,6 +27,7 @@
 #include <kvindex/kernels.h>
 
 #include "reference.h"
+#include "simd_levels.h"
 
 using namespace kvindex;
 using kvtest::gaussian;
@@ -43,17 +44,7 @@ double rel_err(const float* a, const float* b, size_t n) {
     return err / mag;
 }
 
-class GroupKernelTest : public ::testing::TestWithParam<SimdLevel> {
-   protected:
-    void SetUp() override {
-        saved_ = get_simd_level();
-        set_simd_level(GetParam());
-    }
-    void TearDown() override {
-        set_simd_level(saved_);
-    }
-    SimdLevel saved_;
-};
+class GroupKernelTest : public kvtest::SimdLevelTest {};
 
 } // namespace
 
@@ -128,13 +119,7 @@ TEST_P(GroupKernelTest, MatchesDoubleReferenceWithLargeScores) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-        AllLevels,
-        GroupKernelTest,
-        ::testing::ValuesIn(available_simd_levels()),
-        [](const ::testing::TestParamInfo<SimdLevel>& info) {
-            return std::string(simd_level_name(info.param));
-        });
+KVTEST_AT_EVERY_SIMD_LEVEL(GroupKernelTest);
 
 namespace {
 

@@ -10,23 +10,14 @@
 #include <kvindex/kernels.h>
 
 #include "reference.h"
+#include "simd_levels.h"
 
 using namespace kvindex;
 using kvtest::gaussian;
 
 namespace {
 
-class KernelsTest : public ::testing::TestWithParam<SimdLevel> {
-   protected:
-    void SetUp() override {
-        saved_ = get_simd_level();
-        set_simd_level(GetParam());
-    }
-    void TearDown() override {
-        set_simd_level(saved_);
-    }
-    SimdLevel saved_;
-};
+class KernelsTest : public kvtest::SimdLevelTest {};
 
 const size_t kDims[] = {1, 3, 8, 17, 64, 128, 130};
 const size_t kCounts[] = {0, 1, 3, 4, 5, 255, 256, 257, 1000};
@@ -154,13 +145,7 @@ TEST_P(KernelsTest, DenseAttentionMatchesReference) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-        AllLevels,
-        KernelsTest,
-        ::testing::ValuesIn(available_simd_levels()),
-        [](const ::testing::TestParamInfo<SimdLevel>& info) {
-            return std::string(simd_level_name(info.param));
-        });
+KVTEST_AT_EVERY_SIMD_LEVEL(KernelsTest);
 
 TEST(Kernels, LevelSelection) {
     auto levels = available_simd_levels();

@@ -25,6 +25,7 @@
 
 #include "expect_throw.h"
 #include "reference.h"
+#include "simd_levels.h"
 
 using namespace kvindex;
 using kvtest::gaussian;
@@ -187,17 +188,7 @@ TEST(KVType, OverflowIsRefusedNamingTheValueAndRange) {
 
 namespace {
 
-class KVTypeKernels : public ::testing::TestWithParam<SimdLevel> {
-   protected:
-    void SetUp() override {
-        saved_ = get_simd_level();
-        set_simd_level(GetParam());
-    }
-    void TearDown() override {
-        set_simd_level(saved_);
-    }
-    SimdLevel saved_;
-};
+class KVTypeKernels : public kvtest::SimdLevelTest {};
 
 /// n rows of dimension d stored as type t (with zeros, signed zeros and
 /// values that are fp16 subnormals mixed in), and the same rows as floats.
@@ -321,13 +312,7 @@ TEST_P(KVTypeKernels, HalfLoadHandlesInfNanAndSubnormals) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-        AllLevels,
-        KVTypeKernels,
-        ::testing::ValuesIn(available_simd_levels()),
-        [](const ::testing::TestParamInfo<SimdLevel>& info) {
-            return std::string(simd_level_name(info.param));
-        });
+KVTEST_AT_EVERY_SIMD_LEVEL(KVTypeKernels);
 
 // ---- every index type: bf16 / fp16 storage vs the same index in float32 ----
 

@@ -18,22 +18,13 @@
 #include <kvindex/kernels.h>
 
 #include "reference.h"
+#include "simd_levels.h"
 
 using namespace kvindex;
 
 namespace {
 
-class TopKScanTest : public ::testing::TestWithParam<SimdLevel> {
-   protected:
-    void SetUp() override {
-        saved_ = get_simd_level();
-        set_simd_level(GetParam());
-    }
-    void TearDown() override {
-        set_simd_level(saved_);
-    }
-    SimdLevel saved_;
-};
+class TopKScanTest : public kvtest::SimdLevelTest {};
 
 /// Small integers: every dot product is exact in float and in double, and
 /// many of them tie, which exercises the tie rule.
@@ -142,13 +133,7 @@ TEST_P(TopKScanTest, OneHeapFedByManyCallsWithIds) {
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-        AllLevels,
-        TopKScanTest,
-        ::testing::ValuesIn(available_simd_levels()),
-        [](const ::testing::TestParamInfo<SimdLevel>& info) {
-            return std::string(simd_level_name(info.param));
-        });
+KVTEST_AT_EVERY_SIMD_LEVEL(TopKScanTest);
 
 TEST(RetrieverScan, TopKFlatEqualsReference) {
     const int d = 16;
