@@ -80,7 +80,10 @@ TEST(KVBench, FlatIsExact) {
     auto res = run(dir, {"Flat"});
     const auto& r = res.results[0];
     EXPECT_EQ(r.n_queries, 2 * 4 * 5); // layers x q heads x positions
-    EXPECT_EQ(r.rel_err_mean, 0.0);
+    // exact up to float rounding: Flat attends with the group kernel
+    // (one pass per GQA group), which sums in another order than the
+    // one-query kernel kvbench's reference runs
+    EXPECT_LT(r.rel_err_mean, 2e-6);
     EXPECT_NEAR(r.mass_mean, 1.0, 1e-5);
     EXPECT_FALSE(r.recall_at_k.has_value());
     EXPECT_NEAR(r.selected_frac, 1.0, 1e-12);
