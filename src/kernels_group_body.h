@@ -29,21 +29,22 @@ struct make_lane_seq<0, K...> {
     using type = lane_seq<K...>;
 };
 
-/// Shuffle mask of one fold step: x and y each hold W / S accumulators of
-/// S lanes; lanes K of the result take, for accumulator K / (S / 2) of the
-/// concatenation x || y, its lane Off + K % (S / 2).
+/// Half of one fold step: x and y each hold W / S accumulators of S lanes;
+/// lane K of the result takes, for accumulator K / (S / 2) of the
+/// concatenation x || y, its lane Off + K % (S / 2). (__builtin_shufflevector
+/// with constant lanes: GCC 12 and clang both have it, GCC's
+/// __builtin_shuffle clang has not.)
 template <size_t S, size_t Off, size_t... K>
-constexpr vi fold_mask_impl(lane_seq<K...>) {
-    return vi{int((K / (S / 2)) * S + K % (S / 2) + Off)...};
+inline vf fold_half(vf x, vf y, lane_seq<K...>) {
+    return __builtin_shufflevector(x, y, int((K / (S / 2)) * S + K % (S / 2) + Off)...);
 }
 
 /// One fold step: W / S accumulators of S lanes in each of x and y become
 /// 2W / S accumulators of S / 2 lanes in the result (x's first, in order).
 template <size_t S>
 inline vf fold_pair(vf x, vf y) {
-    constexpr vi lo = fold_mask_impl<S, 0>(typename make_lane_seq<W>::type{});
-    constexpr vi hi = fold_mask_impl<S, S / 2>(typename make_lane_seq<W>::type{});
-    return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi);
+    using lanes = typename make_lane_seq<W>::type;
+    return fold_half<S, 0>(x, y, lanes{}) + fold_half<S, S / 2>(x, y, lanes{});
 }
 
 /// Folds N vectors of W / N accumulators of S lanes each, until one vector
