@@ -9,6 +9,7 @@
 #include <faiss/IndexHNSW.h>
 #include <faiss/IVFlib.h>
 #include <faiss/IndexIVF.h>
+#include <faiss/IndexIVFFlat.h>
 #include <faiss/impl/FaissAssert.h>
 #include <faiss/impl/io.h>
 #include <faiss/index_factory.h>
@@ -152,12 +153,15 @@ void IndexTopK::search_batch(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
-    if (!retriever->is_trained) {
-        // too few keys to train yet: exact scan of what is stored
+    // exact scan of what is stored, one query per thread
+    auto scan_storage = [&]() {
         parallel_for(n, [&](idx_t i) {
             exact_topk_inner_product(
                     q + i * d, storage.key_rows(), ntotal, k, distances + i * k, labels + i * k);
         });
+    };
+    if (!retriever->is_trained) {
+        scan_storage(); // too few keys to train yet
         return;
     }
     const auto* p = dynamic_cast<const SearchParametersTopK*>(params);
@@ -171,29 +175,23 @@ void IndexTopK::search_batch(
         ivf_params.nprobe = p->nprobe;
         rp = &ivf_params;
     }
-    if (has_own_scan(retriever.get())) {
-        // Flat and IVF-Flat: our kernels scan (retriever_scan.h); one query
-        // per thread, each reading its keys once
+    auto own_ivf = as_ivf_flat_inner_product(retriever.get());
+    if (own_ivf || is_flat_inner_product(retriever.get())) {
+        // our kernels scan (retriever_scan.h), each key read once
         FAISS_THROW_IF_NOT_FMT(
                 !(p && p->efSearch > 0),
                 "search: efSearch does not apply to retriever %s",
                 retriever_string.c_str());
-        auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
-        if (!ivf) {
+        if (!own_ivf) {
             // a flat retriever holds the stored keys widened to float: the
             // storage itself gives the same top-k, reading half the bytes
             // under BF16 / FP16
-            parallel_for(n, [&](idx_t i) {
-                exact_topk_inner_product(
-                        q + i * d, storage.key_rows(), ntotal, k, distances + i * k,
-                        labels + i * k);
-            });
+            scan_storage();
             return;
         }
-        size_t nprobe = p && p->nprobe > 0 ? p->nprobe : ivf->nprobe;
+        size_t nprobe = p && p->nprobe > 0 ? p->nprobe : own_ivf->nprobe;
         parallel_for(n, [&](idx_t i) {
-            own_scan_search(
-                    retriever.get(), q + i * d, k, nprobe, distances + i * k, labels + i * k);
+            ivf_flat_search(*own_ivf, q + i * d, k, nprobe, distances + i * k, labels + i * k);
         });
         return;
     }
