@@ -101,19 +101,11 @@ int main(int argc, char** argv) {
     std::printf("%-34s %9s %10s %10s %10s %9s %9s %8s %10s\n", "index", "tokens", "us/query",
                 "search_us", "dense_us", "speedup", "recall", "build_s", "bytes/tok");
     for (idx_t n : lengths) {
-        kvbench::SyntheticConfig cfg;
-        cfg.n_tokens = n + n_queries;
-        cfg.head_dim = d;
-        cfg.n_kv_heads = 1;
-        cfg.group = 3;
-        cfg.n_layers = 1;
-        cfg.n_eval = n_queries;
-        TraceLayer layer = kvbench::synthetic_layer(cfg, 0);
-        idx_t n_all = cfg.n_tokens;
-        std::vector<float> queries(size_t(n_queries) * d);
+        kvbench::ScalingHead head = kvbench::scaling_head(n, n_queries, d);
+        const TraceLayer& layer = head.layer;
+        std::vector<float> queries(size_t(n_queries) * d); // contiguous, for queries.npy
         for (int i = 0; i < n_queries; i++) {
-            const float* q = layer.queries.data() + (size_t(i % 3) * n_all + n + i) * d;
-            std::copy_n(q, d, queries.data() + size_t(i) * d);
+            std::copy_n(head.queries[i], d, queries.data() + size_t(i) * d);
         }
         auto query = [&](int i) { return queries.data() + size_t(i) * d; };
         // exact top-100 (sorted ids) for recall

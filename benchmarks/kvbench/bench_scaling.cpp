@@ -58,20 +58,9 @@ int main(int argc, char** argv) {
     std::printf("%-24s %9s %10s %10s %9s %9s %8s %10s\n", "index", "tokens", "us/query",
                 "dense_us", "speedup", "recall", "build_s", "bytes/tok");
     for (idx_t n : lengths) {
-        kvbench::SyntheticConfig cfg;
-        cfg.n_tokens = n + n_queries;
-        cfg.head_dim = d;
-        cfg.n_kv_heads = 1;
-        cfg.group = 3;
-        cfg.n_layers = 1;
-        cfg.n_eval = n_queries;
-        TraceLayer layer = kvbench::synthetic_layer(cfg, 0);
-        idx_t n_all = cfg.n_tokens;
-        // queries: the evaluation positions of the three heads, in turn
-        std::vector<const float*> queries;
-        for (int i = 0; i < n_queries; i++) {
-            queries.push_back(layer.queries.data() + (size_t(i % 3) * n_all + n + i) * d);
-        }
+        kvbench::ScalingHead head = kvbench::scaling_head(n, n_queries, d);
+        const TraceLayer& layer = head.layer;
+        const std::vector<const float*>& queries = head.queries;
         long nlist = std::max(1L, long(std::ceil(n / 1000.0)));
         std::vector<std::string> specs = {
                 "Flat", "TopK(Flat)", "TopK(IVF" + std::to_string(nlist) + ",Flat)", "TopK(HNSW16)"};

@@ -317,4 +317,21 @@ std::vector<double> attention_entropy_profile(
     return profile;
 }
 
+ScalingHead scaling_head(int64_t n, int n_queries, int head_dim) {
+    SyntheticConfig cfg;
+    cfg.n_tokens = n + n_queries;
+    cfg.head_dim = head_dim;
+    cfg.n_kv_heads = 1;
+    cfg.group = 3;
+    cfg.n_layers = 1;
+    cfg.n_eval = n_queries;
+    ScalingHead head;
+    head.layer = synthetic_layer(cfg, 0);
+    for (int i = 0; i < n_queries; i++) {
+        size_t row = size_t(i % 3) * size_t(cfg.n_tokens) + size_t(n + i);
+        head.queries.push_back(head.layer.queries.data() + row * head_dim);
+    }
+    return head;
+}
+
 } // namespace kvbench

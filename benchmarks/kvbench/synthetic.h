@@ -42,6 +42,16 @@ kvindex::TraceMeta synthetic_meta(const SyntheticConfig& cfg);
 /// One layer, generated in memory; deterministic in (cfg, layer).
 kvindex::TraceLayer synthetic_layer(const SyntheticConfig& cfg, int layer);
 
+/// The scaling benchmarks' head (bench_scaling, bench_peers): one KV head of
+/// the mixed preset, d = head_dim, n context tokens, then n_queries
+/// evaluation positions whose queries take the group's three heads (needle,
+/// local, flat) in turn.
+struct ScalingHead {
+    kvindex::TraceLayer layer;          ///< keys and values of n + n_queries tokens
+    std::vector<const float*> queries;  ///< n_queries pointers into layer.queries
+};
+ScalingHead scaling_head(int64_t n, int n_queries, int head_dim);
+
 /// Generates and writes the trace; deterministic in cfg (seed included).
 kvindex::TraceMeta write_synthetic_trace(const std::string& dir, const SyntheticConfig& cfg);
 
