@@ -462,11 +462,12 @@ void IndexLSHSample::build_tables(idx_t n) {
 
 namespace {
 
-/// Per-thread scratch of sample_one: zeroed collision counters (size >=
-/// ntotal, grown once) and buffers sized by the buckets walked.
+/// Per-thread scratch of sample_one: zeroed collision counters and bitsets
+/// (size >= ntotal, grown once) and buffers sized by the buckets walked.
 struct SampleScratch {
     std::vector<uint8_t> count8;
     std::vector<uint16_t> count16;
+    std::vector<uint64_t> seen1, seen2; ///< ids hit at least once / twice
     std::vector<uint32_t> touched, emitted, tmp;
     std::vector<uint32_t> hist;
 };
@@ -498,6 +499,34 @@ inline void walk_bucket(
         ne += c == hm1;
         count[id] = Count(c + (c < kMax));
     }
+}
+
+/** Marks the ids of one bucket in two bitsets: seen1 = hit at least once,
+ * seen2 = hit at least twice (min_hits <= 2, MagicPIG's setting). Two
+ * L1/L2-resident words per id and no branch, against a counter, a touched
+ * list and an emitted list for general min_hits; and the ids come out of
+ * the bitset already sorted. */
+template <class Id>
+inline void mark_bucket(const Id* ids, size_t len, uint64_t* seen1, uint64_t* seen2) {
+    for (size_t j = 0; j < len; j++) {
+        uint32_t id = ids[j];
+        size_t w = id >> 6;
+        uint64_t bit = uint64_t(1) << (id & 63);
+        uint64_t s1 = seen1[w];
+        seen2[w] |= s1 & bit;
+        seen1[w] = s1 | bit;
+    }
+}
+
+/// Appends the set bits of words[0, n_words) to out as ids, ascending.
+size_t bits_to_ids(const uint64_t* words, size_t n_words, uint32_t* out) {
+    size_t n = 0;
+    for (size_t w = 0; w < n_words; w++) {
+        for (uint64_t x = words[w]; x; x &= x - 1) {
+            out[n++] = uint32_t(w * 64 + __builtin_ctzll(x));
+        }
+    }
+    return n;
 }
 
 /// Sorts a[0, n) ascending (ids < 2^bits), LSD radix with <= 11-bit digits.
@@ -621,44 +650,65 @@ void IndexLSHSample::sample_one(
     SampleScratch& sc = sample_scratch();
     sc.touched.resize(std::max(sc.touched.size(), total + 1));
     sc.emitted.resize(std::max(sc.emitted.size(), total + 1 + size_t(ntotal - std::max(n_recent, n_indexed))));
-    size_t nt = 0, ne = 0;
-    auto walk = [&](auto* count) {
-        unsigned hm1 = unsigned(hits - 1);
+    // calls visit(ids, len) for the query's bucket in every table, both levels
+    auto for_each_bucket = [&](auto&& visit) {
         for (int l = 0; l < L; l++) {
             const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
             size_t base = size_t(l) * n_indexed, b0 = off[qc[l]], len = off[qc[l] + 1] - b0;
             if (ids16.empty()) {
-                walk_bucket(ids32.data() + base + b0, len, count, hm1, sc.touched.data(), nt, sc.emitted.data(), ne);
+                visit(ids32.data() + base + b0, len);
             } else {
-                walk_bucket(ids16.data() + base + b0, len, count, hm1, sc.touched.data(), nt, sc.emitted.data(), ne);
+                visit(ids16.data() + base + b0, len);
             }
             if (recent) {
                 const uint32_t* ro = recent_offsets.data() + size_t(l) * (B + 1);
                 size_t rb = size_t(l) * (n_recent - n_indexed) + ro[qc[l]];
-                walk_bucket(recent_ids.data() + rb, size_t(ro[qc[l] + 1] - ro[qc[l]]), count, hm1,
-                            sc.touched.data(), nt, sc.emitted.data(), ne);
+                visit(recent_ids.data() + rb, size_t(ro[qc[l] + 1] - ro[qc[l]]));
             }
         }
-        for (size_t t = 0; t < nt; t++) {
-            count[sc.touched[t]] = 0;
-        }
     };
-    if (hits <= 254) { // uint8 counters saturate at 255
-        if (sc.count8.size() < size_t(ntotal)) {
-            sc.count8.resize(ntotal, 0);
+    size_t ne = 0;
+    if (hits <= 2) {
+        // two bitsets over the table ids; scanning and clearing them costs
+        // n / 64 words, ~1/4000 of the bytes of the keys
+        size_t words = (size_t(std::max(n_recent, n_indexed)) + 63) / 64;
+        if (sc.seen1.size() < words) {
+            sc.seen1.resize(words, 0);
+            sc.seen2.resize(words, 0);
         }
-        walk(sc.count8.data());
+        uint64_t *seen1 = sc.seen1.data(), *seen2 = sc.seen2.data();
+        for_each_bucket([&](const auto* ids, size_t len) { mark_bucket(ids, len, seen1, seen2); });
+        ne = bits_to_ids(hits == 1 ? seen1 : seen2, words, sc.emitted.data());
+        std::fill_n(seen1, words, 0);
+        std::fill_n(seen2, words, 0);
     } else {
-        if (sc.count16.size() < size_t(ntotal)) {
-            sc.count16.resize(ntotal, 0);
+        size_t nt = 0;
+        auto walk = [&](auto* count) {
+            unsigned hm1 = unsigned(hits - 1);
+            for_each_bucket([&](const auto* ids, size_t len) {
+                walk_bucket(ids, len, count, hm1, sc.touched.data(), nt, sc.emitted.data(), ne);
+            });
+            for (size_t t = 0; t < nt; t++) {
+                count[sc.touched[t]] = 0;
+            }
+        };
+        if (hits <= 254) { // uint8 counters saturate at 255
+            if (sc.count8.size() < size_t(ntotal)) {
+                sc.count8.resize(ntotal, 0);
+            }
+            walk(sc.count8.data());
+        } else {
+            if (sc.count16.size() < size_t(ntotal)) {
+                sc.count16.resize(ntotal, 0);
+            }
+            walk(sc.count16.data());
         }
-        walk(sc.count16.data());
+        int bits = 1;
+        while (bits < 32 && (uint64_t(1) << bits) < uint64_t(ntotal)) {
+            bits++;
+        }
+        sort_ids(sc.emitted.data(), ne, bits, sc.tmp, sc.hist);
     }
-    int bits = 1;
-    while (bits < 32 && (uint64_t(1) << bits) < uint64_t(ntotal)) {
-        bits++;
-    }
-    sort_ids(sc.emitted.data(), ne, bits, sc.tmp, sc.hist);
     for (idx_t i = std::max(n_recent, n_indexed); i < ntotal; i++) { // the last tokens, code by code
         int c = 0;
         for (int l = 0; l < L; l++) {

@@ -118,10 +118,13 @@ class LSHInclusionTable {
  * rebuilt when more than max(256, tail / 16) tokens arrived after them; only
  * those last tokens are checked code by code.
  *
- * Per query the work is proportional to the buckets the query falls in, not
- * to ntotal: collisions are counted in a per-thread uint8 (uint16 when
- * min_hits > 254) scratch by walking the L buckets and reset through the
- * list of touched ids; the sample is sorted by id (radix sort) and the key
+ * Per query the work is proportional to the buckets the query falls in:
+ * for min_hits <= 2 (MagicPIG's setting) the walk of the L buckets marks
+ * two per-thread bitsets (hit once, hit twice), whose words give the sample
+ * in id order (scanning and clearing them is ntotal / 64 words, ~1/4000 of
+ * the key bytes); for larger min_hits collisions are counted in a uint8
+ * (uint16 when min_hits > 254) scratch reset through the list of touched
+ * ids, and the sample is radix-sorted. The key
  * and value rows are prefetched ahead of the gathered dot products and
  * weighted sum; u comes from an LSHInclusionTable (no acos / binomial per
  * key), and attend feeds log u straight to the softmax.
