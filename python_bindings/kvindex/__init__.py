@@ -1,0 +1,61 @@
+"""kvindex: the KV cache of a long-context LLM as a Faiss-style vector index.
+
+Each sparse-attention method is an index type built from a factory string
+(``index_factory(128, "Sink4,Window64,LSHSample10x150")``); indexes take and
+return numpy arrays the way faiss's Python wrappers do::
+
+    index = kvindex.index_factory(d, "TopK(Flat)")
+    index.add_kv(keys, values)             # (n, d), (n, d_value)
+    D, I = index.search(q, k)              # as faiss
+    out, lse = index.attend(q)             # attention output and log-sum-exp
+    kvindex.write_index(index, "cache.kvix")
+
+See python_bindings/README.md for the whole API.
+"""
+
+from ._kvindex import (  # noqa: F401
+    IndexKVFlat,
+    IndexLSHSample,
+    IndexProxyEvict,
+    IndexSinkWindow,
+    IndexTopK,
+    IndexTypeInfo,
+    KVCache,
+    KVIndex,
+    ParameterInfo,
+    Selection,
+    apply_rope,
+    deserialize_index,
+    get_index_parameter,
+    index_factory,
+    index_factory_string,
+    index_parameter_info,
+    index_types,
+    invert_rope,
+    parse_index_spec,
+    read_index,
+    read_trace,
+    serialize_index,
+    set_index_parameter,
+    set_index_parameters,
+    write_index,
+    write_trace,
+)
+
+__version__ = "0.1.0"
+
+
+def _index_from_bytes(data):
+    return deserialize_index(data)
+
+
+def _reduce_ex(index, protocol):
+    # pickling goes through the io container, like faiss's serialize_index:
+    # the record says its own type, so every subclass round-trips (a
+    # module-level Python function, since pickle cannot name a pybind11 one)
+    return (_index_from_bytes, (serialize_index(index).tobytes(),))
+
+
+KVIndex.__reduce_ex__ = _reduce_ex
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,64 @@
+#include "arrays.h"
+
+namespace kvpy {
+
+namespace {
+
+py::array as_array(py::handle obj, const char* what) {
+    if (py::isinstance<py::array>(obj)) {
+        return py::reinterpret_borrow<py::array>(obj);
+    }
+    py::array a = py::array::ensure(obj); // null (error cleared) when not array-like
+    if (!a) {
+        throw py::type_error(std::string(what) + " must be a numpy array (or array-like); got " +
+                             std::string(py::str(py::type::of(obj).attr("__name__"))));
+    }
+    return a;
+}
+
+} // namespace
+
+std::string shape_string(const py::array& a) {
+    std::string s = "(";
+    for (py::ssize_t i = 0; i < a.ndim(); i++) {
+        s += (i ? ", " : "") + std::to_string(a.shape(i));
+    }
+    return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+FloatArray as_float_array(py::handle obj, const char* what) {
+    py::array a = as_array(obj, what);
+    char kind = a.dtype().kind();
+    if (kind != 'f' || (a.itemsize() != 2 && a.itemsize() != 4 && a.itemsize() != 8)) {
+        throw py::type_error(std::string(what) + " must be a float16, float32 or float64 array; got dtype " +
+                             std::string(py::str(a.dtype())));
+    }
+    return FloatArray::ensure(a); // no copy when already C-contiguous float32
+}
+
+Int64Array as_int64_array(py::handle obj, const char* what) {
+    py::array a = as_array(obj, what);
+    char kind = a.dtype().kind();
+    if (kind != 'i' && kind != 'u') {
+        throw py::type_error(std::string(what) + " must be an integer array; got dtype " +
+                             std::string(py::str(a.dtype())));
+    }
+    return Int64Array::ensure(a);
+}
+
+void check_shape(const py::array& a, const std::vector<py::ssize_t>& dims, const std::string& names,
+                 const char* what) {
+    bool ok = a.ndim() == py::ssize_t(dims.size());
+    for (size_t i = 0; ok && i < dims.size(); i++) {
+        ok = dims[i] < 0 || a.shape(i) == dims[i];
+    }
+    if (!ok) {
+        throw py::value_error(std::string(what) + " must have shape " + names + "; got " + shape_string(a));
+    }
+}
+
+FloatArray empty_float(const std::vector<py::ssize_t>& shape) {
+    return FloatArray(shape);
+}
+
+} // namespace kvpy

@@ -1,0 +1,163 @@
+// KVCache: every (layer, KV head) index of a model, over head-major arrays
+// [heads, n, d].
+
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include <kvindex/KVCache.h>
+#include <kvindex/rope.h>
+
+#include "arrays.h"
+#include "bindings.h"
+
+namespace kvpy {
+
+using kvindex::idx_t;
+using kvindex::KVCache;
+
+namespace {
+
+std::string dims(std::initializer_list<std::string> parts) {
+    std::string s = "(";
+    for (const auto& p : parts) {
+        s += (s.size() > 1 ? ", " : "") + p;
+    }
+    return s + ")";
+}
+
+void check_layer(const KVCache& c, int layer) {
+    if (layer < 0 || layer >= c.n_layers) {
+        throw py::index_error("layer " + std::to_string(layer) + " outside [0, " + std::to_string(c.n_layers) + ")");
+    }
+}
+
+/// keys [n_kv_heads, n, d] and values [n_kv_heads, n, d_value]: returns n.
+idx_t check_tokens(const KVCache& c, const FloatArray& k, const FloatArray& v) {
+    check_shape(k, {c.n_kv_heads, -1, c.d}, dims({std::to_string(c.n_kv_heads), "n", std::to_string(c.d)}), "keys");
+    idx_t n = k.shape(1);
+    check_shape(v, {c.n_kv_heads, n, c.d_value},
+                dims({std::to_string(c.n_kv_heads), std::to_string(n), std::to_string(c.d_value)}), "values");
+    return n;
+}
+
+void prefill(KVCache& c, int layer, py::handle keys, py::handle values, py::handle queries, py::handle positions,
+             double rope_theta, const std::string& rope_style) {
+    check_layer(c, layer);
+    FloatArray k = as_float_array(keys, "keys"), v = as_float_array(values, "values");
+    idx_t n = check_tokens(c, k, v);
+    FloatArray q;
+    Int64Array pos;
+    const float* q_data = nullptr;
+    const idx_t* pos_data = nullptr;
+    idx_t nq = 0;
+    if (!queries.is_none()) {
+        q = as_float_array(queries, "queries");
+        check_shape(q, {c.n_q_heads, -1, c.d}, dims({std::to_string(c.n_q_heads), "nq", std::to_string(c.d)}),
+                    "queries");
+        nq = q.shape(1);
+        q_data = q.data();
+    }
+    if (!positions.is_none()) {
+        if (queries.is_none()) {
+            throw py::value_error("positions given without queries");
+        }
+        pos = as_int64_array(positions, "positions");
+        check_shape(pos, {nq}, "(" + std::to_string(nq) + ",)", "positions");
+        pos_data = reinterpret_cast<const idx_t*>(pos.data());
+    }
+    kvindex::RopeParams rope{rope_theta, kvindex::rope_style_from_name(rope_style)};
+    py::gil_scoped_release release;
+    c.prefill(layer, n, k.data(), v.data(), nq, q_data, pos_data, rope);
+}
+
+py::tuple attend(const KVCache& c, int layer, py::handle queries, py::handle params) {
+    check_layer(c, layer);
+    FloatArray q = as_float_array(queries, "q");
+    check_shape(q, {c.n_q_heads, -1, c.d}, dims({std::to_string(c.n_q_heads), "n", std::to_string(c.d)}), "q");
+    idx_t n = q.shape(1);
+    // every head of the layer shares the factory string, so one set of
+    // per-call parameters fits each (checked against head (layer, 0))
+    auto p = call_parameters(*c.index(layer, 0), params);
+    FloatArray out({idx_t(c.n_q_heads), n, idx_t(c.d_value)});
+    FloatArray lse({idx_t(c.n_q_heads), n});
+    {
+        py::gil_scoped_release release;
+        c.attend(layer, n, q.data(), out.mutable_data(), lse.mutable_data(), p.get());
+    }
+    return py::make_tuple(out, lse);
+}
+
+} // namespace
+
+void bind_cache(py::module_& m) {
+    py::class_<KVCache>(m, "KVCache", R"doc(The KV cache of a model: n_layers x n_kv_heads indexes from one factory
+string (and dense_string for the layers in dense_layers, e.g. layer 0).
+
+GQA: query head h reads KV head h // (n_q_heads // n_kv_heads). Arrays are
+head-major: keys (n_kv_heads, n, d), values (n_kv_heads, n, d_value),
+queries (n_q_heads, n, d), outputs (n_q_heads, n, d_value). The heads of a
+layer run in parallel (OpenMP), with the GIL released.)doc")
+            .def(py::init([](int n_layers, int n_q_heads, int n_kv_heads, int d, const std::string& index_string,
+                             py::object d_value, const std::string& dense_string, const std::vector<int>& dense_layers) {
+                     int dv = d_value.is_none() ? d : d_value.cast<int>();
+                     return std::make_unique<KVCache>(n_layers, n_q_heads, n_kv_heads, d, dv, index_string,
+                                                      dense_string, dense_layers);
+                 }),
+                 py::arg("n_layers"), py::arg("n_q_heads"), py::arg("n_kv_heads"), py::arg("d"),
+                 py::arg("index_string"), py::arg("d_value") = py::none(), py::arg("dense_string") = "Flat",
+                 py::arg("dense_layers") = std::vector<int>{})
+            .def_readonly("n_layers", &KVCache::n_layers)
+            .def_readonly("n_q_heads", &KVCache::n_q_heads)
+            .def_readonly("n_kv_heads", &KVCache::n_kv_heads)
+            .def_readonly("d", &KVCache::d)
+            .def_readonly("d_value", &KVCache::d_value)
+            .def_readonly("index_string", &KVCache::index_string)
+            .def_readonly("dense_string", &KVCache::dense_string)
+            .def_readonly("dense_layers", &KVCache::dense_layers)
+            .def("group_size", &KVCache::group_size)
+            .def("kv_head_of", &KVCache::kv_head_of, py::arg("q_head"))
+            .def("index",
+                 [](KVCache& c, int layer, int kv_head) {
+                     check_layer(c, layer);
+                     if (kv_head < 0 || kv_head >= c.n_kv_heads) {
+                         throw py::index_error("kv_head " + std::to_string(kv_head) + " outside [0, " +
+                                               std::to_string(c.n_kv_heads) + ")");
+                     }
+                     return c.index(layer, kv_head);
+                 },
+                 py::arg("layer"), py::arg("kv_head"), py::return_value_policy::reference_internal,
+                 "the index of (layer, kv_head): a reference that lives as long as the cache")
+            .def("n_tokens",
+                 [](const KVCache& c, int layer) {
+                     check_layer(c, layer);
+                     return c.n_tokens(layer);
+                 },
+                 py::arg("layer"))
+            .def("prefill", &prefill, py::arg("layer"), py::arg("keys"), py::arg("values"),
+                 py::arg("queries") = py::none(), py::arg("positions") = py::none(), py::arg("rope_theta") = 10000.0,
+                 py::arg("rope_style") = "half",
+                 "prefill of one layer: keys (n_kv_heads, n, d), values (n_kv_heads, n, d_value), queries "
+                 "(n_q_heads, nq, d) or None, positions (nq,) int64 or None (the last nq tokens)")
+            .def("append",
+                 [](KVCache& c, int layer, py::handle keys, py::handle values) {
+                     check_layer(c, layer);
+                     FloatArray k = as_float_array(keys, "keys"), v = as_float_array(values, "values");
+                     idx_t n = check_tokens(c, k, v);
+                     py::gil_scoped_release release;
+                     c.append(layer, n, k.data(), v.data());
+                 },
+                 py::arg("layer"), py::arg("keys"), py::arg("values"),
+                 "appends n tokens to every KV head of a layer: keys (n_kv_heads, n, d)")
+            .def("attend", &attend, py::arg("layer"), py::arg("q"), py::arg("params") = py::none(),
+                 "out, lse = cache.attend(layer, q): q (n_q_heads, n, d) -> (n_q_heads, n, d_value), (n_q_heads, n)")
+            .def("memory_bytes", &KVCache::memory_bytes)
+            .def("__repr__", [](const KVCache& c) {
+                return "<kvindex.KVCache '" + c.index_string + "' layers=" + std::to_string(c.n_layers) +
+                        " q_heads=" + std::to_string(c.n_q_heads) + " kv_heads=" + std::to_string(c.n_kv_heads) +
+                        " d=" + std::to_string(c.d) + ">";
+            });
+}
+
+} // namespace kvpy

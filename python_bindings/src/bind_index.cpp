@@ -1,0 +1,471 @@
+// KVIndex and the registered index types, the factory, parameters and the
+// registry. Every method converts and checks its arrays with the GIL held,
+// then releases it for the C++ call.
+
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <pybind11/stl.h>
+
+#include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexLSHSample.h>
+#include <kvindex/IndexProxyEvict.h>
+#include <kvindex/IndexSinkWindow.h>
+#include <kvindex/IndexTopK.h>
+#include <kvindex/KVIndex.h>
+#include <kvindex/attention.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/kv_type.h>
+#include <kvindex/parameters.h>
+#include <kvindex/registry.h>
+
+#include "arrays.h"
+#include "bindings.h"
+
+namespace kvpy {
+
+using kvindex::idx_t;
+using kvindex::KVIndex;
+
+namespace {
+
+/** The per-call knobs and the SearchParameters subclass that carries each.
+ * A call's names must all fit one subclass (a chain has at most one
+ * retriever kind), and each must be a search-time parameter of the index. */
+enum class Family { any, topk, lsh };
+struct CallKnob {
+    const char* name;
+    Family family;
+};
+constexpr CallKnob kCallKnobs[] = {
+        {"k", Family::any},
+        {"nprobe", Family::topk},
+        {"efSearch", Family::topk},
+        {"min_hits", Family::lsh},
+        {"max_sample", Family::lsh},
+};
+
+std::vector<std::pair<std::string, double>> parse_params(py::handle params) {
+    std::vector<std::pair<std::string, double>> out;
+    if (py::isinstance<py::str>(params)) {
+        std::string s = params.cast<std::string>();
+        std::stringstream ss(s);
+        for (std::string item; std::getline(ss, item, ',');) {
+            size_t eq = item.find('=');
+            if (eq == std::string::npos || eq == 0) {
+                throw py::value_error("params: '" + item + "' is not name=value (in \"" + s + "\")");
+            }
+            try {
+                size_t used = 0;
+                std::string v = item.substr(eq + 1);
+                double x = std::stod(v, &used);
+                if (used != v.size()) {
+                    throw std::invalid_argument(v);
+                }
+                out.emplace_back(item.substr(0, eq), x);
+            } catch (const std::logic_error&) {
+                throw py::value_error("params: the value of '" + item + "' is not a number");
+            }
+        }
+    } else if (py::isinstance<py::dict>(params)) {
+        for (auto kv : py::reinterpret_borrow<py::dict>(params)) {
+            out.emplace_back(py::str(kv.first).cast<std::string>(), py::cast<double>(py::float_(py::reinterpret_borrow<py::object>(kv.second))));
+        }
+    } else {
+        throw py::type_error("params must be a string \"name=value,...\", a dict or None");
+    }
+    return out;
+}
+
+} // namespace
+
+std::unique_ptr<faiss::SearchParameters> call_parameters(const KVIndex& index, py::handle params) {
+    if (params.is_none()) {
+        return nullptr;
+    }
+    auto items = parse_params(params);
+    std::set<std::string> search_time;
+    for (const auto& p : kvindex::index_parameter_info(&index)) {
+        if (!p.prefill_time) {
+            search_time.insert(p.name);
+        }
+    }
+    Family family = Family::any;
+    for (const auto& [name, value] : items) {
+        const CallKnob* knob = nullptr;
+        for (const auto& c : kCallKnobs) {
+            knob = name == c.name ? &c : knob;
+        }
+        if (!knob || !search_time.count(name)) {
+            std::string known;
+            for (const auto& c : kCallKnobs) {
+                if (search_time.count(c.name)) {
+                    known += (known.empty() ? "" : ", ") + std::string(c.name);
+                }
+            }
+            throw py::value_error("params: '" + name + "' is not a search-time parameter of " +
+                                  kvindex::index_factory_string(&index) + " (per-call names: " + known +
+                                  "; set_index_parameters sets the others)");
+        }
+        if (knob->family != Family::any) {
+            if (family != Family::any && family != knob->family) {
+                throw py::value_error("params: nprobe / efSearch and min_hits / max_sample cannot be combined");
+            }
+            family = knob->family;
+        }
+        if (value < 0 || value != double(int64_t(value))) {
+            throw py::value_error("params: " + name + "=" + std::to_string(value) + " must be a non-negative integer");
+        }
+    }
+    std::unique_ptr<kvindex::SearchParametersKV> p;
+    if (family == Family::topk) {
+        auto t = std::make_unique<kvindex::SearchParametersTopK>();
+        for (const auto& [name, value] : items) {
+            if (name == "nprobe") t->nprobe = size_t(value);
+            if (name == "efSearch") t->efSearch = int(value);
+        }
+        p = std::move(t);
+    } else if (family == Family::lsh) {
+        auto l = std::make_unique<kvindex::SearchParametersLSH>();
+        for (const auto& [name, value] : items) {
+            if (name == "min_hits") l->min_hits = int(value);
+            if (name == "max_sample") l->max_sample = idx_t(value);
+        }
+        p = std::move(l);
+    } else {
+        p = std::make_unique<kvindex::SearchParametersKV>();
+    }
+    for (const auto& [name, value] : items) {
+        if (name == "k") {
+            if (value < 1) {
+                throw py::value_error("params: k must be >= 1");
+            }
+            p->k = idx_t(value);
+        }
+    }
+    return p;
+}
+
+namespace {
+
+FloatArray queries_of(const KVIndex& index, py::handle q) {
+    FloatArray a = as_float_array(q, "q");
+    check_shape(a, {-1, index.d}, "(n, " + std::to_string(index.d) + ")", "q");
+    return a;
+}
+
+std::string repr(const KVIndex& index) {
+    return "<kvindex." + std::string(index.type_name()) + " '" + kvindex::index_factory_string(&index) +
+            "' d=" + std::to_string(index.d) + " d_value=" + std::to_string(index.d_value) +
+            " ntotal=" + std::to_string(index.ntotal) + ">";
+}
+
+void prefill(KVIndex& self, py::handle keys, py::handle values, py::handle queries, py::handle positions,
+             double rope_theta, const std::string& rope_style, idx_t first_position) {
+    FloatArray k = as_float_array(keys, "keys");
+    check_shape(k, {-1, self.d}, "(n, " + std::to_string(self.d) + ")", "keys");
+    idx_t n = k.shape(0);
+    FloatArray v = as_float_array(values, "values");
+    check_shape(v, {n, self.d_value}, "(" + std::to_string(n) + ", " + std::to_string(self.d_value) + ")",
+                "values");
+    kvindex::PrefillInput in;
+    in.n_tokens = n;
+    in.keys = k.data();
+    in.values = v.data();
+    in.first_position = first_position;
+    in.rope.theta = rope_theta;
+    in.rope.style = kvindex::rope_style_from_name(rope_style);
+    FloatArray qa;
+    Int64Array pa;
+    if (!queries.is_none()) {
+        qa = as_float_array(queries, "queries");
+        if (qa.ndim() == 2) {
+            check_shape(qa, {-1, self.d}, "(nq, " + std::to_string(self.d) + ")", "queries");
+            in.n_query_heads = 1;
+            in.n_queries = qa.shape(0);
+        } else {
+            check_shape(qa, {-1, -1, self.d}, "(n_query_heads, nq, " + std::to_string(self.d) + ")", "queries");
+            in.n_query_heads = int(qa.shape(0));
+            in.n_queries = qa.shape(1);
+        }
+        in.queries = qa.data();
+    }
+    if (!positions.is_none()) {
+        if (queries.is_none()) {
+            throw py::value_error("query_positions given without queries");
+        }
+        pa = as_int64_array(positions, "query_positions");
+        check_shape(pa, {in.n_queries}, "(" + std::to_string(in.n_queries) + ",)", "query_positions");
+        in.query_positions = pa.data();
+    }
+    py::gil_scoped_release release;
+    self.prefill(in);
+}
+
+py::tuple search(const KVIndex& self, py::handle q, idx_t k, py::handle params) {
+    if (k <= 0) {
+        throw py::value_error("k must be > 0; got " + std::to_string(k));
+    }
+    FloatArray qa = queries_of(self, q);
+    auto p = call_parameters(self, params);
+    idx_t n = qa.shape(0);
+    FloatArray D({n, k});
+    py::array_t<int64_t> I({n, k});
+    {
+        py::gil_scoped_release release;
+        static_assert(sizeof(idx_t) == sizeof(int64_t), "faiss idx_t is 64-bit");
+        self.search(n, qa.data(), k, D.mutable_data(), reinterpret_cast<idx_t*>(I.mutable_data()), p.get());
+    }
+    return py::make_tuple(D, I);
+}
+
+py::tuple attend(const KVIndex& self, py::handle q, py::handle params) {
+    FloatArray qa = queries_of(self, q);
+    auto p = call_parameters(self, params);
+    idx_t n = qa.shape(0);
+    FloatArray out({n, idx_t(self.d_value)});
+    FloatArray lse(std::vector<py::ssize_t>{n});
+    {
+        py::gil_scoped_release release;
+        self.attend(n, qa.data(), out.mutable_data(), lse.mutable_data(), p.get());
+    }
+    return py::make_tuple(out, lse);
+}
+
+std::vector<kvindex::Selection> select(const KVIndex& self, py::handle q, py::handle params) {
+    FloatArray qa = queries_of(self, q);
+    auto p = call_parameters(self, params);
+    std::vector<kvindex::Selection> sel(qa.shape(0));
+    py::gil_scoped_release release;
+    self.select(qa.shape(0), qa.data(), sel.data(), p.get());
+    return sel;
+}
+
+FloatArray reconstruct(const KVIndex& self, idx_t i, bool value) {
+    if (i < 0 || i >= self.ntotal) {
+        throw py::index_error("token " + std::to_string(i) + " outside [0, " + std::to_string(self.ntotal) + ")");
+    }
+    FloatArray out(std::vector<py::ssize_t>{value ? self.d_value : self.d});
+    py::gil_scoped_release release;
+    if (value) {
+        self.reconstruct_value(i, out.mutable_data());
+    } else {
+        self.reconstruct(i, out.mutable_data());
+    }
+    return out;
+}
+
+template <class T>
+py::array_t<T> to_numpy(const std::vector<T>& v) {
+    py::array_t<T> a(std::vector<py::ssize_t>{py::ssize_t(v.size())});
+    std::copy(v.begin(), v.end(), a.mutable_data());
+    return a;
+}
+
+} // namespace
+
+void bind_index(py::module_& m) {
+    py::class_<kvindex::Selection>(m, "Selection",
+                                   "The tokens one query's attention reads (KVIndex.select): ids, "
+                                   "their inclusion probabilities u_i in (0, 1], and n_scanned, the "
+                                   "vectors the retrieval read to choose them (key-vector equivalents).")
+            .def_property_readonly("ids", [](const kvindex::Selection& s) { return to_numpy(s.ids); },
+                                   "int64 (n_selected,): token positions")
+            .def_property_readonly("inclusion", [](const kvindex::Selection& s) { return to_numpy(s.inclusion); },
+                                   "float32 (n_selected,): inclusion probability of each id")
+            .def_readonly("n_scanned", &kvindex::Selection::n_scanned)
+            .def("__len__", &kvindex::Selection::size)
+            .def("__repr__", [](const kvindex::Selection& s) {
+                return "<kvindex.Selection " + std::to_string(s.size()) + " ids, n_scanned=" +
+                        std::to_string(s.n_scanned) + ">";
+            });
+
+    py::class_<kvindex::ParameterInfo>(m, "ParameterInfo", "A named knob of an index type.")
+            .def_readonly("name", &kvindex::ParameterInfo::name)
+            .def_readonly("prefill_time", &kvindex::ParameterInfo::prefill_time,
+                          "True: shapes what prefill builds (set before prefill)")
+            .def_readonly("doc", &kvindex::ParameterInfo::doc)
+            .def("__repr__", [](const kvindex::ParameterInfo& p) {
+                return "<kvindex.ParameterInfo " + p.name + (p.prefill_time ? " (prefill-time)" : "") + ": " +
+                        p.doc + ">";
+            });
+
+    py::class_<KVIndex, std::shared_ptr<KVIndex>>(m, "KVIndex", R"doc(The KV cache of one (layer, KV head) as a Faiss index.
+
+Row id = token position. The index owns its keys (dimension d) and values
+(dimension d_value). search returns the top-k keys by inner product (exact
+or approximate, per type) as faiss does; attend returns attention outputs
+and their log-sum-exp, with scores s_i = <q, k_i> / sqrt(d). Build one with
+kvindex.index_factory(d, "...").
+
+Thread safety: search, select, attend, reconstruct and write_index may run
+concurrently from many threads (the GIL is released); a write (add_kv,
+prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
+            .def_property_readonly("d", [](const KVIndex& s) { return s.d; }, "dimension of keys and queries")
+            .def_readonly("d_value", &KVIndex::d_value, "dimension of the values")
+            .def_property_readonly("ntotal", [](const KVIndex& s) { return s.ntotal; }, "tokens held")
+            .def_property_readonly("is_trained", [](const KVIndex& s) { return s.is_trained; })
+            .def_property(
+                    "k", [](const KVIndex& s) { return s.k; },
+                    [](KVIndex& s, idx_t k) {
+                        if (k <= 0) {
+                            throw py::value_error("k must be > 0; got " + std::to_string(k));
+                        }
+                        s.k = k;
+                    },
+                    "default top-k budget of the types that have one")
+            .def_property(
+                    "estimator", [](const KVIndex& s) { return std::string(kvindex::estimator_name(s.estimator)); },
+                    [](KVIndex& s, const std::string& e) {
+                        if (e != "topk" && e != "unbiased") {
+                            throw py::value_error("estimator must be 'topk' or 'unbiased'; got '" + e + "'");
+                        }
+                        s.estimator = e == "topk" ? kvindex::Estimator::topk : kvindex::Estimator::unbiased;
+                    },
+                    "'unbiased' (softmax of s_i - log u_i over the selection) or 'topk' (u_i ignored)")
+            .def_property_readonly("kv_type", [](const KVIndex& s) { return std::string(kvindex::kv_type_name(s.kv_type)); },
+                                   "element type of the stored keys and values: 'f32', 'bf16' or 'f16'")
+            .def_property_readonly("type_name", [](const KVIndex& s) { return std::string(s.type_name()); })
+            .def_property_readonly("has_rope", [](const KVIndex& s) { return s.has_rope; })
+            .def_property_readonly("rope_theta", [](const KVIndex& s) { return s.rope.theta; })
+            .def_property_readonly("rope_style", [](const KVIndex& s) { return std::string(kvindex::rope_style_name(s.rope.style)); })
+            .def("factory_string", &KVIndex::factory_string,
+                 "the chain's factory string without the storage prefix (index_factory_string has it)")
+            .def("add_kv",
+                 [](KVIndex& self, py::handle keys, py::handle values) {
+                     FloatArray k = as_float_array(keys, "keys");
+                     check_shape(k, {-1, self.d}, "(n, " + std::to_string(self.d) + ")", "keys");
+                     FloatArray v = as_float_array(values, "values");
+                     check_shape(v, {k.shape(0), self.d_value},
+                                 "(" + std::to_string(k.shape(0)) + ", " + std::to_string(self.d_value) + ")", "values");
+                     py::gil_scoped_release release;
+                     self.add_kv(k.shape(0), k.data(), v.data());
+                 },
+                 py::arg("keys"), py::arg("values"),
+                 "Appends n tokens (ids ntotal .. ntotal + n - 1): keys (n, d), values (n, d_value).")
+            .def("prefill", &prefill, py::arg("keys"), py::arg("values"), py::arg("queries") = py::none(),
+                 py::arg("query_positions") = py::none(), py::arg("rope_theta") = 10000.0,
+                 py::arg("rope_style") = "half", py::arg("first_position") = 0,
+                 R"doc(Adds the prompt with everything prefill knows (empty index only).
+
+keys (n, d) and values (n, d_value), post-RoPE; queries (nq, d) or
+(n_query_heads, nq, d): the prompt's queries of the GQA group, which
+query-aware types (eviction, RoarGraph, IVFAsym) learn from;
+query_positions (nq,) int64, default the last nq positions.)doc")
+            .def("search", &search, py::arg("q"), py::arg("k"), py::arg("params") = py::none(),
+                 R"doc(D, I = index.search(q, k): top-k keys by inner product, as faiss.
+
+q (n, d) -> D float32 (n, k) unscaled inner products, decreasing; I int64
+(n, k) token positions, padded with -1 (and the lowest float) when fewer
+than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
+            .def("attend", &attend, py::arg("q"), py::arg("params") = py::none(),
+                 "out, lse = index.attend(q): q (n, d) -> attention outputs float32 (n, d_value) and the "
+                 "log-sum-exp of the scores float32 (n,)")
+            .def("select", &select, py::arg("q"), py::arg("params") = py::none(),
+                 "q (n, d) -> a list of n Selection (ids, inclusion, n_scanned)")
+            .def("reconstruct", [](const KVIndex& s, idx_t i) { return reconstruct(s, i, false); }, py::arg("i"),
+                 "key of token i, float32 (d,)")
+            .def("reconstruct_value", [](const KVIndex& s, idx_t i) { return reconstruct(s, i, true); },
+                 py::arg("i"), "value of token i, float32 (d_value,)")
+            .def("reset", [](KVIndex& s) {
+                py::gil_scoped_release release;
+                s.reset();
+            }, "removes every token; the knobs stay")
+            .def("memory_bytes", &KVIndex::memory_bytes)
+            .def("check_invariants", &KVIndex::check_invariants)
+            .def("children", [](KVIndex& s) { return s.mutable_children(); }, py::return_value_policy::reference_internal,
+                 "the indexes this one wraps (references: they live as long as this index)")
+            .def("parameter_info", [](const KVIndex& s) { return kvindex::index_parameter_info(&s); })
+            .def("__repr__", &repr);
+
+    py::class_<kvindex::IndexKVFlat, KVIndex, std::shared_ptr<kvindex::IndexKVFlat>>(
+            m, "IndexKVFlat",
+            "Exact attention over every token: the dense baseline. search is exact top-k by inner "
+            "product; select returns every token; attend runs the fused dense kernel (one pass over "
+            "keys and values for a batch of queries). Factory string: \"Flat\".");
+
+    py::class_<kvindex::IndexTopK, KVIndex, std::shared_ptr<kvindex::IndexTopK>>(
+            m, "IndexTopK",
+            R"doc(Top-k attention with any Faiss index as the retriever: the k keys with the
+largest inner product with the query (exact for Flat, approximate for IVF /
+HNSW), then exact softmax over them, with no correction for the tail. IVF
+retrievers start with nprobe = min(nlist, 8) and train on a random sample of
+the first add. Factory string: "TopK(<faiss string>)". Knobs: k, nprobe
+(IVF), efSearch (HNSW).)doc")
+            .def_readonly("retriever_string", &kvindex::IndexTopK::retriever_string, "the Faiss factory string")
+            .def_readwrite("max_train_points", &kvindex::IndexTopK::max_train_points, "cap on the training sample")
+            .def_readwrite("train_seed", &kvindex::IndexTopK::train_seed, "seed of the training sample");
+
+    py::class_<kvindex::IndexSinkWindow, KVIndex, std::shared_ptr<kvindex::IndexSinkWindow>>(
+            m, "IndexSinkWindow",
+            R"doc(The static part every sparse-attention method keeps: the first n_sink
+tokens and the n_window most recent ones are attended exactly; the tokens
+between them live in the inner index, whose estimate is merged with the exact
+part by log-sum-exp. Factory string: "Sink<n>,Window<m>,<index>".)doc")
+            .def_readonly("n_sink", &kvindex::IndexSinkWindow::n_sink)
+            .def_readonly("n_window", &kvindex::IndexSinkWindow::n_window)
+            .def_property_readonly("inner", [](kvindex::IndexSinkWindow& s) { return s.inner.get(); },
+                                   py::return_value_policy::reference_internal);
+
+    py::class_<kvindex::IndexProxyEvict, KVIndex, std::shared_ptr<kvindex::IndexProxyEvict>>(
+            m, "IndexProxyEvict",
+            R"doc(One-shot eviction at prefill (NaCl, and H2O / TOVA / StreamingLLM / Random
+as policies): prefill scores the prompt with its queries, keeps exactly the
+budgeted tokens and hands only those to the inner index. Tokens appended
+later are always kept; ids stay token positions. Factory string:
+"ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]". Prefill-time
+knobs: budget, protect, proxy_keep, proxy_window, n_sink, seed.)doc")
+            .def_readonly("keep_percent", &kvindex::IndexProxyEvict::keep_percent)
+            .def_readonly("budget_tokens", &kvindex::IndexProxyEvict::budget_tokens)
+            .def_property_readonly("positions", [](const kvindex::IndexProxyEvict& s) { return to_numpy(s.positions); },
+                                   "int64: the position of each kept token")
+            .def_property_readonly("inner", [](kvindex::IndexProxyEvict& s) { return s.inner.get(); },
+                                   py::return_value_policy::reference_internal);
+
+    py::class_<kvindex::IndexLSHSample, KVIndex, std::shared_ptr<kvindex::IndexLSHSample>>(
+            m, "IndexLSHSample",
+            R"doc(MagicPIG's LSH sampling with the unbiased attention estimator: keys hashed
+by SimHash (K bits per table, L tables); the keys that share the query's
+bucket in at least min_hits tables form the sample, each with its exact
+inclusion probability u_i, and attention is softmax(s_i - log u_i) over the
+sample. Compose with the static part: "Sink4,Window64,LSHSample10x150".
+Factory string: "LSHSample<K>x<L>". Knobs: k, min_hits, max_sample.)doc")
+            .def_readonly("K", &kvindex::IndexLSHSample::K, "bits per table")
+            .def_readonly("L", &kvindex::IndexLSHSample::L, "tables")
+            .def_readonly("min_hits", &kvindex::IndexLSHSample::min_hits, "collisions needed")
+            .def_readonly("max_sample", &kvindex::IndexLSHSample::max_sample, "cap on the sample (0: none)")
+            .def_readonly("seed", &kvindex::IndexLSHSample::seed, "seed of the hyperplanes");
+
+    m.def("index_factory",
+          [](int d, const std::string& description, py::object d_value) {
+              int dv = d_value.is_none() ? -1 : d_value.cast<int>();
+              return std::shared_ptr<KVIndex>(kvindex::index_factory(d, description, dv));
+          },
+          py::arg("d"), py::arg("description"), py::arg("d_value") = py::none(),
+          R"doc(An index from a factory string, e.g. "Flat", "TopK(IVF64,Flat)",
+"Sink4,Window64,LSHSample10x150", "BF16,ProxyEvict20". d_value defaults to d.)doc");
+    m.def("index_factory_string", [](const KVIndex& index) { return kvindex::index_factory_string(&index); },
+          py::arg("index"), "the whole factory string (with the BF16, / FP16, prefix): index_factory(d, s) rebuilds it");
+    m.def("set_index_parameters", [](KVIndex& index, const std::string& s) { kvindex::set_index_parameters(&index, s); },
+          py::arg("index"), py::arg("description"),
+          "sets \"name=value,...\" on the index and everything it wraps, like faiss.ParameterSpace");
+    m.def("set_index_parameter",
+          [](KVIndex& index, const std::string& name, double value) { kvindex::set_index_parameter(&index, name, value); },
+          py::arg("index"), py::arg("name"), py::arg("value"));
+    m.def("get_index_parameter",
+          [](const KVIndex& index, const std::string& name) { return kvindex::get_index_parameter(&index, name); },
+          py::arg("index"), py::arg("name"));
+    m.def("index_parameter_info", [](const KVIndex& index) { return kvindex::index_parameter_info(&index); },
+          py::arg("index"), "every parameter of the chain, outermost first");
+    m.def("parse_index_spec",
+          [](const std::string& s) {
+              auto spec = kvindex::parse_index_spec(s);
+              return py::make_tuple(spec.factory, spec.params);
+          },
+          py::arg("spec"), "\"STRING|params\" -> (factory string, params string)");
+}
+
+} // namespace kvpy
