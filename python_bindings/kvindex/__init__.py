@@ -38,6 +38,7 @@ from ._kvindex import (  # noqa: F401
     serialize_index,
     set_index_parameter,
     set_index_parameters,
+    time_attend,
     write_index,
     write_trace,
 )

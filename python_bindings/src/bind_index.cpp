@@ -2,6 +2,7 @@
 // registry. Every method converts and checks its arrays with the GIL held,
 // then releases it for the C++ call.
 
+#include <chrono>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -439,6 +440,26 @@ Factory string: "LSHSample<K>x<L>". Knobs: k, min_hits, max_sample.)doc")
             .def_readonly("max_sample", &kvindex::IndexLSHSample::max_sample, "cap on the sample (0: none)")
             .def_readonly("seed", &kvindex::IndexLSHSample::seed, "seed of the hyperplanes");
 
+    m.def("time_attend",
+          [](const KVIndex& index, py::handle q, int repeats) {
+              FloatArray qa = queries_of(index, q);
+              if (repeats < 1) {
+                  throw py::value_error("repeats must be >= 1");
+              }
+              idx_t n = qa.shape(0);
+              std::vector<float> out(size_t(n) * index.d_value), lse(n);
+              py::gil_scoped_release release;
+              std::vector<double> t(repeats);
+              for (int r = 0; r < repeats; r++) {
+                  auto t0 = std::chrono::steady_clock::now();
+                  index.attend(n, qa.data(), out.data(), lse.data());
+                  t[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              }
+              return t;
+          },
+          py::arg("index"), py::arg("q"), py::arg("repeats"),
+          "Benchmark aid: seconds of each of `repeats` attend(q) calls timed inside C++ (no Python in "
+          "the loop), to set beside the same call timed from Python.");
     m.def("index_factory",
           [](int d, const std::string& description, py::object d_value) {
               int dv = d_value.is_none() ? -1 : d_value.cast<int>();
