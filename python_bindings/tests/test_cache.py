@@ -1,0 +1,166 @@
+"""KVCache: head-major shapes, GQA (query head h reads KV head h // group)
+against a per-head float64 reference, append then attend, cache.index."""
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import kvindex
+import kvref
+from conftest import attr
+
+L, HQ, HKV, DH, N = 2, 4, 2, 32, 300
+
+
+@pytest.fixture(scope="module")
+def model_data():
+    rng = np.random.default_rng(21)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    layers = []
+    for _ in range(L):
+        layers.append(dict(keys=f(HKV, N, DH) + 1.0, values=f(HKV, N, DH),
+                           queries=2 * f(HQ, N, DH)))
+    return layers
+
+
+def reference(keys, values, q, k=None):
+    """keys/values (HKV, n, d), q (HQ, m, d) -> out (HQ, m, dv), lse (HQ, m)."""
+    group = q.shape[0] // keys.shape[0]
+    outs, lses = [], []
+    for h in range(q.shape[0]):
+        kv = h // group
+        if k is None:
+            o, l_ = kvref.attend(q[h], keys[kv], values[kv])
+        else:
+            o, l_ = kvref.topk_attend(q[h], keys[kv], values[kv], k)
+        outs.append(o)
+        lses.append(l_)
+    return np.stack(outs), np.stack(lses)
+
+
+def check(out, lse, ref_out, ref_lse, tol=1e-5):
+    assert out.shape == ref_out.shape and lse.shape == ref_lse.shape
+    assert out.dtype == np.float32 and lse.dtype == np.float32
+    assert kvref.rel_err(out, ref_out).max() < tol
+    np.testing.assert_allclose(lse, ref_lse, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("s,k", [("Flat", None), ("TopK(Flat)", 100), ("Sink4,Window32,Flat", None)])
+def test_gqa_prefill_append_attend(s, k, model_data):
+    n_ctx = 250
+    cache = kvindex.KVCache(L, HQ, HKV, DH, s)
+    for layer, t in enumerate(model_data):
+        cache.prefill(layer, t["keys"][:, :n_ctx], t["values"][:, :n_ctx],
+                      queries=t["queries"][:, :n_ctx])
+        assert cache.n_tokens(layer) == n_ctx
+    for p in range(n_ctx, n_ctx + 5):
+        for layer, t in enumerate(model_data):
+            cache.append(layer, t["keys"][:, p:p + 1], t["values"][:, p:p + 1])
+            assert cache.n_tokens(layer) == p + 1
+            q = t["queries"][:, p:p + 1]
+            out, lse = cache.attend(layer, q)
+            assert out.shape == (HQ, 1, DH) and lse.shape == (HQ, 1)
+            check(out, lse, *reference(t["keys"][:, :p + 1], t["values"][:, :p + 1], q, k))
+    # several queries per head in one call
+    t = model_data[1]
+    q = t["queries"][:, 10:17]
+    out, lse = cache.attend(1, q)
+    check(out, lse, *reference(t["keys"][:, :n_ctx + 5], t["values"][:, :n_ctx + 5], q, k))
+    assert cache.memory_bytes() > 0
+
+
+def test_params_per_call(model_data):
+    t = model_data[0]
+    cache = kvindex.KVCache(1, HQ, HKV, DH, "TopK(Flat)")
+    cache.prefill(0, t["keys"], t["values"])
+    q = t["queries"][:, :3]
+    a = cache.attend(0, q, params="k=10")
+    b = cache.attend(0, q, params={"k": 10})
+    np.testing.assert_array_equal(a[0], b[0])
+    check(*a, *reference(t["keys"], t["values"], q, 10))
+
+
+def test_dense_layers_and_d_value(model_data):
+    dv = 16
+    cache = kvindex.KVCache(L, HQ, HKV, DH, "TopK(Flat)", d_value=dv, dense_string="Flat",
+                            dense_layers=[0])
+    assert attr(cache.index(0, 0), "type_name") == "IndexKVFlat"
+    assert attr(cache.index(1, 1), "type_name") == "IndexTopK"
+    for layer, t in enumerate(model_data):
+        cache.prefill(layer, t["keys"], t["values"][:, :, :dv].copy(),
+                      queries=t["queries"], positions=np.arange(N, dtype=np.int64),
+                      rope_theta=10000.0, rope_style="half")
+    q = model_data[0]["queries"][:, :2]
+    out, lse = cache.attend(0, q)
+    assert out.shape == (HQ, 2, dv)
+    check(out, lse, *reference(model_data[0]["keys"], model_data[0]["values"][:, :, :dv], q))
+
+
+def test_cache_index_is_usable_and_live(model_data):
+    t = model_data[0]
+    cache = kvindex.KVCache(L, HQ, HKV, DH, "Flat")
+    cache.prefill(0, t["keys"][:, :200], t["values"][:, :200])
+    idx = cache.index(0, 1)
+    assert isinstance(idx, kvindex.KVIndex)
+    assert idx.ntotal == 200
+    out, lse = idx.attend(t["queries"][3, :4])
+    ref_out, ref_lse = kvref.attend(t["queries"][3, :4], t["keys"][1, :200], t["values"][1, :200])
+    assert kvref.rel_err(out, ref_out).max() < 1e-5
+    # the same index, seen live: appends through the cache show up
+    cache.append(0, t["keys"][:, 200:203], t["values"][:, 200:203])
+    assert idx.ntotal == 203
+    np.testing.assert_array_equal(idx.reconstruct(202), t["keys"][1, 202])
+    with pytest.raises((IndexError, ValueError, RuntimeError)):
+        cache.index(0, HKV)
+    with pytest.raises((IndexError, ValueError, RuntimeError)):
+        cache.index(L, 0)
+
+
+KEEPALIVE = textwrap.dedent("""
+    import gc
+    import numpy as np
+    import kvindex
+    rng = np.random.default_rng(0)
+    cache = kvindex.KVCache(1, 2, 1, 16, "Flat")
+    k = rng.standard_normal((1, 50, 16)).astype(np.float32)
+    cache.prefill(0, k, k)
+    idx = cache.index(0, 0)
+    del cache
+    gc.collect()
+    for _ in range(3):
+        junk = [np.ones(1000) for _ in range(100)]
+    out, lse = idx.attend(rng.standard_normal((2, 16)).astype(np.float32))
+    assert idx.ntotal == 50 and np.isfinite(out).all()
+    print("ok")
+""")
+
+
+def test_cache_index_keeps_cache_alive():
+    """An index handed out by cache.index stays usable after the last
+    reference to the cache is dropped (no use-after-free): subprocess, so
+    that a crash fails this test only."""
+    r = subprocess.run([sys.executable, "-c", KEEPALIVE], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_cache_shape_errors(model_data):
+    t = model_data[0]
+    cache = kvindex.KVCache(L, HQ, HKV, DH, "Flat")
+    with pytest.raises(ValueError, match="keys"):
+        cache.prefill(0, t["keys"][:1], t["values"][:1])  # 1 KV head, not 2
+    with pytest.raises(ValueError):
+        cache.prefill(0, t["keys"], t["values"][:, :10])  # token counts differ
+    cache.prefill(0, t["keys"], t["values"])
+    with pytest.raises(ValueError, match="q"):
+        cache.attend(0, t["queries"][:3, :2])  # 3 query heads, not 4
+    with pytest.raises(ValueError):
+        cache.attend(0, t["queries"][:, :2, :16])  # wrong d
+    with pytest.raises((IndexError, ValueError, RuntimeError)):
+        cache.attend(L, t["queries"][:, :2])
+    with pytest.raises((ValueError, RuntimeError)):
+        kvindex.KVCache(1, 3, 2, DH, "Flat")  # 3 query heads over 2 KV heads
+    with pytest.raises((ValueError, RuntimeError), match="Bogus"):
+        kvindex.KVCache(1, 2, 1, DH, "Bogus17")

@@ -1,0 +1,107 @@
+"""params= (string and dict forms) and the parameter functions."""
+import numpy as np
+import pytest
+
+import kvindex
+import kvref
+from conftest import build, selection_arrays
+
+
+def test_params_string_dict_and_setter_agree(rdata):
+    q = rdata.queries
+    index = build("TopK(Flat)", rdata)
+    base_out, base_lse = index.attend(q)
+    a_out, a_lse = index.attend(q, params="k=10")
+    b_out, b_lse = index.attend(q, params={"k": 10})
+    np.testing.assert_array_equal(a_out, b_out)
+    np.testing.assert_array_equal(a_lse, b_lse)
+    # the knob applies to this call only
+    c_out, c_lse = index.attend(q)
+    np.testing.assert_array_equal(c_out, base_out)
+    np.testing.assert_array_equal(c_lse, base_lse)
+    assert index.k == 100
+    kvindex.set_index_parameters(index, "k=10")
+    assert index.k == 10
+    d_out, d_lse = index.attend(q)
+    np.testing.assert_array_equal(a_out, d_out)
+    np.testing.assert_array_equal(a_lse, d_lse)
+    ref_out, _ = kvref.topk_attend(q, rdata.keys, rdata.values, 10)
+    assert kvref.rel_err(a_out, ref_out).max() < 1e-5
+    # search and select take params too
+    s1 = index.select(q, params={"k": 7})
+    assert all(len(s.ids) == 7 for s in s1)
+    D1, I1 = index.search(q, 5, params="k=7")
+    D2, I2 = index.search(q, 5)
+    np.testing.assert_array_equal(I1, I2)
+
+
+def test_params_lsh_knobs(rdata):
+    q = rdata.queries
+    index = build("Sink4,Window64,LSHSample6x40", rdata)
+    a = index.attend(q, params="min_hits=3,max_sample=50")
+    b = index.attend(q, params={"min_hits": 3, "max_sample": 50})
+    kvindex.set_index_parameters(index, "min_hits=3,max_sample=50")
+    c = index.attend(q)
+    for x, y in [(a, b), (a, c)]:
+        np.testing.assert_array_equal(x[0], y[0])
+        np.testing.assert_array_equal(x[1], y[1])
+    for sel in index.select(q):
+        ids, _ = selection_arrays(sel)
+        assert len(ids) <= 4 + 64 + 50
+
+
+def test_params_unknown_name_raises_value_error(rdata):
+    index = build("TopK(Flat)", rdata)
+    q = rdata.queries[:2]
+    with pytest.raises(ValueError, match="bogus"):
+        index.attend(q, params="bogus=3")
+    with pytest.raises(ValueError, match="bogus"):
+        index.attend(q, params={"bogus": 3})
+    with pytest.raises(ValueError, match="bogus"):
+        index.search(q, 3, params={"bogus": 3})
+    with pytest.raises(ValueError, match="bogus"):
+        index.select(q, params="bogus=1")
+    # a knob of another type: LSHSample's min_hits on a TopK index
+    with pytest.raises(ValueError, match="min_hits"):
+        index.attend(q, params={"min_hits": 2})
+    with pytest.raises((ValueError, RuntimeError), match="bogus"):
+        kvindex.set_index_parameters(index, "bogus=1")
+    with pytest.raises((ValueError, RuntimeError), match="bogus"):
+        kvindex.get_index_parameter(index, "bogus")
+    assert index.k == 100  # nothing changed
+
+
+def test_params_bad_values(rdata):
+    index = build("TopK(Flat)", rdata)
+    q = rdata.queries[:2]
+    with pytest.raises((ValueError, RuntimeError), match="k"):
+        index.attend(q, params={"k": -1})
+    with pytest.raises((ValueError, RuntimeError, TypeError)):
+        index.attend(q, params="k=abc")
+    with pytest.raises((ValueError, TypeError)):
+        index.attend(q, params=3.5)
+
+
+def test_parameter_functions(rdata):
+    index = build("Sink4,Window8,TopK(IVF16,Flat)", rdata)
+    kvindex.set_index_parameter(index, "nprobe", 4)
+    assert kvindex.get_index_parameter(index, "nprobe") == 4.0
+    kvindex.set_index_parameter(index, "k", 20)
+    assert kvindex.get_index_parameter(index, "k") == 20.0
+    info = kvindex.index_parameter_info(index)
+    names = [p.name for p in info]
+    assert "k" in names and "nprobe" in names
+    for p in info:
+        assert isinstance(p.doc, str) and isinstance(p.prefill_time, bool)
+    assert tuple(kvindex.parse_index_spec("TopK(IVF64,Flat)|nprobe=8")) == ("TopK(IVF64,Flat)", "nprobe=8")
+    assert tuple(kvindex.parse_index_spec("Flat")) == ("Flat", "")
+
+
+def test_proxy_evict_prefill_time_knob(rdata):
+    index = kvindex.index_factory(rdata.keys.shape[1], "ProxyEvict20")
+    kvindex.set_index_parameters(index, "budget=123")
+    index.prefill(rdata.keys, rdata.values, queries=rdata.prompt_queries)
+    ids, _ = selection_arrays(index.select(rdata.queries[:1])[0])
+    assert len(ids) == 123
+    info = {p.name: p for p in kvindex.index_parameter_info(index)}
+    assert info["budget"].prefill_time
