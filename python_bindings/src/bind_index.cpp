@@ -158,6 +158,19 @@ FloatArray queries_of(const KVIndex& index, py::handle q) {
     return a;
 }
 
+kvindex::KVType kv_type_of(const std::string& name) {
+    for (auto t : {kvindex::KVType::f32, kvindex::KVType::bf16, kvindex::KVType::f16}) {
+        if (name == kvindex::kv_type_name(t)) {
+            return t;
+        }
+    }
+    throw py::value_error("kv_type must be 'f32', 'bf16' or 'f16'; got '" + name + "'");
+}
+
+int d_value_or(int d, py::object d_value) {
+    return d_value.is_none() ? d : d_value.cast<int>();
+}
+
 std::string repr(const KVIndex& index) {
     return "<kvindex." + std::string(index.type_name()) + " '" + kvindex::index_factory_string(&index) +
             "' d=" + std::to_string(index.d) + " d_value=" + std::to_string(index.d_value) +
@@ -386,7 +399,11 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
             m, "IndexKVFlat",
             "Exact attention over every token: the dense baseline. search is exact top-k by inner "
             "product; select returns every token; attend runs the fused dense kernel (one pass over "
-            "keys and values for a batch of queries). Factory string: \"Flat\".");
+            "keys and values for a batch of queries). Factory string: \"Flat\".")
+            .def(py::init([](int d, py::object d_value, const std::string& kv_type) {
+                     return std::make_shared<kvindex::IndexKVFlat>(d, d_value_or(d, d_value), kv_type_of(kv_type));
+                 }),
+                 py::arg("d"), py::arg("d_value") = py::none(), py::arg("kv_type") = "f32");
 
     py::class_<kvindex::IndexTopK, KVIndex, std::shared_ptr<kvindex::IndexTopK>>(
             m, "IndexTopK",
@@ -396,6 +413,11 @@ HNSW), then exact softmax over them, with no correction for the tail. IVF
 retrievers start with nprobe = min(nlist, 8) and train on a random sample of
 the first add. Factory string: "TopK(<faiss string>)". Knobs: k, nprobe
 (IVF), efSearch (HNSW).)doc")
+            .def(py::init([](int d, const std::string& retriever, py::object d_value, const std::string& kv_type) {
+                     return std::make_shared<kvindex::IndexTopK>(d, d_value_or(d, d_value), retriever, kv_type_of(kv_type));
+                 }),
+                 py::arg("d"), py::arg("retriever_string") = "Flat", py::arg("d_value") = py::none(),
+                 py::arg("kv_type") = "f32")
             .def_readonly("retriever_string", &kvindex::IndexTopK::retriever_string, "the Faiss factory string")
             .def_readwrite("max_train_points", &kvindex::IndexTopK::max_train_points, "cap on the training sample")
             .def_readwrite("train_seed", &kvindex::IndexTopK::train_seed, "seed of the training sample");
@@ -434,6 +456,11 @@ bucket in at least min_hits tables form the sample, each with its exact
 inclusion probability u_i, and attention is softmax(s_i - log u_i) over the
 sample. Compose with the static part: "Sink4,Window64,LSHSample10x150".
 Factory string: "LSHSample<K>x<L>". Knobs: k, min_hits, max_sample.)doc")
+            .def(py::init([](int d, int K, int L, py::object d_value, const std::string& kv_type) {
+                     return std::make_shared<kvindex::IndexLSHSample>(d, d_value_or(d, d_value), K, L, kv_type_of(kv_type));
+                 }),
+                 py::arg("d"), py::arg("K") = 10, py::arg("L") = 150, py::arg("d_value") = py::none(),
+                 py::arg("kv_type") = "f32")
             .def_readonly("K", &kvindex::IndexLSHSample::K, "bits per table")
             .def_readonly("L", &kvindex::IndexLSHSample::L, "tables")
             .def_readonly("min_hits", &kvindex::IndexLSHSample::min_hits, "collisions needed")

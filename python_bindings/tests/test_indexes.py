@@ -444,3 +444,31 @@ def test_help_text_exists():
     index = kvindex.index_factory(16, "LSHSample6x20")
     assert isinstance(index, kvindex.IndexLSHSample)
     assert type(index).__doc__
+
+
+@pytest.mark.parametrize("make,factory", [
+    (lambda: kvindex.IndexKVFlat(16), "Flat"),
+    (lambda: kvindex.IndexKVFlat(16, d_value=8, kv_type="bf16"), "BF16,Flat"),
+    (lambda: kvindex.IndexTopK(16, "Flat"), "TopK(Flat)"),
+    (lambda: kvindex.IndexLSHSample(16, 6, 20), "LSHSample6x20"),
+])
+def test_constructors_equal_the_factory(make, factory):
+    """faiss-style constructors build the same index as the factory string."""
+    rng = np.random.default_rng(77)
+    a = make()
+    b = kvindex.index_factory(16, factory, d_value=a.d_value)
+    assert kvindex.index_factory_string(a) == factory
+    keys = rng.standard_normal((500, 16)).astype(np.float32)
+    values = rng.standard_normal((500, a.d_value)).astype(np.float32)
+    q = rng.standard_normal((3, 16)).astype(np.float32)
+    a.add_kv(keys, values)
+    b.add_kv(keys, values)
+    np.testing.assert_array_equal(a.attend(q)[0], b.attend(q)[0])
+    np.testing.assert_array_equal(a.search(q, 5)[1], b.search(q, 5)[1])
+
+
+def test_constructor_arguments_are_checked():
+    with pytest.raises(RuntimeError, match="K=20"):
+        kvindex.IndexLSHSample(16, 20, 20)
+    with pytest.raises(ValueError, match="kv_type"):
+        kvindex.IndexKVFlat(16, kv_type="fp8")
