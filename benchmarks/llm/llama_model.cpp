@@ -17,32 +17,6 @@ namespace kvllm {
 
 namespace {
 
-/** Y[n][out] = X[n][in] W^T (+ Y when accumulate) for W [out][in], all
- * row-major. The output features are split across OpenMP threads, each
- * calling a one-thread BLAS: mixing OpenBLAS's own threads with OpenMP
- * regions made them spin against each other (decode 2.7 vs 14 tokens/s). */
-void matmul_wt(const float* x, int64_t n, const std::vector<float>& w, int in, int out, float* y,
-               bool accumulate = false) {
-    const int chunk = 128;
-    const int n_chunks = (out + chunk - 1) / chunk;
-    const float beta = accumulate ? 1.0f : 0.0f;
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < n_chunks; c++) {
-        const int c0 = c * chunk, cols = std::min(chunk, out - c0);
-        if (n == 1) {
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, cols, in, 1.0f, w.data() + int64_t(c0) * in, in, x,
-                        1, beta, y + c0, 1);
-        } else {
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), cols, in, 1.0f, x, in,
-                        w.data() + int64_t(c0) * in, in, beta, y + c0, out);
-        }
-    }
-}
-
-void matmul_wt_add(const float* x, int64_t n, const std::vector<float>& w, int in, int out, float* y) {
-    matmul_wt(x, n, w, in, out, y, true);
-}
-
 /// y[i] = x[i] / rms(x) * g[i], per row of width dim.
 void rms_norm(const float* x, int64_t n, int dim, const std::vector<float>& g, float eps, float* y) {
 #pragma omp parallel for if (n > 16)
@@ -116,9 +90,9 @@ LlamaModel::LlamaModel(const GgufFile& f) {
 
     const int64_t D = cfg.dim, F = cfg.ffn_dim, Q = cfg.n_heads * cfg.head_dim,
                   KV = cfg.n_kv_heads * cfg.head_dim, V = cfg.n_vocab;
-    token_embd = f.dequantize("token_embd.weight", {D, V});
+    token_embd = QuantMatrix::from_gguf(f, "token_embd.weight", V, D);
     if (f.find_tensor("output.weight")) {
-        output = f.dequantize("output.weight", {D, V});
+        output = QuantMatrix::from_gguf(f, "output.weight", V, D);
     }
     out_norm = f.dequantize("output_norm.weight", {D});
     layers.resize(cfg.n_layers);
@@ -126,30 +100,30 @@ LlamaModel::LlamaModel(const GgufFile& f) {
         std::string p = "blk." + std::to_string(l) + ".";
         LlamaLayer& w = layers[l];
         w.attn_norm = f.dequantize(p + "attn_norm.weight", {D});
-        w.wq = f.dequantize(p + "attn_q.weight", {D, Q});
-        w.wk = f.dequantize(p + "attn_k.weight", {D, KV});
-        w.wv = f.dequantize(p + "attn_v.weight", {D, KV});
-        w.wo = f.dequantize(p + "attn_output.weight", {Q, D});
+        w.wq = QuantMatrix::from_gguf(f, p + "attn_q.weight", Q, D);
+        w.wk = QuantMatrix::from_gguf(f, p + "attn_k.weight", KV, D);
+        w.wv = QuantMatrix::from_gguf(f, p + "attn_v.weight", KV, D);
+        w.wo = QuantMatrix::from_gguf(f, p + "attn_output.weight", D, Q);
         w.ffn_norm = f.dequantize(p + "ffn_norm.weight", {D});
-        w.w_gate = f.dequantize(p + "ffn_gate.weight", {D, F});
-        w.w_up = f.dequantize(p + "ffn_up.weight", {D, F});
-        w.w_down = f.dequantize(p + "ffn_down.weight", {F, D});
+        w.w_gate = QuantMatrix::from_gguf(f, p + "ffn_gate.weight", F, D);
+        w.w_up = QuantMatrix::from_gguf(f, p + "ffn_up.weight", F, D);
+        w.w_down = QuantMatrix::from_gguf(f, p + "ffn_down.weight", D, F);
     }
 }
 
 void LlamaModel::embed(const int* tokens, int64_t n, float* x) const {
     check_tokens(tokens, n, cfg.n_vocab);
     for (int64_t t = 0; t < n; t++) {
-        std::copy_n(token_embd.data() + int64_t(tokens[t]) * cfg.dim, cfg.dim, x + t * cfg.dim);
+        token_embd.dequantize_rows(tokens[t], 1, x + t * cfg.dim);
     }
 }
 
 void LlamaModel::qkv(const LlamaLayer& w, const float* h, int64_t n, int64_t pos0,
                      float* q, float* k, float* v) const {
     const int hd = cfg.head_dim;
-    matmul_wt(h, n, w.wq, cfg.dim, cfg.n_heads * hd, q);
-    matmul_wt(h, n, w.wk, cfg.dim, cfg.n_kv_heads * hd, k);
-    matmul_wt(h, n, w.wv, cfg.dim, cfg.n_kv_heads * hd, v);
+    w.wq.matmul(h, n, q);
+    w.wk.matmul(h, n, k);
+    w.wv.matmul(h, n, v);
     // rows are [n][heads][hd]: one position per head vector
     std::vector<int64_t> pos(size_t(n) * cfg.n_heads);
     for (int64_t t = 0; t < n; t++) {
@@ -166,19 +140,19 @@ void LlamaModel::mlp_block(const LlamaLayer& w, int64_t n, float* x) const {
     const int D = cfg.dim, F = cfg.ffn_dim;
     std::vector<float> h(size_t(n) * D), gate(size_t(n) * F), up(size_t(n) * F);
     rms_norm(x, n, D, w.ffn_norm, cfg.rms_eps, h.data());
-    matmul_wt(h.data(), n, w.w_gate, D, F, gate.data());
-    matmul_wt(h.data(), n, w.w_up, D, F, up.data());
+    w.w_gate.matmul(h.data(), n, gate.data());
+    w.w_up.matmul(h.data(), n, up.data());
     for (size_t i = 0; i < gate.size(); i++) {
         float g = gate[i];
         gate[i] = g / (1.0f + std::exp(-g)) * up[i]; // silu(gate) * up
     }
-    matmul_wt_add(gate.data(), n, w.w_down, F, D, x);
+    w.w_down.matmul(gate.data(), n, x, true);
 }
 
 void LlamaModel::compute_logits(const float* x, int64_t n, float* logits) const {
     std::vector<float> h(size_t(n) * cfg.dim);
     rms_norm(x, n, cfg.dim, out_norm, cfg.rms_eps, h.data());
-    matmul_wt(h.data(), n, output.empty() ? token_embd : output, cfg.dim, cfg.n_vocab, logits);
+    (output.empty() ? token_embd : output).matmul(h.data(), n, logits);
 }
 
 void LlamaModel::prefill(
@@ -249,7 +223,7 @@ void LlamaModel::prefill(
             record->queries[l].resize(size_t(nq) * H * hd);
             to_head_major(q.data() + query_begin * H * hd, nq, H, hd, record->queries[l].data());
         }
-        matmul_wt_add(att.data(), n, w.wo, H * hd, D, x.data());
+        w.wo.matmul(att.data(), n, x.data(), true);
         mlp_block(w, n, x.data());
     }
     if (logits) {
@@ -335,7 +309,7 @@ void LlamaModel::decode(const int* tokens, int64_t n, kvindex::KVCache& cache, f
             cache.append(l, 1, k.data() + t * KVH * hd, v.data() + t * KVH * hd);
             cache.attend(l, 1, q.data() + t * H * hd, att.data() + t * H * hd, nullptr);
         }
-        matmul_wt_add(att.data(), n, w.wo, H * hd, D, x.data());
+        w.wo.matmul(att.data(), n, x.data(), true);
         mlp_block(w, n, x.data());
     }
     if (logits) {

@@ -1,15 +1,19 @@
 #pragma once
 
-// A Llama-architecture model (SmolLM2) read from GGUF, run on the CPU with
-// BLAS. Prefill is exact causal attention over the whole prompt; decode
-// attention goes through a kvindex::KVCache, so any index string can stand
-// in for the model's attention.
+// A Llama-architecture model (SmolLM2) read from GGUF, run on the CPU.
+// The weight matrices stay in their GGUF block format (QuantMatrix): decode
+// multiplies them with fused dequantizing kernels, prefill dequantizes
+// chunks of rows for BLAS. Prefill is exact causal attention over the whole
+// prompt; decode attention goes through a kvindex::KVCache, so any index
+// string can stand in for the model's attention.
 
 #include <cstdint>
 #include <vector>
 
 #include <kvindex/KVCache.h>
 #include <kvindex/rope.h>
+
+#include "quant_matrix.h"
 
 namespace kvllm {
 
@@ -30,17 +34,18 @@ struct LlamaConfig {
     kvindex::RopeParams rope{10000.0, kvindex::RopeStyle::interleaved};
 };
 
-/// Dequantized weights of one block; matrices are [out][in], row-major.
+/// Weights of one block: matrices [out][in] in their file's block format,
+/// norm gains dequantized.
 struct LlamaLayer {
     std::vector<float> attn_norm; ///< size dim
-    std::vector<float> wq;        ///< size n_heads * head_dim * dim
-    std::vector<float> wk;        ///< size n_kv_heads * head_dim * dim
-    std::vector<float> wv;        ///< size n_kv_heads * head_dim * dim
-    std::vector<float> wo;        ///< size dim * n_heads * head_dim
+    QuantMatrix wq;               ///< n_heads * head_dim x dim
+    QuantMatrix wk;               ///< n_kv_heads * head_dim x dim
+    QuantMatrix wv;               ///< n_kv_heads * head_dim x dim
+    QuantMatrix wo;               ///< dim x n_heads * head_dim
     std::vector<float> ffn_norm;  ///< size dim
-    std::vector<float> w_gate;    ///< size ffn_dim * dim
-    std::vector<float> w_up;      ///< size ffn_dim * dim
-    std::vector<float> w_down;    ///< size dim * ffn_dim
+    QuantMatrix w_gate;           ///< ffn_dim x dim
+    QuantMatrix w_up;             ///< ffn_dim x dim
+    QuantMatrix w_down;           ///< dim x ffn_dim
 };
 
 /** Per-layer attention inputs recorded by a prefill, post-RoPE, head-major
@@ -55,13 +60,14 @@ struct PrefillRecord {
 
 struct LlamaModel {
     LlamaConfig cfg;
-    std::vector<float> token_embd; ///< size n_vocab * dim
-    std::vector<float> output;     ///< size n_vocab * dim, empty when tied to token_embd
-    std::vector<float> out_norm;   ///< size dim
+    QuantMatrix token_embd;      ///< n_vocab x dim; an embedding is one dequantized row
+    QuantMatrix output;          ///< n_vocab x dim, empty when tied to token_embd
+    std::vector<float> out_norm; ///< size dim
     std::vector<LlamaLayer> layers;
 
-    /// Reads and dequantizes every tensor; throws naming a missing tensor or
-    /// a shape that disagrees with the metadata.
+    /// Copies every matrix in its block format and dequantizes the norm
+    /// gains; throws naming a missing tensor or a shape that disagrees with
+    /// the metadata.
     explicit LlamaModel(const GgufFile& file);
 
     /** Exact causal forward of tokens at positions [0, n).

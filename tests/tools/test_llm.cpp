@@ -1,10 +1,12 @@
 // kvllm's building blocks: GGUF reading and dequantization against values
-// computed here from the block definitions, pre-tokenization rules, and,
-// when the SmolLM2 file is installed, properties of the runner (decode
-// through a Flat KVCache = exact prefill; a prefill's prefix = the prefill
-// of the prefix). Logits against an independent numpy model and tokens
+// computed here from the block definitions, products with quantized
+// matrices (every kernel and SIMD level) against a double-precision
+// reference, pre-tokenization rules, and, when the SmolLM2 file is
+// installed, properties of the runner (decode through a Flat KVCache =
+// exact prefill; a prefill's prefix = the prefill of the prefix). Logits against an independent numpy model and tokens
 // against the `tokenizers` package are in tests/python/test_smollm2.py.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,11 +17,15 @@
 
 #include <gtest/gtest.h>
 
+#include <kvindex/kernels.h>
 #include <kvindex/trace.h>
 
 #include "gguf.h"
 #include "llama_model.h"
 #include "model_path.h"
+#include "quant_kernels.h"
+#include "quant_matrix.h"
+#include "simd_levels.h"
 #include "tokenizer.h"
 
 using namespace kvllm;
@@ -174,6 +180,236 @@ TEST(Gguf, BadFilesGetClearErrors) {
     EXPECT_THROW(f.get_int("general.architecture"), std::runtime_error);
 }
 
+namespace {
+
+/** A random [rows][cols] matrix of Q4_1 or Q8_0 blocks with, per weight,
+ * its value and its magnitude |d q| + |m| (double, from the block
+ * definition): the bytes of a tensor of ggml shape {cols, rows}. */
+struct RandomQuant {
+    TinyTensor tensor;
+    std::vector<double> w, mag; ///< size rows * cols
+};
+
+RandomQuant random_quant(const std::string& name, uint32_t type, int64_t rows, int64_t cols, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(0, 1);
+    RandomQuant r{{name, type, {uint64_t(cols), uint64_t(rows)}, {}}, {}, {}};
+    for (int64_t i = 0; i < rows * cols / 32; i++) {
+        const float d = 0.005f + 0.05f * u(rng);
+        const double dd = kvindex::half_to_float(kvindex::float_to_half(d));
+        put_half(r.tensor.data, d);
+        if (type == 3) { // Q4_1: d, m, 16 bytes of two nibbles
+            const float m = -0.4f + 0.3f * u(rng);
+            const double mm = kvindex::half_to_float(kvindex::float_to_half(m));
+            put_half(r.tensor.data, m);
+            uint8_t q[32];
+            for (int j = 0; j < 32; j++) q[j] = uint8_t(rng() % 16);
+            for (int j = 0; j < 16; j++) r.tensor.data.push_back(uint8_t(q[j] | (q[j + 16] << 4)));
+            for (int j = 0; j < 32; j++) {
+                r.w.push_back(dd * q[j] + mm);
+                r.mag.push_back(dd * q[j] + std::fabs(mm));
+            }
+        } else { // Q8_0: d, 32 signed bytes
+            for (int j = 0; j < 32; j++) {
+                const int8_t q = int8_t(int(rng() % 256) - 128);
+                r.tensor.data.push_back(uint8_t(q));
+                r.w.push_back(dd * q);
+                r.mag.push_back(std::fabs(dd * q));
+            }
+        }
+    }
+    return r;
+}
+
+/** Checks y against y0 (accumulate) + x W^T computed in double.
+ * Tolerance: whatever the order of a float32 sum of k terms, its error is
+ * at most about k u sum|term| (u = 2^-24). Here k <= cols + 8 covers the
+ * longest chain of any path (the BLAS one sums the cols products in some
+ * order; the fused kernels add block scales, lanes and, for Q4_1, the
+ * m * sum(x) terms), and the terms are bounded by (|d q| + |m|) |x| and
+ * |y0|. That is 1.8e-5 of the scale for 288 columns, where one wrong
+ * nibble, scale or row is an error of order 1e-3 to 1. */
+void expect_product(const RandomQuant& r, int64_t rows, int64_t cols, const std::vector<float>& x,
+                    int64_t n, const std::vector<float>& y0, bool accumulate, const std::vector<float>& y,
+                    const std::string& what) {
+    const double u = std::ldexp(1.0, -24);
+    int bad = 0;
+    for (int64_t t = 0; t < n; t++) {
+        for (int64_t i = 0; i < rows; i++) {
+            double ref = accumulate ? y0[t * rows + i] : 0, scale = accumulate ? std::fabs(ref) : 0;
+            for (int64_t j = 0; j < cols; j++) {
+                ref += r.w[i * cols + j] * x[t * cols + j];
+                scale += r.mag[i * cols + j] * std::fabs(x[t * cols + j]);
+            }
+            const double tol = double(cols + 8) * u * scale;
+            if (std::fabs(y[t * rows + i] - ref) > tol && bad++ < 5) {
+                ADD_FAILURE() << what << ": y[" << t << "][" << i << "] = " << y[t * rows + i]
+                              << ", reference " << ref << ", tolerance " << tol;
+            }
+        }
+    }
+    EXPECT_EQ(bad, 0) << what;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> v(n);
+    for (float& e : v) e = u(rng);
+    return v;
+}
+
+} // namespace
+
+/// Runs at every SIMD level this CPU has (simd_levels.h).
+class QuantMatrixTest : public kvtest::SimdLevelTest {};
+
+// Odd sizes throughout: 300 rows are not a multiple of the row chunks or of
+// the kernels' row tiles, 9 blocks per row; n covers one input row, a few,
+// more than a group of the AVX-512 kernel, both sides of the level's fused
+// limit, and a prefill-like count on the sgemm path.
+TEST_P(QuantMatrixTest, ProductsMatchDoubleReference) {
+    const int64_t rows = 300, cols = 288;
+    for (uint32_t type : {3u, 8u}) {
+        RandomQuant r = random_quant("w", type, rows, cols, 11 + type);
+        GgufFile f(write_temp("quant_product.gguf", make_gguf({r.tensor})));
+        QuantMatrix m = QuantMatrix::from_gguf(f, "w", rows, cols);
+        ASSERT_TRUE(m.has_fused_kernel());
+        const int64_t limit = m.max_fused_rows();
+        ASSERT_GE(limit, 1);
+        for (int64_t n : {int64_t(1), int64_t(3), int64_t(11), limit, limit + 1, int64_t(150)}) {
+            std::vector<float> x = random_floats(size_t(n * cols), uint32_t(n));
+            std::vector<float> y0 = random_floats(size_t(n * rows), uint32_t(n + 1000));
+            for (bool accumulate : {false, true}) {
+                std::vector<float> y = y0;
+                m.matmul(x.data(), n, y.data(), accumulate);
+                expect_product(r, rows, cols, x, n, y0, accumulate, y,
+                               ggml_type_name(type) + " n=" + std::to_string(n) +
+                                       (n > limit ? " (sgemm)" : " (fused)") +
+                                       (accumulate ? " accumulate" : ""));
+            }
+        }
+    }
+}
+
+KVTEST_AT_EVERY_SIMD_LEVEL(QuantMatrixTest);
+
+// The kernels themselves, whatever the limits of QuantMatrix: every group
+// size of the AVX-512 kernel (1..8 input rows, then 8 + 1), row counts that
+// leave each remainder of its row tiles, and an output stride wider than
+// the rows.
+TEST(QuantKernels, EveryKernelMatchesDoubleReference) {
+    const int64_t rows = 7, cols = 96, ldy = 10;
+    std::vector<std::pair<std::string, quant_kernels::FusedKernel>> kernels{
+            {"generic", quant_kernels::fused_generic}};
+    const std::vector<kvindex::SimdLevel> levels = kvindex::available_simd_levels();
+    if (std::find(levels.begin(), levels.end(), kvindex::SimdLevel::avx512) != levels.end()) {
+        kernels.push_back({"avx512", quant_kernels::fused_avx512});
+    }
+    for (uint32_t type : {3u, 8u}) {
+        RandomQuant r = random_quant("w", type, rows, cols, 5 + type);
+        const uint64_t row_bytes = ggml_row_bytes(type, cols);
+        for (const auto& [name, kernel] : kernels) {
+            for (int64_t n = 1; n <= 9; n++) {
+                for (int64_t nrows : {int64_t(1), int64_t(2), int64_t(3), int64_t(5), rows}) {
+                    std::vector<float> x = random_floats(size_t(n * cols), uint32_t(n));
+                    std::vector<float> y0 = random_floats(size_t(n * ldy), uint32_t(n + 99));
+                    for (bool accumulate : {false, true}) {
+                        std::vector<float> y = y0;
+                        kernel(type, r.tensor.data.data(), row_bytes, nrows, cols, x.data(), n, y.data(),
+                               ldy, accumulate);
+                        // compare the first nrows columns of each output row
+                        // against a reference of stride ldy; the rest is untouched
+                        std::vector<float> got(size_t(n * nrows)), before(size_t(n * nrows));
+                        for (int64_t t = 0; t < n; t++) {
+                            std::copy_n(y.begin() + t * ldy, nrows, got.begin() + t * nrows);
+                            std::copy_n(y0.begin() + t * ldy, nrows, before.begin() + t * nrows);
+                            for (int64_t i = nrows; i < ldy; i++) {
+                                ASSERT_EQ(y[t * ldy + i], y0[t * ldy + i]) << name << " wrote past its rows";
+                            }
+                        }
+                        expect_product(r, nrows, cols, x, n, before, accumulate, got,
+                                       name + " " + ggml_type_name(type) + " n=" + std::to_string(n) +
+                                               " rows=" + std::to_string(nrows) +
+                                               (accumulate ? " accumulate" : ""));
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST(QuantMatrix, FloatTypesAndDequantizedRowsAgreeWithGguf) {
+    QuantCase c = quant_case();
+    GgufFile f(write_temp("quant_rows.gguf", make_gguf(c.tensors)));
+    QuantMatrix a = QuantMatrix::from_gguf(f, "a", 2, 64); // Q4_1, ggml shape {64, 2}
+    QuantMatrix b = QuantMatrix::from_gguf(f, "b", 3, 32); // Q8_0, ggml shape {32, 3}
+    std::vector<float> row(64);
+    a.dequantize_rows(1, 1, row.data());
+    for (int j = 0; j < 64; j++) EXPECT_NEAR(row[j], c.q41[64 + j], 1e-6) << j;
+    std::vector<float> rows(3 * 32);
+    b.dequantize_rows(0, 3, rows.data());
+    for (int j = 0; j < 96; j++) EXPECT_NEAR(rows[j], c.q80[j], 1e-6) << j;
+    EXPECT_THROW(a.dequantize_rows(1, 2, row.data()), std::out_of_range);
+    EXPECT_THROW(a.dequantize_rows(-1, 1, row.data()), std::out_of_range);
+
+    // F32 and F16 take the BLAS path at every n
+    const int64_t R = 5, C = 4;
+    std::vector<float> wf = random_floats(size_t(R * C), 3);
+    std::vector<uint8_t> f16;
+    for (float& v : wf) {
+        v = kvindex::half_to_float(kvindex::float_to_half(v)); // exact in both types
+        put_half(f16, v);
+    }
+    QuantMatrix m32(0, R, C, reinterpret_cast<const uint8_t*>(wf.data()));
+    QuantMatrix m16(1, R, C, f16.data());
+    EXPECT_FALSE(m32.has_fused_kernel());
+    EXPECT_EQ(m16.max_fused_rows(), 0);
+    for (const QuantMatrix* m : {&m32, &m16}) {
+        for (int64_t n : {1, 3}) {
+            std::vector<float> x = random_floats(size_t(n * C), 4), y(size_t(n * R), 1.0f);
+            m->matmul(x.data(), n, y.data(), true);
+            for (int64_t t = 0; t < n; t++) {
+                for (int64_t i = 0; i < R; i++) {
+                    double ref = 1;
+                    for (int64_t j = 0; j < C; j++) ref += double(wf[i * C + j]) * x[t * C + j];
+                    EXPECT_NEAR(y[t * R + i], ref, 1e-5) << ggml_type_name(m->type) << " " << t << " " << i;
+                }
+            }
+        }
+    }
+}
+
+TEST(QuantMatrix, BadShapesGetClearErrors) {
+    QuantCase c = quant_case();
+    GgufFile f(write_temp("quant_bad.gguf", make_gguf(c.tensors)));
+    auto error_of = [](auto&& fn) -> std::string {
+        try {
+            fn();
+        } catch (const std::exception& e) {
+            return e.what();
+        }
+        return "";
+    };
+    // ggml shape {64, 2} is 2 rows of 64: asking for 64 rows of 2 names both shapes
+    std::string e = error_of([&] { QuantMatrix::from_gguf(f, "a", 64, 2); });
+    EXPECT_NE(e.find("tensor a has shape [ 64 2 ] where [ 2 64 ] is expected"), std::string::npos) << e;
+    EXPECT_NE(error_of([&] { QuantMatrix::from_gguf(f, "b", 3, 64); }).find("shape"), std::string::npos);
+    EXPECT_NE(error_of([&] { QuantMatrix::from_gguf(f, "missing", 1, 32); }).find("missing tensor"),
+              std::string::npos);
+    std::vector<uint8_t> bytes(1024);
+    e = error_of([&] { QuantMatrix(3, 2, 48, bytes.data()); }); // 48 is not a whole number of blocks
+    EXPECT_NE(e.find("not a whole number of Q4_1 blocks"), std::string::npos) << e;
+    EXPECT_THROW(QuantMatrix(3, 0, 32, bytes.data()), std::invalid_argument);
+    EXPECT_THROW(QuantMatrix(3, 2, -32, bytes.data()), std::invalid_argument);
+    e = error_of([&] { QuantMatrix(6, 2, 32, bytes.data()); }); // Q5_0: not read
+    EXPECT_NE(e.find("unsupported ggml tensor type type6"), std::string::npos) << e;
+    QuantMatrix a = QuantMatrix::from_gguf(f, "a", 2, 64);
+    std::vector<float> x(64), y(2);
+    EXPECT_THROW(a.matmul(x.data(), -1, y.data()), std::invalid_argument);
+    EXPECT_NO_THROW(a.matmul(x.data(), 0, y.data()));
+}
+
 TEST(Pretokenize, Gpt2RulesWithIsolatedDigits) {
     using V = std::vector<std::string>;
     EXPECT_EQ(pretokenize("Hello world", true), (V{"Hello", " world"}));
@@ -214,9 +450,16 @@ TEST(SmolLM2, FlatDecodeEqualsPrefillAndPrefixIsCausal) {
     GgufFile file(path);
     BpeTokenizer tok(file);
     LlamaModel llm(file);
-    std::vector<int> ids = tok.encode("The quick brown fox jumps over the lazy dog, then rests 12 minutes.", false);
-    const int64_t n = int64_t(ids.size()), V = llm.cfg.n_vocab, P = 5;
-    ASSERT_GT(n, P + 4);
+    const std::string sentence = "The quick brown fox jumps over the lazy dog, then rests 12 minutes.";
+    std::string text = sentence;
+    for (int i = 0; i < 5; i++) text += " " + sentence;
+    std::vector<int> ids = tok.encode(text, false);
+    // A prompt longer than the fused kernels' limit: the reference prefill
+    // multiplies dequantized weights with sgemm, the decode of the last 40
+    // tokens goes through the fused kernels.
+    const int64_t n = int64_t(ids.size()), V = llm.cfg.n_vocab, P = n - 40;
+    ASSERT_GT(n, llm.layers[0].wq.max_fused_rows());
+    ASSERT_GT(P, 4);
     std::vector<float> ref(size_t(n) * V), dec(size_t(n - P) * V);
     PrefillRecord full;
     llm.prefill(ids.data(), n, ref.data(), 0, &full, 0);
@@ -234,8 +477,9 @@ TEST(SmolLM2, FlatDecodeEqualsPrefillAndPrefixIsCausal) {
 
     kvindex::KVCache cache = llm.make_cache(head, "Flat");
     llm.decode(ids.data() + P, n - P, cache, dec.data());
-    // Same arithmetic in a different order (fused kernel vs GEMM blocks):
-    // float32 rounding only, well below 1e-3 of the logit scale.
+    // The same weights in a different order of float32 operations (fused
+    // kernels vs sgemm on dequantized rows): rounding only, well below 1e-3
+    // of the logit scale.
     for (int64_t t = 0; t < n - P; t++) {
         const float* a = ref.data() + (P + t) * V;
         const float* b = dec.data() + t * V;
@@ -246,7 +490,7 @@ TEST(SmolLM2, FlatDecodeEqualsPrefillAndPrefixIsCausal) {
         }
         EXPECT_LT(diff, 1e-3f * scale) << "position " << P + t;
     }
-    EXPECT_EQ(tok.decode(ids), "The quick brown fox jumps over the lazy dog, then rests 12 minutes.");
+    EXPECT_EQ(tok.decode(ids), text);
     EXPECT_THROW(llm.prefill(ids.data(), 0, nullptr, 0), std::invalid_argument);
     std::vector<int> bad{1, 2, int(V)};
     EXPECT_THROW(llm.prefill(bad.data(), 3, nullptr, 0), std::out_of_range);
