@@ -27,3 +27,12 @@ echo "== examples/decode_loop.py (synthetic trace, small)"
 "$PY" python_bindings/examples/decode_loop.py --synthetic --n-tokens 600 --n-ctx 560 --steps 8
 echo "== examples/ann_pipeline.py (small)"
 "$PY" python_bindings/examples/ann_pipeline.py --n 4000 --nq 50 --d 64 --k 10
+echo "== examples/trace_to_kvbench.py: a trace written from Python, replayed by kvbench"
+TRACE_DIR="$(mktemp -d)"
+trap 'rm -rf "$TRACE_DIR"' EXIT
+"$PY" python_bindings/examples/trace_to_kvbench.py "$TRACE_DIR/trace" --tokens 600 --n-ctx 560
+if [ -x build/benchmarks/kvbench ]; then
+  build/benchmarks/kvbench run --trace "$TRACE_DIR/trace" --index Flat --index "TopK(Flat)|k=32" --max-queries 8
+else
+  echo "(build/benchmarks/kvbench not built: replay skipped)"
+fi
