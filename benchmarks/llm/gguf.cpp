@@ -333,14 +333,19 @@ const GgufTensor& GgufFile::tensor(const std::string& name) const {
     return *t;
 }
 
-std::vector<float> GgufFile::dequantize(const std::string& name, const std::vector<int64_t>& shape) const {
+const GgufTensor& GgufFile::tensor(const std::string& name, const std::vector<int64_t>& shape) const {
     const GgufTensor& t = tensor(name);
-    if (!shape.empty() && shape != t.shape) {
+    if (shape != t.shape) {
         std::string want, got;
         for (int64_t s : shape) want += " " + std::to_string(s);
         for (int64_t s : t.shape) got += " " + std::to_string(s);
         fail(path, "tensor " + name + " has shape [" + got + " ] where [" + want + " ] is expected");
     }
+    return t;
+}
+
+std::vector<float> GgufFile::dequantize(const std::string& name, const std::vector<int64_t>& shape) const {
+    const GgufTensor& t = shape.empty() ? tensor(name) : tensor(name, shape);
     std::vector<float> out(size_t(t.n_elements()));
     dequantize_row(t.type, bytes.data() + data_offset + t.offset, out.data(), t.n_elements());
     return out;

@@ -71,6 +71,8 @@ struct GgufFile {
     const GgufTensor* find_tensor(const std::string& name) const;
     /// Throws naming the tensor when absent.
     const GgufTensor& tensor(const std::string& name) const;
+    /// The same, also throwing when the tensor's ggml shape is not `shape`.
+    const GgufTensor& tensor(const std::string& name, const std::vector<int64_t>& shape) const;
 
     /** Dequantized copy of a tensor, size n_elements(), in ggml order.
      * If `shape` is not empty the tensor's shape must equal it. */

@@ -18,14 +18,6 @@ namespace kvllm {
 
 namespace {
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-    std::string s = "[";
-    for (int64_t d : shape) {
-        s += " " + std::to_string(d);
-    }
-    return s + " ]";
-}
-
 /** Chunks of output rows for the threads: at most 128 rows each (a BLAS
  * call's share of W stays in L2), and a multiple of the thread count so
  * that a static schedule is balanced. Fixed 128-row chunks gave one of two
@@ -54,13 +46,8 @@ QuantMatrix::QuantMatrix(uint32_t type_in, int64_t rows_in, int64_t cols_in, con
 }
 
 QuantMatrix QuantMatrix::from_gguf(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols) {
-    const GgufTensor& t = f.tensor(name);
-    const std::vector<int64_t> want{cols, rows};
-    if (t.shape != want) {
-        throw std::runtime_error("GGUF file " + f.path + ": tensor " + name + " has shape " +
-                                 shape_string(t.shape) + " where " + shape_string(want) +
-                                 " is expected");
-    }
+    // ggml lists the contiguous dimension first
+    const GgufTensor& t = f.tensor(name, {cols, rows});
     try {
         return QuantMatrix(t.type, rows, cols, f.bytes.data() + f.data_offset + t.offset);
     } catch (const std::exception& e) {
