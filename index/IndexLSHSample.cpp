@@ -648,7 +648,6 @@ void IndexLSHSample::sample_one(
         }
     }
     SampleScratch& sc = sample_scratch();
-    sc.touched.resize(std::max(sc.touched.size(), total + 1));
     sc.emitted.resize(std::max(sc.emitted.size(), total + 1 + size_t(ntotal - std::max(n_recent, n_indexed))));
     // calls visit(ids, len) for the query's bucket in every table, both levels
     auto for_each_bucket = [&](auto&& visit) {
@@ -682,6 +681,7 @@ void IndexLSHSample::sample_one(
         std::fill_n(seen1, words, 0);
         std::fill_n(seen2, words, 0);
     } else {
+        sc.touched.resize(std::max(sc.touched.size(), total + 1));
         size_t nt = 0;
         auto walk = [&](auto* count) {
             unsigned hm1 = unsigned(hits - 1);
