@@ -46,14 +46,17 @@ Int64Array as_int64_array(py::handle obj, const char* what) {
     return Int64Array::ensure(a);
 }
 
-void check_shape(const py::array& a, const std::vector<py::ssize_t>& dims, const std::string& names,
-                 const char* what) {
+void check_shape(const py::array& a, std::initializer_list<Dim> dims, const char* what) {
     bool ok = a.ndim() == py::ssize_t(dims.size());
-    for (size_t i = 0; ok && i < dims.size(); i++) {
-        ok = dims[i] < 0 || a.shape(i) == dims[i];
+    py::ssize_t i = 0;
+    std::string want = "(";
+    for (const Dim& dim : dims) {
+        ok = ok && (dim.name || a.shape(i) == dim.size);
+        want += (i++ ? ", " : "") + (dim.name ? std::string(dim.name) : std::to_string(dim.size));
     }
     if (!ok) {
-        throw py::value_error(std::string(what) + " must have shape " + names + "; got " + shape_string(a));
+        want += dims.size() == 1 ? ",)" : ")";
+        throw py::value_error(std::string(what) + " must have shape " + want + "; got " + shape_string(a));
     }
 }
 

@@ -25,12 +25,18 @@ FloatArray as_float_array(py::handle obj, const char* what);
 /// obj as a C-contiguous int64 array; integer dtypes only (TypeError otherwise).
 Int64Array as_int64_array(py::handle obj, const char* what);
 
-/** Raises ValueError unless `a` has len(dims) dimensions and dims[i] (>= 0)
- * where given; -1 leaves a dimension free. `names` spells the expected
- * shape in the message, e.g. "(n, 64)": "keys must have shape (n, 64);
- * got (10, 32)". */
-void check_shape(const py::array& a, const std::vector<py::ssize_t>& dims, const std::string& names,
-                 const char* what);
+/// One expected dimension of check_shape: a size, or the name of a free one.
+struct Dim {
+    py::ssize_t size = -1;      ///< required size, -1 when free
+    const char* name = nullptr; ///< how a free dimension reads in errors
+    Dim(py::ssize_t s) : size(s) {}
+    Dim(const char* n) : name(n) {}
+};
+
+/** Raises ValueError unless `a` has dims.size() dimensions of the given
+ * sizes (named dimensions are free): check_shape(keys, {"n", 64}, "keys")
+ * reads "keys must have shape (n, 64); got (10, 32)". */
+void check_shape(const py::array& a, std::initializer_list<Dim> dims, const char* what);
 
 /// "(10, 32)"
 std::string shape_string(const py::array& a);

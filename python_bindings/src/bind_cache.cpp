@@ -19,14 +19,6 @@ using kvindex::KVCache;
 
 namespace {
 
-std::string dims(std::initializer_list<std::string> parts) {
-    std::string s = "(";
-    for (const auto& p : parts) {
-        s += (s.size() > 1 ? ", " : "") + p;
-    }
-    return s + ")";
-}
-
 void check_layer(const KVCache& c, int layer) {
     if (layer < 0 || layer >= c.n_layers) {
         throw py::index_error("layer " + std::to_string(layer) + " outside [0, " + std::to_string(c.n_layers) + ")");
@@ -35,10 +27,9 @@ void check_layer(const KVCache& c, int layer) {
 
 /// keys [n_kv_heads, n, d] and values [n_kv_heads, n, d_value]: returns n.
 idx_t check_tokens(const KVCache& c, const FloatArray& k, const FloatArray& v) {
-    check_shape(k, {c.n_kv_heads, -1, c.d}, dims({std::to_string(c.n_kv_heads), "n", std::to_string(c.d)}), "keys");
+    check_shape(k, {c.n_kv_heads, "n", c.d}, "keys");
     idx_t n = k.shape(1);
-    check_shape(v, {c.n_kv_heads, n, c.d_value},
-                dims({std::to_string(c.n_kv_heads), std::to_string(n), std::to_string(c.d_value)}), "values");
+    check_shape(v, {c.n_kv_heads, n, c.d_value}, "values");
     return n;
 }
 
@@ -54,8 +45,7 @@ void prefill(KVCache& c, int layer, py::handle keys, py::handle values, py::hand
     idx_t nq = 0;
     if (!queries.is_none()) {
         q = as_float_array(queries, "queries");
-        check_shape(q, {c.n_q_heads, -1, c.d}, dims({std::to_string(c.n_q_heads), "nq", std::to_string(c.d)}),
-                    "queries");
+        check_shape(q, {c.n_q_heads, "nq", c.d}, "queries");
         nq = q.shape(1);
         q_data = q.data();
     }
@@ -64,7 +54,7 @@ void prefill(KVCache& c, int layer, py::handle keys, py::handle values, py::hand
             throw py::value_error("positions given without queries");
         }
         pos = as_int64_array(positions, "positions");
-        check_shape(pos, {nq}, "(" + std::to_string(nq) + ",)", "positions");
+        check_shape(pos, {nq}, "positions");
         pos_data = reinterpret_cast<const idx_t*>(pos.data());
     }
     kvindex::RopeParams rope{rope_theta, kvindex::rope_style_from_name(rope_style)};
@@ -75,7 +65,7 @@ void prefill(KVCache& c, int layer, py::handle keys, py::handle values, py::hand
 py::tuple attend(const KVCache& c, int layer, py::handle queries, py::handle params) {
     check_layer(c, layer);
     FloatArray q = as_float_array(queries, "q");
-    check_shape(q, {c.n_q_heads, -1, c.d}, dims({std::to_string(c.n_q_heads), "n", std::to_string(c.d)}), "q");
+    check_shape(q, {c.n_q_heads, "n", c.d}, "q");
     idx_t n = q.shape(1);
     // every head of the layer shares the factory string, so one set of
     // per-call parameters fits each (checked against head (layer, 0))

@@ -154,8 +154,17 @@ namespace {
 
 FloatArray queries_of(const KVIndex& index, py::handle q) {
     FloatArray a = as_float_array(q, "q");
-    check_shape(a, {-1, index.d}, "(n, " + std::to_string(index.d) + ")", "q");
+    check_shape(a, {"n", index.d}, "q");
     return a;
+}
+
+/// keys (n, d) and values (n, d_value) of n tokens, as float32 arrays.
+std::pair<FloatArray, FloatArray> tokens_of(const KVIndex& index, py::handle keys, py::handle values) {
+    FloatArray k = as_float_array(keys, "keys");
+    check_shape(k, {"n", index.d}, "keys");
+    FloatArray v = as_float_array(values, "values");
+    check_shape(v, {k.shape(0), index.d_value}, "values");
+    return {k, v};
 }
 
 kvindex::KVType kv_type_of(const std::string& name) {
@@ -179,12 +188,8 @@ std::string repr(const KVIndex& index) {
 
 void prefill(KVIndex& self, py::handle keys, py::handle values, py::handle queries, py::handle positions,
              double rope_theta, const std::string& rope_style, idx_t first_position) {
-    FloatArray k = as_float_array(keys, "keys");
-    check_shape(k, {-1, self.d}, "(n, " + std::to_string(self.d) + ")", "keys");
+    auto [k, v] = tokens_of(self, keys, values);
     idx_t n = k.shape(0);
-    FloatArray v = as_float_array(values, "values");
-    check_shape(v, {n, self.d_value}, "(" + std::to_string(n) + ", " + std::to_string(self.d_value) + ")",
-                "values");
     kvindex::PrefillInput in;
     in.n_tokens = n;
     in.keys = k.data();
@@ -197,11 +202,11 @@ void prefill(KVIndex& self, py::handle keys, py::handle values, py::handle queri
     if (!queries.is_none()) {
         qa = as_float_array(queries, "queries");
         if (qa.ndim() == 2) {
-            check_shape(qa, {-1, self.d}, "(nq, " + std::to_string(self.d) + ")", "queries");
+            check_shape(qa, {"nq", self.d}, "queries");
             in.n_query_heads = 1;
             in.n_queries = qa.shape(0);
         } else {
-            check_shape(qa, {-1, -1, self.d}, "(n_query_heads, nq, " + std::to_string(self.d) + ")", "queries");
+            check_shape(qa, {"n_query_heads", "nq", self.d}, "queries");
             in.n_query_heads = int(qa.shape(0));
             in.n_queries = qa.shape(1);
         }
@@ -212,7 +217,7 @@ void prefill(KVIndex& self, py::handle keys, py::handle values, py::handle queri
             throw py::value_error("query_positions given without queries");
         }
         pa = as_int64_array(positions, "query_positions");
-        check_shape(pa, {in.n_queries}, "(" + std::to_string(in.n_queries) + ",)", "query_positions");
+        check_shape(pa, {in.n_queries}, "query_positions");
         in.query_positions = pa.data();
     }
     py::gil_scoped_release release;
@@ -350,11 +355,7 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
                  "the chain's factory string without the storage prefix (index_factory_string has it)")
             .def("add_kv",
                  [](KVIndex& self, py::handle keys, py::handle values) {
-                     FloatArray k = as_float_array(keys, "keys");
-                     check_shape(k, {-1, self.d}, "(n, " + std::to_string(self.d) + ")", "keys");
-                     FloatArray v = as_float_array(values, "values");
-                     check_shape(v, {k.shape(0), self.d_value},
-                                 "(" + std::to_string(k.shape(0)) + ", " + std::to_string(self.d_value) + ")", "values");
+                     auto [k, v] = tokens_of(self, keys, values);
                      py::gil_scoped_release release;
                      self.add_kv(k.shape(0), k.data(), v.data());
                  },

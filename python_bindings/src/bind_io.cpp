@@ -44,9 +44,9 @@ std::shared_ptr<KVIndex> deserialize(py::buffer buf) {
 
 FloatArray rope(py::handle x, py::handle positions, double theta, const std::string& style, bool invert) {
     FloatArray in = as_float_array(x, "x");
-    check_shape(in, {-1, -1}, "(n, d)", "x");
+    check_shape(in, {"n", "d"}, "x");
     Int64Array pos = as_int64_array(positions, "positions");
-    check_shape(pos, {in.shape(0)}, "(" + std::to_string(in.shape(0)) + ",)", "positions");
+    check_shape(pos, {in.shape(0)}, "positions");
     kvindex::RopeParams p{theta, kvindex::rope_style_from_name(style)};
     kvindex::check_rope_params(p, int(in.shape(1)));
     FloatArray out({in.shape(0), in.shape(1)});
@@ -124,8 +124,8 @@ void write_trace(const std::string& dir, const py::dict& meta_in, const py::list
     auto first = layers[0].cast<py::dict>();
     FloatArray k0 = as_float_array(first["keys"], "layers[0]['keys']");
     FloatArray q0 = as_float_array(first["queries"], "layers[0]['queries']");
-    check_shape(k0, {-1, -1, -1}, "(n_kv_heads, n_tokens, head_dim)", "layers[0]['keys']");
-    check_shape(q0, {-1, -1, -1}, "(n_q_heads, n_tokens, head_dim)", "layers[0]['queries']");
+    check_shape(k0, {"n_kv_heads", "n_tokens", "head_dim"}, "layers[0]['keys']");
+    check_shape(q0, {"n_q_heads", "n_tokens", "head_dim"}, "layers[0]['queries']");
     kvindex::TraceMeta m;
     m.n_layers = meta_get<int>(meta_in, "n_layers", int(layers.size()));
     m.n_kv_heads = meta_get<int>(meta_in, "n_kv_heads", int(k0.shape(0)));
@@ -155,10 +155,7 @@ void write_trace(const std::string& dir, const py::dict& meta_in, const py::list
             }
             std::string what = at + "['" + key + "']";
             FloatArray a = as_float_array(d[key], what.c_str());
-            check_shape(a, {heads, m.n_tokens, m.head_dim},
-                        "(" + std::to_string(heads) + ", " + std::to_string(m.n_tokens) + ", " +
-                                std::to_string(m.head_dim) + ")",
-                        what.c_str());
+            check_shape(a, {heads, m.n_tokens, m.head_dim}, what.c_str());
             return std::vector<float>(a.data(), a.data() + a.size());
         };
         kvindex::TraceLayer t;
