@@ -10,6 +10,7 @@
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexLSHSample.h>
 #include <kvindex/IndexProxyEvict.h>
+#include <kvindex/IndexRoarGraph.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 
@@ -42,6 +43,9 @@ std::vector<IndexTypeInfo> builtin_types() {
             {"IndexLSHSample", fourcc("KVLs"), 1, "LSHSample<K>x<L>",
              "MagicPIG: SimHash tables, keys sampled with their inclusion probability, unbiased estimator",
              IndexLSHSample::from_factory, make_empty<IndexLSHSample>},
+            {"IndexRoarGraph", fourcc("KVRg"), 1, "RoarGraph<M>",
+             "RetrievalAttention: a graph built from the prefill queries' exact neighbours, beam search, top-k attention",
+             IndexRoarGraph::from_factory, make_empty<IndexRoarGraph>},
     };
 }
 

@@ -48,6 +48,10 @@ inline const ConformanceCase kConformance[] = {
         {"FP16,ProxyEvict30_H2O,TopK(Flat)", "k=7", "budget=1000000,k=1000000"},
         {"BF16,ProxyEvict40_StreamingLLM,Sink2,Window4,TopK(IVF4,Flat)", "k=7,nprobe=2",
          "budget=1000000,k=1000000"},
+        // the attention-aware graph (RetrievalAttention / RoarGraph)
+        {"RoarGraph8", "k=7,efSearch=24", "k=1000000"},
+        {"Sink2,Window8,RoarGraph6", "k=7,efSearch=12", "k=1000000"},
+        {"FP16,RoarGraph8", "k=7,efSearch=20", "k=1000000"},
 };
 
 } // namespace kvtest

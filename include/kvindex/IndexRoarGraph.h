@@ -1,0 +1,215 @@
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <kvindex/KVIndex.h>
+#include <kvindex/KVStorage.h>
+
+namespace kvindex {
+
+struct FactoryChain;
+
+/// Search-time knobs of IndexRoarGraph; 0 keeps the index's own setting.
+struct SearchParametersRoarGraph : SearchParametersKV {
+    int efSearch = 0; ///< beam width; the beam is max(efSearch, k)
+};
+
+/** Exact top-n_neighbors keys by inner product of each of n_queries
+ * queries, by blocked matrix products (BLAS) and a running selection, in
+ * parallel over blocks of queries.
+ *
+ * @param keys         size n_keys * d
+ * @param queries      size n_queries * d
+ * @param n_neighbors  > 0; rows have min(n_neighbors, n_keys) entries
+ * @param out          output, size n_queries * n_neighbors: ids, best
+ *                     first (ties to the smaller id), -1 padded
+ */
+void exact_topk_blocked(
+        const float* keys,
+        idx_t n_keys,
+        int d,
+        const float* queries,
+        idx_t n_queries,
+        int n_neighbors,
+        idx_t* out);
+
+/** The attention-aware graph of RetrievalAttention ("RetrievalAttention:
+ * Accelerating Long-Context LLM Inference via Vector Retrieval", arXiv
+ * 2409.10516), built like RoarGraph (arXiv 2408.08933) from the queries
+ * the prompt itself produced, so that out-of-distribution attention
+ * queries find their top keys touching a small fraction of them.
+ *
+ * Build (prefill), per KV head, from the prefill queries of its GQA group:
+ *  1. training queries: all of them, or a seeded sample of
+ *     max_train_queries when there are more (their exact lists cost
+ *     n_train * n * d multiply-adds: 8192 keep a 128k-key build under
+ *     ~6 s of BLAS on 2 cores, and 4x more queries gained ~0.01 recall);
+ *  2. each one's exact top-Nq keys by inner product, over every key of the
+ *     prompt (not causally: the graph serves decode queries, which see
+ *     them all), by blocked matrix products (exact_topk_blocked);
+ *  3. projection: pivot = the query's best key; the rest of its list are
+ *     the pivot's candidates (the lists of all queries sharing a pivot are
+ *     merged), ordered by closeness to the pivot and pruned by the
+ *     occlusion rule (c is dropped when a kept r is closer to c than the
+ *     pivot is), then filled back to M with the pruned ones; reverse edges
+ *     are added and every list over M is pruned again the same way;
+ *  4. connectivity: the keys the projection left with fewer than M/4
+ *     out-edges (most keys are in no query's list) are searched for from
+ *     the entry point (the key nearest the mean of the keys) with a beam of
+ *     build_L; the pruned result becomes their out-edges and they are
+ *     added to each of those neighbours' rows (degree <= 2M; a full row
+ *     keeps its 2M closest, trading away only an edge whose target has
+ *     another in-edge). Keys the entry point still does not reach are
+ *     linked again until it reaches every key.
+ * Closeness between keys is their inner product, as between queries and
+ * keys (as the official RoarGraph does for inner-product data; Euclidean
+ * pruning measured 0.10 lower recall at the same keys touched).
+ * The links of a batch of keys are searched in parallel on the graph as it
+ * was before the batch and applied in key order, so the graph depends on
+ * the seed only, not on the thread count.
+ *
+ * Tokens added later (add_kv: decode steps, or a prompt without queries)
+ * are linked by step 4, each given an in-edge, so they are reachable at
+ * once; a breadth-first check runs every 1024 tokens and after large adds.
+ *
+ * Search: best-first beam of max(efSearch, k) from the entry point and the
+ * hubs (the keys in the most training lists, one per 256 prompt keys:
+ * scored first, they start the beam near where attention usually goes),
+ * scored by inner product; Selection::n_scanned counts the keys whose
+ * score was computed, hubs included. The visited marks are epoch-stamped
+ * per thread, so nothing is cleared between queries. attend = exact
+ * softmax over the k keys found (their scores are reused); compose with
+ * the static part, as the paper does: "Sink128,Window512,RoarGraph32"
+ * (640 static tokens).
+ *
+ * Factory string: "RoarGraph<M>". Knobs: k, efSearch; prefill-time: M,
+ * Nq, build_L, max_train_queries, n_hubs, seed.
+ */
+struct IndexRoarGraph : KVIndex {
+    int M = 32;                      ///< out-degree of the projection; degree bound 2M
+    int Nq = 100;                    ///< exact neighbours per training query
+    int build_L = 64;                ///< beam of the connectivity searches and inserts
+    idx_t max_train_queries = 8192;  ///< training queries at most (seeded sample)
+    int efSearch = 128;              ///< beam of the searches (at least k)
+    uint64_t seed = 1234;            ///< with `stream`, seeds the query sample
+    uint64_t stream = 0;             ///< one stream per (layer, head): set by KVCache
+    idx_t n_hubs = -1;               ///< hubs to keep at prefill; -1: one per 256 prompt keys
+
+    KVStorage storage;               ///< keys and values of all tokens
+    std::vector<int32_t> neighbors;  ///< size ntotal * 2M: row i = out-edges of i, -1 padded
+    std::vector<uint16_t> degrees;   ///< size ntotal: edges in use in each row
+    /// size ntotal: edges into each key (counted from the edges, not written)
+    std::vector<uint32_t> in_degrees;
+    idx_t entry_point = -1;          ///< start of every search, -1 when empty
+    /// size <= ntotal, ascending: extra entry points of every search (the
+    /// keys in the most training lists), scored before the walk
+    std::vector<int32_t> hubs;
+    idx_t n_train_queries = 0;       ///< training queries the last prefill used
+
+    IndexRoarGraph(int d, int d_value, int M, KVType kv_type = KVType::f32);
+    IndexRoarGraph();
+
+    /// Largest out-degree: 2M.
+    int max_degree() const {
+        return 2 * M;
+    }
+    /// Out-edges of key i (degrees[i] ids).
+    const int32_t* neighbors_of(idx_t i) const {
+        return neighbors.data() + size_t(i) * max_degree();
+    }
+
+    /** Best-first beam search for the `k` keys of largest inner product
+     * with q, beam max(beam, k). Returns the keys whose score was
+     * computed. distances / labels: size k, best first, (lowest, -1) padded.
+     */
+    size_t beam_search(const float* q, idx_t k, int beam, float* distances, idx_t* labels) const;
+
+    /// Keys reachable from the entry point (breadth-first), for checks.
+    idx_t count_reachable() const;
+
+    size_t memory_bytes() const override;
+    /// Bytes of the graph alone (edges and degrees).
+    size_t graph_bytes() const;
+
+    const char* type_name() const override {
+        return "IndexRoarGraph";
+    }
+    std::string factory_string() const override {
+        return "RoarGraph" + std::to_string(M);
+    }
+    std::vector<ParameterInfo> parameter_info() const override;
+    bool set_parameter(const std::string& name, double value) override;
+    bool get_parameter(const std::string& name, double* value) const override;
+    void set_stream(uint64_t stream) override;
+    idx_t top_k_budget() const override {
+        return k;
+    }
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+    /// Registry parser: "RoarGraph<M>".
+    static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
+   protected:
+    void prefill_impl(const PrefillInput& input) override;
+    void reset_impl() override;
+    const KVStorage* token_storage() const override {
+        return &storage;
+    }
+    void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void search_one(
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const override;
+    void select_one(const float* q, Selection& sel, const faiss::SearchParameters* params)
+            const override;
+    /// the beam's scores are reused: no second pass over the keys
+    float attend_one(const float* q, float* out, const faiss::SearchParameters* params)
+            const override;
+
+   private:
+    /// The beam for one call: max(params' or own efSearch, k).
+    int beam_for(const faiss::SearchParameters* params, idx_t k) const;
+    /// Appends keys and values, their norms and empty edge rows.
+    void append_tokens(idx_t n, const float* keys, const float* values);
+    /// Drops the tokens from n0 on and every edge to them (a failed add).
+    void drop_tokens_from(idx_t n0);
+    /// Step 3: the projected graph from the training queries' lists.
+    void project(const std::vector<idx_t>& lists, idx_t n_lists);
+    /** Step 4 for `keys`, in batches: search, prune, link both ways.
+     * growing: the keys are the graph's first ones (batches grow with the
+     * keys already linked instead of starting at kLinkBatch). Returns
+     * whether an edge was replaced (a full row had to take a key that got
+     * no other in-edge), after which reachability must be checked. */
+    bool link_keys(const std::vector<idx_t>& keys, bool growing);
+    /// Links the keys the entry point does not reach, until none is left.
+    void repair_reachability();
+    /// Keys the entry point does not reach (breadth-first).
+    std::vector<idx_t> unreachable_keys() const;
+    /** Makes x an out-neighbour of c. A full row keeps its 2M closest: x
+     * replaces the least similar neighbour that has another in-edge and is
+     * not in `keep` (sorted: the keys being linked, whose in-edges may be
+     * their only ones from the reachable graph), if x is closer than it, or
+     * in any case when `force`. Returns whether c now links to x. */
+    bool add_in_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep);
+    /// Hubs from the training lists of a prompt of n keys.
+    void choose_hubs(const std::vector<idx_t>& lists, idx_t n);
+    /// Counts in_degrees from the edges.
+    void count_in_degrees();
+    /// Keys the projection left with fewer out-edges than this are linked
+    /// by search at prefill.
+    int link_degree() const {
+        return std::max(1, M / 4);
+    }
+    /// Throws naming the first inconsistency of the edges (read, invariants).
+    void check_graph() const;
+};
+
+} // namespace kvindex

@@ -1,0 +1,939 @@
+#include <kvindex/IndexRoarGraph.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/attention.h>
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/kernels.h>
+
+#include "checks.h"
+#include "parallel.h"
+
+namespace kvindex {
+
+namespace {
+
+constexpr int kMaxM = 512;          // degree bound 2M fits the uint16 degrees
+constexpr idx_t kLinkBatch = 1024;  // keys searched in parallel per link step
+constexpr int kMaxRepairRounds = 16;
+constexpr idx_t kCheckEvery = 1024; // appended tokens between reachability checks
+constexpr idx_t kKeysPerHub = 256;  // default hubs: 1 per 256 prompt keys
+
+/// One entry of a beam: larger score = better (inner product with a query,
+/// or 2<x, k> - |k|^2 = |x|^2 - |x - k|^2 when the query is a key x).
+struct Candidate {
+    float score;
+    int32_t id;
+    bool expanded;
+};
+
+inline bool ranks_before(const Candidate& a, const Candidate& b) {
+    return a.score > b.score || (a.score == b.score && a.id < b.id);
+}
+
+/** Per-thread scratch of the beam search. The visited marks are stamped
+ * with an epoch that changes every search, so nothing is cleared between
+ * searches (only when the 16-bit epoch wraps, every 65535 searches). */
+struct BeamScratch {
+    std::vector<uint16_t> visited;
+    uint16_t epoch = 0;
+    std::vector<Candidate> beam;
+    std::vector<int64_t> ids;
+    std::vector<float> scores;
+    std::vector<float> row; ///< a key as floats
+
+    void begin(idx_t n) {
+        if (visited.size() < size_t(n)) {
+            visited.resize(size_t(n), 0);
+        }
+        if (++epoch == 0) {
+            std::fill(visited.begin(), visited.end(), 0);
+            epoch = 1;
+        }
+    }
+    bool visit(int32_t id) {
+        if (visited[id] == epoch) {
+            return false;
+        }
+        visited[id] = epoch;
+        return true;
+    }
+};
+
+BeamScratch& beam_scratch() {
+    static thread_local BeamScratch s;
+    return s;
+}
+
+inline void prefetch_key_rows(const KVRows& rows, const int64_t* ids, size_t n) {
+    size_t bytes = rows.row_bytes();
+    for (size_t i = 0; i < n; i++) {
+        const char* p = static_cast<const char*>(rows.from(size_t(ids[i])).data);
+        for (size_t off = 0; off < bytes; off += 64) {
+            __builtin_prefetch(p + off);
+        }
+    }
+}
+
+} // namespace
+
+// ---- construction, factory ---------------------------------------------------
+
+IndexRoarGraph::IndexRoarGraph() : KVIndex(0, 0) {}
+
+IndexRoarGraph::IndexRoarGraph(int d, int d_value, int M, KVType kv_type)
+        : KVIndex(d, d_value, kv_type), M(M), storage(d, this->d_value, kv_type) {
+    FAISS_THROW_IF_NOT_FMT(
+            M >= 2 && M <= kMaxM, "IndexRoarGraph: M=%d must be in [2, %d]", M, kMaxM);
+}
+
+std::unique_ptr<KVIndex> IndexRoarGraph::from_factory(FactoryChain& chain) {
+    idx_t m;
+    if (!parse_factory_count(chain.peek(), "RoarGraph", &m)) {
+        return nullptr;
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            m >= 2 && m <= kMaxM,
+            "index_factory: '%s': RoarGraph<M> needs M in [2, %d], in \"%s\"",
+            chain.peek().c_str(),
+            kMaxM,
+            chain.description().c_str());
+    chain.take();
+    return std::make_unique<IndexRoarGraph>(chain.d, chain.d_value, int(m), chain.kv_type);
+}
+
+// ---- tokens --------------------------------------------------------------------
+
+void IndexRoarGraph::append_tokens(idx_t n, const float* keys, const float* values) {
+    storage.append(n, keys, values);
+    idx_t n1 = storage.size();
+    neighbors.resize(size_t(n1) * max_degree(), -1);
+    degrees.resize(n1, 0);
+    in_degrees.resize(n1, 0);
+}
+
+namespace {
+
+/// The key nearest the mean of keys [0, n).
+idx_t medoid(const KVStorage& storage, idx_t n) {
+    size_t d = storage.d;
+    std::vector<double> mean(d, 0);
+    std::vector<float> k(d);
+    for (idx_t i = 0; i < n; i++) {
+        storage.key(i, k.data());
+        for (size_t j = 0; j < d; j++) {
+            mean[j] += k[j];
+        }
+    }
+    idx_t best = 0;
+    double best_d2 = std::numeric_limits<double>::infinity();
+    for (idx_t i = 0; i < n; i++) {
+        storage.key(i, k.data());
+        double d2 = 0;
+        for (size_t j = 0; j < d; j++) {
+            double t = double(k[j]) - mean[j] / double(n);
+            d2 += t * t;
+        }
+        if (d2 < best_d2) {
+            best_d2 = d2;
+            best = i;
+        }
+    }
+    return best;
+}
+
+} // namespace
+
+void IndexRoarGraph::drop_tokens_from(idx_t n0) {
+    ntotal = n0;
+    storage.truncate(n0);
+    neighbors.resize(size_t(n0) * max_degree());
+    degrees.resize(n0);
+    int R = max_degree();
+    for (idx_t i = 0; i < n0; i++) { // edges to the dropped keys
+        int32_t* row = neighbors.data() + size_t(i) * R;
+        int kept = 0;
+        for (int j = 0; j < degrees[i]; j++) {
+            if (row[j] < n0) {
+                row[kept++] = row[j];
+            }
+        }
+        std::fill(row + kept, row + R, -1);
+        degrees[i] = uint16_t(kept);
+    }
+    count_in_degrees();
+    if (n0 == 0) {
+        entry_point = -1;
+    }
+}
+
+void IndexRoarGraph::count_in_degrees() {
+    in_degrees.assign(size_t(ntotal), 0);
+    for (idx_t i = 0; i < ntotal; i++) {
+        for (int j = 0; j < degrees[i]; j++) {
+            in_degrees[neighbors_of(i)[j]]++;
+        }
+    }
+}
+
+void IndexRoarGraph::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    idx_t n0 = ntotal;
+    append_tokens(n, keys, values);
+    ntotal = n0 + n; // the link searches read ntotal
+    try {
+        if (n0 == 0) {
+            entry_point = medoid(storage, n);
+        }
+        std::vector<idx_t> ids(n);
+        std::iota(ids.begin(), ids.end(), n0);
+        bool lost = link_keys(ids, n0 == 0);
+        // Edges are only traded away from keys with another in-edge, and
+        // each new key gets one, so a traversal per decode step is not
+        // needed; one runs after a large add, after a link that could
+        // not give its key an in-edge, and every kCheckEvery tokens
+        // (a key whose other in-edges come only through itself).
+        if (lost || n > kLinkBatch || (n0 + n) / kCheckEvery != n0 / kCheckEvery) {
+            repair_reachability();
+        }
+    } catch (...) {
+        drop_tokens_from(n0);
+        throw;
+    }
+    ntotal = n0; // add_kv adds n after this returns
+}
+
+// ---- the beam search -------------------------------------------------------
+
+namespace {
+
+/** Best-first beam of width L over the graph from the entry point. score(ids,
+ * m, out) scores m keys. Leaves the beam in s.beam, best first; returns the
+ * keys scored. */
+template <class Score>
+size_t walk(const IndexRoarGraph& g, size_t L, bool use_hubs, BeamScratch& s, Score&& score) {
+    // hubs (search only): extra entry points, scored first
+    s.begin(g.ntotal);
+    s.beam.clear();
+    s.ids.clear();
+    s.ids.push_back(g.entry_point);
+    if (use_hubs) {
+        for (int32_t h : g.hubs) {
+            if (h != g.entry_point) {
+                s.ids.push_back(h);
+            }
+        }
+    }
+    s.scores.resize(s.ids.size());
+    score(s.ids.data(), s.ids.size(), s.scores.data());
+    size_t scanned = s.ids.size();
+    for (size_t j = 0; j < s.ids.size(); j++) {
+        s.visit(int32_t(s.ids[j]));
+        s.beam.push_back({s.scores[j], int32_t(s.ids[j]), false});
+    }
+    std::sort(s.beam.begin(), s.beam.end(), ranks_before);
+    if (s.beam.size() > L) {
+        s.beam.resize(L);
+    }
+    size_t i = 0;
+    while (i < s.beam.size()) {
+        if (s.beam[i].expanded) {
+            i++;
+            continue;
+        }
+        s.beam[i].expanded = true;
+        int32_t node = s.beam[i].id;
+        const int32_t* nb = g.neighbors_of(node);
+        int deg = g.degrees[node];
+        s.ids.clear();
+        for (int j = 0; j < deg; j++) {
+            if (s.visit(nb[j])) {
+                s.ids.push_back(nb[j]);
+            }
+        }
+        size_t m = s.ids.size();
+        if (m == 0) {
+            i++;
+            continue;
+        }
+        s.scores.resize(m);
+        score(s.ids.data(), m, s.scores.data());
+        scanned += m;
+        size_t first_new = s.beam.size();
+        for (size_t j = 0; j < m; j++) {
+            Candidate c{s.scores[j], int32_t(s.ids[j]), false};
+            if (s.beam.size() >= L && !ranks_before(c, s.beam.back())) {
+                continue;
+            }
+            auto pos = std::upper_bound(s.beam.begin(), s.beam.end(), c, ranks_before);
+            first_new = std::min(first_new, size_t(pos - s.beam.begin()));
+            s.beam.insert(pos, c);
+            if (s.beam.size() > L) {
+                s.beam.pop_back();
+            }
+        }
+        i = first_new <= i ? first_new : i + 1;
+    }
+    return scanned;
+}
+
+/// Scores by inner product with q (a query, or a key being linked).
+struct InnerProductScore {
+    const float* q;
+    KVRows rows;
+    void operator()(const int64_t* ids, size_t m, float* out) const {
+        prefetch_key_rows(rows, ids, m);
+        inner_products_by_ids(q, rows, ids, m, 1.0f, out);
+    }
+};
+
+} // namespace
+
+size_t IndexRoarGraph::beam_search(
+        const float* q,
+        idx_t k,
+        int beam,
+        float* distances,
+        idx_t* labels) const {
+    size_t found = 0, scanned = 0;
+    if (ntotal > 0 && k > 0) {
+        BeamScratch& s = beam_scratch();
+        size_t L = size_t(std::min<idx_t>(std::max<idx_t>(beam, k), ntotal));
+        scanned = walk(*this, L, true, s, InnerProductScore{q, storage.key_rows()});
+        found = std::min(s.beam.size(), size_t(k));
+        for (size_t j = 0; j < found; j++) {
+            distances[j] = s.beam[j].score;
+            labels[j] = s.beam[j].id;
+        }
+    }
+    for (idx_t j = idx_t(found); j < k; j++) {
+        distances[j] = std::numeric_limits<float>::lowest();
+        labels[j] = -1;
+    }
+    return scanned;
+}
+
+int IndexRoarGraph::beam_for(const faiss::SearchParameters* params, idx_t k) const {
+    int ef = efSearch;
+    if (auto p = dynamic_cast<const SearchParametersRoarGraph*>(params)) {
+        FAISS_THROW_IF_NOT_FMT(
+                p->efSearch >= 0, "SearchParametersRoarGraph: efSearch=%d must be >= 0",
+                p->efSearch);
+        if (p->efSearch > 0) {
+            ef = p->efSearch;
+        }
+    }
+    return int(std::min<idx_t>(std::max<idx_t>(ef, k), std::numeric_limits<int>::max()));
+}
+
+void IndexRoarGraph::search_one(
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
+    beam_search(q, k, beam_for(params, k), distances, labels);
+}
+
+void IndexRoarGraph::select_one(
+        const float* q,
+        Selection& sel,
+        const faiss::SearchParameters* params) const {
+    idx_t kk = std::min(effective_k(params), ntotal);
+    std::vector<float> dis(kk);
+    std::vector<idx_t> ids(kk);
+    sel.clear();
+    sel.n_scanned = beam_search(q, kk, beam_for(params, kk), dis.data(), ids.data());
+    for (idx_t id : ids) {
+        if (id >= 0) {
+            sel.push_back(id);
+        }
+    }
+}
+
+float IndexRoarGraph::attend_one(const float* q, float* out, const faiss::SearchParameters* params)
+        const {
+    idx_t kk = std::min(effective_k(params), ntotal);
+    std::vector<float> s(kk);
+    std::vector<idx_t> ids(kk);
+    beam_search(q, kk, beam_for(params, kk), s.data(), ids.data());
+    size_t found = 0;
+    float scale = score_scale();
+    while (found < size_t(kk) && ids[found] >= 0) {
+        s[found] *= scale;
+        found++;
+    }
+    // exact softmax over the keys found, their scores from the search
+    return attention_from_scores(s.data(), nullptr, storage.value_rows(), ids.data(), found, out);
+}
+
+// ---- building: pruning and linking -------------------------------------------
+
+namespace {
+
+struct Neighbor {
+    float sim; ///< inner product with the pivot
+    int32_t id;
+};
+
+inline bool closer(const Neighbor& a, const Neighbor& b) {
+    return a.sim > b.sim || (a.sim == b.sim && a.id < b.id);
+}
+
+/// Closeness of key x to each of `ids`: their inner products.
+void similarities_to(
+        const IndexRoarGraph& g,
+        idx_t x,
+        const int64_t* ids,
+        size_t m,
+        std::vector<float>& xf,
+        float* out) {
+    xf.resize(g.d);
+    g.storage.key(x, xf.data());
+    inner_products_by_ids(xf.data(), g.storage.key_rows(), ids, m, 1.0f, out);
+}
+
+/** The occlusion rule over candidates sorted closest first: c is dropped
+ * when a kept r is closer to c than the pivot is (<c, r> > <c, pivot>);
+ * then the list is filled back to max_keep with the dropped ones, closest
+ * first. */
+std::vector<int32_t> prune(
+        const IndexRoarGraph& g,
+        idx_t pivot,
+        const std::vector<Neighbor>& cands,
+        int max_keep) {
+    std::vector<int32_t> kept, dropped;
+    std::vector<int64_t> kept64;
+    std::vector<float> xf, sim(max_keep);
+    for (const Neighbor& c : cands) {
+        if (kept.size() >= size_t(max_keep)) {
+            break;
+        }
+        if (c.id == pivot) {
+            continue;
+        }
+        similarities_to(g, c.id, kept64.data(), kept64.size(), xf, sim.data());
+        bool occluded = false;
+        for (size_t r = 0; r < kept.size() && !occluded; r++) {
+            occluded = sim[r] > c.sim;
+        }
+        if (occluded) {
+            dropped.push_back(c.id);
+        } else {
+            kept.push_back(c.id);
+            kept64.push_back(c.id);
+        }
+    }
+    for (size_t j = 0; j < dropped.size() && kept.size() < size_t(max_keep); j++) {
+        kept.push_back(dropped[j]);
+    }
+    return kept;
+}
+
+/// The candidates `ids` (distinct, pivot excluded) sorted closest to pivot first.
+std::vector<Neighbor> sorted_by_similarity(
+        const IndexRoarGraph& g,
+        idx_t pivot,
+        const std::vector<int32_t>& ids) {
+    std::vector<int64_t> ids64(ids.begin(), ids.end());
+    std::vector<float> sim(ids.size()), xf;
+    similarities_to(g, pivot, ids64.data(), ids64.size(), xf, sim.data());
+    std::vector<Neighbor> out(ids.size());
+    for (size_t j = 0; j < ids.size(); j++) {
+        out[j] = {sim[j], ids[j]};
+    }
+    std::sort(out.begin(), out.end(), closer);
+    return out;
+}
+
+void sort_unique(std::vector<int32_t>& v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+} // namespace
+
+void IndexRoarGraph::project(const std::vector<idx_t>& lists, idx_t n_lists) {
+    int R = max_degree();
+    // the candidates of each pivot: the lists of the queries it heads
+    std::vector<std::vector<int32_t>> cands(ntotal);
+    for (idx_t q = 0; q < n_lists; q++) {
+        const idx_t* list = lists.data() + q * Nq;
+        if (list[0] < 0) {
+            continue;
+        }
+        std::vector<int32_t>& c = cands[list[0]];
+        for (int j = 1; j < Nq && list[j] >= 0; j++) {
+            c.push_back(int32_t(list[j]));
+        }
+    }
+    std::vector<idx_t> pivots;
+    for (idx_t p = 0; p < ntotal; p++) {
+        if (!cands[p].empty()) {
+            pivots.push_back(p);
+        }
+    }
+    auto set_row = [&](idx_t p, const std::vector<int32_t>& row) {
+        int32_t* out = neighbors.data() + size_t(p) * R;
+        std::copy(row.begin(), row.end(), out);
+        std::fill(out + row.size(), out + R, -1);
+        degrees[p] = uint16_t(row.size());
+    };
+    parallel_for(idx_t(pivots.size()), [&](idx_t i) {
+        idx_t p = pivots[i];
+        sort_unique(cands[p]);
+        cands[p].erase(std::remove(cands[p].begin(), cands[p].end(), int32_t(p)), cands[p].end());
+        set_row(p, prune(*this, p, sorted_by_similarity(*this, p, cands[p]), M));
+    });
+    // reverse edges, then every list over M pruned again
+    std::vector<std::vector<int32_t>> reverse(ntotal);
+    for (idx_t p = 0; p < ntotal; p++) {
+        for (int j = 0; j < degrees[p]; j++) {
+            reverse[neighbors_of(p)[j]].push_back(int32_t(p));
+        }
+    }
+    parallel_for(ntotal, [&](idx_t c) {
+        if (reverse[c].empty()) {
+            return;
+        }
+        std::vector<int32_t> merged(neighbors_of(c), neighbors_of(c) + degrees[c]);
+        merged.insert(merged.end(), reverse[c].begin(), reverse[c].end());
+        sort_unique(merged);
+        if (merged.size() > size_t(M)) {
+            merged = prune(*this, c, sorted_by_similarity(*this, c, merged), M);
+        }
+        set_row(c, merged);
+    });
+    count_in_degrees();
+}
+
+bool IndexRoarGraph::add_in_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep) {
+    int R = max_degree();
+    int32_t* row = neighbors.data() + size_t(c) * R;
+    int deg = degrees[c];
+    if (std::find(row, row + deg, int32_t(x)) != row + deg) {
+        return true;
+    }
+    if (deg < R) {
+        row[degrees[c]++] = int32_t(x);
+        in_degrees[x]++;
+        return true;
+    }
+    // a full row keeps its 2M closest: x replaces the least similar
+    // neighbour that has another in-edge (so it stays reachable), if x is
+    // closer than it or if x must get an in-edge (force)
+    BeamScratch& s = beam_scratch();
+    s.ids.assign(row, row + R);
+    s.ids.push_back(int64_t(x));
+    s.scores.resize(R + 1);
+    similarities_to(*this, c, s.ids.data(), R + 1, s.row, s.scores.data());
+    int worst = -1;
+    for (int j = 0; j < R; j++) {
+        bool tradable = in_degrees[row[j]] >= 2 &&
+                !std::binary_search(keep.begin(), keep.end(), idx_t(row[j]));
+        if (tradable && (worst < 0 || s.scores[j] < s.scores[worst])) {
+            worst = j;
+        }
+    }
+    if (worst < 0 || (!force && s.scores[worst] >= s.scores[R])) {
+        return false;
+    }
+    in_degrees[row[worst]]--;
+    row[worst] = int32_t(x);
+    in_degrees[x]++;
+    return true;
+}
+
+bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
+    int R = max_degree();
+    bool lost = false;
+    std::vector<std::vector<int32_t>> found;
+    size_t pos = 0;
+    while (pos < keys.size()) {
+        size_t batch = growing ? std::max<size_t>(1, std::min<size_t>(pos, kLinkBatch))
+                               : size_t(kLinkBatch);
+        batch = std::min(batch, keys.size() - pos);
+        found.assign(batch, {});
+        // searched in parallel on the graph as it is before the batch
+        parallel_for(idx_t(batch), [&](idx_t j) {
+            idx_t x = keys[pos + j];
+            BeamScratch& s = beam_scratch();
+            std::vector<float> xf(d);
+            storage.key(x, xf.data());
+            walk(*this, size_t(std::min<idx_t>(build_L, ntotal)), false, s,
+                 InnerProductScore{xf.data(), storage.key_rows()});
+            std::vector<Neighbor> cands;
+            for (const Candidate& c : s.beam) {
+                if (c.id != x) {
+                    cands.push_back({c.score, c.id});
+                }
+            }
+            found[j] = prune(*this, x, cands, M);
+        });
+        // applied in key order: the graph does not depend on the threads
+        for (size_t j = 0; j < batch; j++) {
+            idx_t x = keys[pos + j];
+            int32_t* row = neighbors.data() + size_t(x) * R;
+            for (int32_t c : found[j]) {
+                if (degrees[x] < R && std::find(row, row + degrees[x], c) == row + degrees[x]) {
+                    row[degrees[x]++] = c;
+                    in_degrees[c]++;
+                }
+            }
+            bool linked = x == entry_point; // needs an in-edge from a key the walk reached
+            for (int32_t c : found[j]) {
+                linked = add_in_edge(c, x, false, keys) || linked;
+            }
+            if (!linked && !found[j].empty() && !add_in_edge(found[j][0], x, true, keys)) {
+                lost = true;
+            }
+        }
+        pos += batch;
+    }
+    return lost;
+}
+
+std::vector<idx_t> IndexRoarGraph::unreachable_keys() const {
+    std::vector<idx_t> out;
+    if (ntotal == 0) {
+        return out;
+    }
+    std::vector<uint8_t> seen(ntotal, 0);
+    std::vector<int32_t> queue = {int32_t(entry_point)};
+    seen[entry_point] = 1;
+    for (size_t h = 0; h < queue.size(); h++) {
+        const int32_t* row = neighbors_of(queue[h]);
+        for (int j = 0; j < degrees[queue[h]]; j++) {
+            if (!seen[row[j]]) {
+                seen[row[j]] = 1;
+                queue.push_back(row[j]);
+            }
+        }
+    }
+    for (idx_t i = 0; i < ntotal; i++) {
+        if (!seen[i]) {
+            out.push_back(i);
+        }
+    }
+    return out;
+}
+
+idx_t IndexRoarGraph::count_reachable() const {
+    return ntotal - idx_t(unreachable_keys().size());
+}
+
+void IndexRoarGraph::repair_reachability() {
+    for (int round = 0; round < kMaxRepairRounds; round++) {
+        std::vector<idx_t> lost = unreachable_keys();
+        if (lost.empty()) {
+            return;
+        }
+        link_keys(lost, false);
+    }
+    FAISS_THROW_FMT(
+            "IndexRoarGraph: %zd keys stay unreachable after %d linking rounds",
+            unreachable_keys().size(),
+            kMaxRepairRounds);
+}
+
+// ---- prefill -------------------------------------------------------------------
+
+void IndexRoarGraph::prefill_impl(const PrefillInput& in) {
+    check_prefill(in);
+    if (in.n_tokens > 0 && in.n_queries == 0) {
+        add_kv_impl(in.n_tokens, in.keys, in.values); // linked by step 4 alone
+        ntotal = in.n_tokens;
+    } else if (in.n_tokens > 0) {
+        idx_t n = in.n_tokens;
+        append_tokens(n, in.keys, in.values);
+        ntotal = n;
+        try {
+            entry_point = medoid(storage, n);
+            // 1. the training queries: all, or a seeded sample
+            idx_t n_all = in.n_queries * in.n_query_heads;
+            std::vector<idx_t> pick(n_all);
+            std::iota(pick.begin(), pick.end(), idx_t(0));
+            if (n_all > max_train_queries) {
+                std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * (stream + 1));
+                for (idx_t i = 0; i < max_train_queries; i++) { // partial Fisher-Yates
+                    std::uniform_int_distribution<idx_t> u(i, n_all - 1);
+                    std::swap(pick[i], pick[u(rng)]);
+                }
+                pick.resize(max_train_queries);
+                std::sort(pick.begin(), pick.end());
+            }
+            idx_t nq = idx_t(pick.size());
+            std::vector<float> train(size_t(nq) * d);
+            for (idx_t i = 0; i < nq; i++) {
+                std::memcpy(&train[size_t(i) * d], in.queries + pick[i] * d, sizeof(float) * d);
+            }
+            // 2. their exact lists, over the keys as stored
+            std::vector<float> keys(size_t(n) * d);
+            for (idx_t i = 0; i < n; i++) {
+                storage.key(i, &keys[size_t(i) * d]);
+            }
+            std::vector<idx_t> lists(size_t(nq) * Nq);
+            exact_topk_blocked(keys.data(), n, d, train.data(), nq, Nq, lists.data());
+            keys = std::vector<float>();
+            // 3. projection
+            project(lists, nq);
+            choose_hubs(lists, n);
+            // 4. connectivity: the keys the projection left with few edges
+            // (most keys are in no query's list) are linked by search; the
+            // others already have the queries' edges
+            std::vector<idx_t> sparse;
+            for (idx_t i = 0; i < n; i++) {
+                if (degrees[i] < link_degree()) {
+                    sparse.push_back(i);
+                }
+            }
+            link_keys(sparse, false);
+            repair_reachability();
+            n_train_queries = nq;
+        } catch (...) {
+            reset_impl();
+            throw;
+        }
+    }
+    rope = in.rope;
+    has_rope = true;
+}
+
+void IndexRoarGraph::choose_hubs(const std::vector<idx_t>& lists, idx_t n) {
+    // the keys in the most training lists: where attention goes most often
+    std::vector<uint32_t> count(n, 0);
+    for (idx_t id : lists) {
+        if (id >= 0) {
+            count[id]++;
+        }
+    }
+    idx_t nh = std::min(n_hubs >= 0 ? n_hubs : n / kKeysPerHub, n);
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + nh, order.end(), [&](int32_t a, int32_t b) {
+        return count[a] > count[b] || (count[a] == count[b] && a < b);
+    });
+    hubs.assign(order.begin(), order.begin() + nh);
+    std::sort(hubs.begin(), hubs.end());
+}
+
+void IndexRoarGraph::reset_impl() {
+    storage.clear();
+    neighbors.clear();
+    degrees.clear();
+    in_degrees.clear();
+    hubs.clear();
+    entry_point = -1;
+    n_train_queries = 0;
+    ntotal = 0;
+}
+
+size_t IndexRoarGraph::graph_bytes() const {
+    return neighbors.size() * sizeof(int32_t) + degrees.size() * sizeof(uint16_t);
+}
+
+size_t IndexRoarGraph::memory_bytes() const {
+    return storage.memory_bytes() + graph_bytes() + in_degrees.size() * sizeof(uint32_t);
+}
+
+// ---- parameters ----------------------------------------------------------------
+
+std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
+    std::vector<ParameterInfo> info = KVIndex::parameter_info();
+    info.push_back({"efSearch", false, "beam width of the search, >= 1 (the beam is max(efSearch, k))"});
+    info.push_back({"M", true, "out-degree of the projection (degree bound 2M), 2..512; empty index only"});
+    info.push_back({"Nq", true, "exact neighbours per training query, 1..100000"});
+    info.push_back({"build_L", true, "beam of the linking searches (build and appends), >= 1"});
+    info.push_back({"max_train_queries", true, "training queries at most (a seeded sample beyond), >= 1"});
+    info.push_back({"n_hubs", true, "keys scored as extra entry points of every search (the keys in most training lists); -1: one per 256 prompt keys"});
+    info.push_back({"seed", true, "seed of the training sample (with the per-head stream), >= 0"});
+    return info;
+}
+
+bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
+    if (name == "seed") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || is_positive_integer(value),
+                "parameter seed=%g must be a non-negative integer",
+                value);
+        seed = uint64_t(value);
+        return true;
+    }
+    if (name == "n_hubs") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == -1 || value == 0 || is_positive_integer(value),
+                "parameter n_hubs=%g must be -1 (one per %zd prompt keys) or a count >= 0",
+                value,
+                size_t(kKeysPerHub));
+        n_hubs = idx_t(value);
+        return true;
+    }
+    int* int_knob = name == "efSearch" ? &efSearch
+            : name == "M"              ? &M
+            : name == "Nq"             ? &Nq
+            : name == "build_L"        ? &build_L
+                                       : nullptr;
+    if (!int_knob && name != "max_train_queries") {
+        return KVIndex::set_parameter(name, value);
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            is_positive_integer(value), "parameter %s=%g must be a positive integer",
+            name.c_str(), value);
+    if (name == "max_train_queries") {
+        max_train_queries = idx_t(value);
+        return true;
+    }
+    double limit = name == "M" ? kMaxM : name == "Nq" ? 100000 : 1e9;
+    FAISS_THROW_IF_NOT_FMT(
+            value <= limit && (name != "M" || value >= 2),
+            "parameter %s=%g out of range (%s)",
+            name.c_str(),
+            value,
+            name == "M" ? "2..512" : name == "Nq" ? "1..100000" : "1..1e9");
+    FAISS_THROW_IF_NOT_FMT(
+            name != "M" || ntotal == 0 || int(value) == M,
+            "parameter M=%g: the graph of %zd keys was built with M=%d; set M "
+            "before prefill (or reset)",
+            value,
+            size_t(ntotal),
+            M);
+    *int_knob = int(value);
+    return true;
+}
+
+bool IndexRoarGraph::get_parameter(const std::string& name, double* value) const {
+    if (name == "efSearch") {
+        *value = efSearch;
+    } else if (name == "M") {
+        *value = M;
+    } else if (name == "Nq") {
+        *value = Nq;
+    } else if (name == "build_L") {
+        *value = build_L;
+    } else if (name == "max_train_queries") {
+        *value = double(max_train_queries);
+    } else if (name == "seed") {
+        *value = double(seed);
+    } else if (name == "n_hubs") {
+        *value = double(n_hubs);
+    } else {
+        return KVIndex::get_parameter(name, value);
+    }
+    return true;
+}
+
+void IndexRoarGraph::set_stream(uint64_t s) {
+    stream = s;
+    KVIndex::set_stream(s);
+}
+
+// ---- io ------------------------------------------------------------------------
+
+void IndexRoarGraph::write_fields(BufferWriter& w) const {
+    w.value<int32_t>(M);
+    w.value<int32_t>(Nq);
+    w.value<int32_t>(build_L);
+    w.value<int64_t>(max_train_queries);
+    w.value<int32_t>(efSearch);
+    w.value<uint64_t>(seed);
+    w.value<uint64_t>(stream);
+    w.value<int64_t>(n_train_queries);
+    w.value<int64_t>(entry_point);
+    w.value<int64_t>(n_hubs);
+    w.vector(hubs);
+    storage.write(w);
+    w.vector(degrees);
+    w.vector(neighbors); // the in-degrees are counted from the edges
+}
+
+void IndexRoarGraph::read_fields(BufferReader& r, uint32_t) {
+    M = r.value<int32_t>("M");
+    Nq = r.value<int32_t>("Nq");
+    build_L = r.value<int32_t>("build_L");
+    max_train_queries = r.value<int64_t>("max_train_queries");
+    efSearch = r.value<int32_t>("efSearch");
+    seed = r.value<uint64_t>("seed");
+    stream = r.value<uint64_t>("stream");
+    n_train_queries = r.value<int64_t>("n_train_queries");
+    entry_point = r.value<int64_t>("entry_point");
+    n_hubs = r.value<int64_t>("n_hubs");
+    hubs = r.vector<int32_t>("RoarGraph hubs");
+    FAISS_THROW_IF_NOT_FMT(
+            M >= 2 && M <= kMaxM && Nq >= 1 && build_L >= 1 && max_train_queries >= 1 &&
+                    efSearch >= 1 && n_train_queries >= 0 && n_hubs >= -1,
+            "read_index: invalid RoarGraph parameters M=%d Nq=%d build_L=%d efSearch=%d",
+            M,
+            Nq,
+            build_L,
+            efSearch);
+    storage = KVStorage(d, d_value, kv_type);
+    storage.read(r, "RoarGraph storage");
+    degrees = r.vector<uint16_t>("RoarGraph degrees");
+    neighbors = r.vector<int32_t>("RoarGraph edges");
+    check_graph(); // before the edges are followed
+    count_in_degrees();
+}
+
+void IndexRoarGraph::check_graph() const {
+    idx_t n = ntotal;
+    int R = max_degree();
+    FAISS_THROW_IF_NOT_FMT(
+            M >= 2 && M <= kMaxM && storage.size() == n && degrees.size() == size_t(n) &&
+                    neighbors.size() == size_t(n) * R &&
+                    (n == 0 ? entry_point == -1 : entry_point >= 0 && entry_point < n),
+            "IndexRoarGraph: %zd tokens, %zd rows, %zd edges (2M = %d), entry %zd disagree "
+            "with ntotal=%zd",
+            size_t(storage.size()),
+            degrees.size(),
+            neighbors.size(),
+            R,
+            size_t(entry_point),
+            size_t(n));
+    FAISS_THROW_IF_NOT_FMT(
+            hubs.size() <= size_t(n) && std::is_sorted(hubs.begin(), hubs.end()) &&
+                    std::adjacent_find(hubs.begin(), hubs.end()) == hubs.end() &&
+                    std::all_of(hubs.begin(), hubs.end(),
+                                [n](int32_t h) { return h >= 0 && h < n; }),
+            "IndexRoarGraph: %zd hubs, not distinct ids in [0, ntotal=%zd)",
+            hubs.size(),
+            size_t(n));
+    for (idx_t i = 0; i < n; i++) {
+        const int32_t* row = neighbors_of(i);
+        FAISS_THROW_IF_NOT_FMT(
+                degrees[i] <= R, "IndexRoarGraph: key %zd has degree %d > 2M = %d",
+                size_t(i), int(degrees[i]), R);
+        for (int j = 0; j < R; j++) {
+            bool ok = j < degrees[i] ? row[j] >= 0 && row[j] < n && row[j] != i : row[j] == -1;
+            FAISS_THROW_IF_NOT_FMT(
+                    ok, "IndexRoarGraph: edge %d of key %zd is %d (ntotal %zd, degree %d)", j,
+                    size_t(i), row[j], size_t(n), int(degrees[i]));
+        }
+    }
+}
+
+void IndexRoarGraph::check_invariants() const {
+    KVIndex::check_invariants();
+    FAISS_THROW_IF_NOT_FMT(
+            storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
+                    storage.type == kv_type,
+            "IndexRoarGraph: storage of d=%zd d_value=%zd disagrees with the index",
+            storage.d,
+            storage.d_value);
+    check_graph();
+    std::vector<uint32_t> counted(size_t(ntotal), 0);
+    for (idx_t i = 0; i < ntotal; i++) {
+        for (int j = 0; j < degrees[i]; j++) {
+            counted[neighbors_of(i)[j]]++;
+        }
+    }
+    FAISS_THROW_IF_NOT_MSG(
+            counted == in_degrees, "IndexRoarGraph: in-degrees disagree with the edges");
+}
+
+} // namespace kvindex
