@@ -8,6 +8,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/IndexTopK.h>
 #include <kvindex/attention.h>
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
@@ -321,9 +322,9 @@ size_t IndexRoarGraph::beam_search(
 
 int IndexRoarGraph::beam_for(const faiss::SearchParameters* params, idx_t k) const {
     int ef = efSearch;
-    if (auto p = dynamic_cast<const SearchParametersRoarGraph*>(params)) {
+    if (auto p = dynamic_cast<const SearchParametersTopK*>(params)) {
         FAISS_THROW_IF_NOT_FMT(
-                p->efSearch >= 0, "SearchParametersRoarGraph: efSearch=%d must be >= 0",
+                p->efSearch >= 0, "SearchParametersTopK: efSearch=%d must be >= 0",
                 p->efSearch);
         if (p->efSearch > 0) {
             ef = p->efSearch;
@@ -553,13 +554,14 @@ bool IndexRoarGraph::add_in_edge(idx_t c, idx_t x, bool force, const std::vector
 bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
     int R = max_degree();
     bool lost = false;
-    std::vector<std::vector<int32_t>> found;
+    std::vector<std::vector<int32_t>> found, reached;
     size_t pos = 0;
     while (pos < keys.size()) {
         size_t batch = growing ? std::max<size_t>(1, std::min<size_t>(pos, kLinkBatch))
                                : size_t(kLinkBatch);
         batch = std::min(batch, keys.size() - pos);
         found.assign(batch, {});
+        reached.assign(batch, {});
         // searched in parallel on the graph as it is before the batch
         parallel_for(idx_t(batch), [&](idx_t j) {
             idx_t x = keys[pos + j];
@@ -572,6 +574,7 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
             for (const Candidate& c : s.beam) {
                 if (c.id != x) {
                     cands.push_back({c.score, c.id});
+                    reached[j].push_back(c.id);
                 }
             }
             found[j] = prune(*this, x, cands, M);
@@ -590,9 +593,14 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
             for (int32_t c : found[j]) {
                 linked = add_in_edge(c, x, false, keys) || linked;
             }
-            if (!linked && !found[j].empty() && !add_in_edge(found[j][0], x, true, keys)) {
-                lost = true;
+            // no neighbour took x: the closest reached key with room
+            // does, else the closest one that can trade an edge
+            for (int force = 0; force < 2 && !linked; force++) {
+                for (size_t r = 0; r < reached[j].size() && !linked; r++) {
+                    linked = add_in_edge(reached[j][r], x, force == 1, keys);
+                }
             }
+            lost = lost || !linked;
         }
         pos += batch;
     }

@@ -21,6 +21,7 @@
 #include <omp.h>
 
 #include <kvindex/IndexRoarGraph.h>
+#include <kvindex/IndexTopK.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
@@ -278,7 +279,7 @@ void search_all(
         int ef,
         std::vector<float>& dist,
         std::vector<idx_t>& labels) {
-    SearchParametersRoarGraph p;
+    SearchParametersTopK p;
     p.efSearch = ef;
     dist.assign(x.n_test * k, 0.0f);
     labels.assign(x.n_test * k, -7);
@@ -536,7 +537,7 @@ TEST(RoarGraph, SelectionSearchAndAttendAgree) {
     idx_t k = 10, nq = x.n_test;
     for (int ef : {10, 32, 200, 3000}) {
         SCOPED_TRACE(ef);
-        SearchParametersRoarGraph p;
+        SearchParametersTopK p;
         p.efSearch = ef;
         std::vector<Selection> sel(nq);
         g->select(nq, x.test.data(), sel.data(), &p);
@@ -576,7 +577,7 @@ TEST(RoarGraph, SelectionSearchAndAttendAgree) {
     // the per-call efSearch is honoured: a wider beam scores more keys; the
     // index's own efSearch when the call gives 0
     auto scanned = [&](int ef) {
-        SearchParametersRoarGraph p;
+        SearchParametersTopK p;
         p.efSearch = ef;
         std::vector<Selection> sel(nq);
         g->select(nq, x.test.data(), sel.data(), &p);
@@ -598,7 +599,7 @@ TEST(RoarGraph, SelectionSearchAndAttendAgree) {
     }
     EXPECT_EQ(t, scanned(64));
     // the beam is at least k: k = 50 > efSearch = 10 still returns 50 keys
-    SearchParametersRoarGraph p;
+    SearchParametersTopK p;
     p.efSearch = 10;
     p.k = 50;
     g->select(nq, x.test.data(), sel.data(), &p);
@@ -621,7 +622,7 @@ TEST(RoarGraph, BatchAndOneByOneSearchesAgree) {
     search_all(*g, x, k, 24, d2, l2);
     EXPECT_EQ(l1, l2);
     EXPECT_EQ(d1, d2);
-    SearchParametersRoarGraph p;
+    SearchParametersTopK p;
     p.efSearch = 24;
     for (idx_t i = 0; i < x.n_test; i += 7) {
         std::vector<float> d(k);
@@ -643,7 +644,7 @@ TEST(RoarGraph, VisitedMarksSurviveManyQueriesOnOneThread) {
     }
     std::vector<float> dist(nq * k);
     std::vector<idx_t> labels(nq * k);
-    SearchParametersRoarGraph p;
+    SearchParametersTopK p;
     p.efSearch = 8;
     int saved = omp_get_max_threads();
     omp_set_num_threads(1);
@@ -677,7 +678,7 @@ TEST(RoarGraph, IoRoundTripIsBitIdenticalAndDeterministic) {
     EXPECT_EQ(g->storage.values, c->storage.values);
     auto same_answers = [&](const std::string& what) {
         for (int ef : {0, 16, 200}) {
-            SearchParametersRoarGraph p;
+            SearchParametersTopK p;
             p.efSearch = ef;
             idx_t nq = x.n_test, k = 12;
             std::vector<float> d1(nq * k), d2(nq * k), o1(nq * kD), o2(nq * kD), l1(nq), l2(nq);
@@ -885,7 +886,7 @@ TEST(RoarGraph, Parameters) {
     expect_well_formed(*g, "after reset, M=8");
     EXPECT_EQ(g->count_reachable(), x.n);
     // a per-call negative efSearch is refused
-    SearchParametersRoarGraph p;
+    SearchParametersTopK p;
     p.efSearch = -1;
     std::vector<float> dist(5);
     std::vector<idx_t> labels(5);
@@ -1034,7 +1035,7 @@ TEST(RoarGraph, BadInputAndPadding) {
                           labels.data() + i * k, "query " + std::to_string(i));
     }
     std::vector<Selection> sel(x.n_test);
-    SearchParametersRoarGraph p;
+    SearchParametersTopK p;
     p.k = 64;
     g->select(x.n_test, x.test.data(), sel.data(), &p);
     for (auto& s : sel) {

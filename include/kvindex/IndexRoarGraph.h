@@ -13,11 +13,6 @@ namespace kvindex {
 
 struct FactoryChain;
 
-/// Search-time knobs of IndexRoarGraph; 0 keeps the index's own setting.
-struct SearchParametersRoarGraph : SearchParametersKV {
-    int efSearch = 0; ///< beam width; the beam is max(efSearch, k)
-};
-
 /** Exact top-n_neighbors keys by inner product of each of n_queries
  * queries, by blocked matrix products (BLAS) and a running selection, in
  * parallel over blocks of queries.
@@ -86,6 +81,8 @@ void exact_topk_blocked(
  * the static part, as the paper does: "Sink128,Window512,RoarGraph32"
  * (640 static tokens).
  *
+ * Per call: SearchParametersTopK (IndexTopK.h), whose efSearch is the
+ * beam width of graph retrievers, HNSW's and this one's alike.
  * Factory string: "RoarGraph<M>". Knobs: k, efSearch; prefill-time: M,
  * Nq, build_L, max_train_queries, n_hubs, seed.
  */

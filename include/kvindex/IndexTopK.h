@@ -14,7 +14,7 @@ struct FactoryChain;
 /// Search-time knobs of IndexTopK. 0 keeps the retriever's own setting.
 struct SearchParametersTopK : SearchParametersKV {
     size_t nprobe = 0; ///< IVF retrievers: inverted lists visited
-    int efSearch = 0;  ///< HNSW retrievers: beam width
+    int efSearch = 0;  ///< graph retrievers (HNSW, IndexRoarGraph): beam width
 };
 
 /** Top-k attention with any Faiss index as the retriever ("Exploiting

@@ -17,6 +17,7 @@ from ._kvindex import (  # noqa: F401
     IndexKVFlat,
     IndexLSHSample,
     IndexProxyEvict,
+    IndexRoarGraph,
     IndexSinkWindow,
     IndexTopK,
     IndexTypeInfo,

@@ -13,6 +13,7 @@
 
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexLSHSample.h>
+#include <kvindex/IndexRoarGraph.h>
 #include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
@@ -467,6 +468,47 @@ Factory string: "LSHSample<K>x<L>". Knobs: k, min_hits, max_sample.)doc")
             .def_readonly("min_hits", &kvindex::IndexLSHSample::min_hits, "collisions needed")
             .def_readonly("max_sample", &kvindex::IndexLSHSample::max_sample, "cap on the sample (0: none)")
             .def_readonly("seed", &kvindex::IndexLSHSample::seed, "seed of the hyperplanes");
+
+    py::class_<kvindex::IndexRoarGraph, KVIndex, std::shared_ptr<kvindex::IndexRoarGraph>>(
+            m, "IndexRoarGraph",
+            R"doc(RetrievalAttention's attention-aware graph (built like RoarGraph): prefill
+takes the exact top-Nq keys of (a seeded sample of) the prompt's own queries,
+projects them onto a key graph (occlusion rule, reverse edges), links the
+keys no query list reached, and keeps every key reachable; decode-time
+tokens are linked as they arrive. search / attend walk it best-first with a
+beam of max(efSearch, k) and attend exactly over the k keys found. Compose
+with the static part: "Sink128,Window512,RoarGraph32". Factory string:
+"RoarGraph<M>". Knobs: k, efSearch; prefill-time: M, Nq, build_L,
+max_train_queries, n_hubs, seed.)doc")
+            .def(py::init([](int d, int M, py::object d_value, const std::string& kv_type) {
+                     return std::make_shared<kvindex::IndexRoarGraph>(d, d_value_or(d, d_value), M, kv_type_of(kv_type));
+                 }),
+                 py::arg("d"), py::arg("M") = 32, py::arg("d_value") = py::none(),
+                 py::arg("kv_type") = "f32")
+            .def_readonly("M", &kvindex::IndexRoarGraph::M, "out-degree of the projection; degree bound 2M")
+            .def_readonly("Nq", &kvindex::IndexRoarGraph::Nq, "exact neighbours per training query")
+            .def_readonly("build_L", &kvindex::IndexRoarGraph::build_L, "beam of the linking searches")
+            .def_readonly("efSearch", &kvindex::IndexRoarGraph::efSearch, "beam of the searches")
+            .def_readonly("max_train_queries", &kvindex::IndexRoarGraph::max_train_queries,
+                          "training queries at most")
+            .def_readonly("n_train_queries", &kvindex::IndexRoarGraph::n_train_queries,
+                          "training queries the last prefill used")
+            .def_readonly("entry_point", &kvindex::IndexRoarGraph::entry_point,
+                          "start of every search (-1 when empty)")
+            .def_property_readonly("hubs", [](const kvindex::IndexRoarGraph& g) { return to_numpy(g.hubs); },
+                                   "int32: the extra entry points of every search")
+            .def_property_readonly("degrees", [](const kvindex::IndexRoarGraph& g) { return to_numpy(g.degrees); },
+                                   "uint16, size ntotal: out-degree of each key")
+            .def_property_readonly(
+                    "neighbors",
+                    [](const kvindex::IndexRoarGraph& g) {
+                        py::array_t<int32_t> a = to_numpy(g.neighbors);
+                        return a.reshape({py::ssize_t(g.ntotal), py::ssize_t(g.max_degree())});
+                    },
+                    "int32 [ntotal, 2M]: row i = out-edges of key i, -1 padded")
+            .def("count_reachable", &kvindex::IndexRoarGraph::count_reachable,
+                 py::call_guard<py::gil_scoped_release>(),
+                 "keys reachable from the entry point (breadth-first)");
 
     m.def("time_attend",
           [](const KVIndex& index, py::handle q, int repeats) {

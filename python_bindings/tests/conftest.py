@@ -28,6 +28,7 @@ FACTORY_BY_TYPE = {
     "IndexSinkWindow": "Sink4,Window64,Flat",
     "IndexProxyEvict": "ProxyEvict20",
     "IndexLSHSample": "LSHSample6x40",
+    "IndexRoarGraph": "RoarGraph8",
 }
 
 # More chains, for the properties that hold for any index (select/attend
@@ -42,6 +43,7 @@ EXTRA_FACTORIES = [
     "BF16,Flat",
     "FP16,Sink4,Window64,TopK(Flat)",
     "BF16,Sink2,Window8,LSHSample6x40",
+    "Sink4,Window16,RoarGraph8",
 ]
 
 
