@@ -526,14 +526,16 @@ bool IndexRoarGraph::add_in_edge(idx_t c, idx_t x, bool force, const std::vector
         in_degrees[x]++;
         return true;
     }
-    // a full row keeps its 2M closest: x replaces the least similar
-    // neighbour that has another in-edge (so it stays reachable), if x is
-    // closer than it or if x must get an in-edge (force)
+    if (!force) {
+        return false;
+    }
+    // x must get an in-edge: it replaces the least similar neighbour that
+    // has another in-edge and is not being linked now (so that one stays
+    // reachable)
     BeamScratch& s = beam_scratch();
     s.ids.assign(row, row + R);
-    s.ids.push_back(int64_t(x));
-    s.scores.resize(R + 1);
-    similarities_to(*this, c, s.ids.data(), R + 1, s.row, s.scores.data());
+    s.scores.resize(R);
+    similarities_to(*this, c, s.ids.data(), R, s.row, s.scores.data());
     int worst = -1;
     for (int j = 0; j < R; j++) {
         bool tradable = in_degrees[row[j]] >= 2 &&
@@ -542,7 +544,7 @@ bool IndexRoarGraph::add_in_edge(idx_t c, idx_t x, bool force, const std::vector
             worst = j;
         }
     }
-    if (worst < 0 || (!force && s.scores[worst] >= s.scores[R])) {
+    if (worst < 0) {
         return false;
     }
     in_degrees[row[worst]]--;
@@ -593,8 +595,8 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
             for (int32_t c : found[j]) {
                 linked = add_in_edge(c, x, false, keys) || linked;
             }
-            // no neighbour took x: the closest reached key with room
-            // does, else the closest one that can trade an edge
+            // no neighbour had room for x: the closest reached key with
+            // room takes it, else the closest one that can trade an edge
             for (int force = 0; force < 2 && !linked; force++) {
                 for (size_t r = 0; r < reached[j].size() && !linked; r++) {
                     linked = add_in_edge(reached[j][r], x, force == 1, keys);

@@ -16,5 +16,7 @@ fi
   --index "TopK(HNSW16)" \
   --index "Sink4,Window64,TopK(IVF128,Flat)" \
   --index "Sink4,Window64,LSHSample10x150" \
+  --index "RoarGraph32" \
+  --index "Sink128,Window512,RoarGraph32" \
   --index ProxyEvict20 \
   "$@"

@@ -21,6 +21,7 @@
  *   inner   := "Flat"                      exact attention (IndexKVFlat)
  *            | "TopK(" faiss-string ")"    top-k attention, Faiss retriever (IndexTopK)
  *            | "LSHSample" K "x" L         LSH sampling + unbiased estimator (IndexLSHSample)
+ *            | "RoarGraph" M               graph from the prefill queries, top-k (IndexRoarGraph)
  *
  * Sink / Window (either or both, any order) wrap the rest of the chain in an
  * IndexSinkWindow. The Faiss string inside TopK(...) is any string

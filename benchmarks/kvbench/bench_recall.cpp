@@ -1,0 +1,294 @@
+// Recall vs keys touched: each retriever built from the prompt (prefill with
+// the prompt's queries, as a decode loop would), then a sweep of its search
+// knob, on the scaling benchmarks' synthetic head (mixed preset, d = 128).
+//
+//   ./build/benchmarks/bench_recall [--tokens 131072] [--queries 30] [--json FILE]
+//       [--index "RoarGraph32@efSearch=100,200,400" --index "TopK(HNSW16)@efSearch=..."]
+//
+// An index is STRING[@knob=v1,v2,...]: built once, then measured at each
+// value of the knob. Per point: recall@100 of the exact top-100 (search),
+// keys scanned by the retrieval per query (Selection::n_scanned) as a
+// fraction of the context, µs per attend (one query, one thread) and the
+// speed-up over the dense kernel timed in the same run; per index: build
+// seconds (prefill, all threads) and bytes per token.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+
+#include <kvindex/attention.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/kernels.h>
+#include <kvindex/parameters.h>
+
+#include "synthetic.h"
+
+using namespace kvindex;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    for (std::string item; std::getline(ss, item, sep);) {
+        out.push_back(item);
+    }
+    return out;
+}
+
+/// Exact top-k ids (sorted by id) of q over the first n keys.
+std::vector<idx_t> exact_topk_ids(const float* q, const float* keys, int d, idx_t n, int k) {
+    std::vector<float> s(n);
+    inner_products_scaled(q, keys, d, n, 1.0f, s.data());
+    std::vector<idx_t> ids(n);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                      [&](idx_t a, idx_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+    ids.resize(k);
+    std::sort(ids.begin(), ids.end());
+    return ids;
+}
+
+/** Decode-time appends: prefill n tokens, append n_append one at a time,
+ * and at checkpoints measure recall@k of the evaluation queries over the
+ * keys held, the share of the appended keys in their top-k that is found,
+ * and the keys scanned; beside it, the same index prefilled with all
+ * n + n_append tokens at once. */
+void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_queries, int d, int k) {
+    const int group = 3;
+    kvbench::ScalingHead head = kvbench::scaling_head(n + n_append, n_queries, d);
+    const TraceLayer& layer = head.layer;
+    size_t n_tokens = size_t(n + n_append) + n_queries;
+    auto prefill = [&](KVIndex* index, int64_t m) {
+        std::vector<float> pq(size_t(group) * m * d);
+        for (int h = 0; h < group; h++) {
+            std::copy(layer.queries.begin() + size_t(h) * n_tokens * d,
+                      layer.queries.begin() + (size_t(h) * n_tokens + m) * d,
+                      pq.begin() + size_t(h) * m * d);
+        }
+        PrefillInput in;
+        in.n_tokens = m;
+        in.keys = layer.keys.data();
+        in.values = layer.values.data();
+        in.n_queries = m;
+        in.n_query_heads = group;
+        in.queries = pq.data();
+        index->prefill(in);
+    };
+    auto measure = [&](const KVIndex* index, const char* what, int64_t appended, double seconds) {
+        idx_t held = index->ntotal;
+        double recall = 0, scanned = 0;
+        int64_t app_true = 0, app_found = 0;
+        SearchParametersKV counting;
+        counting.count_scanned = true;
+        for (int i = 0; i < n_queries; i++) {
+            std::vector<idx_t> truth = exact_topk_ids(head.queries[i], layer.keys.data(), d, held, k);
+            std::vector<float> dis(k);
+            std::vector<idx_t> ids(k);
+            index->search(1, head.queries[i], k, dis.data(), ids.data());
+            std::sort(ids.begin(), ids.end());
+            for (idx_t id : truth) {
+                bool hit = std::binary_search(ids.begin(), ids.end(), id);
+                recall += hit;
+                if (id >= n) {
+                    app_true++;
+                    app_found += hit;
+                }
+            }
+            Selection sel;
+            index->select(1, head.queries[i], &sel, &counting);
+            scanned += double(sel.n_scanned);
+        }
+        std::printf("%-28s %-22s %9zd %9zd %8.3f %8.3f (%5zd) %8.2f%% %10.1f\n", spec.c_str(), what,
+                    size_t(held), size_t(appended), recall / (double(k) * n_queries),
+                    app_true ? double(app_found) / app_true : 0.0, size_t(app_true),
+                    100 * scanned / (double(held) * n_queries), seconds);
+        std::fflush(stdout);
+    };
+    std::printf("%-28s %-22s %9s %9s %8s %16s %9s %10s\n", "index", "build", "keys", "appended",
+                "recall", "appended_found", "scanned%", "seconds");
+    auto index = index_factory(d, spec);
+    auto t0 = Clock::now();
+    prefill(index.get(), n);
+    measure(index.get(), "prefill n", 0, seconds_since(t0));
+    int64_t done = 0;
+    for (int64_t stop : {n_append / 4, n_append / 2, n_append}) {
+        auto ta = Clock::now();
+        for (; done < stop; done++) {
+            index->add_kv(1, layer.keys.data() + (n + done) * d, layer.values.data() + (n + done) * d);
+        }
+        measure(index.get(), "then appended", done, seconds_since(ta));
+    }
+    auto whole = index_factory(d, spec);
+    t0 = Clock::now();
+    prefill(whole.get(), n + n_append);
+    measure(whole.get(), "prefill n + appended", 0, seconds_since(t0));
+}
+
+struct Point {
+    std::string index, knob;
+    double kind_recall[3] = {0, 0, 0}; ///< needle, local, flat query heads
+    double value = 0, recall = 0, scanned = 0, us = 0, speedup = 0, build_s = 0, bytes = 0;
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+    int64_t n;
+    int n_queries;
+    std::vector<std::string> specs;
+    std::string json;
+    int64_t n_append;
+    boost::program_options::options_description opts("bench_recall");
+    opts.add_options()
+            ("tokens", boost::program_options::value(&n)->default_value(131072), "context length")
+            ("queries", boost::program_options::value(&n_queries)->default_value(30), "evaluation queries")
+            ("index", boost::program_options::value(&specs), "STRING[@knob=v1,v2,...] (repeatable)")
+            ("json", boost::program_options::value(&json), "write the points as JSON")
+            ("append", boost::program_options::value(&n_append)->default_value(0),
+             "instead: prefill, append this many tokens one by one, recall at checkpoints");
+    boost::program_options::variables_map vm;
+    boost::program_options::store(boost::program_options::parse_command_line(argc, argv, opts), vm);
+    boost::program_options::notify(vm);
+    const int d = 128, k = 100, group = 3;
+    long nlist = std::max(1L, long(std::ceil(n / 1000.0)));
+    if (specs.empty()) {
+        specs = {"RoarGraph32@efSearch=100,150,200,300,500",
+                 "TopK(HNSW16)@efSearch=100,200,400,800,1600",
+                 "TopK(IVF" + std::to_string(nlist) + ",Flat)@nprobe=4,8,16,32,64",
+                 "LSHSample10x150", "LSHSample8x75"};
+    }
+    if (n_append > 0) {
+        for (const std::string& spec : specs) {
+            run_appends(spec, n, n_append, n_queries, d, k);
+        }
+        return 0;
+    }
+    kvbench::ScalingHead head = kvbench::scaling_head(n, n_queries, d);
+    const TraceLayer& layer = head.layer;
+    size_t n_tokens = size_t(n) + n_queries;
+    // the prompt's queries, head-major, as prefill hands them over
+    std::vector<float> prompt_queries(size_t(group) * n * d);
+    for (int h = 0; h < group; h++) {
+        std::copy(layer.queries.begin() + size_t(h) * n_tokens * d,
+                  layer.queries.begin() + (size_t(h) * n_tokens + n) * d,
+                  prompt_queries.begin() + size_t(h) * n * d);
+    }
+    PrefillInput in;
+    in.n_tokens = n;
+    in.keys = layer.keys.data();
+    in.values = layer.values.data();
+    in.n_queries = n;
+    in.n_query_heads = group;
+    in.queries = prompt_queries.data();
+    // exact reference: top-100 and dense timing
+    std::vector<std::vector<idx_t>> truth(n_queries);
+    std::vector<float> out(d), s(n);
+    double dense_s = 0;
+    for (int i = 0; i < n_queries; i++) {
+        auto t0 = Clock::now();
+        exact_attention(head.queries[i], layer.keys.data(), layer.values.data(), d, d, n, out.data());
+        dense_s += seconds_since(t0);
+        inner_products_scaled(head.queries[i], layer.keys.data(), d, n, 1.0f, s.data());
+        std::vector<idx_t> ids(n);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                          [&](idx_t a, idx_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+        truth[i].assign(ids.begin(), ids.begin() + k);
+        std::sort(truth[i].begin(), truth[i].end());
+    }
+    double dense_us = 1e6 * dense_s / n_queries;
+    std::printf("tokens %zd, %d queries, dense %.1f us/query\n", size_t(n), n_queries, dense_us);
+    std::printf("%-28s %-14s %8s %20s %9s %10s %9s %8s %10s\n", "index", "knob", "recall",
+                "needle/local/flat", "scanned%", "us/query", "speedup", "build_s", "bytes/tok");
+    std::vector<Point> points;
+    for (const std::string& spec : specs) {
+        size_t at = spec.find('@');
+        std::string factory = spec.substr(0, at);
+        std::string knob;
+        std::vector<std::string> values = {""};
+        if (at != std::string::npos) {
+            std::string sweep = spec.substr(at + 1);
+            size_t eq = sweep.find('=');
+            knob = sweep.substr(0, eq);
+            values = split(sweep.substr(eq + 1), ',');
+        }
+        auto index = index_factory(d, factory);
+        auto tb = Clock::now();
+        index->prefill(in);
+        double build_s = seconds_since(tb);
+        for (const std::string& v : values) {
+            if (!knob.empty()) {
+                set_index_parameters(index.get(), knob + "=" + v);
+            }
+            SearchParametersKV counting;
+            counting.count_scanned = true;
+            double attend_s = 0, recall = 0, scanned = 0;
+            double kind_recall[3] = {0, 0, 0}; // queries take needle, local, flat in turn
+            for (int i = 0; i < n_queries; i++) {
+                auto t0 = Clock::now();
+                index->attend(1, head.queries[i], out.data(), nullptr);
+                attend_s += seconds_since(t0);
+                std::vector<float> dis(k);
+                std::vector<idx_t> ids(k);
+                index->search(1, head.queries[i], k, dis.data(), ids.data());
+                for (idx_t id : ids) {
+                    bool hit = std::binary_search(truth[i].begin(), truth[i].end(), id);
+                    recall += hit;
+                    kind_recall[i % 3] += hit;
+                }
+                Selection sel;
+                index->select(1, head.queries[i], &sel, &counting);
+                scanned += double(sel.n_scanned);
+            }
+            Point p;
+            p.index = factory;
+            p.knob = knob.empty() ? "" : knob + "=" + v;
+            p.value = knob.empty() ? 0 : std::stod(v);
+            p.recall = recall / (double(k) * n_queries);
+            for (int c = 0; c < 3; c++) {
+                p.kind_recall[c] = kind_recall[c] / (double(k) * ((n_queries + 2 - c) / 3));
+            }
+            p.scanned = scanned / (double(n) * n_queries);
+            p.us = 1e6 * attend_s / n_queries;
+            p.speedup = dense_us / p.us;
+            p.build_s = build_s;
+            p.bytes = double(index->memory_bytes()) / n;
+            points.push_back(p);
+            std::printf("%-28s %-14s %8.3f %6.3f/%6.3f/%6.3f %8.2f%% %10.1f %9.2f %8.2f %10.0f\n",
+                        factory.c_str(), p.knob.c_str(), p.recall, p.kind_recall[0],
+                        p.kind_recall[1], p.kind_recall[2], 100 * p.scanned, p.us, p.speedup, build_s, p.bytes);
+            std::fflush(stdout);
+        }
+    }
+    if (!json.empty()) {
+        std::ofstream f(json);
+        f << "{\"tokens\": " << n << ", \"queries\": " << n_queries << ", \"dense_us\": " << dense_us
+          << ", \"points\": [\n";
+        for (size_t i = 0; i < points.size(); i++) {
+            const Point& p = points[i];
+            f << "  {\"index\": \"" << p.index << "\", \"knob\": \"" << p.knob
+              << "\", \"recall\": " << p.recall << ", \"recall_needle\": " << p.kind_recall[0]
+              << ", \"recall_local\": " << p.kind_recall[1]
+              << ", \"recall_flat\": " << p.kind_recall[2] << ", \"scanned\": " << p.scanned
+              << ", \"us\": " << p.us << ", \"speedup\": " << p.speedup
+              << ", \"build_s\": " << p.build_s << ", \"bytes_per_token\": " << p.bytes << "}"
+              << (i + 1 < points.size() ? ",\n" : "\n");
+        }
+        f << "]}\n";
+    }
+    return 0;
+}
