@@ -7,8 +7,10 @@
 //
 // An index is STRING[@knob=v1,v2,...]: built once, then measured at each
 // value of the knob. Per point: recall@100 of the exact top-100 (search),
-// keys scanned by the retrieval per query (Selection::n_scanned) as a
-// fraction of the context, µs per attend (one query, one thread) and the
+// keys read per query (Selection::n_scanned, what the retrieval scored,
+// plus the size of the selection: a sampler's keys are read by the
+// estimator; a retriever's top-k, already scored, count twice, k/n more)
+// as a fraction of the context, µs per attend (one query, one thread) and the
 // speed-up over the dense kernel timed in the same run; per index: build
 // seconds (prefill, all threads) and bytes per token.
 
@@ -110,7 +112,7 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
             }
             Selection sel;
             index->select(1, head.queries[i], &sel, &counting);
-            scanned += double(sel.n_scanned);
+            scanned += double(sel.n_scanned + sel.size());
         }
         std::printf("%-28s %-22s %9zd %9zd %8.3f %8.3f (%5zd) %8.2f%% %10.1f\n", spec.c_str(), what,
                     size_t(held), size_t(appended), recall / (double(k) * n_queries),
@@ -119,7 +121,7 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
         std::fflush(stdout);
     };
     std::printf("%-28s %-22s %9s %9s %8s %16s %9s %10s\n", "index", "build", "keys", "appended",
-                "recall", "appended_found", "scanned%", "seconds");
+                "recall", "appended_found", "read%", "seconds");
     auto index = index_factory(d, spec);
     auto t0 = Clock::now();
     prefill(index.get(), n);
@@ -213,7 +215,7 @@ int main(int argc, char** argv) {
     double dense_us = 1e6 * dense_s / n_queries;
     std::printf("tokens %zd, %d queries, dense %.1f us/query\n", size_t(n), n_queries, dense_us);
     std::printf("%-28s %-14s %8s %20s %9s %10s %9s %8s %10s\n", "index", "knob", "recall",
-                "needle/local/flat", "scanned%", "us/query", "speedup", "build_s", "bytes/tok");
+                "needle/local/flat", "read%", "us/query", "speedup", "build_s", "bytes/tok");
     std::vector<Point> points;
     for (const std::string& spec : specs) {
         size_t at = spec.find('@');
@@ -252,7 +254,9 @@ int main(int argc, char** argv) {
                 }
                 Selection sel;
                 index->select(1, head.queries[i], &sel, &counting);
-                scanned += double(sel.n_scanned);
+                // keys read: the retrieval's, plus the selection's that it
+                // did not score (a sampler's keys; counted once for the others)
+                scanned += double(sel.n_scanned + sel.size());
             }
             Point p;
             p.index = factory;

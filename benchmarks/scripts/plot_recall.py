@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
-"""Recall@100 vs keys scanned, from bench_recall JSON files.
+"""Recall@k vs keys read, from bench_recall or kvbench JSON files.
 
     .venv/bin/python benchmarks/scripts/plot_recall.py OUT.png run.json [run2.json ...] \
         [--reference NAME=FILE]
 
 One line per index of each file (its sweep of efSearch / nprobe; single
-points for indexes without a sweep), x = keys the retrieval scanned per
-query as a percentage of the context (log scale), y = recall@100 of the
-exact top-100. --reference adds a line from a text file of
+points for indexes without a sweep). bench_recall files: x = keys the
+retrieval scanned per query as a percentage of the context (log scale),
+y = recall@100 of the exact top-100. kvbench files (a real-model trace;
+one index string per point, "STRING|knobs" grouped by STRING): x =
+kvbench's touched fraction (vectors read, retrieval and attention, over
+2(p + 1)), y = recall@k. --reference adds a line from a text file of
 "scanned_percent recall" rows (e.g. the official RoarGraph build measured
 on the same keys and queries).
 """
@@ -35,25 +38,34 @@ def main(argv):
         return 2
     out, runs = paths[0], paths[1:]
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    xlabel = ""
     for path in runs:
         with open(path) as f:
             run = json.load(f)
         lines = OrderedDict()
-        for p in run["points"]:
-            lines.setdefault(p["index"], []).append(p)
-        suffix = f" ({run['tokens'] // 1024}k)" if len(runs) > 1 else ""
+        if "results" in run:  # kvbench
+            xlabel = "vectors read per query (kvbench touched, % of 2(p+1))"
+            for r in run["results"]:
+                if r.get("recall_at_k") is not None:
+                    lines.setdefault(r["index"].split("|")[0], []).append(
+                        (100 * r["touched_frac"], r["recall_at_k"]))
+            suffix = ""
+        else:
+            xlabel = "keys scanned per query (% of the context)"
+            for p in run["points"]:
+                lines.setdefault(p["index"], []).append((100 * p["scanned"], p["recall"]))
+            suffix = f" ({run['tokens'] // 1024}k)" if len(runs) > 1 else ""
         for name, pts in lines.items():
-            pts.sort(key=lambda p: p["scanned"])
-            xs = [100 * p["scanned"] for p in pts]
-            ys = [p["recall"] for p in pts]
-            ax.plot(xs, ys, marker="o", ms=3, label=name + suffix)
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
+                    label=name + suffix)
     for name, path in refs:
         rows = [list(map(float, line.split())) for line in open(path)
                 if line.strip() and not line.startswith("#")]
         ax.plot([r[0] for r in rows], [r[1] for r in rows], marker="x", ls="--", label=name)
     ax.set_xscale("log")
-    ax.set_xlabel("keys scanned per query (% of the context)")
-    ax.set_ylabel("recall@100 of the exact top-100")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("recall@k of the exact top-k")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")

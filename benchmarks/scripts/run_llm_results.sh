@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph]...
+# (roargraph reads the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=benchmarks/results/llm
@@ -49,6 +50,23 @@ for what in "${@:-e2e needle trace}"; do
       done | tee "$OUT/speed.txt"
       $KVLLM generate --prompt "Write a short story about a lighthouse keeper." --chat --max-new 128 \
           2>&1 >/dev/null | tail -1 | tee -a "$OUT/speed.txt" ;;
+    roargraph)
+      # recall@100 vs vectors read on the real trace, and RoarGraph's fidelity rows
+      sweep=(--index Flat --index "TopK(Flat)" --index "LSHSample10x150" --index "LSHSample8x75")
+      for ef in 100 200 400; do sweep+=(--index "RoarGraph32|efSearch=$ef"); done
+      for ef in 100 200 400 800; do sweep+=(--index "TopK(HNSW16)|efSearch=$ef"); done
+      for np in 4 8 16 32; do sweep+=(--index "TopK(IVF64,Flat)|nprobe=$np"); done
+      ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers 0,4,8,16,24,29 --max-queries 64 \
+          "${sweep[@]}" --params k=100 \
+          --json "$OUT/roargraph_smollm2_8k.json" | tee "$OUT/roargraph_smollm2_8k.txt"
+      rg=(--index Flat --index "TopK(Flat)|k=2%" --index "TopK(Flat)|k=5%"
+          --index "RoarGraph32|k=2%" --index "RoarGraph32|k=5%" --index "Sink4,Window64,RoarGraph32|k=5%"
+          --index "TopK(HNSW16)|k=5%")
+      $KVLLM e2e --text-file "$DOC" --context 2048,8192 --eval 64 "${rg[@]}" \
+          --json "$OUT/roargraph_e2e.json" | tee "$OUT/roargraph_e2e.txt"
+      $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.3,0.5,0.7,0.9 \
+          --index Flat --index "TopK(Flat)|k=2%" --index "RoarGraph32|k=2%" --index "TopK(HNSW16)|k=2%" \
+          --json "$OUT/roargraph_needle.json" | tee "$OUT/roargraph_needle.txt" ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
   esac
 done

@@ -40,9 +40,10 @@ void exact_topk_blocked(
  *
  * Build (prefill), per KV head, from the prefill queries of its GQA group:
  *  1. training queries: all of them, or a seeded sample of
- *     max_train_queries when there are more (their exact lists cost
- *     n_train * n * d multiply-adds: 8192 keep a 128k-key build under
- *     ~6 s of BLAS on 2 cores, and 4x more queries gained ~0.01 recall);
+ *     max_train_queries (16384) when there are more: their exact lists
+ *     cost n_train * n * d multiply-adds, the largest part of the build
+ *     (128k keys: 8192 queries, 17 s in all on 2 cores; 16384, 22 s and
+ *     +0.02 recall at equal keys read; 24576, 28 s and +0.03);
  *  2. each one's exact top-Nq keys by inner product, over every key of the
  *     prompt (not causally: the graph serves decode queries, which see
  *     them all), by blocked matrix products (exact_topk_blocked);
@@ -92,7 +93,7 @@ struct IndexRoarGraph : KVIndex {
     int M = 32;                      ///< out-degree of the projection; degree bound 2M
     int Nq = 100;                    ///< exact neighbours per training query
     int build_L = 64;                ///< beam of the connectivity searches and inserts
-    idx_t max_train_queries = 8192;  ///< training queries at most (seeded sample)
+    idx_t max_train_queries = 16384; ///< training queries at most (seeded sample)
     int efSearch = 128;              ///< beam of the searches (at least k)
     uint64_t seed = 1234;            ///< with `stream`, seeds the query sample
     uint64_t stream = 0;             ///< one stream per (layer, head): set by KVCache
