@@ -556,7 +556,7 @@ bool IndexRoarGraph::add_in_edge(idx_t c, idx_t x, bool force, const std::vector
 bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
     int R = max_degree();
     bool lost = false;
-    std::vector<std::vector<int32_t>> found, reached;
+    std::vector<std::vector<int32_t>> found, reached, anchored;
     size_t pos = 0;
     while (pos < keys.size()) {
         size_t batch = growing ? std::max<size_t>(1, std::min<size_t>(pos, kLinkBatch))
@@ -564,6 +564,7 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
         batch = std::min(batch, keys.size() - pos);
         found.assign(batch, {});
         reached.assign(batch, {});
+        anchored.assign(batch, {});
         // searched in parallel on the graph as it is before the batch
         parallel_for(idx_t(batch), [&](idx_t j) {
             idx_t x = keys[pos + j];
@@ -580,6 +581,9 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
                 }
             }
             found[j] = prune(*this, x, cands, M);
+            if (x >= n_prompt) {
+                anchored[j] = anchor_pivots_of(xf.data(), x);
+            }
         });
         // applied in key order: the graph does not depend on the threads
         for (size_t j = 0; j < batch; j++) {
@@ -592,6 +596,13 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
                 }
             }
             bool linked = x == entry_point; // needs an in-edge from a key the walk reached
+            for (int32_t c : anchored[j]) {
+                if (degrees[x] < R && std::find(row, row + degrees[x], c) == row + degrees[x]) {
+                    row[degrees[x]++] = c;
+                    in_degrees[c]++;
+                }
+                linked = add_in_edge(c, x, false, keys) || linked;
+            }
             for (int32_t c : found[j]) {
                 linked = add_in_edge(c, x, false, keys) || linked;
             }
@@ -694,6 +705,8 @@ void IndexRoarGraph::prefill_impl(const PrefillInput& in) {
             // 3. projection
             project(lists, nq);
             choose_hubs(lists, n);
+            choose_anchors(train, lists, nq);
+            n_prompt = n;
             // 4. connectivity: the keys the projection left with few edges
             // (most keys are in no query's list) are linked by search; the
             // others already have the queries' edges
@@ -733,12 +746,67 @@ void IndexRoarGraph::choose_hubs(const std::vector<idx_t>& lists, idx_t n) {
     std::sort(hubs.begin(), hubs.end());
 }
 
+void IndexRoarGraph::choose_anchors(
+        const std::vector<float>& train,
+        const std::vector<idx_t>& lists,
+        idx_t n_lists) {
+    // evenly spread over the (sorted) sample: every head and position range
+    idx_t na = std::min(n_anchors, n_lists);
+    anchor_queries.resize(size_t(na) * d);
+    anchor_pivots.resize(na);
+    anchor_thresholds.resize(na);
+    std::vector<float> k(d);
+    for (idx_t a = 0; a < na; a++) {
+        idx_t src = a * n_lists / na;
+        const float* q = train.data() + src * d;
+        std::copy(q, q + d, anchor_queries.begin() + a * d);
+        const idx_t* list = lists.data() + src * Nq;
+        int last = 0;
+        while (last + 1 < Nq && list[last + 1] >= 0) {
+            last++;
+        }
+        anchor_pivots[a] = int32_t(list[0]);
+        storage.key(list[last], k.data());
+        float t = 0;
+        for (int j = 0; j < d; j++) {
+            t += q[j] * k[j];
+        }
+        anchor_thresholds[a] = t; // the score of its Nq-th key
+    }
+}
+
+std::vector<int32_t> IndexRoarGraph::anchor_pivots_of(const float* key, idx_t x) const {
+    idx_t na = idx_t(anchor_pivots.size());
+    std::vector<float> s(na);
+    inner_products_scaled(key, anchor_queries.data(), d, size_t(na), 1.0f, s.data());
+    std::vector<std::pair<float, int32_t>> hits; // (margin, pivot)
+    for (idx_t a = 0; a < na; a++) {
+        if (s[a] >= anchor_thresholds[a] && anchor_pivots[a] != x) {
+            hits.push_back({s[a] - anchor_thresholds[a], anchor_pivots[a]});
+        }
+    }
+    std::sort(hits.begin(), hits.end(), [](const auto& u, const auto& v) {
+        return u.first > v.first || (u.first == v.first && u.second < v.second);
+    });
+    std::vector<int32_t> out;
+    for (const auto& h : hits) {
+        if (out.size() < size_t(M) && std::find(out.begin(), out.end(), h.second) == out.end()) {
+            out.push_back(h.second);
+        }
+    }
+    return out;
+}
+
 void IndexRoarGraph::reset_impl() {
     storage.clear();
     neighbors.clear();
     degrees.clear();
     in_degrees.clear();
     hubs.clear();
+    anchor_queries.clear();
+    anchor_thresholds.clear();
+    anchor_pivots.clear();
+    n_prompt = 0;
     entry_point = -1;
     n_train_queries = 0;
     ntotal = 0;
@@ -762,6 +830,7 @@ std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
     info.push_back({"build_L", true, "beam of the linking searches (build and appends), >= 1"});
     info.push_back({"max_train_queries", true, "training queries at most (a seeded sample beyond), >= 1"});
     info.push_back({"n_hubs", true, "keys scored as extra entry points of every search (the keys in most training lists); -1: one per 256 prompt keys"});
+    info.push_back({"n_anchors", true, "training queries kept to link decode-time keys (0: none), >= 0"});
     info.push_back({"seed", true, "seed of the training sample (with the per-head stream), >= 0"});
     return info;
 }
@@ -773,6 +842,14 @@ bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
                 "parameter seed=%g must be a non-negative integer",
                 value);
         seed = uint64_t(value);
+        return true;
+    }
+    if (name == "n_anchors") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || is_positive_integer(value),
+                "parameter n_anchors=%g must be a non-negative integer",
+                value);
+        n_anchors = idx_t(value);
         return true;
     }
     if (name == "n_hubs") {
@@ -832,6 +909,8 @@ bool IndexRoarGraph::get_parameter(const std::string& name, double* value) const
         *value = double(seed);
     } else if (name == "n_hubs") {
         *value = double(n_hubs);
+    } else if (name == "n_anchors") {
+        *value = double(n_anchors);
     } else {
         return KVIndex::get_parameter(name, value);
     }
@@ -857,6 +936,11 @@ void IndexRoarGraph::write_fields(BufferWriter& w) const {
     w.value<int64_t>(entry_point);
     w.value<int64_t>(n_hubs);
     w.vector(hubs);
+    w.value<int64_t>(n_anchors);
+    w.value<int64_t>(n_prompt);
+    w.vector(anchor_queries);
+    w.vector(anchor_thresholds);
+    w.vector(anchor_pivots);
     storage.write(w);
     w.vector(degrees);
     w.vector(neighbors); // the in-degrees are counted from the edges
@@ -874,9 +958,14 @@ void IndexRoarGraph::read_fields(BufferReader& r, uint32_t) {
     entry_point = r.value<int64_t>("entry_point");
     n_hubs = r.value<int64_t>("n_hubs");
     hubs = r.vector<int32_t>("RoarGraph hubs");
+    n_anchors = r.value<int64_t>("n_anchors");
+    n_prompt = r.value<int64_t>("n_prompt");
+    anchor_queries = r.vector<float>("RoarGraph anchor queries");
+    anchor_thresholds = r.vector<float>("RoarGraph anchor thresholds");
+    anchor_pivots = r.vector<int32_t>("RoarGraph anchor pivots");
     FAISS_THROW_IF_NOT_FMT(
             M >= 2 && M <= kMaxM && Nq >= 1 && build_L >= 1 && max_train_queries >= 1 &&
-                    efSearch >= 1 && n_train_queries >= 0 && n_hubs >= -1,
+                    efSearch >= 1 && n_train_queries >= 0 && n_hubs >= -1 && n_anchors >= 0,
             "read_index: invalid RoarGraph parameters M=%d Nq=%d build_L=%d efSearch=%d",
             M,
             Nq,
@@ -913,6 +1002,22 @@ void IndexRoarGraph::check_graph() const {
             "IndexRoarGraph: %zd hubs, not distinct ids in [0, ntotal=%zd)",
             hubs.size(),
             size_t(n));
+    size_t na = anchor_pivots.size();
+    FAISS_THROW_IF_NOT_FMT(
+            n_prompt >= 0 && n_prompt <= n && anchor_queries.size() == na * size_t(d) &&
+                    anchor_thresholds.size() == na &&
+                    std::all_of(anchor_pivots.begin(), anchor_pivots.end(),
+                                [n](int32_t p) { return p >= 0 && p < n; }),
+            "IndexRoarGraph: %zd anchors (%zd query floats, %zd thresholds, d=%d) or "
+            "n_prompt=%zd disagree with ntotal=%zd",
+            na,
+            anchor_queries.size(),
+            anchor_thresholds.size(),
+            d,
+            size_t(n_prompt),
+            size_t(n));
+    check_finite(anchor_queries.data(), idx_t(na), size_t(d), "IndexRoarGraph: anchor queries");
+    check_finite(anchor_thresholds.data(), idx_t(na), 1, "IndexRoarGraph: anchor thresholds");
     for (idx_t i = 0; i < n; i++) {
         const int32_t* row = neighbors_of(i);
         FAISS_THROW_IF_NOT_FMT(

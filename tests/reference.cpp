@@ -16,7 +16,7 @@ std::vector<float> gaussian(size_t n, size_t d, uint64_t seed, float scale, floa
     return x;
 }
 
-std::vector<idx_t> ref_topk(const float* q, const float* keys, size_t d, idx_t n, idx_t k) {
+std::vector<double> ref_scores(const float* q, const float* keys, size_t d, idx_t n) {
     std::vector<double> s(n);
     for (idx_t i = 0; i < n; i++) {
         double acc = 0;
@@ -25,6 +25,11 @@ std::vector<idx_t> ref_topk(const float* q, const float* keys, size_t d, idx_t n
         }
         s[i] = acc;
     }
+    return s;
+}
+
+std::vector<idx_t> ref_topk(const float* q, const float* keys, size_t d, idx_t n, idx_t k) {
+    std::vector<double> s = ref_scores(q, keys, d, n);
     std::vector<idx_t> ids(n);
     std::iota(ids.begin(), ids.end(), 0);
     std::stable_sort(ids.begin(), ids.end(), [&](idx_t a, idx_t b) { return s[a] > s[b]; });

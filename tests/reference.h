@@ -15,6 +15,9 @@ using idx_t = int64_t;
 /// Seeded Gaussian matrix of n rows of dimension d, times `scale`, plus `offset`.
 std::vector<float> gaussian(size_t n, size_t d, uint64_t seed, float scale = 1.0f, float offset = 0.0f);
 
+/// <q, k_i> in double for each of the n keys (stride d).
+std::vector<double> ref_scores(const float* q, const float* keys, size_t d, idx_t n);
+
 /// Exact top-k by inner product: ids sorted by decreasing <q, k_i> (ties by id).
 std::vector<idx_t> ref_topk(const float* q, const float* keys, size_t d, idx_t n, idx_t k);
 

@@ -73,6 +73,14 @@ void exact_topk_blocked(
  * Tokens added later (add_kv: decode steps, or a prompt without queries)
  * are linked by step 4, each given an in-edge, so they are reachable at
  * once; a breadth-first check runs every 1024 tokens and after large adds.
+ * Step 4 alone links a key by its inner products with keys, which is not
+ * how queries find it; so prefill keeps n_anchors training queries
+ * (anchors) with their pivot and the score of their Nq-th key, and an
+ * appended key that would have entered an anchor's list is linked both
+ * ways with that anchor's pivot too (the projection, done for one key).
+ * Measured on the synthetic trace (32k keys, 4096 appended): the appended
+ * keys in the true top-100 are found 0.72 of the time instead of 0.50
+ * (0.87 had they been prefilled).
  *
  * Search: best-first beam of max(efSearch, k) from the entry point and the
  * hubs (the keys in the most training lists, one per 256 prompt keys:
@@ -87,7 +95,7 @@ void exact_topk_blocked(
  * Per call: SearchParametersTopK (IndexTopK.h), whose efSearch is the
  * beam width of graph retrievers, HNSW's and this one's alike.
  * Factory string: "RoarGraph<M>". Knobs: k, efSearch; prefill-time: M,
- * Nq, build_L, max_train_queries, n_hubs, seed.
+ * Nq, build_L, max_train_queries, n_hubs, n_anchors, seed.
  */
 struct IndexRoarGraph : KVIndex {
     int M = 32;                      ///< out-degree of the projection; degree bound 2M
@@ -98,6 +106,7 @@ struct IndexRoarGraph : KVIndex {
     uint64_t seed = 1234;            ///< with `stream`, seeds the query sample
     uint64_t stream = 0;             ///< one stream per (layer, head): set by KVCache
     idx_t n_hubs = -1;               ///< hubs to keep at prefill; -1: one per 256 prompt keys
+    idx_t n_anchors = 1024;          ///< training queries kept as anchors (see appends)
 
     KVStorage storage;               ///< keys and values of all tokens
     std::vector<int32_t> neighbors;  ///< size ntotal * 2M: row i = out-edges of i, -1 padded
@@ -108,6 +117,13 @@ struct IndexRoarGraph : KVIndex {
     /// size <= ntotal, ascending: extra entry points of every search (the
     /// keys in the most training lists), scored before the walk
     std::vector<int32_t> hubs;
+    /// size n_anchor * d: training queries kept for linking decode-time keys
+    std::vector<float> anchor_queries;
+    /// size n_anchor: the score of each anchor's Nq-th key (its list's bar)
+    std::vector<float> anchor_thresholds;
+    /// size n_anchor: each anchor's best key
+    std::vector<int32_t> anchor_pivots;
+    idx_t n_prompt = 0;              ///< keys the last prefill built from; later ones are appended
     idx_t n_train_queries = 0;       ///< training queries the last prefill used
 
     IndexRoarGraph(int d, int d_value, int M, KVType kv_type = KVType::f32);
@@ -201,6 +217,14 @@ struct IndexRoarGraph : KVIndex {
     bool add_in_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep);
     /// Hubs from the training lists of a prompt of n keys.
     void choose_hubs(const std::vector<idx_t>& lists, idx_t n);
+    /// Keeps n_anchors of the training queries, with their pivots and bars.
+    void choose_anchors(
+            const std::vector<float>& train,
+            const std::vector<idx_t>& lists,
+            idx_t n_lists);
+    /** The pivots of the anchors whose exact lists key x would have
+     * entered (score >= bar), best margin first, at most M. */
+    std::vector<int32_t> anchor_pivots_of(const float* key, idx_t x) const;
     /// Counts in_degrees from the edges.
     void count_in_degrees();
     /// Keys the projection left with fewer out-edges than this are linked
