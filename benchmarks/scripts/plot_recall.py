@@ -51,7 +51,7 @@ def main(argv):
                         (100 * r["touched_frac"], r["recall_at_k"]))
             suffix = ""
         else:
-            xlabel = "keys scanned per query (% of the context)"
+            xlabel = "keys read per query (retrieval + selection, % of the context)"
             for p in run["points"]:
                 lines.setdefault(p["index"], []).append((100 * p["scanned"], p["recall"]))
             suffix = f" ({run['tokens'] // 1024}k)" if len(runs) > 1 else ""
