@@ -27,12 +27,13 @@ constexpr int kMaxRepairRounds = 16;
 constexpr idx_t kCheckEvery = 1024; // appended tokens between reachability checks
 constexpr idx_t kKeysPerHub = 256;  // default hubs: 1 per 256 prompt keys
 
-/// One entry of a beam: larger score = better (inner product with a query,
-/// or 2<x, k> - |k|^2 = |x|^2 - |x - k|^2 when the query is a key x).
+/// A key and its inner product with a query (or with a key: a pivot, a key
+/// being linked); larger = closer. In a beam, `expanded` marks the keys
+/// whose neighbours were scored.
 struct Candidate {
     float score;
     int32_t id;
-    bool expanded;
+    bool expanded = false;
 };
 
 inline bool ranks_before(const Candidate& a, const Candidate& b) {
@@ -378,15 +379,6 @@ float IndexRoarGraph::attend_one(const float* q, float* out, const faiss::Search
 
 namespace {
 
-struct Neighbor {
-    float sim; ///< inner product with the pivot
-    int32_t id;
-};
-
-inline bool closer(const Neighbor& a, const Neighbor& b) {
-    return a.sim > b.sim || (a.sim == b.sim && a.id < b.id);
-}
-
 /// Closeness of key x to each of `ids`: their inner products.
 void similarities_to(
         const IndexRoarGraph& g,
@@ -407,12 +399,12 @@ void similarities_to(
 std::vector<int32_t> prune(
         const IndexRoarGraph& g,
         idx_t pivot,
-        const std::vector<Neighbor>& cands,
+        const std::vector<Candidate>& cands,
         int max_keep) {
     std::vector<int32_t> kept, dropped;
     std::vector<int64_t> kept64;
     std::vector<float> xf, sim(max_keep);
-    for (const Neighbor& c : cands) {
+    for (const Candidate& c : cands) {
         if (kept.size() >= size_t(max_keep)) {
             break;
         }
@@ -422,7 +414,7 @@ std::vector<int32_t> prune(
         similarities_to(g, c.id, kept64.data(), kept64.size(), xf, sim.data());
         bool occluded = false;
         for (size_t r = 0; r < kept.size() && !occluded; r++) {
-            occluded = sim[r] > c.sim;
+            occluded = sim[r] > c.score;
         }
         if (occluded) {
             dropped.push_back(c.id);
@@ -438,18 +430,18 @@ std::vector<int32_t> prune(
 }
 
 /// The candidates `ids` (distinct, pivot excluded) sorted closest to pivot first.
-std::vector<Neighbor> sorted_by_similarity(
+std::vector<Candidate> sorted_by_similarity(
         const IndexRoarGraph& g,
         idx_t pivot,
         const std::vector<int32_t>& ids) {
     std::vector<int64_t> ids64(ids.begin(), ids.end());
     std::vector<float> sim(ids.size()), xf;
     similarities_to(g, pivot, ids64.data(), ids64.size(), xf, sim.data());
-    std::vector<Neighbor> out(ids.size());
+    std::vector<Candidate> out(ids.size());
     for (size_t j = 0; j < ids.size(); j++) {
         out[j] = {sim[j], ids[j]};
     }
-    std::sort(out.begin(), out.end(), closer);
+    std::sort(out.begin(), out.end(), ranks_before);
     return out;
 }
 
@@ -514,7 +506,7 @@ void IndexRoarGraph::project(const std::vector<idx_t>& lists, idx_t n_lists) {
     count_in_degrees();
 }
 
-bool IndexRoarGraph::add_in_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep) {
+bool IndexRoarGraph::add_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep) {
     int R = max_degree();
     int32_t* row = neighbors.data() + size_t(c) * R;
     int deg = degrees[c];
@@ -554,7 +546,6 @@ bool IndexRoarGraph::add_in_edge(idx_t c, idx_t x, bool force, const std::vector
 }
 
 bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
-    int R = max_degree();
     bool lost = false;
     std::vector<std::vector<int32_t>> found, reached, anchored;
     size_t pos = 0;
@@ -573,10 +564,10 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
             storage.key(x, xf.data());
             walk(*this, size_t(std::min<idx_t>(build_L, ntotal)), false, s,
                  InnerProductScore{xf.data(), storage.key_rows()});
-            std::vector<Neighbor> cands;
+            std::vector<Candidate> cands;
             for (const Candidate& c : s.beam) {
                 if (c.id != x) {
-                    cands.push_back({c.score, c.id});
+                    cands.push_back(c);
                     reached[j].push_back(c.id);
                 }
             }
@@ -588,29 +579,22 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
         // applied in key order: the graph does not depend on the threads
         for (size_t j = 0; j < batch; j++) {
             idx_t x = keys[pos + j];
-            int32_t* row = neighbors.data() + size_t(x) * R;
             for (int32_t c : found[j]) {
-                if (degrees[x] < R && std::find(row, row + degrees[x], c) == row + degrees[x]) {
-                    row[degrees[x]++] = c;
-                    in_degrees[c]++;
-                }
+                add_edge(x, c, false, keys); // while x's row has room
             }
             bool linked = x == entry_point; // needs an in-edge from a key the walk reached
             for (int32_t c : anchored[j]) {
-                if (degrees[x] < R && std::find(row, row + degrees[x], c) == row + degrees[x]) {
-                    row[degrees[x]++] = c;
-                    in_degrees[c]++;
-                }
-                linked = add_in_edge(c, x, false, keys) || linked;
+                add_edge(x, c, false, keys);
+                linked = add_edge(c, x, false, keys) || linked;
             }
             for (int32_t c : found[j]) {
-                linked = add_in_edge(c, x, false, keys) || linked;
+                linked = add_edge(c, x, false, keys) || linked;
             }
             // no neighbour had room for x: the closest reached key with
             // room takes it, else the closest one that can trade an edge
             for (int force = 0; force < 2 && !linked; force++) {
                 for (size_t r = 0; r < reached[j].size() && !linked; r++) {
-                    linked = add_in_edge(reached[j][r], x, force == 1, keys);
+                    linked = add_edge(reached[j][r], x, force == 1, keys);
                 }
             }
             lost = lost || !linked;

@@ -64,6 +64,26 @@ std::vector<idx_t> exact_topk_ids(const float* q, const float* keys, int d, idx_
     return ids;
 }
 
+/** The first m tokens of a scaling head as prefill takes them, with the
+ * queries of the group's heads copied head-major into `queries`. */
+PrefillInput prompt_of(const TraceLayer& layer, size_t n_tokens, int64_t m, int group, int d,
+                       std::vector<float>& queries) {
+    queries.resize(size_t(group) * m * d);
+    for (int h = 0; h < group; h++) {
+        std::copy(layer.queries.begin() + size_t(h) * n_tokens * d,
+                  layer.queries.begin() + (size_t(h) * n_tokens + m) * d,
+                  queries.begin() + size_t(h) * m * d);
+    }
+    PrefillInput in;
+    in.n_tokens = m;
+    in.keys = layer.keys.data();
+    in.values = layer.values.data();
+    in.n_queries = m;
+    in.n_query_heads = group;
+    in.queries = queries.data();
+    return in;
+}
+
 /** Decode-time appends: prefill n tokens, append n_append one at a time,
  * and at checkpoints measure recall@k of the evaluation queries over the
  * keys held, the share of the appended keys in their top-k that is found,
@@ -75,20 +95,8 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
     const TraceLayer& layer = head.layer;
     size_t n_tokens = size_t(n + n_append) + n_queries;
     auto prefill = [&](KVIndex* index, int64_t m) {
-        std::vector<float> pq(size_t(group) * m * d);
-        for (int h = 0; h < group; h++) {
-            std::copy(layer.queries.begin() + size_t(h) * n_tokens * d,
-                      layer.queries.begin() + (size_t(h) * n_tokens + m) * d,
-                      pq.begin() + size_t(h) * m * d);
-        }
-        PrefillInput in;
-        in.n_tokens = m;
-        in.keys = layer.keys.data();
-        in.values = layer.values.data();
-        in.n_queries = m;
-        in.n_query_heads = group;
-        in.queries = pq.data();
-        index->prefill(in);
+        std::vector<float> queries;
+        index->prefill(prompt_of(layer, n_tokens, m, group, d, queries));
     };
     auto measure = [&](const KVIndex* index, const char* what, int64_t appended, double seconds) {
         idx_t held = index->ntotal;
@@ -182,35 +190,17 @@ int main(int argc, char** argv) {
     kvbench::ScalingHead head = kvbench::scaling_head(n, n_queries, d);
     const TraceLayer& layer = head.layer;
     size_t n_tokens = size_t(n) + n_queries;
-    // the prompt's queries, head-major, as prefill hands them over
-    std::vector<float> prompt_queries(size_t(group) * n * d);
-    for (int h = 0; h < group; h++) {
-        std::copy(layer.queries.begin() + size_t(h) * n_tokens * d,
-                  layer.queries.begin() + (size_t(h) * n_tokens + n) * d,
-                  prompt_queries.begin() + size_t(h) * n * d);
-    }
-    PrefillInput in;
-    in.n_tokens = n;
-    in.keys = layer.keys.data();
-    in.values = layer.values.data();
-    in.n_queries = n;
-    in.n_query_heads = group;
-    in.queries = prompt_queries.data();
+    std::vector<float> prompt_queries;
+    PrefillInput in = prompt_of(layer, n_tokens, n, group, d, prompt_queries);
     // exact reference: top-100 and dense timing
     std::vector<std::vector<idx_t>> truth(n_queries);
-    std::vector<float> out(d), s(n);
+    std::vector<float> out(d);
     double dense_s = 0;
     for (int i = 0; i < n_queries; i++) {
         auto t0 = Clock::now();
         exact_attention(head.queries[i], layer.keys.data(), layer.values.data(), d, d, n, out.data());
         dense_s += seconds_since(t0);
-        inner_products_scaled(head.queries[i], layer.keys.data(), d, n, 1.0f, s.data());
-        std::vector<idx_t> ids(n);
-        std::iota(ids.begin(), ids.end(), 0);
-        std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
-                          [&](idx_t a, idx_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
-        truth[i].assign(ids.begin(), ids.begin() + k);
-        std::sort(truth[i].begin(), truth[i].end());
+        truth[i] = exact_topk_ids(head.queries[i], layer.keys.data(), d, n, k);
     }
     double dense_us = 1e6 * dense_s / n_queries;
     std::printf("tokens %zd, %d queries, dense %.1f us/query\n", size_t(n), n_queries, dense_us);

@@ -209,12 +209,12 @@ struct IndexRoarGraph : KVIndex {
     void repair_reachability();
     /// Keys the entry point does not reach (breadth-first).
     std::vector<idx_t> unreachable_keys() const;
-    /** Makes x an out-neighbour of c if c's row has room, or, when `force`,
-     * in place of c's least similar neighbour that has another in-edge and
-     * is not in `keep` (sorted: the keys being linked, whose in-edges may
-     * be their only ones from the reachable graph). Returns whether c now
-     * links to x. */
-    bool add_in_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep);
+    /** Adds the edge c -> x if c's row has room, or, when `force`, in place
+     * of c's least similar neighbour that has another in-edge and is not in
+     * `keep` (sorted: the keys being linked, whose in-edges may be their
+     * only ones from the reachable graph). Returns whether c now links to
+     * x. */
+    bool add_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep);
     /// Hubs from the training lists of a prompt of n keys.
     void choose_hubs(const std::vector<idx_t>& lists, idx_t n);
     /// Keeps n_anchors of the training queries, with their pivots and bars.
