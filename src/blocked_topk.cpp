@@ -10,25 +10,8 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include "blas.h"
 #include "parallel.h"
-
-extern "C" {
-// Fortran BLAS, as Faiss declares it (column-major)
-int sgemm_(
-        const char* transa,
-        const char* transb,
-        const int* m,
-        const int* n,
-        const int* k,
-        const float* alpha,
-        const float* a,
-        const int* lda,
-        const float* b,
-        const int* ldb,
-        const float* beta,
-        float* c,
-        const int* ldc);
-}
 
 namespace kvindex {
 
@@ -80,9 +63,7 @@ void exact_topk_blocked(
         for (idx_t k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
             int nk = int(std::min(kKeyBlock, n_keys - k0));
             // scores (row-major nq x nk) = queries_block * keys_block^T
-            float one = 1, zero = 0;
-            sgemm_("T", "N", &nk, &nq, &d, &one, keys + k0 * d, &d, queries + q0 * d, &d, &zero,
-                   scores.data(), &nk);
+            gemm_abt(nq, nk, d, queries + q0 * d, d, keys + k0 * d, d, scores.data(), nk);
             for (int i = 0; i < nq; i++) {
                 std::vector<Scored>& h = heaps[i];
                 const float* s = scores.data() + size_t(i) * nk;
