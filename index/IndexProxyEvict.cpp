@@ -15,6 +15,7 @@
 #include <kvindex/kernels.h>
 
 #include "checks.h"
+#include "random.h"
 
 namespace kvindex {
 
@@ -274,7 +275,7 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
     // probabilities softmax(F) (uniform for Random, where F = 0). Gumbel-top-k:
     // the largest F_j + G_j are a sample without replacement from softmax(F).
     std::vector<idx_t> rest(cand.begin() + b.n_top, cand.end());
-    std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * (stream + 1));
+    std::mt19937_64 rng(stream_seed(seed, stream));
     std::uniform_real_distribution<double> unif(0.0, 1.0);
     std::vector<double> key(n);
     for (idx_t j : rest) {

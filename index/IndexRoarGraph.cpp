@@ -15,6 +15,7 @@
 #include <kvindex/kernels.h>
 
 #include "checks.h"
+#include "random.h"
 #include "parallel.h"
 
 namespace kvindex {
@@ -665,7 +666,7 @@ void IndexRoarGraph::prefill_impl(const PrefillInput& in) {
             std::vector<idx_t> pick(n_all);
             std::iota(pick.begin(), pick.end(), idx_t(0));
             if (n_all > max_train_queries) {
-                std::mt19937_64 rng(seed + 0x9E3779B97F4A7C15ull * (stream + 1));
+                std::mt19937_64 rng(stream_seed(seed, stream));
                 for (idx_t i = 0; i < max_train_queries; i++) { // partial Fisher-Yates
                     std::uniform_int_distribution<idx_t> u(i, n_all - 1);
                     std::swap(pick[i], pick[u(rng)]);

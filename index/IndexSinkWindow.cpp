@@ -140,6 +140,8 @@ void IndexSinkWindow::prefill_impl(const PrefillInput& in) {
     mid.keys = in.keys + n_s * d;
     mid.values = in.values + n_s * d_value;
     mid.first_position = in.first_position + n_s;
+    // the inner index gets tokens only once the window is full
+    mid.n_after = in.n_after + n_window;
     inner->prefill(mid);
     sink.append(n_s, in.keys, in.values);
     idx_t n_w = in.n_tokens - n_s - n_mid;

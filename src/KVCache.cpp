@@ -195,6 +195,30 @@ void KVCache::attend(
     });
 }
 
+int KVCache::adopt_trained(const KVCache& trained) {
+    FAISS_THROW_IF_NOT_FMT(
+            trained.n_layers == n_layers && trained.n_kv_heads == n_kv_heads &&
+                    trained.d == d,
+            "KVCache::adopt_trained: the trained cache has %d layers x %d KV heads, d=%d; "
+            "this one %d layers x %d KV heads, d=%d",
+            trained.n_layers,
+            trained.n_kv_heads,
+            trained.d,
+            n_layers,
+            n_kv_heads,
+            d);
+    int adopted = 0;
+    for (int l = 0; l < n_layers; l++) {
+        if (std::find(dense_layers.begin(), dense_layers.end(), l) != dense_layers.end()) {
+            continue;
+        }
+        for (int h = 0; h < n_kv_heads; h++) {
+            adopted += index(l, h)->adopt_trained(*trained.index(l, h));
+        }
+    }
+    return adopted;
+}
+
 size_t KVCache::memory_bytes() const {
     size_t total = 0;
     for (auto& idx : indexes) {

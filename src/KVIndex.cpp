@@ -116,6 +116,8 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
             in.first_position >= 0,
             "prefill: first_position=%zd must be >= 0",
             size_t(in.first_position));
+    FAISS_THROW_IF_NOT_FMT(
+            in.n_after >= 0, "prefill: n_after=%zd must be >= 0", size_t(in.n_after));
     if (in.n_tokens > 0) {
         check_not_null(in.keys, "prefill: keys");
         check_not_null(in.values, "prefill: values");
@@ -456,6 +458,24 @@ void KVIndex::set_stream(uint64_t stream) {
     for (KVIndex* c : mutable_children()) {
         c->set_stream(stream);
     }
+}
+
+int KVIndex::adopt_trained(const KVIndex& trained) {
+    std::vector<KVIndex*> mine = mutable_children();
+    std::vector<const KVIndex*> theirs = trained.children();
+    FAISS_THROW_IF_NOT_FMT(
+            std::string(type_name()) == trained.type_name() && mine.size() == theirs.size(),
+            "adopt_trained: the trained index is a %s with %zu children, this one a %s "
+            "with %zu: build both from the same factory string",
+            trained.type_name(),
+            theirs.size(),
+            type_name(),
+            mine.size());
+    int adopted = 0;
+    for (size_t i = 0; i < mine.size(); i++) {
+        adopted += mine[i]->adopt_trained(*theirs[i]);
+    }
+    return adopted;
 }
 
 idx_t KVIndex::top_k_budget() const {

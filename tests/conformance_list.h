@@ -52,6 +52,10 @@ inline const ConformanceCase kConformance[] = {
         {"RoarGraph8", "k=7,efSearch=24", "k=1000000"},
         {"Sink2,Window8,RoarGraph6", "k=7,efSearch=12", "k=1000000"},
         {"FP16,RoarGraph8", "k=7,efSearch=20", "k=1000000"},
+        // SAAP's asymmetric partitions, self-trained at prefill
+        {"IVFAsym4", "k=7,nprobe=2", "nprobe=4"},
+        {"Sink2,Window8,IVFAsym4_Centroid", "k=7,nprobe=3,group_probe=1", "nprobe=4"},
+        {"BF16,IVFAsym4_CentroidRoPE", "k=7,nprobe=1", "nprobe=4"},
 };
 
 } // namespace kvtest

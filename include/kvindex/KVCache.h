@@ -91,6 +91,17 @@ struct KVCache {
             float* lse,
             const faiss::SearchParameters* params = nullptr) const;
 
+    /** Takes the offline-trained models of `trained` (a cache read with
+     * read_cache, e.g. what `kvllm train` wrote) into the indexes of every
+     * sparse layer (those not in dense_layers), before their prefill:
+     * index(l, h)->adopt_trained(*trained.index(l, h)) (KVIndex.h). The
+     * dense layers keep their own string and adopt nothing. Throws naming
+     * the mismatch when n_layers, n_kv_heads or d differ, or when a chain
+     * differs from trained's. Returns how many indexes adopted something
+     * (0: nothing in the string is trained offline).
+     */
+    int adopt_trained(const KVCache& trained);
+
     size_t memory_bytes() const;
 
    private:

@@ -92,6 +92,11 @@ struct PrefillInput {
     /// absolute position of keys[0]: 0 for a whole prompt, n_sink for the
     /// inner index of a sink/window wrapper
     idx_t first_position = 0;
+    /// tokens of the sequence the caller keeps after the last of these
+    /// (a sink/window wrapper's window): once this index holds tokens,
+    /// the query of a decode step is at position first_position + ntotal
+    /// + n_after - 1 (types that undo RoPE need it: IVFAsym)
+    idx_t n_after = 0;
 
     RopeParams rope;               ///< the model's RoPE parameters
 };
@@ -280,6 +285,15 @@ struct KVIndex : faiss::Index {
      * types drawing random numbers at prefill differ across heads. The
      * default hands it to the children; a type that samples keeps it. */
     virtual void set_stream(uint64_t stream);
+
+    /** Takes the offline-trained parts (IVFAsym: centroids and Q-model) of
+     * `trained`, an index built from the same factory string and trained
+     * elsewhere (kvllm train, IVFAsymTrainer), so that the next prefill
+     * starts from them. Returns how many indexes of this chain adopted
+     * something (0: nothing in it is trained offline). The default pairs
+     * each child with trained's child at the same place; throws when the
+     * chains differ. */
+    virtual int adopt_trained(const KVIndex& trained);
 
     /// The k of the top-k retrieval inside this index (what recall@k
     /// measures), 0 when it has none. Default: the first child's.

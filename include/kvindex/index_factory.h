@@ -22,6 +22,11 @@
  *            | "TopK(" faiss-string ")"    top-k attention, Faiss retriever (IndexTopK)
  *            | "LSHSample" K "x" L         LSH sampling + unbiased estimator (IndexLSHSample)
  *            | "RoarGraph" M               graph from the prefill queries, top-k (IndexRoarGraph)
+ *            | "IVFAsym" C [ "_Centroid" | "_CentroidRoPE" ]
+ *                                          C k-means buckets of de-RoPEd keys, queries routed by
+ *                                          the trained Q-model (SAAP) or, as baselines, by the
+ *                                          nearest centroid of the de-RoPEd / RoPEd query;
+ *                                          exact attention over the probed buckets (IndexIVFAsym)
  *
  * Sink / Window (either or both, any order) wrap the rest of the chain in an
  * IndexSinkWindow. The Faiss string inside TopK(...) is any string
@@ -29,7 +34,7 @@
  * "IVF256,Flat", "HNSW32", ... Examples: "Flat", "TopK(HNSW32)",
  * "Sink4,Window64,TopK(IVF1024,Flat)", "ProxyEvict20", "ProxyEvict10_H2O",
  * "ProxyEvict20,TopK(HNSW32)", "TopK(IVF256,Flat)|k=50,nprobe=16",
- * "BF16,Flat", "FP16,Sink4,Window64,TopK(HNSW32)".
+ * "BF16,Flat", "FP16,Sink4,Window64,TopK(HNSW32)", "Sink1,Window63,IVFAsym64|nprobe=2".
  *
  * Each element is parsed by the type that owns it, found through the
  * registry (registry.h): the list above is what the built-in rows accept.

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include <kvindex/KVCache.h>
 #include <kvindex/KVIndex.h>
 
 /* Serialization. Faiss 1.7.3 cannot write foreign index types, so kvindex
@@ -68,5 +69,36 @@ inline std::unique_ptr<KVIndex> read_index(const std::vector<uint8_t>& buffer) {
 /// inner indexes: they write and read them where their fields say.
 void write_index_record(const KVIndex* index, BufferWriter& w);
 std::unique_ptr<KVIndex> read_index_record(BufferReader& r);
+
+/* A whole KVCache (KVCache.h) in one file, e.g. the offline-trained
+ * models of every (layer, KV head) that `kvllm train` writes:
+ *
+ *   "KVCC" | u32 cache format version | u64 payload size | u32 CRC-32 of payload | payload
+ *
+ * payload: i32 n_layers, n_q_heads, n_kv_heads, d, d_value | string
+ * index_string | string dense_string | vector<i32> dense_layers | u8
+ * has_rope, f64 RoPE theta, u8 RoPE style | u32 format version of the index
+ * records (kIndexFormatVersion when written) | u64 record count | that many
+ * index records (the payload grammar above), layer-major: (layer, head) at
+ * layer * n_kv_heads + head.
+ *
+ * The indexes are read, not rebuilt (their tokens and trained models are
+ * in the records). Reading checks the checksum, the shape against the
+ * limits and itself (n_q_heads a multiple of n_kv_heads, dense layers in
+ * range), the record count, and that every record has the cache's d and
+ * d_value and is the type its layer's string builds.
+ */
+
+/// Format version of the cache container this build writes (it reads 1 .. this).
+constexpr uint32_t kCacheFormatVersion = 1;
+
+void write_cache(const KVCache& cache, const std::string& fname);
+void write_cache(const KVCache& cache, std::vector<uint8_t>* buffer);
+
+std::unique_ptr<KVCache> read_cache(const std::string& fname);
+std::unique_ptr<KVCache> read_cache(const uint8_t* data, size_t size);
+inline std::unique_ptr<KVCache> read_cache(const std::vector<uint8_t>& buffer) {
+    return read_cache(buffer.data(), buffer.size());
+}
 
 } // namespace kvindex

@@ -18,6 +18,7 @@ from ._kvindex import (  # noqa: F401
     IndexLSHSample,
     IndexProxyEvict,
     IndexRoarGraph,
+    IndexIVFAsym,
     IndexSinkWindow,
     IndexTopK,
     IndexTypeInfo,

@@ -13,6 +13,7 @@
 
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexLSHSample.h>
+#include <kvindex/IndexIVFAsym.h>
 #include <kvindex/IndexRoarGraph.h>
 #include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
@@ -390,6 +391,12 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
                 py::gil_scoped_release release;
                 s.reset();
             }, "removes every token; the knobs stay")
+            .def("adopt_trained", [](KVIndex& s, const KVIndex& trained) {
+                py::gil_scoped_release release;
+                return s.adopt_trained(trained);
+            }, py::arg("trained"),
+                 "takes the offline-trained parts (IVFAsym models) of an index built from the same "
+                 "string; returns how many indexes of the chain adopted something")
             .def("memory_bytes", &KVIndex::memory_bytes)
             .def("check_invariants", &KVIndex::check_invariants)
             .def("children", [](KVIndex& s) { return s.mutable_children(); }, py::return_value_policy::reference_internal,
@@ -509,6 +516,64 @@ max_train_queries, n_hubs, seed.)doc")
             .def("count_reachable", &kvindex::IndexRoarGraph::count_reachable,
                  py::call_guard<py::gil_scoped_release>(),
                  "keys reachable from the entry point (breadth-first)");
+
+    py::class_<kvindex::IndexIVFAsym, KVIndex, std::shared_ptr<kvindex::IndexIVFAsym>>(
+            m, "IndexIVFAsym",
+            R"doc(SAAP's asymmetric partitions: keys in k-means buckets of their de-RoPEd
+vectors, queries routed to nprobe buckets by a classifier (Q-model) trained
+to predict where their attention mass is; attend is exact over every key of
+the probed buckets. Models come from an offline-trained cache (kvllm train;
+adopt_trained) or are trained on the prompt at prefill. Compose with the
+static part: "Sink1,Window511,IVFAsym64". Factory strings: "IVFAsym<C>",
+"IVFAsym<C>_Centroid", "IVFAsym<C>_CentroidRoPE" (nearest-centroid
+baselines). Knobs: nprobe, group_probe, k; prefill-time: hidden,
+train_iterations, min_distance, seed.)doc")
+            .def(py::init([](int d, int C, const std::string& probe, py::object d_value, const std::string& kv_type) {
+                     kvindex::IVFAsymProbe p = probe == "qmodel" ? kvindex::IVFAsymProbe::qmodel
+                             : probe == "centroid"              ? kvindex::IVFAsymProbe::centroid
+                             : probe == "centroid_rope"         ? kvindex::IVFAsymProbe::centroid_rope
+                                                                : throw py::value_error(
+                                                                    "probe must be 'qmodel', 'centroid' or 'centroid_rope', not '" + probe + "'");
+                     return std::make_shared<kvindex::IndexIVFAsym>(d, d_value_or(d, d_value), C, p, kv_type_of(kv_type));
+                 }),
+                 py::arg("d"), py::arg("C") = 64, py::arg("probe") = "qmodel", py::arg("d_value") = py::none(),
+                 py::arg("kv_type") = "f32")
+            .def_readonly("n_centroids", &kvindex::IndexIVFAsym::n_centroids, "C, the buckets")
+            .def_readonly("nprobe", &kvindex::IndexIVFAsym::nprobe, "buckets read per query")
+            .def_readonly("adopted", &kvindex::IndexIVFAsym::adopted, "whether the models were adopted (trained offline)")
+            .def_readonly("train_seconds", &kvindex::IndexIVFAsym::train_seconds, "the last self-training at prefill")
+            .def_property_readonly("has_qmodel", [](const kvindex::IndexIVFAsym& x) { return !x.qmodel.empty(); },
+                                   "whether a Q-model is trained (else queries probe by nearest centroid)")
+            .def_property_readonly(
+                    "centroids",
+                    [](const kvindex::IndexIVFAsym& x) {
+                        py::array_t<float> a = to_numpy(x.centroids);
+                        return a.reshape({py::ssize_t(x.centroids.size() / std::max(x.d, 1)), py::ssize_t(x.d)});
+                    },
+                    "float32 [C, d] (de-RoPEd key space); empty before training")
+            .def_property_readonly(
+                    "bucket_sizes",
+                    [](const kvindex::IndexIVFAsym& x) {
+                        std::vector<int64_t> sizes;
+                        for (const auto& ids : x.bucket_ids) {
+                            sizes.push_back(int64_t(ids.size()));
+                        }
+                        return to_numpy(sizes);
+                    },
+                    "int64, size C + 1: tokens per bucket (the last: tokens from before any training)")
+            .def("probe_buckets",
+                 [](const kvindex::IndexIVFAsym& x, py::handle q, int nprobe, py::object position) {
+                     FloatArray qa = queries_of(x, q);
+                     if (qa.shape(0) != 1) {
+                         throw py::value_error("probe_buckets: one query (1, d)");
+                     }
+                     std::vector<int32_t> out(std::max(nprobe, 0));
+                     idx_t pos = position.is_none() ? x.query_position() : position.cast<idx_t>();
+                     x.probe_buckets(qa.data(), pos, nprobe, out.data());
+                     return to_numpy(out);
+                 },
+                 py::arg("q"), py::arg("nprobe"), py::arg("position") = py::none(),
+                 "the nprobe buckets a query (post-RoPE, at `position`, default the newest token) reads, best first");
 
     m.def("time_attend",
           [](const KVIndex& index, py::handle q, int repeats) {

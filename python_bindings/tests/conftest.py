@@ -29,6 +29,7 @@ FACTORY_BY_TYPE = {
     "IndexProxyEvict": "ProxyEvict20",
     "IndexLSHSample": "LSHSample6x40",
     "IndexRoarGraph": "RoarGraph8",
+    "IndexIVFAsym": "IVFAsym8",
 }
 
 # More chains, for the properties that hold for any index (select/attend
@@ -44,6 +45,7 @@ EXTRA_FACTORIES = [
     "FP16,Sink4,Window64,TopK(Flat)",
     "BF16,Sink2,Window8,LSHSample6x40",
     "Sink4,Window16,RoarGraph8",
+    "Sink1,Window16,IVFAsym8_Centroid",
 ]
 
 

@@ -1,0 +1,178 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <kvindex/IVFAsymTrainer.h>
+#include <kvindex/KVIndex.h>
+#include <kvindex/KVStorage.h>
+#include <kvindex/QModel.h>
+
+namespace kvindex {
+
+struct FactoryChain;
+
+/// How a query picks its buckets.
+enum class IVFAsymProbe {
+    /// SAAP: the top-nprobe outputs of the Q-model on the de-RoPEd query
+    qmodel = 0,
+    /// baseline: the nprobe centroids of largest <q', c> (q' de-RoPEd)
+    centroid = 1,
+    /// baseline, the paper's symmetric IVF: the same on the RoPEd query
+    centroid_rope = 2,
+};
+
+/** SAAP's asymmetric partitions ("Inference-time sparse attention with
+ * asymmetric indexing", arXiv 2502.08246): keys in k-means buckets, queries
+ * routed by a classifier trained to predict where their attention mass is.
+ *
+ * Keys: each key, de-RoPEd (rotated back by its position with the
+ * prefill's RoPE parameters), goes to its nearest centroid (L2, as k-means
+ * assigned the training keys); each bucket keeps its keys and values
+ * contiguous (one KVStorage per bucket, so a decode-time append costs O(1),
+ * where one CSR array would move every later bucket).
+ *
+ * Queries: the query is de-RoPEd at its position, first_position + ntotal
+ * + n_after - 1 (the newest token of the sequence: decode appends, then
+ * attends; n_after is the window a wrapper holds after our tokens), and
+ * the Q-model's nprobe most probable buckets are read. attend = exact
+ * softmax over every key of those buckets (not top-k), one dense pass per
+ * bucket, merged by lse; compose with the static part as the paper does:
+ * "Sink1,Window511,IVFAsym64". nprobe = C reads every key (exact); nprobe
+ * = 0 reads none (a wrapper's static part alone). Selection::n_scanned =
+ * the classifier's multiply-adds / d, or C for centroid probing.
+ *
+ * GQA (group_probe = 1, the paper's batched queries): an attend call whose
+ * n queries are g = group_size heads x n / g, head-major (what KVCache
+ * sends), picks one bucket set per query position from the summed
+ * classifier outputs (centroid probing: summed scores) and reads each of
+ * its buckets once for the g heads (dense_attention_group). search and
+ * select stay per query.
+ *
+ * Training: offline (kvllm train, IVFAsymTrainer) into an index whose
+ * prefill then only assigns keys (adopt_trained copies the models from a
+ * trained index of the same shape); an index with no trained models trains
+ * both on its own prompt at prefill (k-means on its keys, the Q-model on
+ * its prefill queries with causal targets, min_distance = n_after; our
+ * extension, the paper found prompt fine-tuning did not help). Tokens that
+ * arrive before any model exists (add_kv on a fresh or reset index, a
+ * prompt of fewer than C keys) wait in an unassigned run that every query
+ * reads exactly. Self-trained models are dropped by reset; adopted ones
+ * stay.
+ *
+ * Per call: SearchParametersTopK::nprobe (IndexTopK.h). Factory strings:
+ * "IVFAsym<C>" (Q-model), "IVFAsym<C>_Centroid", "IVFAsym<C>_CentroidRoPE".
+ * Knobs: nprobe, group_probe, k (search's default); prefill-time: hidden,
+ * train_iterations, min_distance (-1: n_after), seed.
+ */
+struct IndexIVFAsym : KVIndex {
+    int n_centroids = 0;                     ///< C
+    IVFAsymProbe probe = IVFAsymProbe::qmodel;
+    int nprobe = 4;                          ///< buckets read per query (ell), 0..C
+    bool group_probe = false;                ///< one bucket set per GQA group (see above)
+
+    // prefill-time knobs of self-training
+    int hidden = 256;                        ///< Q-model width
+    int train_iterations = -1;               ///< Adam steps; -1: 10 epochs of the rows, 50..2000
+    idx_t min_distance = -1;                 ///< -1: n_after (the window)
+    uint64_t seed = 1234;
+    uint64_t stream = 0;                     ///< one stream per (layer, head): set by KVCache
+
+    // the trained models
+    std::vector<float> centroids;            ///< size C * d (de-RoPEd key space), empty: untrained
+    QModel qmodel;                           ///< empty: not trained (centroid probing is used)
+    bool adopted = false;                    ///< models adopted from a trained index (kept by reset)
+    double train_seconds = 0;                ///< the last self-training at prefill
+
+    // the tokens
+    idx_t first_position = 0;                ///< position of token 0 (prefill)
+    idx_t n_after = 0;                       ///< tokens a wrapper holds after ours (prefill)
+    int group_size = 1;                      ///< query heads per KV head (prefill)
+    /// size C + 1: bucket c's tokens; bucket C is the unassigned run
+    std::vector<KVStorage> buckets;
+    /// size C + 1: token ids of each bucket, ascending
+    std::vector<std::vector<idx_t>> bucket_ids;
+    std::vector<int32_t> token_bucket;       ///< size ntotal: bucket of each token
+
+    IndexIVFAsym(int d, int d_value, int n_centroids, IVFAsymProbe probe, KVType kv_type = KVType::f32);
+    IndexIVFAsym();
+
+    bool is_trained_models() const {
+        return !centroids.empty();
+    }
+    /// Position of a decode query: the newest token of the sequence.
+    idx_t query_position() const {
+        return first_position + ntotal + n_after - 1;
+    }
+
+    /** The buckets query q (post-RoPE, at `position`) reads: `nprobe` of
+     * them, best first (the unassigned run is not listed). */
+    void probe_buckets(const float* q, idx_t position, int nprobe, int32_t* out) const;
+    /// Scores of the C buckets for query q (log-probabilities or <q, c>).
+    void bucket_scores(const float* q, idx_t position, float* scores) const;
+
+    /// Copies centroids and Q-model (and their RoPE) from a trained model.
+    void set_trained(const std::vector<float>& centroids, const QModel& qmodel, const RopeParams& rope);
+
+    size_t memory_bytes() const override;
+
+    const char* type_name() const override {
+        return "IndexIVFAsym";
+    }
+    std::string factory_string() const override;
+    std::vector<ParameterInfo> parameter_info() const override;
+    bool set_parameter(const std::string& name, double value) override;
+    bool get_parameter(const std::string& name, double* value) const override;
+    void set_stream(uint64_t stream) override;
+    int adopt_trained(const KVIndex& trained) override;
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+    /// Registry parser: "IVFAsym<C>[_Centroid|_CentroidRoPE]".
+    static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
+   protected:
+    void prefill_impl(const PrefillInput& input) override;
+    void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void reset_impl() override;
+    void reconstruct_impl(idx_t key, float* recons) const override;
+    void reconstruct_value_impl(idx_t key, float* value) const override;
+    void search_one(
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const override;
+    void select_one(const float* q, Selection& sel, const faiss::SearchParameters* params)
+            const override;
+    float attend_one(const float* q, float* out, const faiss::SearchParameters* params)
+            const override;
+    void attend_batch(
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params) const override;
+
+   private:
+    int nprobe_for(const faiss::SearchParameters* params) const;
+    /// Buckets to read for q: the probed ones, then the unassigned run if it holds tokens.
+    std::vector<int32_t> buckets_to_read(const float* q, int nprobe) const;
+    /// n_scanned of one probe.
+    size_t probe_cost() const;
+    /// Appends tokens at positions first_position + ntotal + i to their buckets.
+    void assign_tokens(idx_t n, const float* keys, const float* values);
+    /// Self-training at prefill; false when the prompt is too small.
+    bool self_train(const PrefillInput& in);
+    void clear_tokens();
+};
+
+/// The IndexIVFAsym in a chain (the index itself or a child, outermost
+/// first), nullptr when there is none: for tools that train it.
+IndexIVFAsym* ivf_asym_in_chain(KVIndex* index);
+const IndexIVFAsym* ivf_asym_in_chain(const KVIndex* index);
+
+} // namespace kvindex

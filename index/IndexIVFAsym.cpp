@@ -1,0 +1,705 @@
+#include <kvindex/IndexIVFAsym.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/IndexTopK.h>
+#include <kvindex/attention.h>
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/kernels.h>
+
+#include "checks.h"
+#include "parallel.h"
+#include "random.h"
+
+namespace kvindex {
+
+namespace {
+
+constexpr int kMaxCentroids = 1 << 16;
+constexpr idx_t kSelfTrainQueries = 4096; // candidate queries drawn at prefill
+
+const char* probe_suffix(IVFAsymProbe p) {
+    switch (p) {
+        case IVFAsymProbe::qmodel:
+            return "";
+        case IVFAsymProbe::centroid:
+            return "_Centroid";
+        case IVFAsymProbe::centroid_rope:
+            return "_CentroidRoPE";
+    }
+    return "?";
+}
+
+/// Running merge of partial attention results by lse (attention.h).
+struct MergedAttention {
+    std::vector<float> out, part;
+    float lse = -std::numeric_limits<float>::infinity();
+
+    explicit MergedAttention(size_t dv) : out(dv, 0.0f), part(dv) {}
+
+    void add(float part_lse) {
+        const float* outs[2] = {out.data(), part.data()};
+        float lses[2] = {lse, part_lse};
+        lse = merge_attention(2, outs, lses, out.size(), out.data());
+    }
+};
+
+} // namespace
+
+// ---- construction, factory ---------------------------------------------------
+
+IndexIVFAsym::IndexIVFAsym() : KVIndex(0, 0) {}
+
+IndexIVFAsym::IndexIVFAsym(int d, int d_value, int n_centroids, IVFAsymProbe probe, KVType kv_type)
+        : KVIndex(d, d_value, kv_type), n_centroids(n_centroids), probe(probe) {
+    FAISS_THROW_IF_NOT_FMT(
+            n_centroids >= 1 && n_centroids <= kMaxCentroids,
+            "IndexIVFAsym: n_centroids=%d must be in [1, %d]",
+            n_centroids,
+            kMaxCentroids);
+    FAISS_THROW_IF_NOT_FMT(d % 2 == 0, "IndexIVFAsym: d=%d must be even (RoPE pairs)", d);
+    nprobe = std::min(nprobe, n_centroids);
+    buckets.assign(n_centroids + 1, KVStorage(d, this->d_value, kv_type));
+    bucket_ids.resize(n_centroids + 1);
+}
+
+std::string IndexIVFAsym::factory_string() const {
+    return "IVFAsym" + std::to_string(n_centroids) + probe_suffix(probe);
+}
+
+std::unique_ptr<KVIndex> IndexIVFAsym::from_factory(FactoryChain& chain) {
+    const std::string& s = chain.peek();
+    for (IVFAsymProbe p :
+         {IVFAsymProbe::centroid_rope, IVFAsymProbe::centroid, IVFAsymProbe::qmodel}) {
+        std::string suffix = probe_suffix(p);
+        if (s.size() < suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix)) {
+            continue;
+        }
+        idx_t c;
+        if (!parse_factory_count(s.substr(0, s.size() - suffix.size()), "IVFAsym", &c)) {
+            continue;
+        }
+        FAISS_THROW_IF_NOT_FMT(
+                c >= 1 && c <= kMaxCentroids,
+                "index_factory: '%s': IVFAsym<C> needs C in [1, %d], in \"%s\"",
+                s.c_str(),
+                kMaxCentroids,
+                chain.description().c_str());
+        chain.take();
+        return std::make_unique<IndexIVFAsym>(chain.d, chain.d_value, int(c), p, chain.kv_type);
+    }
+    return nullptr;
+}
+
+IndexIVFAsym* ivf_asym_in_chain(KVIndex* index) {
+    return const_cast<IndexIVFAsym*>(ivf_asym_in_chain(static_cast<const KVIndex*>(index)));
+}
+
+const IndexIVFAsym* ivf_asym_in_chain(const KVIndex* index) {
+    if (!index) {
+        return nullptr;
+    }
+    if (auto self = dynamic_cast<const IndexIVFAsym*>(index)) {
+        return self;
+    }
+    for (const KVIndex* c : index->children()) {
+        if (const IndexIVFAsym* found = ivf_asym_in_chain(c)) {
+            return found;
+        }
+    }
+    return nullptr;
+}
+
+// ---- the trained models ----------------------------------------------------------
+
+void IndexIVFAsym::set_trained(
+        const std::vector<float>& new_centroids,
+        const QModel& new_qmodel,
+        const RopeParams& new_rope) {
+    FAISS_THROW_IF_NOT_FMT(
+            ntotal == 0,
+            "IndexIVFAsym: models can only be set on an empty index (it holds %zd tokens: reset first)",
+            size_t(ntotal));
+    FAISS_THROW_IF_NOT_FMT(
+            new_centroids.size() == size_t(n_centroids) * d,
+            "IndexIVFAsym: %zd centroid floats, expected C * d = %d * %d",
+            new_centroids.size(),
+            n_centroids,
+            d);
+    check_finite(new_centroids.data(), n_centroids, d, "IndexIVFAsym: centroids");
+    if (!new_qmodel.empty()) {
+        new_qmodel.check();
+        FAISS_THROW_IF_NOT_FMT(
+                new_qmodel.d == d && new_qmodel.n_classes == n_centroids,
+                "IndexIVFAsym: the Q-model maps %d -> %d, the index needs %d -> %d",
+                new_qmodel.d,
+                new_qmodel.n_classes,
+                d,
+                n_centroids);
+    }
+    check_rope_params(new_rope, d);
+    centroids = new_centroids;
+    qmodel = new_qmodel;
+    rope = new_rope;
+    has_rope = true;
+    adopted = true;
+}
+
+int IndexIVFAsym::adopt_trained(const KVIndex& trained) {
+    auto src = dynamic_cast<const IndexIVFAsym*>(&trained);
+    FAISS_THROW_IF_NOT_FMT(
+            src, "adopt_trained: expected an IndexIVFAsym to adopt from, got a %s",
+            trained.type_name());
+    FAISS_THROW_IF_NOT_FMT(
+            src->d == d && src->n_centroids == n_centroids,
+            "adopt_trained: the trained index has d=%d C=%d, this one d=%d C=%d",
+            src->d,
+            src->n_centroids,
+            d,
+            n_centroids);
+    FAISS_THROW_IF_NOT_MSG(
+            src->is_trained_models(), "adopt_trained: the trained IndexIVFAsym has no centroids");
+    set_trained(src->centroids, src->qmodel, src->rope);
+    return 1;
+}
+
+bool IndexIVFAsym::self_train(const PrefillInput& in) {
+    IVFAsymTrainingParams p;
+    p.n_centroids = n_centroids;
+    p.hidden = hidden;
+    p.min_distance = min_distance >= 0 ? min_distance : in.n_after;
+    p.n_sink = 1;
+    p.queries_per_prompt = kSelfTrainQueries;
+    p.held_out_fraction = 0; // every row trains: the prompt is all there is
+    p.seed = stream_seed(seed, stream);
+    p.adam.seed = p.seed;
+    idx_t skip = std::max<idx_t>(0, p.n_sink - in.first_position);
+    if (in.n_tokens - skip < n_centroids) {
+        return false; // too few keys for k-means: tokens stay unassigned
+    }
+    IVFAsymTrainer trainer(d, p);
+    trainer.add_prompt(in);
+    idx_t rows = trainer.n_rows();
+    trainer.params.adam.iterations = train_iterations > 0
+            ? train_iterations
+            : int(std::clamp<idx_t>(10 * rows / trainer.params.adam.batch_size, 50, 2000));
+    trainer.train();
+    centroids = trainer.centroids;
+    qmodel = trainer.qmodel;
+    return true;
+}
+
+// ---- tokens --------------------------------------------------------------------
+
+void IndexIVFAsym::prefill_impl(const PrefillInput& in) {
+    check_prefill(in);
+    try {
+        first_position = in.first_position;
+        n_after = in.n_after;
+        group_size = in.n_queries > 0 ? in.n_query_heads : 1;
+        rope = in.rope;
+        has_rope = true;
+        if (!adopted) {
+            auto t0 = std::chrono::steady_clock::now();
+            centroids.clear();
+            qmodel = QModel();
+            self_train(in);
+            train_seconds =
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        if (in.n_tokens > 0) {
+            assign_tokens(in.n_tokens, in.keys, in.values);
+            ntotal = in.n_tokens;
+        }
+    } catch (...) {
+        reset_impl();
+        throw;
+    }
+}
+
+void IndexIVFAsym::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    assign_tokens(n, keys, values);
+}
+
+void IndexIVFAsym::assign_tokens(idx_t n, const float* keys, const float* values) {
+    std::vector<int32_t> assign(n, n_centroids); // the unassigned run until trained
+    if (is_trained_models()) {
+        std::vector<float> k(keys, keys + size_t(n) * d);
+        std::vector<int64_t> pos(n);
+        std::iota(pos.begin(), pos.end(), first_position + ntotal);
+        invert_rope(n, d, k.data(), pos.data(), rope);
+        assign_to_centroids(k.data(), n, d, centroids.data(), n_centroids, assign.data());
+    }
+    // append bucket by bucket; undone on failure (a value the type cannot hold)
+    std::vector<size_t> sizes(buckets.size());
+    for (size_t b = 0; b < buckets.size(); b++) {
+        sizes[b] = bucket_ids[b].size();
+    }
+    try {
+        for (idx_t i = 0; i < n; i++) {
+            int32_t b = assign[i];
+            buckets[b].append(1, keys + size_t(i) * d, values + size_t(i) * d_value);
+            bucket_ids[b].push_back(ntotal + i);
+        }
+    } catch (...) {
+        for (size_t b = 0; b < buckets.size(); b++) {
+            buckets[b].truncate(idx_t(sizes[b]));
+            bucket_ids[b].resize(sizes[b]);
+        }
+        throw;
+    }
+    token_bucket.insert(token_bucket.end(), assign.begin(), assign.end());
+}
+
+void IndexIVFAsym::clear_tokens() {
+    for (size_t b = 0; b < buckets.size(); b++) {
+        buckets[b].clear();
+        bucket_ids[b].clear();
+    }
+    token_bucket.clear();
+    ntotal = 0;
+}
+
+void IndexIVFAsym::reset_impl() {
+    clear_tokens();
+    first_position = 0;
+    n_after = 0;
+    group_size = 1;
+    if (!adopted) { // models trained on the last prompt belong to it
+        centroids.clear();
+        qmodel = QModel();
+    }
+}
+
+void IndexIVFAsym::reconstruct_impl(idx_t key, float* recons) const {
+    const std::vector<idx_t>& ids = bucket_ids[token_bucket[key]];
+    size_t off = std::lower_bound(ids.begin(), ids.end(), key) - ids.begin();
+    buckets[token_bucket[key]].key(idx_t(off), recons);
+}
+
+void IndexIVFAsym::reconstruct_value_impl(idx_t key, float* value) const {
+    const std::vector<idx_t>& ids = bucket_ids[token_bucket[key]];
+    size_t off = std::lower_bound(ids.begin(), ids.end(), key) - ids.begin();
+    buckets[token_bucket[key]].value(idx_t(off), value);
+}
+
+size_t IndexIVFAsym::memory_bytes() const {
+    size_t bytes = centroids.size() * sizeof(float) + qmodel.memory_bytes() +
+            token_bucket.size() * sizeof(int32_t);
+    for (size_t b = 0; b < buckets.size(); b++) {
+        bytes += buckets[b].memory_bytes() + bucket_ids[b].size() * sizeof(idx_t);
+    }
+    return bytes;
+}
+
+// ---- probing -------------------------------------------------------------------
+
+void IndexIVFAsym::bucket_scores(const float* q, idx_t position, float* scores) const {
+    std::vector<float> x(q, q + d);
+    if (probe != IVFAsymProbe::centroid_rope) {
+        int64_t pos = std::max<idx_t>(0, position);
+        invert_rope(1, d, x.data(), &pos, rope);
+    }
+    if (probe == IVFAsymProbe::qmodel && !qmodel.empty()) {
+        qmodel.log_probs(1, x.data(), scores);
+        for (int c = 0; c < n_centroids; c++) {
+            scores[c] = std::exp(scores[c]); // probabilities: a group sums them
+        }
+    } else {
+        inner_products_scaled(x.data(), centroids.data(), d, n_centroids, 1.0f, scores);
+    }
+}
+
+namespace {
+
+/// The n best of C scores, best first, ties to the smaller bucket.
+void top_buckets(const float* scores, int C, int n, int32_t* out) {
+    std::vector<int32_t> order(C);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
+        return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    });
+    std::copy(order.begin(), order.begin() + n, out);
+}
+
+} // namespace
+
+void IndexIVFAsym::probe_buckets(const float* q, idx_t position, int n, int32_t* out) const {
+    FAISS_THROW_IF_NOT_FMT(
+            n >= 0 && n <= n_centroids && is_trained_models(),
+            "IndexIVFAsym::probe_buckets: nprobe=%d outside [0, C=%d] or no centroids",
+            n,
+            n_centroids);
+    std::vector<float> scores(n_centroids);
+    bucket_scores(q, position, scores.data());
+    top_buckets(scores.data(), n_centroids, n, out);
+}
+
+int IndexIVFAsym::nprobe_for(const faiss::SearchParameters* params) const {
+    if (auto p = dynamic_cast<const SearchParametersTopK*>(params)) {
+        if (p->nprobe > 0) {
+            FAISS_THROW_IF_NOT_FMT(
+                    p->nprobe <= size_t(n_centroids),
+                    "SearchParametersTopK: nprobe=%zd exceeds the C=%d buckets of IndexIVFAsym",
+                    p->nprobe,
+                    n_centroids);
+            return int(p->nprobe);
+        }
+    }
+    return nprobe;
+}
+
+std::vector<int32_t> IndexIVFAsym::buckets_to_read(const float* q, int n) const {
+    std::vector<int32_t> read;
+    if (is_trained_models() && n > 0) {
+        read.resize(n);
+        probe_buckets(q, query_position(), n, read.data());
+    }
+    if (!bucket_ids[n_centroids].empty()) {
+        read.push_back(n_centroids); // tokens from before any training: always read
+    }
+    return read;
+}
+
+size_t IndexIVFAsym::probe_cost() const {
+    if (!is_trained_models()) {
+        return 0;
+    }
+    if (probe == IVFAsymProbe::qmodel && !qmodel.empty()) {
+        return (qmodel.flops_per_query() + d - 1) / d; // in key-vector equivalents
+    }
+    return size_t(n_centroids);
+}
+
+void IndexIVFAsym::select_one(
+        const float* q,
+        Selection& sel,
+        const faiss::SearchParameters* params) const {
+    sel.clear();
+    for (int32_t b : buckets_to_read(q, nprobe_for(params))) {
+        for (idx_t id : bucket_ids[b]) {
+            sel.push_back(id);
+        }
+    }
+    sel.n_scanned = probe_cost();
+}
+
+void IndexIVFAsym::search_one(
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
+    size_t heap_size = 0;
+    for (int32_t b : buckets_to_read(q, nprobe_for(params))) {
+        topk_inner_products(
+                q, buckets[b].key_rows(), bucket_ids[b].size(), bucket_ids[b].data(), 0,
+                size_t(k), distances, labels, &heap_size);
+    }
+    topk_heap_sort(distances, labels, heap_size);
+    std::fill(distances + heap_size, distances + k, std::numeric_limits<float>::lowest());
+    std::fill(labels + heap_size, labels + k, idx_t(-1));
+}
+
+float IndexIVFAsym::attend_one(const float* q, float* out, const faiss::SearchParameters* params)
+        const {
+    // exact attention over every key of the buckets read, merged by lse
+    MergedAttention m(d_value);
+    for (int32_t b : buckets_to_read(q, nprobe_for(params))) {
+        const KVStorage& s = buckets[b];
+        m.add(dense_attention(q, s.key_rows(), s.value_rows(), size_t(s.size()), score_scale(), m.part.data()));
+    }
+    std::copy(m.out.begin(), m.out.end(), out);
+    return m.lse;
+}
+
+void IndexIVFAsym::attend_batch(
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    const idx_t g = group_size;
+    if (!group_probe || g <= 1 || n % g != 0) {
+        KVIndex::attend_batch(n, q, out, lse, params);
+        return;
+    }
+    // one bucket set per position for the g heads (head-major: query
+    // h * m + i is head h at position i), each bucket read once for all
+    const idx_t m = n / g;
+    const int np = nprobe_for(params);
+    parallel_for(m, [&](idx_t i) {
+        std::vector<float> qg(size_t(g) * d), scores(n_centroids, 0.0f), s(n_centroids);
+        for (idx_t h = 0; h < g; h++) {
+            std::copy_n(q + (h * m + i) * d, d, qg.data() + h * d);
+        }
+        std::vector<int32_t> read;
+        if (is_trained_models() && np > 0) {
+            for (idx_t h = 0; h < g; h++) {
+                bucket_scores(qg.data() + h * d, query_position(), s.data());
+                for (int c = 0; c < n_centroids; c++) {
+                    scores[c] += s[c];
+                }
+            }
+            read.resize(np);
+            top_buckets(scores.data(), n_centroids, np, read.data());
+        }
+        if (!bucket_ids[n_centroids].empty()) {
+            read.push_back(n_centroids);
+        }
+        std::vector<MergedAttention> merged(g, MergedAttention(d_value));
+        std::vector<float> part_out(size_t(g) * d_value), part_lse(g);
+        for (int32_t b : read) {
+            const KVStorage& st = buckets[b];
+            dense_attention_group(
+                    qg.data(), size_t(g), st.key_rows(), st.value_rows(), size_t(st.size()),
+                    score_scale(), part_out.data(), part_lse.data());
+            for (idx_t h = 0; h < g; h++) {
+                std::copy_n(part_out.data() + h * d_value, d_value, merged[h].part.data());
+                merged[h].add(part_lse[h]);
+            }
+        }
+        for (idx_t h = 0; h < g; h++) {
+            std::copy(merged[h].out.begin(), merged[h].out.end(), out + (h * m + i) * d_value);
+            lse[h * m + i] = merged[h].lse;
+        }
+    });
+}
+
+// ---- parameters ----------------------------------------------------------------
+
+std::vector<ParameterInfo> IndexIVFAsym::parameter_info() const {
+    std::vector<ParameterInfo> info = KVIndex::parameter_info();
+    info.push_back({"nprobe", false, "buckets read per query (ell), 0..C; C reads every key"});
+    info.push_back({"group_probe", false, "1: one bucket set per GQA group in attend (summed classifier outputs), 0: per query"});
+    info.push_back({"hidden", true, "width of the self-trained Q-model, 1..65536"});
+    info.push_back({"train_iterations", true, "Adam steps of self-training; -1: 10 epochs of its rows, 50..2000"});
+    info.push_back({"min_distance", true, "self-training: long range = more than this many tokens back; -1: the window (n_after)"});
+    info.push_back({"seed", true, "seed of self-training (with the per-head stream), >= 0"});
+    return info;
+}
+
+bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
+    auto is_count = [&](double v) { return v == 0 || is_positive_integer(v); };
+    if (name == "nprobe") {
+        FAISS_THROW_IF_NOT_FMT(
+                is_count(value) && value <= n_centroids,
+                "parameter nprobe=%g must be an integer in [0, C=%d]",
+                value,
+                n_centroids);
+        nprobe = int(value);
+    } else if (name == "group_probe") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || value == 1, "parameter group_probe=%g must be 0 or 1", value);
+        group_probe = value == 1;
+    } else if (name == "hidden") {
+        FAISS_THROW_IF_NOT_FMT(
+                is_positive_integer(value) && value <= 65536,
+                "parameter hidden=%g must be an integer in [1, 65536]",
+                value);
+        hidden = int(value);
+    } else if (name == "train_iterations") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == -1 || (is_positive_integer(value) && value <= 1e7),
+                "parameter train_iterations=%g must be -1 or in [1, 1e7]",
+                value);
+        train_iterations = int(value);
+    } else if (name == "min_distance") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == -1 || is_count(value),
+                "parameter min_distance=%g must be -1 or an integer >= 0",
+                value);
+        min_distance = idx_t(value);
+    } else if (name == "seed") {
+        FAISS_THROW_IF_NOT_FMT(
+                is_count(value), "parameter seed=%g must be a non-negative integer", value);
+        seed = uint64_t(value);
+    } else {
+        return KVIndex::set_parameter(name, value);
+    }
+    return true;
+}
+
+bool IndexIVFAsym::get_parameter(const std::string& name, double* value) const {
+    if (name == "nprobe") {
+        *value = nprobe;
+    } else if (name == "group_probe") {
+        *value = group_probe ? 1 : 0;
+    } else if (name == "hidden") {
+        *value = hidden;
+    } else if (name == "train_iterations") {
+        *value = train_iterations;
+    } else if (name == "min_distance") {
+        *value = double(min_distance);
+    } else if (name == "seed") {
+        *value = double(seed);
+    } else {
+        return KVIndex::get_parameter(name, value);
+    }
+    return true;
+}
+
+void IndexIVFAsym::set_stream(uint64_t s) {
+    stream = s;
+    KVIndex::set_stream(s);
+}
+
+// ---- io ------------------------------------------------------------------------
+
+void IndexIVFAsym::write_fields(BufferWriter& w) const {
+    w.value<int32_t>(n_centroids);
+    w.value<int32_t>(int32_t(probe));
+    w.value<int32_t>(nprobe);
+    w.value<uint8_t>(group_probe);
+    w.value<int32_t>(hidden);
+    w.value<int32_t>(train_iterations);
+    w.value<int64_t>(min_distance);
+    w.value<uint64_t>(seed);
+    w.value<uint64_t>(stream);
+    w.value<uint8_t>(adopted);
+    w.value<double>(train_seconds);
+    w.value<int64_t>(first_position);
+    w.value<int64_t>(n_after);
+    w.value<int32_t>(group_size);
+    w.vector(centroids);
+    w.value<uint8_t>(!qmodel.empty());
+    if (!qmodel.empty()) {
+        qmodel.write(w);
+    }
+    for (size_t b = 0; b < buckets.size(); b++) {
+        w.vector(bucket_ids[b]);
+        buckets[b].write(w);
+    }
+}
+
+void IndexIVFAsym::read_fields(BufferReader& r, uint32_t) {
+    n_centroids = r.value<int32_t>("IVFAsym C");
+    int32_t p = r.value<int32_t>("IVFAsym probe");
+    nprobe = r.value<int32_t>("IVFAsym nprobe");
+    uint8_t gp = r.value<uint8_t>("IVFAsym group_probe");
+    hidden = r.value<int32_t>("IVFAsym hidden");
+    train_iterations = r.value<int32_t>("IVFAsym train_iterations");
+    min_distance = r.value<int64_t>("IVFAsym min_distance");
+    seed = r.value<uint64_t>("IVFAsym seed");
+    stream = r.value<uint64_t>("IVFAsym stream");
+    uint8_t ad = r.value<uint8_t>("IVFAsym adopted");
+    train_seconds = r.value<double>("IVFAsym train_seconds");
+    first_position = r.value<int64_t>("IVFAsym first_position");
+    n_after = r.value<int64_t>("IVFAsym n_after");
+    group_size = r.value<int32_t>("IVFAsym group_size");
+    FAISS_THROW_IF_NOT_FMT(
+            n_centroids >= 1 && n_centroids <= kMaxCentroids && p >= 0 && p <= 2 && gp <= 1 &&
+                    ad <= 1 && d % 2 == 0,
+            "read_index: invalid IVFAsym header (C=%d probe=%d group_probe=%d adopted=%d d=%d)",
+            n_centroids,
+            p,
+            int(gp),
+            int(ad),
+            d);
+    probe = IVFAsymProbe(p);
+    group_probe = gp == 1;
+    adopted = ad == 1;
+    centroids = r.vector<float>("IVFAsym centroids");
+    uint8_t has_model = r.value<uint8_t>("IVFAsym has Q-model");
+    FAISS_THROW_IF_NOT_FMT(has_model <= 1, "read_index: invalid IVFAsym Q-model flag %d", int(has_model));
+    qmodel = QModel();
+    if (has_model) {
+        qmodel.read(r);
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            ntotal <= idx_t(std::numeric_limits<int32_t>::max()),
+            "read_index: IVFAsym ntotal=%zd too large",
+            size_t(ntotal));
+    buckets.assign(n_centroids + 1, KVStorage(d, d_value, kv_type));
+    bucket_ids.assign(n_centroids + 1, {});
+    token_bucket.assign(ntotal, -1);
+    for (int b = 0; b <= n_centroids; b++) {
+        bucket_ids[b] = r.vector<idx_t>("IVFAsym bucket ids");
+        buckets[b].read(r, "IVFAsym bucket");
+        for (idx_t id : bucket_ids[b]) { // before any token_bucket lookup
+            FAISS_THROW_IF_NOT_FMT(
+                    id >= 0 && id < ntotal && token_bucket[id] == -1,
+                    "read_index: IVFAsym bucket %d holds token %zd (out of [0, %zd) or twice)",
+                    b,
+                    size_t(id),
+                    size_t(ntotal));
+            token_bucket[id] = b;
+        }
+    }
+}
+
+void IndexIVFAsym::check_invariants() const {
+    KVIndex::check_invariants();
+    FAISS_THROW_IF_NOT_FMT(
+            n_centroids >= 1 && n_centroids <= kMaxCentroids && nprobe >= 0 &&
+                    nprobe <= n_centroids && hidden >= 1 && hidden <= 65536 &&
+                    (train_iterations == -1 || train_iterations >= 1) && min_distance >= -1 &&
+                    first_position >= 0 && n_after >= 0 && group_size >= 1,
+            "IndexIVFAsym: invalid knobs (C=%d nprobe=%d hidden=%d train_iterations=%d "
+            "min_distance=%zd first_position=%zd n_after=%zd group_size=%d)",
+            n_centroids,
+            nprobe,
+            hidden,
+            train_iterations,
+            size_t(min_distance),
+            size_t(first_position),
+            size_t(n_after),
+            group_size);
+    FAISS_THROW_IF_NOT_FMT(
+            centroids.empty() || centroids.size() == size_t(n_centroids) * d,
+            "IndexIVFAsym: %zd centroid floats, expected 0 or C * d = %d * %d",
+            centroids.size(),
+            n_centroids,
+            d);
+    check_finite(centroids.data(), idx_t(centroids.size() / std::max(d, 1)), d, "IndexIVFAsym: centroids");
+    FAISS_THROW_IF_NOT_MSG(
+            qmodel.empty() || (!centroids.empty() && qmodel.d == d && qmodel.n_classes == n_centroids),
+            "IndexIVFAsym: a Q-model without centroids, or of the wrong shape");
+    FAISS_THROW_IF_NOT_MSG(
+            !is_trained_models() || has_rope, "IndexIVFAsym: trained models without RoPE parameters");
+    FAISS_THROW_IF_NOT_FMT(
+            buckets.size() == size_t(n_centroids) + 1 && bucket_ids.size() == buckets.size() &&
+                    token_bucket.size() == size_t(ntotal),
+            "IndexIVFAsym: %zd buckets / %zd id lists / %zd token buckets disagree with C=%d, ntotal=%zd",
+            buckets.size(),
+            bucket_ids.size(),
+            token_bucket.size(),
+            n_centroids,
+            size_t(ntotal));
+    size_t total = 0;
+    for (size_t b = 0; b < buckets.size(); b++) {
+        const std::vector<idx_t>& ids = bucket_ids[b];
+        const KVStorage& s = buckets[b];
+        FAISS_THROW_IF_NOT_FMT(
+                s.d == size_t(d) && s.d_value == size_t(d_value) && s.type == kv_type &&
+                        s.size() == idx_t(ids.size()) && std::is_sorted(ids.begin(), ids.end()) &&
+                        (is_trained_models() || b == size_t(n_centroids) || ids.empty()),
+                "IndexIVFAsym: bucket %zd: %zd tokens stored, %zd ids (sorted ids, matching "
+                "storage, and no bucket before training expected)",
+                b,
+                size_t(s.size()),
+                ids.size());
+        for (idx_t id : ids) {
+            FAISS_THROW_IF_NOT_FMT(
+                    id >= 0 && id < ntotal && token_bucket[id] == int32_t(b),
+                    "IndexIVFAsym: bucket %zd lists token %zd, which is not in it",
+                    b,
+                    size_t(id));
+        }
+        total += ids.size();
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            total == size_t(ntotal),
+            "IndexIVFAsym: the buckets hold %zd tokens, ntotal=%zd",
+            total,
+            size_t(ntotal));
+}
+
+} // namespace kvindex

@@ -1,0 +1,445 @@
+// IndexIVFAsym: SAAP's asymmetric partitions (papers/saap.txt). Checked
+// against the double-precision reference (reference.h) and an independent
+// de-rotation and nearest-centroid assignment written here, on
+// out-of-distribution heads: keys sit in clusters (in one half of the
+// coordinates), a few "needle" keys of each cluster carry a direction in the
+// other half, and queries point along those directions. A cluster's
+// centroid says nothing about its needles, so probing by nearest centroid
+// misses where the attention is; a classifier trained on queries finds it.
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <kvindex/IVFAsymTrainer.h>
+#include <kvindex/IndexIVFAsym.h>
+#include <kvindex/IndexTopK.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
+#include <kvindex/parameters.h>
+
+#include "expect_throw.h"
+#include "reference.h"
+
+using namespace kvindex;
+
+namespace {
+
+constexpr int kD = 16;
+constexpr int kDv = 8;
+constexpr int kC = 8;
+constexpr int kGroup = 2;
+const RopeParams kRope{10000.0, RopeStyle::interleaved};
+
+/// One KV head's sequence: keys/values of n tokens, kGroup query heads with
+/// a query at every position, all post-RoPE.
+struct Head {
+    idx_t n = 0;
+    std::vector<float> keys, values, queries; ///< queries head-major [kGroup, n, d]
+
+    /// The prefill of the first n_prompt tokens, their queries copied
+    /// head-major [kGroup, n_prompt, d] (the input points into `scratch`).
+    PrefillInput prefill(idx_t n_prompt, std::vector<float>& scratch) const {
+        scratch.resize(size_t(kGroup) * n_prompt * kD);
+        for (int hd = 0; hd < kGroup; hd++) {
+            std::copy_n(query(hd, 0), n_prompt * kD, scratch.data() + size_t(hd) * n_prompt * kD);
+        }
+        PrefillInput in;
+        in.n_tokens = n_prompt;
+        in.keys = keys.data();
+        in.values = values.data();
+        in.n_queries = n_prompt;
+        in.n_query_heads = kGroup;
+        in.queries = scratch.data();
+        in.rope = kRope;
+        return in;
+    }
+    const float* query(int h, idx_t pos) const {
+        return queries.data() + (size_t(h) * n + pos) * kD;
+    }
+};
+
+/// Rotation by position in double, written independently of rope.cpp
+/// (interleaved pairs (2i, 2i+1), angle pos * theta^(-2i/d)).
+void rotate(float* x, idx_t pos, double sign) {
+    for (int i = 0; i < kD / 2; i++) {
+        double a = sign * double(pos) * std::pow(kRope.theta, -2.0 * i / kD);
+        double c = std::cos(a), s = std::sin(a);
+        double u = x[2 * i], v = x[2 * i + 1];
+        x[2 * i] = float(u * c - v * s);
+        x[2 * i + 1] = float(u * s + v * c);
+    }
+}
+
+/// The OOD head of the file comment; `seed` draws the tokens, the cluster
+/// geometry is fixed (seed 7) so that training and test prompts share it.
+Head ood_head(idx_t n, uint64_t seed) {
+    std::mt19937_64 geo(7);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> mu(kC * kD, 0.0f), dir(kC * kD, 0.0f);
+    for (int c = 0; c < kC; c++) {
+        for (int j = 0; j < kD / 2; j++) {
+            mu[c * kD + j] = 2.0f * g(geo); // cluster position: first half
+            dir[c * kD + kD / 2 + j] = g(geo); // needle direction: second half
+        }
+    }
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> cluster(0, kC - 1);
+    std::uniform_real_distribution<float> u01(0, 1);
+    Head h;
+    h.n = n;
+    h.keys.resize(n * kD);
+    h.values.resize(n * kDv);
+    h.queries.resize(kGroup * n * kD);
+    for (idx_t t = 0; t < n; t++) {
+        int c = cluster(rng);
+        // needles carry +dir, the others a little -dir: the cluster's mean
+        // has no component along dir
+        float along = u01(rng) < 0.15f ? 1.0f : -0.15f / 0.85f;
+        float* k = &h.keys[t * kD];
+        for (int j = 0; j < kD; j++) {
+            k[j] = mu[c * kD + j] + along * dir[c * kD + j] + 0.3f * g(rng);
+        }
+        rotate(k, t, 1);
+        for (int j = 0; j < kDv; j++) {
+            h.values[t * kDv + j] = g(rng);
+        }
+        for (int hd = 0; hd < kGroup; hd++) {
+            int qc = cluster(rng);
+            float norm = 0;
+            for (int j = 0; j < kD; j++) {
+                norm += dir[qc * kD + j] * dir[qc * kD + j];
+            }
+            float* q = &h.queries[(size_t(hd) * n + t) * kD];
+            for (int j = 0; j < kD; j++) {
+                q[j] = 8.0f * dir[qc * kD + j] / std::sqrt(norm) + 0.3f * g(rng);
+            }
+            rotate(q, t, 1);
+        }
+    }
+    return h;
+}
+
+/// Attention mass of the ids among all tokens [0, n), in double.
+double captured_mass(const float* q, const Head& h, idx_t n, const std::vector<idx_t>& ids) {
+    std::vector<double> s = kvtest::ref_scores(q, h.keys.data(), kD, n);
+    double mx = *std::max_element(s.begin(), s.end());
+    double z = 0, in = 0;
+    std::vector<bool> sel(n, false);
+    for (idx_t id : ids) {
+        sel[id] = true;
+    }
+    for (idx_t i = 0; i < n; i++) {
+        double e = std::exp((s[i] - mx) / std::sqrt(double(kD)));
+        z += e;
+        in += sel[i] ? e : 0;
+    }
+    return in / z;
+}
+
+IVFAsymTrainingParams test_training_params() {
+    IVFAsymTrainingParams p;
+    p.n_centroids = kC;
+    p.hidden = 32;
+    p.min_distance = 0;
+    p.n_sink = 0;
+    p.queries_per_prompt = 2000;
+    p.adam.iterations = 400;
+    p.adam.batch_size = 128;
+    p.adam.learning_rate = 3e-3f;
+    p.adam.eval_every = 100;
+    p.held_out_fraction = 0.2;
+    return p;
+}
+
+/// A trainer fed with 4 training prompts of the OOD head.
+IVFAsymTrainer& trained_on_ood() {
+    static IVFAsymTrainer* t = [] {
+        auto* tr = new IVFAsymTrainer(kD, test_training_params());
+        for (uint64_t s = 0; s < 4; s++) {
+            Head h = ood_head(1500, 100 + s);
+            std::vector<float> scratch;
+            tr->add_prompt(h.prefill(h.n, scratch));
+        }
+        tr->train();
+        return tr;
+    }();
+    return *t;
+}
+
+std::unique_ptr<KVIndex> prefilled(const std::string& s, const Head& h, idx_t n_prompt, const char* params = "") {
+    auto index = index_factory(kD, s, kDv);
+    if (*params) {
+        set_index_parameters(index.get(), params);
+    }
+    std::vector<float> scratch;
+    index->prefill(h.prefill(n_prompt, scratch));
+    return index;
+}
+
+} // namespace
+
+TEST(IVFAsym, FactoryStringsAndBadInput) {
+    for (const char* s : {"IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE", "Sink1,Window4,IVFAsym3"}) {
+        auto index = index_factory(kD, s, kDv);
+        EXPECT_EQ(index_factory_string(index.get()), s);
+    }
+    EXPECT_THROW_MSG(index_factory(kD, "IVFAsym0", kDv), "IVFAsym0");
+    EXPECT_THROW_MSG(index_factory(kD, "IVFAsym8_Nearest", kDv), "IVFAsym8_Nearest");
+    auto index = index_factory(kD, "IVFAsym8", kDv);
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "nprobe=9"), "nprobe=9");
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "group_probe=2"), "group_probe=2");
+    auto* ivf = ivf_asym_in_chain(index.get());
+    ASSERT_NE(ivf, nullptr);
+    EXPECT_THROW_MSG(ivf->set_trained(std::vector<float>(kC * kD - 1), QModel(), kRope), "centroid floats");
+    EXPECT_THROW_MSG(ivf->set_trained(std::vector<float>(kC * kD), QModel(kD, 4, kC + 1, 1), kRope), "Q-model");
+    // per-call nprobe beyond C
+    Head h = ood_head(300, 1);
+    auto built = prefilled("IVFAsym8", h, 300);
+    SearchParametersTopK sp;
+    sp.nprobe = 9;
+    std::vector<float> out(kDv);
+    EXPECT_THROW_MSG(built->attend(1, h.query(0, 299), out.data(), nullptr, &sp), "nprobe=9");
+    EXPECT_EQ(ivf_asym_in_chain(index_factory(kD, "Flat", kDv).get()), nullptr);
+}
+
+TEST(IVFAsym, EveryKeyInOneBucketAtItsNearestDeRopedCentroid) {
+    Head h = ood_head(900, 2);
+    for (const char* s : {"IVFAsym8", "Sink3,Window16,IVFAsym8_Centroid"}) {
+        auto index = prefilled(s, h, 700);
+        for (idx_t t = 700; t < 900; t++) { // decode appends
+            index->add_kv(1, &h.keys[t * kD], &h.values[t * kDv]);
+        }
+        ASSERT_NO_THROW(index->check_invariants());
+        const IndexIVFAsym* ivf = ivf_asym_in_chain(index.get());
+        ASSERT_TRUE(ivf->is_trained_models());
+        idx_t first = ivf->first_position;
+        EXPECT_EQ(first, std::string(s)[0] == 'S' ? 3 : 0);
+        std::vector<int> seen(ivf->ntotal, 0);
+        for (int b = 0; b <= kC; b++) {
+            for (idx_t id : ivf->bucket_ids[b]) {
+                seen[id]++;
+                // the reference: rotate back in double, nearest centroid by L2
+                std::vector<float> k(&h.keys[(first + id) * kD], &h.keys[(first + id + 1) * kD]);
+                rotate(k.data(), first + id, -1);
+                int best = -1;
+                double best_d = std::numeric_limits<double>::max();
+                for (int c = 0; c < kC; c++) {
+                    double dist = 0;
+                    for (int j = 0; j < kD; j++) {
+                        double x = double(k[j]) - ivf->centroids[c * kD + j];
+                        dist += x * x;
+                    }
+                    if (dist < best_d - 1e-9) {
+                        best_d = dist;
+                        best = c;
+                    }
+                }
+                EXPECT_EQ(b, best) << s << " token " << id;
+            }
+        }
+        for (idx_t i = 0; i < ivf->ntotal; i++) {
+            ASSERT_EQ(seen[i], 1) << s << " token " << i;
+        }
+    }
+}
+
+TEST(IVFAsym, FullProbeIsExactAndZeroProbeIsTheStaticPart) {
+    Head h = ood_head(800, 3);
+    const idx_t n_prompt = 700;
+    for (const char* s : {"IVFAsym8", "IVFAsym8_CentroidRoPE", "Sink4,Window16,IVFAsym8"}) {
+        auto index = prefilled(s, h, n_prompt);
+        for (idx_t t = n_prompt; t < 800; t++) {
+            index->add_kv(1, &h.keys[t * kD], &h.values[t * kDv]);
+        }
+        const idx_t n = 800;
+        for (int gp : {0, 1}) {
+            // the queries of the group at the last position, head-major
+            std::vector<float> q(kGroup * kD);
+            for (int hd = 0; hd < kGroup; hd++) {
+                std::copy_n(h.query(hd, n - 1), kD, q.data() + hd * kD);
+            }
+            set_index_parameters(index.get(), "nprobe=8,group_probe=" + std::to_string(gp));
+            std::vector<float> out(kGroup * kDv), lse(kGroup);
+            index->attend(kGroup, q.data(), out.data(), lse.data());
+            for (int hd = 0; hd < kGroup; hd++) {
+                std::vector<double> ref;
+                double ref_lse = kvtest::ref_attention_all(
+                        &q[hd * kD], h.keys.data(), h.values.data(), kD, kDv, n, ref);
+                EXPECT_LT(kvtest::rel_max_err(&out[hd * kDv], ref), 1e-5) << s << " gp " << gp;
+                EXPECT_NEAR(lse[hd], ref_lse, 1e-4);
+            }
+        }
+        // nprobe = 0: the sink and window alone (nothing for a bare index)
+        set_index_parameters(index.get(), "nprobe=0,group_probe=0");
+        std::vector<float> out(kDv), lse(1);
+        index->attend(1, h.query(0, n - 1), out.data(), lse.data());
+        if (std::string(s)[0] == 'S') {
+            std::vector<idx_t> ids = {0, 1, 2, 3};
+            for (idx_t t = n - 16; t < n; t++) {
+                ids.push_back(t);
+            }
+            std::vector<double> ref;
+            double ref_lse = kvtest::ref_attention(
+                    h.query(0, n - 1), h.keys.data(), h.values.data(), kD, kDv, ids, nullptr, ref);
+            EXPECT_LT(kvtest::rel_max_err(out.data(), ref), 1e-5);
+            EXPECT_NEAR(lse[0], ref_lse, 1e-4);
+        } else {
+            EXPECT_EQ(lse[0], -std::numeric_limits<float>::infinity());
+        }
+    }
+}
+
+TEST(IVFAsym, CapturedMassIsMonotoneInNprobe) {
+    Head h = ood_head(1200, 4);
+    for (const char* s : {"IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE"}) {
+        auto index = prefilled(s, h, 1200);
+        for (idx_t pos : {1199}) {
+            for (int hd = 0; hd < kGroup; hd++) {
+                double prev = -1;
+                for (int l = 0; l <= kC; l++) {
+                    SearchParametersTopK sp;
+                    sp.nprobe = size_t(l);
+                    std::vector<Selection> sel(1);
+                    set_index_parameter(index.get(), "nprobe", l);
+                    index->select(1, h.query(hd, pos), sel.data());
+                    double m = captured_mass(h.query(hd, pos), h, h.n, sel[0].ids);
+                    EXPECT_GE(m, prev - 1e-12) << s << " nprobe " << l;
+                    prev = m;
+                    if (l == kC) {
+                        EXPECT_NEAR(m, 1.0, 1e-12);
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST(IVFAsym, DecodeQueryIsDeRopedAtTheNewestPosition) {
+    // the window holds the newest 16 tokens: the inner index's queries are
+    // at its last token + 16, which centroid probing must rotate back by
+    Head h = ood_head(600, 5);
+    auto index = prefilled("Sink2,Window16,IVFAsym8_Centroid", h, 500, "nprobe=3");
+    for (idx_t t = 500; t < 600; t++) {
+        index->add_kv(1, &h.keys[t * kD], &h.values[t * kDv]);
+    }
+    const IndexIVFAsym* ivf = ivf_asym_in_chain(index.get());
+    EXPECT_EQ(ivf->query_position(), 599);
+    std::vector<float> q(h.query(1, 599), h.query(1, 599) + kD);
+    std::vector<int32_t> got(3);
+    ivf->probe_buckets(q.data(), ivf->query_position(), 3, got.data());
+    rotate(q.data(), 599, -1);
+    std::vector<std::pair<double, int>> scores;
+    for (int c = 0; c < kC; c++) {
+        double s = 0;
+        for (int j = 0; j < kD; j++) {
+            s += double(q[j]) * ivf->centroids[c * kD + j];
+        }
+        scores.push_back({-s, c});
+    }
+    std::sort(scores.begin(), scores.end());
+    for (int i = 0; i < 3; i++) {
+        EXPECT_EQ(got[i], scores[i].second);
+    }
+}
+
+TEST(IVFAsym, TrainingLowersHeldOutLoss) {
+    const IVFAsymTrainer& t = trained_on_ood();
+    const IVFAsymTrainingReport& r = t.report;
+    EXPECT_EQ(r.n_prompts, 4);
+    EXPECT_GT(r.n_held, 100);
+    ASSERT_TRUE(t.qmodel_trained());
+    ASSERT_FALSE(r.curve.empty());
+    EXPECT_LT(r.curve.back().held_out_loss, 0.5 * r.initial_held_out_loss)
+            << "initial " << r.initial_held_out_loss;
+}
+
+TEST(IVFAsym, TrainedClassifierCapturesMoreMassThanNearestCentroid) {
+    const IVFAsymTrainer& t = trained_on_ood();
+    Head h = ood_head(2000, 999); // a new prompt
+    double mass[3] = {0, 0, 0};
+    const char* strings[3] = {"IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE"};
+    int n_eval = 0;
+    for (int v = 0; v < 3; v++) {
+        auto index = index_factory(kD, strings[v], kDv);
+        ivf_asym_in_chain(index.get())->set_trained(t.centroids, t.qmodel, t.rope);
+        std::vector<float> scratch;
+        index->prefill(h.prefill(1800, scratch));
+        set_index_parameters(index.get(), "nprobe=2");
+        n_eval = 0;
+        for (idx_t pos = 1800; pos < 2000; pos++) {
+            index->add_kv(1, &h.keys[pos * kD], &h.values[pos * kDv]);
+            std::vector<Selection> sel(1);
+            index->select(1, h.query(0, pos), sel.data());
+            mass[v] += captured_mass(h.query(0, pos), h, pos + 1, sel[0].ids);
+            n_eval++;
+        }
+        mass[v] /= n_eval;
+    }
+    std::printf("captured mass at nprobe 2: qmodel %.3f centroid %.3f centroid_rope %.3f\n",
+                mass[0], mass[1], mass[2]);
+    // measured: Q-model 0.58, centroids 0.22 and 0.26 (2 of 8 buckets)
+    EXPECT_GT(mass[0], 0.45);
+    EXPECT_GT(mass[0], mass[1] + 0.2);
+    EXPECT_GT(mass[0], mass[2] + 0.2);
+}
+
+TEST(IVFAsym, AdoptedModelsAreUsedKeptAndRoundTrip) {
+    const IVFAsymTrainer& t = trained_on_ood();
+    auto trained = index_factory(kD, "Sink1,Window8,IVFAsym8", kDv);
+    ivf_asym_in_chain(trained.get())->set_trained(t.centroids, t.qmodel, t.rope);
+    auto index = index_factory(kD, "Sink1,Window8,IVFAsym8_Centroid", kDv);
+    EXPECT_EQ(index->adopt_trained(*trained), 1);
+    Head h = ood_head(500, 6);
+    std::vector<float> scratch;
+    index->prefill(h.prefill(500, scratch));
+    const IndexIVFAsym* ivf = ivf_asym_in_chain(index.get());
+    EXPECT_EQ(ivf->centroids, t.centroids); // no self-training
+    EXPECT_TRUE(ivf->adopted);
+    // io keeps them, and the answers
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    auto copy = read_index(buf);
+    std::vector<float> a(kDv), b(kDv);
+    index->attend(1, h.query(0, 499), a.data(), nullptr);
+    copy->attend(1, h.query(0, 499), b.data(), nullptr);
+    EXPECT_EQ(a, b);
+    // reset keeps adopted models; adopting into a non-empty index throws
+    EXPECT_THROW_MSG(index->adopt_trained(*trained), "empty index");
+    index->reset();
+    EXPECT_EQ(ivf_asym_in_chain(index.get())->centroids, t.centroids);
+    // mismatched chains throw
+    auto flat = index_factory(kD, "Flat", kDv);
+    EXPECT_THROW_MSG(index->adopt_trained(*flat), "same factory string");
+    auto other = index_factory(kD, "IVFAsym4", kDv);
+    auto bare = index_factory(kD, "IVFAsym8", kDv);
+    auto bare2 = index_factory(kD, "IVFAsym8", kDv);
+    EXPECT_THROW_MSG(bare2->adopt_trained(*bare), "no centroids");
+    EXPECT_THROW_MSG(bare->adopt_trained(*other), "C=4");
+    // a self-trained index drops its models on reset
+    auto self = prefilled("IVFAsym8", h, 500);
+    EXPECT_TRUE(ivf_asym_in_chain(self.get())->is_trained_models());
+    self->reset();
+    EXPECT_FALSE(ivf_asym_in_chain(self.get())->is_trained_models());
+}
+
+TEST(IVFAsym, TokensBeforeTrainingAreReadExactly) {
+    // add_kv on a fresh index: no models, every token in the unassigned run
+    Head h = ood_head(50, 8);
+    auto index = index_factory(kD, "IVFAsym8", kDv);
+    index->add_kv(50, h.keys.data(), h.values.data());
+    set_index_parameters(index.get(), "nprobe=1");
+    std::vector<float> out(kDv);
+    index->attend(1, h.query(0, 49), out.data(), nullptr);
+    std::vector<double> ref;
+    kvtest::ref_attention_all(h.query(0, 49), h.keys.data(), h.values.data(), kD, kDv, 50, ref);
+    EXPECT_LT(kvtest::rel_max_err(out.data(), ref), 1e-5);
+}
