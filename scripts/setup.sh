@@ -8,7 +8,8 @@ BUILD_DIR="${1:-build}"
 
 PACKAGES=(build-essential cmake libfaiss-dev libopenblas-dev libboost-dev
           libboost-program-options-dev libgtest-dev libbenchmark-dev
-          pybind11-dev nlohmann-json3-dev libicu-dev python3-venv python3-dev)
+          pybind11-dev nlohmann-json3-dev libicu-dev python3-venv python3-dev
+          python3-doc) # python3-doc: training text of kvllm train (benchmarks/scripts/python_doc_text.py)
 bash scripts/install_packages.sh "${PACKAGES[@]}"
 
 # Python tools (plots, trace checks) live in a virtual environment.

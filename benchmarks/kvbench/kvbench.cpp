@@ -5,6 +5,7 @@
 //               --kv-heads H --group G --layers L --eval Q --dtype float16]
 //   kvbench run --trace DIR --index S [--index S ...] [--params "k=100,..."]
 //               [--layers 0,2] [--max-queries N] [--json FILE] [--dump DIR]
+//               [--trained FILE]   (models of `kvllm train` adopted by every index)
 
 #include <cstdio>
 #include <iostream>
@@ -72,6 +73,7 @@ int cmd_run(int argc, char** argv) {
             ("index", po::value(&opt.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
             ("params", po::value(&opt.params), "parameters for every index, before its own, e.g. k=100,nprobe=8")
             ("layers", po::value(&layers), "comma-separated layers (default: all)")
+            ("trained", po::value(&opt.trained), "cache file of `kvllm train`: every index adopts its models")
             ("max-queries", po::value(&opt.max_queries)->default_value(0),
              "evaluation positions per (layer, q head), spread evenly; 0 = all")
             ("json", po::value(&json), "write the results as JSON")

@@ -13,7 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include <kvindex/attention.h>
+#include <kvindex/IndexIVFAsym.h>
+#include <kvindex/KVCache.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 #include <kvindex/kernels.h>
 #include <kvindex/parameters.h>
 #include <kvindex/trace.h>
@@ -105,10 +108,32 @@ RunResult run_kvbench(const RunOptions& opt) {
                 l,
                 meta.n_layers);
     }
-    // build every index once up front: a bad string or parameter fails
-    // before any work is done
-    for (const auto& s : opt.indexes) {
-        make_index(meta.head_dim, s, opt.params, meta.n_ctx);
+    std::unique_ptr<kvindex::KVCache> trained;
+    if (!opt.trained.empty()) {
+        trained = kvindex::read_cache(opt.trained);
+        FAISS_THROW_IF_NOT_FMT(
+                trained->n_layers == meta.n_layers && trained->n_kv_heads == meta.n_kv_heads &&
+                        trained->d == meta.head_dim,
+                "kvbench run: --trained %s has %d layers x %d KV heads, d=%d; the trace %d x %d, d=%d",
+                opt.trained.c_str(),
+                trained->n_layers,
+                trained->n_kv_heads,
+                trained->d,
+                meta.n_layers,
+                meta.n_kv_heads,
+                meta.head_dim);
+    }
+    // build every index once up front: a bad string or parameter, or a
+    // chain --trained cannot serve, fails before any work is done. Only the
+    // strings with an offline-trained type in them (IVFAsym) adopt from
+    // --trained; the others (the baselines of the same run) run as given.
+    std::vector<bool> adopts(opt.indexes.size(), false);
+    for (size_t ix = 0; ix < opt.indexes.size(); ix++) {
+        auto index = make_index(meta.head_dim, opt.indexes[ix], opt.params, meta.n_ctx);
+        adopts[ix] = trained && kvindex::ivf_asym_in_chain(index.get());
+        if (adopts[ix]) {
+            index->adopt_trained(*trained->index(layers[0], 0));
+        }
     }
     int d = meta.head_dim, g = meta.n_q_heads / meta.n_kv_heads;
     idx_t n = meta.n_tokens, n_ctx = meta.n_ctx;
@@ -118,6 +143,7 @@ RunResult run_kvbench(const RunOptions& opt) {
     res.trace = opt.trace_dir;
     res.machine = machine_description();
     res.head_dim = d;
+    res.trained = opt.trained;
     res.n_tokens = n;
     std::vector<Accumulator> acc(opt.indexes.size());
     res.results.resize(opt.indexes.size());
@@ -150,6 +176,10 @@ RunResult run_kvbench(const RunOptions& opt) {
                 IndexResult& r = res.results[ix];
                 Accumulator& a = acc[ix];
                 auto index = make_index(d, opt.indexes[ix], opt.params, n_ctx);
+                if (adopts[ix]) {
+                    // before the prefill: it then only assigns the keys
+                    index->adopt_trained(*trained->index(l, h));
+                }
                 kvindex::PrefillInput in;
                 in.n_tokens = n_ctx;
                 in.keys = keys;
@@ -278,6 +308,7 @@ void write_json(const RunResult& res, const std::string& path) {
     j["trace"] = res.trace;
     j["machine"] = res.machine;
     j["n_tokens"] = res.n_tokens;
+    j["trained"] = res.trained;
     j["results"] = nlohmann::json::array();
     for (const auto& r : res.results) {
         nlohmann::json x;

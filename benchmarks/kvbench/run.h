@@ -20,6 +20,10 @@ struct RunOptions {
     /// "k=5%" is 5% of the trace's n_ctx prompt tokens
     std::string params;
     std::vector<int> layers;          ///< empty: every layer
+    /// cache file of `kvllm train` (read_cache) for the trace's model: each
+    /// (layer, KV head) index adopts its models before its prefill; every
+    /// index string must adopt something
+    std::string trained;
     idx_t max_queries = 0;            ///< evaluation positions per (layer, q head); 0: all
     bool progress = true;             ///< progress lines on stderr
 };
@@ -47,6 +51,7 @@ struct RunResult {
     std::string machine;
     int head_dim = 0;
     idx_t n_tokens = 0; ///< context length of the trace
+    std::string trained; ///< RunOptions::trained
     std::vector<std::array<int64_t, 3>> rows; ///< (layer, q head, position)
     std::vector<IndexResult> results;
 };

@@ -5,12 +5,14 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
+#include <kvindex/index_io.h>
 #include <kvindex/trace.h>
 
 namespace kvllm {
@@ -48,6 +50,11 @@ void write_json(const std::string& path, const nlohmann::json& j) {
         throw std::runtime_error("cannot write " + path);
     }
     f << j.dump(2) << "\n";
+}
+
+/// The cache of --trained, nullptr when none was given.
+std::unique_ptr<kvindex::KVCache> read_trained(const std::string& path) {
+    return path.empty() ? nullptr : kvindex::read_cache(path);
 }
 
 std::vector<int> stop_ids(const BpeTokenizer& tok) {
@@ -169,6 +176,7 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
     const std::vector<int>& dense_layers = cfg.dense_layers;
     std::vector<kvindex::IndexSpec> specs;
     for (const std::string& s : cfg.indexes) specs.push_back(kvindex::parse_index_spec(s));
+    const std::unique_ptr<kvindex::KVCache> trained = read_trained(cfg.trained);
     nlohmann::json results = nlohmann::json::array();
     for (int64_t C : cfg.contexts) {
         const int64_t M = cfg.n_eval;
@@ -196,7 +204,8 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
         for (const kvindex::IndexSpec& spec : specs) {
             std::string params = kvindex::resolve_percentages(spec.params, P);
             t0 = Clock::now();
-            kvindex::KVCache cache = llm.make_cache(rec, spec.factory, cfg.dense_index, dense_layers, params);
+            kvindex::KVCache cache =
+                    llm.make_cache(rec, spec.factory, cfg.dense_index, dense_layers, params, trained.get());
             double build_s = seconds_since(t0);
             t0 = Clock::now();
             llm.decode(ids.data() + P, M, cache, sparse.data());
@@ -231,7 +240,7 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
                                {"kl_max", kl_max}, {"ppl_dense", ppl_d}, {"ppl_index", ppl_s},
                                {"build_s", build_s}, {"decode_ms_per_token", ms_per_token},
                                {"prefill_tokens_per_s", double(C) / prefill_s},
-                               {"dense_layers", cfg.dense_layers}});
+                               {"dense_layers", cfg.dense_layers}, {"trained", cfg.trained}});
         }
     }
     if (!cfg.json_out.empty()) {
@@ -271,6 +280,7 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
     const std::vector<int>& dense_layers = cfg.dense_layers;
     std::vector<kvindex::IndexSpec> specs;
     for (const std::string& s : cfg.indexes) specs.push_back(kvindex::parse_index_spec(s));
+    const std::unique_ptr<kvindex::KVCache> trained = read_trained(cfg.trained);
     std::mt19937_64 rng(cfg.seed);
     std::uniform_int_distribution<int> digit5(10000, 99999);
     // correct[index][context]
@@ -299,7 +309,8 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
                 for (size_t xi = 0; xi < specs.size(); xi++) {
                     std::string params = kvindex::resolve_percentages(specs[xi].params, n);
                     kvindex::KVCache cache =
-                            llm.make_cache(rec, specs[xi].factory, cfg.dense_index, dense_layers, params);
+                            llm.make_cache(rec, specs[xi].factory, cfg.dense_index, dense_layers, params,
+                                           trained.get());
                     std::vector<int> gen = llm.generate(prompt.back(), cfg.max_new, cache, stop_ids(tok));
                     std::string answer = tok.decode(gen);
                     std::string digits;
@@ -344,7 +355,7 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
         out << "\n";
     }
     if (!cfg.json_out.empty()) {
-        write_json(cfg.json_out, {{"summary", summary}, {"cases", cases}});
+        write_json(cfg.json_out, {{"summary", summary}, {"cases", cases}, {"trained", cfg.trained}});
     }
 }
 

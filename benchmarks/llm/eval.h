@@ -65,6 +65,9 @@ struct E2eConfig {
     std::vector<std::string> indexes;
     std::string dense_index = "Flat";
     std::vector<int> dense_layers;       ///< layers built from dense_index; empty: every layer uses the index
+    /// cache file of `kvllm train` (read_cache): the sparse layers' indexes
+    /// adopt its models before their prefill; every index must adopt something
+    std::string trained;
     std::string json_out;
 };
 
@@ -85,6 +88,7 @@ struct NeedleConfig {
     std::vector<std::string> indexes;
     std::string dense_index = "Flat";
     std::vector<int> dense_layers;       ///< as in E2eConfig
+    std::string trained;                 ///< as in E2eConfig
     std::string json_out;
 };
 

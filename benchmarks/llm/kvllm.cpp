@@ -8,6 +8,8 @@
 //   kvllm trace      --text-file F --out DIR [--tokens N] [--n-ctx C] [--layers 0,5,..]
 //   kvllm e2e        --text-file F --context 2048,4096 --eval M --index S [--index S ...]
 //   kvllm needle     --context 2048 --depths 0.1,0.5,0.9 --index S [--index S ...]
+//   kvllm train      --index "Sink1,Window63,IVFAsym64" --text-file F [--text-file F ...] --out FILE
+// e2e, needle: --trained FILE starts the IVFAsym indexes from kvllm train's models.
 // Every command takes --model FILE (default: the package's file, see model_path.h).
 
 #include <chrono>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include <boost/program_options.hpp>
+#include <omp.h>
 
 #include "subcommand_options.h"
 
@@ -31,6 +34,7 @@
 #include "llama_model.h"
 #include "model_path.h"
 #include "tokenizer.h"
+#include "train.h"
 
 namespace po = boost::program_options;
 using namespace kvllm;
@@ -207,6 +211,7 @@ int cmd_e2e(int argc, char** argv) {
             ("index", po::value(&c.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
             ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
             ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
+            ("trained", po::value(&c.trained), "cache file of kvllm train: the IVFAsym indexes start from its models")
             ("json", po::value(&c.json_out), "write the results as JSON");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
@@ -231,6 +236,7 @@ int cmd_needle(int argc, char** argv) {
             ("index", po::value(&c.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
             ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
             ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
+            ("trained", po::value(&c.trained), "cache file of kvllm train: the IVFAsym indexes start from its models")
             ("json", po::value(&c.json_out), "write the results as JSON");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
@@ -243,9 +249,53 @@ int cmd_needle(int argc, char** argv) {
     return 0;
 }
 
+int cmd_train(int argc, char** argv) {
+    TrainConfig c;
+    std::string model;
+    std::vector<std::string> text_files;
+    int threads = 0;
+    po::options_description opts(
+            "kvllm train: SAAP's offline models (IndexIVFAsym) from the model's keys and queries\n"
+            "on training text, one per (layer, KV head), written as a cache file for --trained");
+    opts.add_options()("model", po::value(&model), "GGUF file")
+            ("index", po::value(&c.index)->default_value(c.index),
+             "index with an IVFAsym in its chain (STRING or STRING|params): C and hidden come from it")
+            ("text-file", po::value(&text_files)->required(), "training text (repeatable); each is cut into prompts")
+            ("context", po::value(&c.context)->default_value(c.context),
+             "tokens per training prompt; a document's remnant shorter than half is dropped")
+            ("max-tokens", po::value(&c.max_tokens)->default_value(c.max_tokens), "tokens used in all (0 = all)")
+            ("iterations", po::value(&c.iterations), "Adam steps of each Q-model (default: the trainer's, 2000)")
+            ("hidden", po::value(&c.hidden), "Q-model width (default: the index's hidden knob)")
+            ("min-distance", po::value(&c.min_distance)->default_value(c.min_distance),
+             "a training query is long range when its best key is more than this many tokens back (the window)")
+            ("queries-per-prompt", po::value(&c.queries_per_prompt),
+             "candidate queries drawn per prompt (default 1024)")
+            ("seed", po::value(&c.seed)->default_value(c.seed), "seed; (layer, head) s uses seed + s")
+            ("threads", po::value(&threads)->default_value(threads), "OpenMP threads (0 = all cores)")
+            ("out", po::value(&c.out)->required(), "cache file to write (read_cache)")
+            ("report", po::value(&c.report_json), "write the per-head training report as JSON");
+    po::variables_map vm;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
+    if (threads < 0) {
+        throw std::invalid_argument("--threads " + std::to_string(threads) + " must be >= 0");
+    }
+    if (threads > 0) {
+        omp_set_num_threads(threads);
+    }
+    Loaded m(model);
+    LlamaModel llm(m.file);
+    std::vector<TrainDocument> docs;
+    for (const std::string& f : text_files) {
+        docs.push_back({f, m.tok.encode(read_file(f), false)});
+        std::fprintf(stderr, "%s: %zu tokens\n", f.c_str(), docs.back().ids.size());
+    }
+    run_train(llm, docs, c, std::cout);
+    return 0;
+}
+
 void usage() {
     std::fprintf(stderr,
-                 "usage: kvllm tokenize|detokenize|logits|generate|trace|e2e|needle [options] "
+                 "usage: kvllm tokenize|detokenize|logits|generate|trace|e2e|needle|train [options] "
                  "(kvllm CMD --help)\n");
 }
 
@@ -268,6 +318,7 @@ int main(int argc, char** argv) {
         if (cmd == "trace") return cmd_trace(argc, argv);
         if (cmd == "e2e") return cmd_e2e(argc, argv);
         if (cmd == "needle") return cmd_needle(argc, argv);
+        if (cmd == "train") return cmd_train(argc, argv);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "kvllm %s: %s\n", cmd.c_str(), e.what());
         return 1;

@@ -7,7 +7,9 @@
 #include <stdexcept>
 #include <string>
 
+#include <kvindex/IndexIVFAsym.h>
 #include <kvindex/blas_threads.h>
+#include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
 #include <kvindex/parameters.h>
 
@@ -261,13 +263,20 @@ kvindex::KVCache LlamaModel::make_cache(
         const std::string& index_string,
         const std::string& dense_string,
         const std::vector<int>& dense_layers,
-        const std::string& params) const {
+        const std::string& params,
+        const kvindex::KVCache* trained) const {
     if (int(rec.keys.size()) != cfg.n_layers) {
         throw std::invalid_argument("prefill record has " + std::to_string(rec.keys.size()) +
                                     " layers, the model " + std::to_string(cfg.n_layers));
     }
     kvindex::KVCache cache(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim,
                            index_string, dense_string, dense_layers);
+    // before the prefills: an index with offline models only assigns keys.
+    // Strings with nothing trained offline in them (the baselines of the
+    // same run: Flat, TopK, ...) are built as given.
+    if (trained && kvindex::ivf_asym_in_chain(kvindex::index_factory(cfg.head_dim, index_string).get())) {
+        cache.adopt_trained(*trained);
+    }
     const int64_t nq = rec.n_tokens - rec.query_begin;
     std::vector<kvindex::idx_t> positions(static_cast<size_t>(nq));
     for (int64_t i = 0; i < nq; i++) {

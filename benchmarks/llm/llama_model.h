@@ -87,13 +87,18 @@ struct LlamaModel {
     /** A KVCache for this model built from a prefill record: every layer's
      * indexes get the prompt's keys, values and recorded queries.
      * @param params  set_index_parameters() string applied to the indexes
-     *                of the sparse layers before their prefill ("" = none) */
+     *                of the sparse layers before their prefill ("" = none)
+     * @param trained if not nullptr, a cache of offline-trained models
+     *                (kvllm train, read_cache): the sparse layers' indexes
+     *                adopt them before their prefill (KVCache::adopt_trained);
+     *                throws when nothing in index_string adopts anything */
     kvindex::KVCache make_cache(
             const PrefillRecord& record,
             const std::string& index_string,
             const std::string& dense_string = "Flat",
             const std::vector<int>& dense_layers = {},
-            const std::string& params = "") const;
+            const std::string& params = "",
+            const kvindex::KVCache* trained = nullptr) const;
 
     /** Decodes n known tokens at positions [cache.n_tokens(0), + n), exactly
      * as n single-token steps would (token t's key is appended before its

@@ -27,6 +27,7 @@
 #include "quant_matrix.h"
 #include "simd_levels.h"
 #include "tokenizer.h"
+#include "train.h"
 
 using namespace kvllm;
 
@@ -494,4 +495,25 @@ TEST(SmolLM2, FlatDecodeEqualsPrefillAndPrefixIsCausal) {
     EXPECT_THROW(llm.prefill(ids.data(), 0, nullptr, 0), std::invalid_argument);
     std::vector<int> bad{1, 2, int(V)};
     EXPECT_THROW(llm.prefill(bad.data(), 3, nullptr, 0), std::out_of_range);
+}
+
+TEST(KvllmTrain, ChunksAreWindowsWithoutShortRemnants) {
+    auto doc = [](const char* name, size_t n) { return TrainDocument{name, std::vector<int>(n, 1)}; };
+    auto spans = [](const std::vector<TrainChunk>& c) {
+        std::vector<std::vector<int64_t>> out;
+        for (const TrainChunk& x : c) out.push_back({int64_t(x.document), x.begin, x.n_tokens});
+        return out;
+    };
+    using V = std::vector<std::vector<int64_t>>;
+    // each document on its own: 2500 = 1000 + 1000 + 500 (kept: >= half),
+    // 1499 = 1000 + 499 (dropped), 400 (dropped whole)
+    std::vector<TrainDocument> docs{doc("a", 2500), doc("b", 1499), doc("c", 400)};
+    EXPECT_EQ(spans(training_chunks(docs, 1000, 0)),
+              (V{{0, 0, 1000}, {0, 1000, 1000}, {0, 2000, 500}, {1, 0, 1000}}));
+    // a token budget cuts the last chunk, unless what remains is too short
+    EXPECT_EQ(spans(training_chunks(docs, 1000, 2600)), (V{{0, 0, 1000}, {0, 1000, 1000}, {0, 2000, 500}}));
+    EXPECT_EQ(spans(training_chunks(docs, 1000, 1700)), (V{{0, 0, 1000}, {0, 1000, 700}}));
+    EXPECT_EQ(spans(training_chunks(docs, 1000, 1400)), (V{{0, 0, 1000}}));
+    EXPECT_TRUE(training_chunks({doc("c", 400)}, 1000, 0).empty());
+    EXPECT_THROW(training_chunks(docs, 1, 0), std::invalid_argument);
 }

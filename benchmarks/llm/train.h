@@ -1,0 +1,61 @@
+#pragma once
+
+// kvllm train: SAAP's offline training (IndexIVFAsym, IVFAsymTrainer) on
+// the model's own keys and queries over training documents, written as a
+// KVCache file (index_io.h) that e2e / needle / kvbench adopt with --trained.
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "llama_model.h"
+
+namespace kvllm {
+
+struct TrainConfig {
+    /// "STRING" or "STRING|params" with an IVFAsym in its chain: C and the
+    /// Q-model's width (knob hidden) come from it
+    std::string index = "Sink1,Window511,IVFAsym64";
+    int64_t context = 8192;        ///< tokens per training prompt (chunk)
+    int64_t max_tokens = 0;        ///< tokens used in all, over every chunk; 0: all
+    int iterations = -1;           ///< Adam steps; -1: the index's train_iterations if > 0, else the trainer's
+    int hidden = -1;               ///< Q-model width; -1: the index's
+    int64_t min_distance = 511;    ///< long range (IVFAsymTrainingParams::min_distance)
+    int64_t queries_per_prompt = -1; ///< candidate queries per prompt and head; -1: the trainer's
+    uint64_t seed = 1234;          ///< (layer, head) s trains with seed + s
+    std::string out;               ///< the cache file
+    std::string report_json;       ///< "" = none
+};
+
+/// A training document: its name (for logs) and token ids.
+struct TrainDocument {
+    std::string name;
+    std::vector<int> ids;
+};
+
+/** The training prompts of documents: each document cut into windows of
+ * `context` tokens, a remnant shorter than context / 2 dropped (a short
+ * prompt has few long-range queries); with max_tokens > 0, chunks are taken
+ * in order until max_tokens, the last one cut to what remains (if that is
+ * at least context / 2). Returns (document, first token, n_tokens). */
+struct TrainChunk {
+    size_t document;
+    int64_t begin;
+    int64_t n_tokens;
+};
+std::vector<TrainChunk> training_chunks(
+        const std::vector<TrainDocument>& documents, int64_t context, int64_t max_tokens);
+
+/** Prefills every chunk, feeds one IVFAsymTrainer per (layer, KV head),
+ * trains them (in parallel, BLAS at one thread), writes the cache to
+ * cfg.out (and the report to cfg.report_json). Progress on stderr, the
+ * summary table on `out`. */
+void run_train(
+        const LlamaModel& llm,
+        const std::vector<TrainDocument>& documents,
+        const TrainConfig& cfg,
+        std::ostream& out);
+
+} // namespace kvllm

@@ -1,0 +1,81 @@
+"""Per-layer table and figure of IVFAsym's sweep on the SmolLM2 trace.
+
+Reads the kvbench JSON files written one per layer (kvbench run --layers L
+--json DIR/<name>_L<L>.json) and prints, per index, the attention mass
+captured and the relative error on each layer, with the selected fraction;
+the mean over the layers >= 1 is the column the issue's goal reads. With
+--figure, plots mass vs selected fraction (mean over layers >= 1) per
+method, one curve per probing rule.
+
+usage: python benchmarks/scripts/ivfasym_layers.py DIR [--figure PNG]
+"""
+import argparse
+import glob
+import json
+import os
+import re
+from collections import defaultdict
+
+
+def load(directory):
+    rows = defaultdict(dict)  # index -> layer -> result
+    for path in sorted(glob.glob(os.path.join(directory, "*_L*.json"))):
+        layer = int(re.search(r"_L(\d+)\.json$", path).group(1))
+        for r in json.load(open(path))["results"]:
+            rows[r["index"]][layer] = r
+    return rows
+
+
+def method_of(index):
+    """The curve an index string belongs to (its string without nprobe / k)."""
+    base = index.split("|")[0]
+    params = index.split("|")[1] if "|" in index else ""
+    if "IVFAsym" in base:
+        return base + (" (group)" if "group_probe=1" in params else "")
+    return base
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--figure")
+    args = ap.parse_args()
+    rows = load(args.dir)
+    layers = sorted({l for v in rows.values() for l in v})
+    print("| index | selected | " + " | ".join(f"L{l} mass / err" for l in layers) +
+          " | mean mass L>=1 |")
+    print("|---|---|" + "---|" * len(layers) + "---|")
+    curves = defaultdict(list)
+    for index, per in rows.items():
+        sel = sum(r["selected_frac"] for r in per.values()) / len(per)
+        cells = []
+        for l in layers:
+            r = per.get(l)
+            cells.append(f"{r['mass_mean']:.3f} / {r['rel_err_mean']:.3f}" if r else "-")
+        upper = [per[l]["mass_mean"] for l in layers if l >= 1 and l in per]
+        mean_upper = sum(upper) / len(upper) if upper else float("nan")
+        print(f"| `{index}` | {100 * sel:.1f}% | " + " | ".join(cells) + f" | {mean_upper:.3f} |")
+        sel_upper = [per[l]["selected_frac"] for l in layers if l >= 1 and l in per]
+        if sel_upper:
+            curves[method_of(index)].append((sum(sel_upper) / len(sel_upper), mean_upper))
+    if args.figure:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for method, pts in sorted(curves.items()):
+            pts.sort()
+            ax.plot([100 * p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+        ax.set_xlabel("keys selected (% of the context, static part included)")
+        ax.set_ylabel("attention mass captured (mean, layers >= 1)")
+        ax.set_xscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title("SmolLM2-135M, 8k licence trace")
+        fig.tight_layout()
+        fig.savefig(args.figure, dpi=120)
+        print(f"wrote {args.figure}")
+
+
+if __name__ == "__main__":
+    main()
