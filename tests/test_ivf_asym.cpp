@@ -443,3 +443,45 @@ TEST(IVFAsym, TokensBeforeTrainingAreReadExactly) {
     kvtest::ref_attention_all(h.query(0, 49), h.keys.data(), h.values.data(), kD, kDv, 50, ref);
     EXPECT_LT(kvtest::rel_max_err(out.data(), ref), 1e-5);
 }
+
+TEST(IVFAsym, GroupProbeReadsTheBucketsOfTheSummedOutputs) {
+    // SAAP's batched queries: the g heads of a position share the nprobe
+    // buckets of the summed classifier outputs (here: probabilities)
+    Head h = ood_head(900, 9);
+    auto index = prefilled("IVFAsym8", h, 900, "nprobe=2,group_probe=1");
+    const IndexIVFAsym* ivf = ivf_asym_in_chain(index.get());
+    ASSERT_FALSE(ivf->qmodel.empty());
+    ASSERT_EQ(ivf->group_size, kGroup);
+    const idx_t m = 3; // positions per head, head-major as KVCache sends them
+    std::vector<float> q(kGroup * m * kD);
+    for (int hd = 0; hd < kGroup; hd++) {
+        for (idx_t i = 0; i < m; i++) {
+            std::copy_n(h.query(hd, 890 + i), kD, &q[(hd * m + i) * kD]);
+        }
+    }
+    std::vector<float> out(kGroup * m * kDv), lse(kGroup * m);
+    index->attend(kGroup * m, q.data(), out.data(), lse.data());
+    for (idx_t i = 0; i < m; i++) {
+        std::vector<float> sum(kC, 0.0f), s(kC);
+        for (int hd = 0; hd < kGroup; hd++) {
+            ivf->bucket_scores(&q[(hd * m + i) * kD], ivf->query_position(), s.data());
+            for (int c = 0; c < kC; c++) {
+                sum[c] += s[c];
+            }
+        }
+        std::vector<int> order(kC);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sum[a] > sum[b]; });
+        std::vector<idx_t> ids;
+        for (int r = 0; r < 2; r++) {
+            ids.insert(ids.end(), ivf->bucket_ids[order[r]].begin(), ivf->bucket_ids[order[r]].end());
+        }
+        for (int hd = 0; hd < kGroup; hd++) {
+            std::vector<double> ref;
+            double ref_lse = kvtest::ref_attention(
+                    &q[(hd * m + i) * kD], h.keys.data(), h.values.data(), kD, kDv, ids, nullptr, ref);
+            EXPECT_LT(kvtest::rel_max_err(&out[(hd * m + i) * kDv], ref), 1e-5);
+            EXPECT_NEAR(lse[hd * m + i], ref_lse, 1e-4);
+        }
+    }
+}

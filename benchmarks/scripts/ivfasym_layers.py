@@ -21,8 +21,10 @@ def load(directory):
     rows = defaultdict(dict)  # index -> layer -> result
     for path in sorted(glob.glob(os.path.join(directory, "*_L*.json"))):
         layer = int(re.search(r"_L(\d+)\.json$", path).group(1))
+        # self_L*.json: the same strings trained on the prompt itself
+        tag = " (self-trained)" if os.path.basename(path).startswith("self_") else ""
         for r in json.load(open(path))["results"]:
-            rows[r["index"]][layer] = r
+            rows[r["index"] + tag][layer] = r
     return rows
 
 
@@ -31,15 +33,39 @@ def method_of(index):
     base = index.split("|")[0]
     params = index.split("|")[1] if "|" in index else ""
     if "IVFAsym" in base:
-        return base + (" (group)" if "group_probe=1" in params else "")
+        return base + (" (self-trained)" if "self-trained" in index else "")
     return base
+
+
+def print_training(path):
+    """Summary of kvllm train's report: rows per head and the mean loss curve."""
+    r = json.load(open(path))
+    heads = [h for h in r["heads"] if h["qmodel_trained"]]
+    print(f"training: {r['tokens']} tokens in {r['n_prompts']} prompts of {r['context']}; "
+          f"prefill {r['prefill_seconds']:.0f} s, add_prompt {r['add_prompt_seconds']:.0f} s, "
+          f"training {r['train_seconds']:.0f} s, total {r['total_seconds']:.0f} s; "
+          f"{len(heads)} of {len(r['heads'])} heads with a Q-model")
+    rows = sorted(h["n_train"] + h["n_held"] for h in heads)
+    if rows:
+        print(f"rows per head: min {rows[0]}, median {rows[len(rows) // 2]}, max {rows[-1]}")
+    print("| iteration | mean train KL | mean held-out KL |")
+    print("|---|---|---|")
+    print(f"| 0 | - | {sum(h['initial_held_out_loss'] for h in heads) / len(heads):.3f} |")
+    for i in range(len(heads[0]["curve"])):
+        pts = [h["curve"][i] for h in heads if len(h["curve"]) > i]
+        held = [p["held_out"] for p in pts if p["held_out"] is not None]
+        print(f"| {pts[0]['iteration']} | {sum(p['train'] for p in pts) / len(pts):.3f} | "
+              f"{sum(held) / max(len(held), 1):.3f} |")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
     ap.add_argument("--figure")
+    ap.add_argument("--train-report", help="kvllm train's JSON report: print its summary")
     args = ap.parse_args()
+    if args.train_report:
+        print_training(args.train_report)
     rows = load(args.dir)
     layers = sorted({l for v in rows.values() for l in v})
     print("| index | selected | " + " | ".join(f"L{l} mass / err" for l in layers) +
