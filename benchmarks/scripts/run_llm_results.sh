@@ -101,11 +101,19 @@ for what in "${@:-e2e needle trace}"; do
           --index "Sink1,Window63,IVFAsym64_Centroid|nprobe=2" --index "Sink1,Window63,IVFAsym64_CentroidRoPE|nprobe=2")
       $KVLLM e2e --text-file "$DOC" --context 2048,4096,8192 --eval 64 "${iv[@]}" --trained "$TRAINED" \
           --json "$IV/e2e.json" | tee "$IV/e2e.txt"
-      $KVLLM e2e --text-file "$DOC" --context 2048,8192 --eval 64 --index "Sink1,Window63,IVFAsym64|nprobe=2" \
-          --json "$IV/e2e_self.json" | tee "$IV/e2e_self.txt"
       $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.5,0.9 --trained "$TRAINED" \
           --index Flat --index "Sink1,Window63,IVFAsym64|nprobe=2" --index "Sink1,Window63,IVFAsym64_Centroid|nprobe=2" \
-          --index "TopK(Flat)|k=4%" --json "$IV/needle.json" | tee "$IV/needle.txt" ;;
+          --index "TopK(Flat)|k=4%" --json "$IV/needle.json" | tee "$IV/needle.txt"
+      $KVLLM needle --context 2048,4096 --depths 0.1,0.5,0.9 --trained "$TRAINED" --dense-layers 0 \
+          --index Flat --index "Sink1,Window63,IVFAsym64|nprobe=2" --index "Sink1,Window63,IVFAsym64|nprobe=8" \
+          --index "Sink1,Window63,IVFAsym64_Centroid|nprobe=8" --json "$IV/needle_dense0.json" | tee "$IV/needle_dense0.txt"
+      # speed vs dense on synthetic keys (C = n / 128, self-trained at prefill)
+      ./build/benchmarks/bench_recall --tokens 32768 --queries 60 --index "Sink1,Window63,IVFAsym256@nprobe=4,8,16" \
+          --index "Sink1,Window63,IVFAsym256_Centroid@nprobe=8" --index "TopK(IVF33,Flat)@nprobe=8" | tee "$IV/speed_32k.txt"
+      ./build/benchmarks/bench_recall --tokens 131072 --queries 30 --index "Sink1,Window63,IVFAsym1024@nprobe=8,16,32" \
+          --index "Sink1,Window63,IVFAsym1024_Centroid@nprobe=16" | tee "$IV/speed_128k.txt"
+      $KVLLM needle --context 2048 --depths 0.1,0.5,0.9 --index "Sink1,Window63,IVFAsym64|nprobe=2" \
+          --index "Sink1,Window63,IVFAsym64|nprobe=8" --json "$IV/needle_self.json" | tee "$IV/needle_self.txt" ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
   esac
 done

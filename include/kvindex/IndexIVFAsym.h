@@ -62,6 +62,12 @@ enum class IVFAsymProbe {
  * reads exactly. Self-trained models are dropped by reset; adopted ones
  * stay.
  *
+ * Measured (SmolLM2-135M, 8k licence trace, C = 64, "Sink1,Window63,",
+ * models trained on python3-doc text; RESULTS.md): mean attention mass on
+ * layers >= 1 at nprobe 2 (4.8% of keys selected) 0.807 with the Q-model,
+ * 0.745 / 0.774 by nearest de-RoPEd / RoPEd centroid; self-trained at
+ * prefill 0.805 (1.0 s per head at 8k).
+ *
  * Per call: SearchParametersTopK::nprobe (IndexTopK.h). Factory strings:
  * "IVFAsym<C>" (Q-model), "IVFAsym<C>_Centroid", "IVFAsym<C>_CentroidRoPE".
  * Knobs: nprobe, group_probe, k (search's default); prefill-time: hidden,
