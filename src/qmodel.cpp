@@ -15,6 +15,7 @@
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/impl/io.h>
+#include <kvindex/kernels.h>
 
 #include "blas.h"
 
@@ -26,6 +27,7 @@ constexpr int kMaxDim = 1 << 20;
 constexpr size_t kMaxMatrix = size_t(1) << 28;
 // rows per inference block: bounds the scratch memory of log_probs
 constexpr idx_t kInferBlock = 256;
+constexpr idx_t kRowwiseBelow = 4; // fewer rows: inference without BLAS
 // BLAS takes int dimensions; a training batch must fit
 constexpr idx_t kMaxBatch = idx_t(1) << 30;
 
@@ -143,7 +145,17 @@ double kl_sum(idx_t n, int C, const float* logp, const float* t) {
 // z is scratch of kInferBlock * hidden floats.
 void infer_block(const QModel& m, idx_t n, const float* x, float* out, float* z) {
     int H = m.hidden;
-    gemm(false, true, int(n), H, m.d, x, m.d, m.w1.data(), m.d, z);
+    // a decode step classifies one query (or a GQA group's few): there a
+    // BLAS call costs more than its d * H multiply-adds, and the SIMD
+    // dot-product kernel (kernels.h) does them row by row
+    const bool rowwise = n < kRowwiseBelow;
+    if (rowwise) {
+        for (idx_t i = 0; i < n; i++) {
+            inner_products_scaled(x + i * m.d, m.w1.data(), size_t(m.d), size_t(H), 1.0f, z + i * H);
+        }
+    } else {
+        gemm(false, true, int(n), H, m.d, x, m.d, m.w1.data(), m.d, z);
+    }
     // batch normalization with running statistics folds into one affine map
     std::vector<float> scale(H), shift(H);
     for (int j = 0; j < H; j++) {
@@ -155,7 +167,14 @@ void infer_block(const QModel& m, idx_t n, const float* x, float* out, float* z)
             z[i * H + j] = std::max(z[i * H + j] * scale[j] + shift[j], 0.0f);
         }
     }
-    gemm(false, true, int(n), m.n_classes, H, z, H, m.w2.data(), H, out);
+    if (rowwise) {
+        for (idx_t i = 0; i < n; i++) {
+            inner_products_scaled(z + i * H, m.w2.data(), size_t(H), size_t(m.n_classes), 1.0f,
+                                  out + i * m.n_classes);
+        }
+    } else {
+        gemm(false, true, int(n), m.n_classes, H, z, H, m.w2.data(), H, out);
+    }
     log_softmax_rows(m, n, out);
 }
 

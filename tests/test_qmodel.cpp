@@ -242,6 +242,13 @@ TEST(QModel, LogProbsMatchReferenceWithRunningStatistics) {
     EXPECT_LE(kvtest::rel_max_err(out.data(), ref), 1e-5);
     double eval = qmodel_eval_loss(m, n, x.data(), t.data());
     EXPECT_LE(rel_err(eval, ref_eval, 1e-30), 1e-5) << eval << " vs " << ref_eval;
+    // one row at a time (a decode step: the path without BLAS) agrees too
+    std::vector<float> row(C);
+    for (int i = 0; i < n; i += 37) {
+        m.log_probs(1, x.data() + size_t(i) * d, row.data());
+        std::vector<double> ref_row(ref.begin() + size_t(i) * C, ref.begin() + size_t(i + 1) * C);
+        EXPECT_LE(kvtest::rel_max_err(row.data(), ref_row), 1e-5) << "row " << i;
+    }
 }
 
 TEST(QModel, TrainingLowersHeldOutLoss) {
