@@ -3,7 +3,6 @@
 #include <kvindex/index_io.h>
 
 #include <cmath>
-#include <cstdio>
 #include <memory>
 
 #include <faiss/impl/FaissAssert.h>
@@ -19,8 +18,8 @@ namespace {
 
 // not the index file's "KVIX": a cache handed to read_index (or an index to
 // read_cache) is refused by its magic, not half-parsed
-constexpr uint32_t kCacheMagic = fourcc("KVCC");
-constexpr size_t kCacheHeaderSize = 4 + 4 + 8 + 4;
+const FileFrame kCacheFrame{fourcc("KVCC"), kCacheFormatVersion, "read_cache", "kvindex cache file",
+                             "cache format version"};
 /// shape limits: far above any model, low enough that n_layers * n_kv_heads
 /// cannot overflow and a forged count is caught before anything is built
 constexpr int kMaxLayers = 1 << 12;
@@ -178,60 +177,23 @@ void write_cache(const KVCache& cache, std::vector<uint8_t>* buffer) {
     std::vector<uint8_t> payload;
     BufferWriter pw(&payload);
     write_payload(cache, pw);
-    buffer->clear();
-    buffer->reserve(kCacheHeaderSize + payload.size());
-    BufferWriter w(buffer);
-    w.value(kCacheMagic);
-    w.value(kCacheFormatVersion);
-    w.value<uint64_t>(payload.size());
-    w.value<uint32_t>(crc32(payload.data(), payload.size()));
-    w.bytes(payload.data(), payload.size());
+    write_framed(kCacheFrame, payload, buffer);
 }
 
 void write_cache(const KVCache& cache, const std::string& fname) {
     std::vector<uint8_t> buf;
     write_cache(cache, &buf);
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(fname.c_str(), "wb"), std::fclose);
-    FAISS_THROW_IF_NOT_FMT(f, "write_cache: cannot open '%s' for writing", fname.c_str());
-    FAISS_THROW_IF_NOT_FMT(
-            std::fwrite(buf.data(), 1, buf.size(), f.get()) == buf.size(),
-            "write_cache: short write to '%s'",
-            fname.c_str());
-    // a full disk can show only at close
-    FAISS_THROW_IF_NOT_FMT(
-            std::fclose(f.release()) == 0, "write_cache: error closing '%s'", fname.c_str());
+    write_file(fname, buf, "write_cache");
 }
 
 std::unique_ptr<KVCache> read_cache(const uint8_t* data, size_t size) {
-    FAISS_THROW_IF_NOT_MSG(data || size == 0, "read_cache: nullptr buffer");
-    FAISS_THROW_IF_NOT_FMT(
-            size >= kCacheHeaderSize,
-            "read_cache: %zd bytes, too short for the %zd-byte header",
-            size,
-            kCacheHeaderSize);
-    BufferReader r(data, size);
-    uint32_t magic = r.value<uint32_t>("magic");
-    FAISS_THROW_IF_NOT_MSG(
-            magic != fourcc("KVIX"),
-            "read_cache: this is a kvindex index file, not a cache (use read_index)");
-    FAISS_THROW_IF_NOT_MSG(magic == kCacheMagic, "read_cache: not a kvindex cache file (bad magic)");
-    uint32_t version = r.value<uint32_t>("version");
-    FAISS_THROW_IF_NOT_FMT(
-            version >= 1 && version <= kCacheFormatVersion,
-            "read_cache: cache format version %u, this build reads versions 1 to %u",
-            version,
-            kCacheFormatVersion);
-    uint64_t payload_size = r.value<uint64_t>("payload size");
-    uint32_t crc = r.value<uint32_t>("checksum");
-    FAISS_THROW_IF_NOT_FMT(
-            payload_size == r.remaining(),
-            "read_cache: header announces %zd payload bytes, %zd present (truncated?)",
-            size_t(payload_size),
-            r.remaining());
-    FAISS_THROW_IF_NOT_MSG(
-            crc32(data + r.pos, r.remaining()) == crc,
-            "read_cache: checksum mismatch (corrupt file)");
-    BufferReader pr(data + r.pos, r.remaining());
+    if (data && size >= kFrameHeaderSize) { // an index file is named, not just refused
+        BufferReader head(data, size);
+        FAISS_THROW_IF_NOT_MSG(
+                head.value<uint32_t>("magic") != fourcc("KVIX"),
+                "read_cache: this is a kvindex index file, not a cache (use read_index)");
+    }
+    BufferReader pr = read_framed(kCacheFrame, data, size);
     std::unique_ptr<KVCache> cache = read_payload(pr);
     FAISS_THROW_IF_NOT_FMT(
             pr.remaining() == 0,
@@ -241,16 +203,7 @@ std::unique_ptr<KVCache> read_cache(const uint8_t* data, size_t size) {
 }
 
 std::unique_ptr<KVCache> read_cache(const std::string& fname) {
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(fname.c_str(), "rb"), std::fclose);
-    FAISS_THROW_IF_NOT_FMT(f, "read_cache: cannot open '%s'", fname.c_str());
-    std::vector<uint8_t> buf;
-    uint8_t chunk[1 << 16];
-    size_t got;
-    while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0) {
-        buf.insert(buf.end(), chunk, chunk + got);
-    }
-    FAISS_THROW_IF_NOT_FMT(!std::ferror(f.get()), "read_cache: error reading '%s'", fname.c_str());
-    return read_cache(buf);
+    return read_cache(read_file(fname, "read_cache"));
 }
 
 } // namespace kvindex

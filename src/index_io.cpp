@@ -1,7 +1,6 @@
 #include <kvindex/index_io.h>
 
 #include <cmath>
-#include <cstdio>
 #include <memory>
 
 #include <faiss/impl/FaissAssert.h>
@@ -13,8 +12,7 @@ namespace kvindex {
 
 namespace {
 
-constexpr uint32_t kMagic = fourcc("KVIX");
-constexpr size_t kHeaderSize = 4 + 4 + 8 + 4;
+const FileFrame kIndexFrame{fourcc("KVIX"), kIndexFormatVersion, "read_index", "kvindex file", "format version"};
 constexpr int kMaxNesting = 8;
 
 /// The fields every record has, before its type's own.
@@ -109,17 +107,10 @@ void write_index(
     if (faiss_ranges) {
         faiss_ranges->clear();
         for (auto [begin, end] : pw.foreign_ranges) {
-            faiss_ranges->emplace_back(begin + kHeaderSize, end + kHeaderSize);
+            faiss_ranges->emplace_back(begin + kFrameHeaderSize, end + kFrameHeaderSize);
         }
     }
-    buffer->clear();
-    buffer->reserve(kHeaderSize + payload.size()); // one allocation
-    BufferWriter w(buffer);
-    w.value(kMagic);
-    w.value(kIndexFormatVersion);
-    w.value<uint64_t>(payload.size());
-    w.value<uint32_t>(crc32(payload.data(), payload.size()));
-    w.bytes(payload.data(), payload.size());
+    write_framed(kIndexFrame, payload, buffer);
 }
 
 void write_index(const KVIndex* index, std::vector<uint8_t>* buffer) {
@@ -129,43 +120,11 @@ void write_index(const KVIndex* index, std::vector<uint8_t>* buffer) {
 void write_index(const KVIndex* index, const std::string& fname) {
     std::vector<uint8_t> buf;
     write_index(index, &buf);
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(fname.c_str(), "wb"), std::fclose);
-    FAISS_THROW_IF_NOT_FMT(f, "write_index: cannot open '%s' for writing", fname.c_str());
-    FAISS_THROW_IF_NOT_FMT(
-            std::fwrite(buf.data(), 1, buf.size(), f.get()) == buf.size(),
-            "write_index: short write to '%s'",
-            fname.c_str());
+    write_file(fname, buf, "write_index");
 }
 
 std::unique_ptr<KVIndex> read_index(const uint8_t* data, size_t size) {
-    FAISS_THROW_IF_NOT_MSG(data || size == 0, "read_index: nullptr buffer");
-    BufferReader r(data, size);
-    FAISS_THROW_IF_NOT_FMT(
-            size >= kHeaderSize,
-            "read_index: %zd bytes, too short for the %zd-byte header",
-            size,
-            kHeaderSize);
-    FAISS_THROW_IF_NOT_MSG(
-            r.value<uint32_t>("magic") == kMagic,
-            "read_index: not a kvindex file (bad magic)");
-    uint32_t version = r.value<uint32_t>("version");
-    FAISS_THROW_IF_NOT_FMT(
-            version >= 1 && version <= kIndexFormatVersion,
-            "read_index: format version %u, this build reads versions 1 to %u",
-            version,
-            kIndexFormatVersion);
-    uint64_t payload_size = r.value<uint64_t>("payload size");
-    uint32_t crc = r.value<uint32_t>("checksum");
-    FAISS_THROW_IF_NOT_FMT(
-            payload_size == r.remaining(),
-            "read_index: header announces %zd payload bytes, %zd present (truncated?)",
-            size_t(payload_size),
-            r.remaining());
-    FAISS_THROW_IF_NOT_MSG(
-            crc32(data + r.pos, r.remaining()) == crc,
-            "read_index: checksum mismatch (corrupt file)");
-    BufferReader pr(data + r.pos, r.remaining());
-    pr.format_version = version;
+    BufferReader pr = read_framed(kIndexFrame, data, size);
     std::unique_ptr<KVIndex> index = read_index_record(pr);
     FAISS_THROW_IF_NOT_FMT(
             pr.remaining() == 0,
@@ -175,16 +134,7 @@ std::unique_ptr<KVIndex> read_index(const uint8_t* data, size_t size) {
 }
 
 std::unique_ptr<KVIndex> read_index(const std::string& fname) {
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(fname.c_str(), "rb"), std::fclose);
-    FAISS_THROW_IF_NOT_FMT(f, "read_index: cannot open '%s'", fname.c_str());
-    std::vector<uint8_t> buf;
-    uint8_t chunk[1 << 16];
-    size_t got;
-    while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0) {
-        buf.insert(buf.end(), chunk, chunk + got);
-    }
-    FAISS_THROW_IF_NOT_FMT(!std::ferror(f.get()), "read_index: error reading '%s'", fname.c_str());
-    return read_index(buf);
+    return read_index(read_file(fname, "read_index"));
 }
 
 } // namespace kvindex

@@ -18,6 +18,37 @@ namespace kvindex {
 /// CRC-32 (IEEE 802.3, as zlib) of a byte range.
 uint32_t crc32(const uint8_t* data, size_t size);
 
+struct BufferReader;
+
+/** The frame of every kvindex file (index_io.h: an index, a cache):
+ * magic | u32 format version | u64 payload size | u32 CRC-32 of the payload
+ * | payload. The names make the errors say which file and reader failed. */
+struct FileFrame {
+    uint32_t magic;
+    uint32_t version;          ///< the version this build writes; it reads 1 .. version
+    const char* reader;        ///< prefix of read errors ("read_index")
+    const char* kind;          ///< what the magic names ("kvindex file")
+    const char* version_name;  ///< how errors call the version ("format version")
+};
+
+/// Bytes of the frame before the payload.
+constexpr size_t kFrameHeaderSize = 4 + 4 + 8 + 4;
+
+/// out = the frame of `payload` (replaces its contents; one allocation).
+void write_framed(const FileFrame& frame, const std::vector<uint8_t>& payload, std::vector<uint8_t>* out);
+
+/** Checks a framed buffer (size, magic, version in 1 .. frame.version,
+ * payload size, checksum), throwing with frame.reader's prefix, and
+ * returns a reader over its payload whose format_version is the version
+ * read. */
+BufferReader read_framed(const FileFrame& frame, const uint8_t* data, size_t size);
+
+/// Writes buf to fname; `writer` ("write_index") prefixes the errors.
+void write_file(const std::string& fname, const std::vector<uint8_t>& buf, const char* writer);
+
+/// The bytes of fname; `reader` ("read_index") prefixes the errors.
+std::vector<uint8_t> read_file(const std::string& fname, const char* reader);
+
 /// Appends little-endian plain values to a byte vector.
 struct BufferWriter {
     std::vector<uint8_t>* out;
