@@ -40,8 +40,7 @@ std::vector<float> de_rope(const float* x, idx_t n, int d, idx_t first, const Ro
     return out;
 }
 
-} // namespace
-
+/// Nearest centroid (L2) of each of n vectors x (size n * d), ties to the smaller index.
 void assign_to_centroids(
         const float* x, idx_t n, int d, const float* centroids, int n_centroids, int32_t* out) {
     // argmin_c |x - c|^2 = argmin_c |c|^2 - 2 <x, c>, the products by BLAS
@@ -69,6 +68,21 @@ void assign_to_centroids(
             out[i0 + i] = best;
         }
     }
+}
+
+} // namespace
+
+void assign_keys_to_buckets(
+        const float* keys,
+        idx_t n,
+        int d,
+        idx_t first_position,
+        const RopeParams& rope,
+        const float* centroids,
+        int n_centroids,
+        int32_t* out) {
+    std::vector<float> k = de_rope(keys, n, d, first_position, rope);
+    assign_to_centroids(k.data(), n, d, centroids, n_centroids, out);
 }
 
 IVFAsymTrainer::IVFAsymTrainer(int d, const IVFAsymTrainingParams& p)
@@ -123,11 +137,15 @@ void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
     if (in.n_queries > 0 && in.queries) {
         check_finite(in.queries, in.n_queries * in.n_query_heads, d, "IVFAsymTrainer::add_prompt: queries");
         idx_t end = in.first_position + in.n_tokens;
+        // without positions, the queries are the prompt's last n_queries
+        auto position_of = [&](idx_t i) {
+            return in.query_positions ? in.query_positions[i] : end - in.n_queries + i;
+        };
+        const idx_t first_far = std::max(params.n_sink, in.first_position);
         std::vector<std::pair<int, idx_t>> eligible; // (head, query)
         for (int h = 0; h < in.n_query_heads; h++) {
             for (idx_t i = 0; i < in.n_queries; i++) {
-                idx_t pos = in.query_positions ? in.query_positions[i] : end - in.n_queries + i;
-                idx_t first_far = std::max(params.n_sink, in.first_position);
+                idx_t pos = position_of(i);
                 if (pos < end && pos - params.min_distance > first_far) {
                     eligible.push_back({h, i});
                 }
@@ -141,7 +159,7 @@ void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
             auto [h, i] = eligible[j];
             const float* q = in.queries + (size_t(h) * in.n_queries + i) * d;
             p.queries.insert(p.queries.end(), q, q + d);
-            p.positions.push_back(in.query_positions ? in.query_positions[i] : end - in.n_queries + i);
+            p.positions.push_back(position_of(i));
         }
         report.n_candidates += take;
     }
@@ -185,9 +203,7 @@ void IVFAsymTrainer::make_rows(const PendingPrompt& p) {
     const int C = params.n_centroids;
     idx_t n = idx_t(p.keys.size() / d);
     std::vector<int32_t> bucket(n);
-    std::vector<float> dk = de_rope(p.keys.data(), n, d, p.first_position, rope);
-    assign_to_centroids(dk.data(), n, d, centroids.data(), C, bucket.data());
-    dk = std::vector<float>();
+    assign_keys_to_buckets(p.keys.data(), n, d, p.first_position, rope, centroids.data(), C, bucket.data());
 
     const float scale = 1.0f / std::sqrt(float(d));
     idx_t nc = idx_t(p.positions.size());

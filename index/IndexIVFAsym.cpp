@@ -231,11 +231,8 @@ void IndexIVFAsym::add_kv_impl(idx_t n, const float* keys, const float* values) 
 void IndexIVFAsym::assign_tokens(idx_t n, const float* keys, const float* values) {
     std::vector<int32_t> assign(n, n_centroids); // the unassigned run until trained
     if (is_trained_models()) {
-        std::vector<float> k(keys, keys + size_t(n) * d);
-        std::vector<int64_t> pos(n);
-        std::iota(pos.begin(), pos.end(), first_position + ntotal);
-        invert_rope(n, d, k.data(), pos.data(), rope);
-        assign_to_centroids(k.data(), n, d, centroids.data(), n_centroids, assign.data());
+        assign_keys_to_buckets(
+                keys, n, d, first_position + ntotal, rope, centroids.data(), n_centroids, assign.data());
     }
     // append bucket by bucket; undone on failure (a value the type cannot hold)
     std::vector<size_t> sizes(buckets.size());
@@ -278,16 +275,17 @@ void IndexIVFAsym::reset_impl() {
     }
 }
 
-void IndexIVFAsym::reconstruct_impl(idx_t key, float* recons) const {
+idx_t IndexIVFAsym::offset_in_bucket(idx_t key) const {
     const std::vector<idx_t>& ids = bucket_ids[token_bucket[key]];
-    size_t off = std::lower_bound(ids.begin(), ids.end(), key) - ids.begin();
-    buckets[token_bucket[key]].key(idx_t(off), recons);
+    return idx_t(std::lower_bound(ids.begin(), ids.end(), key) - ids.begin());
+}
+
+void IndexIVFAsym::reconstruct_impl(idx_t key, float* recons) const {
+    buckets[token_bucket[key]].key(offset_in_bucket(key), recons);
 }
 
 void IndexIVFAsym::reconstruct_value_impl(idx_t key, float* value) const {
-    const std::vector<idx_t>& ids = bucket_ids[token_bucket[key]];
-    size_t off = std::lower_bound(ids.begin(), ids.end(), key) - ids.begin();
-    buckets[token_bucket[key]].value(idx_t(off), value);
+    buckets[token_bucket[key]].value(offset_in_bucket(key), value);
 }
 
 size_t IndexIVFAsym::memory_bytes() const {
@@ -357,10 +355,19 @@ int IndexIVFAsym::nprobe_for(const faiss::SearchParameters* params) const {
 }
 
 std::vector<int32_t> IndexIVFAsym::buckets_to_read(const float* q, int n) const {
-    std::vector<int32_t> read;
+    std::vector<float> scores;
     if (is_trained_models() && n > 0) {
+        scores.resize(n_centroids);
+        bucket_scores(q, query_position(), scores.data());
+    }
+    return buckets_of_scores(scores.empty() ? nullptr : scores.data(), n);
+}
+
+std::vector<int32_t> IndexIVFAsym::buckets_of_scores(const float* scores, int n) const {
+    std::vector<int32_t> read;
+    if (scores) {
         read.resize(n);
-        probe_buckets(q, query_position(), n, read.data());
+        top_buckets(scores, n_centroids, n, read.data());
     }
     if (!bucket_ids[n_centroids].empty()) {
         read.push_back(n_centroids); // tokens from before any training: always read
@@ -440,20 +447,16 @@ void IndexIVFAsym::attend_batch(
         for (idx_t h = 0; h < g; h++) {
             std::copy_n(q + (h * m + i) * d, d, qg.data() + h * d);
         }
-        std::vector<int32_t> read;
-        if (is_trained_models() && np > 0) {
+        const bool probing = is_trained_models() && np > 0;
+        if (probing) {
             for (idx_t h = 0; h < g; h++) {
                 bucket_scores(qg.data() + h * d, query_position(), s.data());
                 for (int c = 0; c < n_centroids; c++) {
                     scores[c] += s[c];
                 }
             }
-            read.resize(np);
-            top_buckets(scores.data(), n_centroids, np, read.data());
         }
-        if (!bucket_ids[n_centroids].empty()) {
-            read.push_back(n_centroids);
-        }
+        std::vector<int32_t> read = buckets_of_scores(probing ? scores.data() : nullptr, np);
         std::vector<MergedAttention> merged(g, MergedAttention(d_value));
         std::vector<float> part_out(size_t(g) * d_value), part_lse(g);
         for (int32_t b : read) {

@@ -9,7 +9,6 @@
 
 #include <kvindex/IndexIVFAsym.h>
 #include <kvindex/blas_threads.h>
-#include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
 #include <kvindex/parameters.h>
 
@@ -273,9 +272,17 @@ kvindex::KVCache LlamaModel::make_cache(
                            index_string, dense_string, dense_layers);
     // before the prefills: an index with offline models only assigns keys.
     // Strings with nothing trained offline in them (the baselines of the
-    // same run: Flat, TopK, ...) are built as given.
-    if (trained && kvindex::ivf_asym_in_chain(kvindex::index_factory(cfg.head_dim, index_string).get())) {
-        cache.adopt_trained(*trained);
+    // same run: Flat, TopK, ...) are built as given; the cache's own first
+    // sparse index says which kind this string is.
+    if (trained) {
+        for (int l = 0; l < cfg.n_layers; l++) {
+            if (std::find(dense_layers.begin(), dense_layers.end(), l) == dense_layers.end()) {
+                if (kvindex::ivf_asym_in_chain(cache.index(l, 0))) {
+                    cache.adopt_trained(*trained);
+                }
+                break;
+            }
+        }
     }
     const int64_t nq = rec.n_tokens - rec.query_begin;
     std::vector<kvindex::idx_t> positions(static_cast<size_t>(nq));

@@ -47,14 +47,23 @@ struct IVFAsymTrainingReport {
     double initial_held_out_loss = 0;
 };
 
-/** Nearest centroid (L2, as k-means assigns) of each of n vectors, ties
- * to the smaller index.
- * @param x          size n * d
- * @param centroids  size n_centroids * d
+/** SAAP's key assignment, the same at training and at prefill: the bucket
+ * of each of n post-RoPE keys at positions first_position + i is the
+ * nearest centroid (L2, as k-means assigns; ties to the smaller index) of
+ * the key rotated back to position 0.
+ * @param keys       size n * d
+ * @param centroids  size n_centroids * d (de-RoPEd key space)
  * @param out        size n
  */
-void assign_to_centroids(
-        const float* x, idx_t n, int d, const float* centroids, int n_centroids, int32_t* out);
+void assign_keys_to_buckets(
+        const float* keys,
+        idx_t n,
+        int d,
+        idx_t first_position,
+        const RopeParams& rope,
+        const float* centroids,
+        int n_centroids,
+        int32_t* out);
 
 /** Trains the two models of an IndexIVFAsym from the tokens of training
  * prompts: k-means on de-RoPEd keys (Faiss, random initialization), then

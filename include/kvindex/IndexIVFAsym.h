@@ -167,6 +167,11 @@ struct IndexIVFAsym : KVIndex {
     int nprobe_for(const faiss::SearchParameters* params) const;
     /// Buckets to read for q: the probed ones, then the unassigned run if it holds tokens.
     std::vector<int32_t> buckets_to_read(const float* q, int nprobe) const;
+    /** The same from the C bucket scores of a query or the sum over a GQA
+     * group's (nullptr: no probing, only the unassigned run). */
+    std::vector<int32_t> buckets_of_scores(const float* scores, int nprobe) const;
+    /// Where token `key` sits in its bucket.
+    idx_t offset_in_bucket(idx_t key) const;
     /// n_scanned of one probe.
     size_t probe_cost() const;
     /// Appends tokens at positions first_position + ntotal + i to their buckets.
