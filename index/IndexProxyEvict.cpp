@@ -168,6 +168,12 @@ EvictBudget IndexProxyEvict::budget_for(idx_t n) const {
     b.n_keep = budget_tokens > 0 ? std::min(budget_tokens, n)
                                  : std::min(n, idx_t(std::llround(keep_percent / 100 * n)));
     b.n_keep = std::max<idx_t>(b.n_keep, 1); // never evict the whole prompt
+    // the fields are public: refuse what set_parameter would have refused
+    FAISS_THROW_IF_NOT_FMT(
+            proxy_tokens >= 0 && (proxy_tokens == 0 || policy == EvictPolicy::nacl),
+            "ProxyEvict%g (%s): proxy_tokens=%lld must be >= 0, and 0 unless the "
+            "policy is NaCl",
+            keep_percent, evict_policy_name(policy), (long long)proxy_tokens);
     idx_t B = b.n_keep;
     switch (policy) {
         case EvictPolicy::nacl: {
@@ -186,8 +192,12 @@ EvictBudget IndexProxyEvict::budget_for(idx_t n) const {
             b.n_random = B - n_protect - b.n_top;
             b.n_sink = std::min(n_sink, n_protect);
             b.n_recent = n_protect - b.n_sink;
-            double proxy = std::llround(n * (protect + window) / 100);
-            b.n_proxy = std::min<idx_t>(n, std::max<idx_t>(1, idx_t(proxy)));
+            if (proxy_tokens > 0) { // the question: a count of tokens
+                b.n_proxy = std::min(proxy_tokens, n);
+            } else { // the paper's window: a share of the prompt, protected included
+                double proxy = std::llround(n * (protect + window) / 100);
+                b.n_proxy = std::min<idx_t>(n, std::max<idx_t>(1, idx_t(proxy)));
+            }
             break;
         }
         case EvictPolicy::h2o:
@@ -233,9 +243,16 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
     if (scored && b.n_top + b.n_random > 0) {
         idx_t end = in.first_position + n; // position after the prompt
         idx_t from = b.n_proxy > 0 ? end - b.n_proxy : in.first_position;
+        if (policy == EvictPolicy::nacl && proxy_tokens > 0) {
+            // the question ends the caller's prompt: after a wrapper's window
+            // (n_after tokens) when this index holds the middle of it
+            end += in.n_after;
+            from = end - std::min(proxy_tokens, end);
+        }
         std::vector<idx_t> pick, pos;
         for (idx_t i = 0; i < in.n_queries; i++) {
-            idx_t p = in.query_positions ? in.query_positions[i] : end - in.n_queries + i;
+            idx_t p = in.query_positions ? in.query_positions[i]
+                                         : in.first_position + n - in.n_queries + i;
             if (p >= from && p < end) {
                 pick.push_back(i);
                 pos.push_back(p);
@@ -398,12 +415,36 @@ std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
     info.push_back({"protect", true, "NaCl: sinks + recent tokens kept, percent of the prompt"});
     info.push_back({"proxy_keep", true, "NaCl: tokens kept by proxy score, percent of the prompt"});
     info.push_back({"proxy_window", true, "NaCl: proxy queries beyond the protected ones, percent of the prompt"});
+    info.push_back({"proxy_tokens", true,
+                    "NaCl: proxy queries = the last N prompt positions (the question), tokens, "
+                    "integer >= 0, clamped to the prompt; 0 = the proxy_window percent (default); "
+                    "other policies: 0 only"});
     info.push_back({"n_sink", true, "first tokens among the protected ones (NaCl, StreamingLLM), >= 0"});
     info.push_back({"seed", true, "seed of the random part (with the per-head stream), >= 0"});
     return info;
 }
 
 bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
+    if (name == "proxy_tokens") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || is_positive_integer(value),
+                "parameter proxy_tokens=%g must be a non-negative integer (tokens)",
+                value);
+        // only NaCl scores with a proxy window; running the plain baseline
+        // under a question-aware setting would mislabel its results
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || policy == EvictPolicy::nacl,
+                "parameter proxy_tokens=%g: only NaCl has a proxy window (%s %s); "
+                "use ProxyEvict%g or proxy_tokens=0",
+                value,
+                evict_policy_name(policy),
+                policy == EvictPolicy::h2o    ? "scores with every prompt query"
+                        : policy == EvictPolicy::tova ? "scores with the last prompt query"
+                                                      : "keeps tokens without scores",
+                keep_percent);
+        proxy_tokens = idx_t(value);
+        return true;
+    }
     if (name == "budget" || name == "n_sink" || name == "seed") {
         FAISS_THROW_IF_NOT_FMT(
                 is_positive_integer(value) || (name != "budget" && value == 0),
@@ -441,6 +482,7 @@ bool IndexProxyEvict::get_parameter(const std::string& name, double* value) cons
             {"protect", protect_percent},
             {"proxy_keep", proxy_keep_percent},
             {"proxy_window", proxy_window_percent},
+            {"proxy_tokens", double(proxy_tokens)},
             {"n_sink", double(n_sink)},
             {"seed", double(seed)}};
     for (auto& [n, v] : knobs) {
@@ -464,6 +506,7 @@ void IndexProxyEvict::write_fields(BufferWriter& w) const {
     w.value<double>(protect_percent);
     w.value<double>(proxy_keep_percent);
     w.value<double>(proxy_window_percent);
+    w.value<int64_t>(proxy_tokens); // from record version 2
     w.value<int64_t>(n_sink);
     w.value<uint64_t>(seed);
     w.value<uint64_t>(stream);
@@ -471,7 +514,7 @@ void IndexProxyEvict::write_fields(BufferWriter& w) const {
     write_index_record(inner.get(), w);
 }
 
-void IndexProxyEvict::read_fields(BufferReader& r, uint32_t) {
+void IndexProxyEvict::read_fields(BufferReader& r, uint32_t version) {
     uint8_t p = r.value<uint8_t>("eviction policy");
     FAISS_THROW_IF_NOT_FMT(p <= 4, "read_index: invalid eviction policy %d", int(p));
     policy = EvictPolicy(p);
@@ -480,6 +523,8 @@ void IndexProxyEvict::read_fields(BufferReader& r, uint32_t) {
     protect_percent = r.value<double>("protect percent");
     proxy_keep_percent = r.value<double>("proxy-keep percent");
     proxy_window_percent = r.value<double>("proxy window percent");
+    // version 1 had no token window: the percent window
+    proxy_tokens = version >= 2 ? r.value<int64_t>("proxy tokens") : 0;
     n_sink = r.value<int64_t>("n_sink");
     seed = r.value<uint64_t>("seed");
     stream = r.value<uint64_t>("stream");
@@ -490,6 +535,12 @@ void IndexProxyEvict::read_fields(BufferReader& r, uint32_t) {
 void IndexProxyEvict::check_invariants() const {
     KVIndex::check_invariants();
     FAISS_THROW_IF_NOT_MSG(inner, "IndexProxyEvict: inner index missing");
+    FAISS_THROW_IF_NOT_FMT(
+            proxy_tokens >= 0 && (proxy_tokens == 0 || policy == EvictPolicy::nacl),
+            "IndexProxyEvict: record inconsistent: proxy_tokens=%lld must be >= 0, and 0 "
+            "unless the policy is NaCl (it is %s)",
+            (long long)proxy_tokens,
+            evict_policy_name(policy));
     bool sorted = true;
     for (size_t i = 0; i < positions.size(); i++) {
         sorted = sorted && positions[i] >= 0 && positions[i] < ntotal &&

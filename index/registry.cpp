@@ -7,6 +7,8 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/IndexHybrid.h>
+#include <kvindex/IndexChoose.h>
 #include <kvindex/IndexIVFAsym.h>
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexLSHSample.h>
@@ -14,6 +16,7 @@
 #include <kvindex/IndexRoarGraph.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
+#include <kvindex/IndexUniformSample.h>
 
 namespace kvindex {
 
@@ -31,10 +34,13 @@ std::vector<IndexTypeInfo> builtin_types() {
             {"IndexSinkWindow", fourcc("KVSw"), 1, "Sink<n>,Window<m>,<index>",
              "first n and last m tokens exact, the rest by the inner index, merged by lse",
              IndexSinkWindow::from_factory, make_empty<IndexSinkWindow>},
-            {"IndexProxyEvict", fourcc("KVPe"), 1,
+            {"IndexProxyEvict", fourcc("KVPe"), 2,
              "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]",
              "one-shot eviction at prefill (NaCl and its baselines), then any index over the kept tokens",
              IndexProxyEvict::from_factory, make_empty<IndexProxyEvict>},
+            {"IndexChoose", fourcc("KVCh"), 1, "Choose(<chain>;<chain>[;...])",
+             "per-head choice at prefill between 2 to 8 candidate chains, by their error on held-back prefill queries",
+             IndexChoose::from_factory, make_empty<IndexChoose>},
             {"IndexKVFlat", fourcc("KVFl"), 1, "Flat",
              "exact attention, one fused pass over keys and values (the dense baseline)",
              IndexKVFlat::from_factory, make_empty<IndexKVFlat>},
@@ -50,6 +56,12 @@ std::vector<IndexTypeInfo> builtin_types() {
             {"IndexIVFAsym", fourcc("KVIa"), 1, "IVFAsym<C>[_Centroid|_CentroidRoPE]",
              "SAAP: keys in k-means buckets (de-RoPEd), queries routed by a trained classifier, exact attention over the probed buckets",
              IndexIVFAsym::from_factory, make_empty<IndexIVFAsym>},
+            {"IndexHybrid", fourcc("KVHy"), 1, "Hybrid(<heavy>,<tail>)",
+             "exact heavy hitters (a top-k index) + an unbiased sample of the other tokens (LSH or uniform), merged by lse",
+             IndexHybrid::from_factory, make_empty<IndexHybrid>},
+            {"IndexUniformSample", fourcc("KVUs"), 1, "Uniform<n>",
+             "n tokens drawn uniformly per query, unbiased estimator (the sampled-tail baseline)",
+             IndexUniformSample::from_factory, make_empty<IndexUniformSample>},
     };
 }
 

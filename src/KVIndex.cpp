@@ -264,6 +264,56 @@ void KVIndex::select(
     select_batch(n, q, sel, params);
 }
 
+void KVIndex::select_outside(
+        const float* q,
+        const idx_t* excluded,
+        size_t n_excluded,
+        Selection& sel,
+        const faiss::SearchParameters* params) const {
+    ReadScope scope(*this, "select_outside");
+    check_query_args(1, q, "select_outside: query");
+    check_params(params);
+    FAISS_THROW_IF_NOT_MSG(
+            excluded || n_excluded == 0, "select_outside: excluded is nullptr");
+    for (size_t j = 0; j < n_excluded; j++) {
+        FAISS_THROW_IF_NOT_FMT(
+                excluded[j] >= 0 && excluded[j] < ntotal && (j == 0 || excluded[j] > excluded[j - 1]),
+                "select_outside: excluded[%zd] = %zd: ids must be increasing, in [0, %zd)",
+                j,
+                size_t(excluded[j]),
+                size_t(ntotal));
+    }
+    sel.clear();
+    if (ntotal == 0) {
+        return;
+    }
+    select_outside_one(q, excluded, n_excluded, sel, params);
+}
+
+void KVIndex::select_outside_one(
+        const float* q,
+        const idx_t* excluded,
+        size_t n_excluded,
+        Selection& sel,
+        const faiss::SearchParameters* params) const {
+    Selection all;
+    select_batch(1, q, &all, params);
+    std::vector<size_t> order(all.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return all.ids[a] < all.ids[b];
+    });
+    sel.clear();
+    sel.n_scanned = all.n_scanned;
+    const idx_t* end = excluded + n_excluded;
+    for (size_t j : order) {
+        idx_t id = all.ids[j];
+        if (!std::binary_search(excluded, end, id)) {
+            sel.push_back(id, all.inclusion[j]);
+        }
+    }
+}
+
 void KVIndex::attend(
         idx_t n,
         const float* q,

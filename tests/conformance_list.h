@@ -56,6 +56,17 @@ inline const ConformanceCase kConformance[] = {
         {"IVFAsym4", "k=7,nprobe=2", "nprobe=4"},
         {"Sink2,Window8,IVFAsym4_Centroid", "k=7,nprobe=3,group_probe=1", "nprobe=4"},
         {"BF16,IVFAsym4_CentroidRoPE", "k=7,nprobe=1", "nprobe=4"},
+        // exact heavy hitters + a sampled tail; the uniform sampler alone
+        {"Uniform", "k=7,seed=3", "k=1000000"},
+        {"Hybrid(TopK(Flat),Uniform)", "k=7,sample=6", "k=1000000"},
+        {"Sink2,Window8,Hybrid(TopK(IVF4,Flat),LSHSample6x20)", "k=7,nprobe=3,min_hits=3",
+         "k=1000000,nprobe=4"},
+        {"BF16,Hybrid(TopK(Flat),Uniform)", "k=7,sample=4", "sample=1000000"},
+        // a per-head choice between candidate chains, made at prefill
+        {"Choose(TopK(Flat);LSHSample6x20)", "k=7,min_hits=3", "k=1000000,min_hits=0"},
+        {"Sink2,Window8,Choose(Flat;TopK(IVF4,Flat))", "k=7,nprobe=3", "k=1000000"},
+        {"BF16,Choose(LSHSample6x20;Sink4,Window8,TopK(Flat))", "k=7,max_sample=30",
+         "k=1000000,min_hits=0"},
 };
 
 } // namespace kvtest

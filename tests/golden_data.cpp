@@ -1,10 +1,13 @@
 #include "golden_data.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 
 #include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
+#include <kvindex/registry.h>
 
 #include "reference.h"
 
@@ -60,6 +63,28 @@ std::string golden_stem(size_t i, const std::string& factory) {
         s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
     }
     return s;
+}
+
+std::string golden_version_key(const std::string& factory) {
+    std::string key = std::to_string(kvindex::kIndexFormatVersion);
+    std::vector<const kvindex::KVIndex*> todo;
+    auto root = kvindex::index_factory(kDim, factory, kDimValue);
+    todo.push_back(root.get());
+    std::vector<std::string> seen;
+    while (!todo.empty()) {
+        const kvindex::KVIndex* x = todo.back();
+        todo.pop_back();
+        kvindex::IndexTypeInfo row = kvindex::index_type_of(x);
+        std::string name = row.name.rfind("Index", 0) == 0 ? row.name.substr(5) : row.name;
+        if (row.record_version > 1 && std::find(seen.begin(), seen.end(), name) == seen.end()) {
+            seen.push_back(name);
+            key += "+" + name + ".v" + std::to_string(row.record_version);
+        }
+        for (const kvindex::KVIndex* c : x->children()) {
+            todo.push_back(c);
+        }
+    }
+    return key;
 }
 
 } // namespace kvgolden

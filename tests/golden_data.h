@@ -45,4 +45,11 @@ Answers answer(const kvindex::KVIndex* index, const std::vector<float>& queries)
 /// File name stem of case i: "07_Window8_TopK_IVF4_Flat_".
 std::string golden_stem(size_t i, const std::string& factory);
 
+/** The version a golden file of this chain is saved under: the container's
+ * format version ("3"), followed by "+<Type>.v<n>" for each type of the
+ * chain whose record is past version 1 ("3+ProxyEvict.v2"), so that a
+ * type's record bump adds a new current file and keeps the old one as a
+ * version the reader must still accept. */
+std::string golden_version_key(const std::string& factory);
+
 } // namespace kvgolden

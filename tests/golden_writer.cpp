@@ -6,7 +6,8 @@
 // saved index in this build's format version (<stem>.f<version>.kvix) and,
 // for a string seen for the first time, its answers in golden.json. Files
 // already there are never rewritten: they are what old versions wrote.
-// Run it when a type joins the conformance list or the format version moves.
+// Run it when a type joins the conformance list, the format version moves
+// or a type's record version moves (golden_version_key).
 
 #include <cstdio>
 #include <filesystem>
@@ -45,9 +46,9 @@ int main(int argc, char** argv) {
         j["indexes"] = nlohmann::json::object();
     }
     std::vector<float> q = j["queries"].get<std::vector<float>>();
-    const std::string version = std::to_string(kvindex::kIndexFormatVersion);
     size_t i = 0;
     for (const auto& c : kvtest::kConformance) {
+        const std::string version = golden_version_key(c.factory);
         std::string stem = golden_stem(i++, c.factory);
         nlohmann::json& e = j["indexes"][c.factory];
         auto index = build_golden_index(c.factory, c.knobs);

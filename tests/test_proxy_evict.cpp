@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <numeric>
 #include <set>
@@ -17,6 +20,7 @@
 #include <kvindex/parameters.h>
 
 #include "expect_throw.h"
+#include "forge.h"
 #include "reference.h"
 
 using namespace kvindex;
@@ -418,4 +422,406 @@ TEST(ProxyEvict, FactoryAndIoRoundTrip) {
     // a split beyond the budget is refused when it is used (prefill)
     set_index_parameters(e.get(), "protect=15,proxy_keep=15");
     EXPECT_THROW_MSG(pe->budget_for(1000), "exceed");
+}
+
+// ---- proxy_tokens: NaCl's proxy window given in tokens (the question) ----
+
+namespace {
+
+/// The last t prompt positions of p, clamped to the prompt.
+std::vector<idx_t> last_positions(idx_t n, idx_t t) {
+    std::vector<idx_t> qs;
+    for (idx_t i = n - std::min(t, n); i < n; i++) {
+        qs.push_back(i);
+    }
+    return qs;
+}
+
+/// ref_scores over the keys [k0, k1) only (the part of the prompt an index
+/// under a Sink/Window wrapper is given), non-causal, in double.
+std::vector<double> ref_scores_range(const Prompt& p, const std::vector<idx_t>& qs, idx_t k0, idx_t k1) {
+    std::vector<double> F(k1 - k0, 0.0);
+    for (int h = 0; h < p.n_heads; h++) {
+        for (idx_t qi : qs) {
+            const float* q = p.queries.data() + (size_t(h) * p.n + qi) * kD;
+            std::vector<double> s(k1 - k0);
+            double mx = -INFINITY, z = 0;
+            for (idx_t j = k0; j < k1; j++) {
+                double dot = 0;
+                for (int c = 0; c < kD; c++) {
+                    dot += double(q[c]) * p.keys[j * kD + c];
+                }
+                s[j - k0] = dot / std::sqrt(double(kD));
+                mx = std::max(mx, s[j - k0]);
+            }
+            for (double v : s) {
+                z += std::exp(v - mx);
+            }
+            for (size_t j = 0; j < s.size(); j++) {
+                F[j] += std::exp(s[j] - mx) / z;
+            }
+        }
+    }
+    return F;
+}
+
+std::vector<idx_t> iota_ids(idx_t n) {
+    std::vector<idx_t> v(n);
+    std::iota(v.begin(), v.end(), 0);
+    return v;
+}
+
+/// Position of the 8 bytes of `value` in buf; fails unless there is exactly one.
+size_t find_unique_i64(const std::vector<uint8_t>& buf, int64_t value) {
+    size_t at = std::string::npos, count = 0;
+    for (size_t i = 0; i + 8 <= buf.size(); i++) {
+        if (std::memcmp(buf.data() + i, &value, 8) == 0) {
+            at = i;
+            count++;
+        }
+    }
+    EXPECT_EQ(count, 1u) << "sentinel " << value << " found " << count << " times";
+    return at;
+}
+
+} // namespace
+
+TEST(ProxyEvictTokens, ScoresAreThoseOfExactlyTheLastTQueries) {
+    // Top-only split (protect 0, proxy-keep = the whole budget): the kept set
+    // is the top-B by the scores, for several B, so it pins the order of the
+    // scores. GQA: 3 query heads, summed.
+    Prompt p(300, 3, 21);
+    for (idx_t t : {1, 5, 32, 299, 300, 1000}) {
+        auto qs = last_positions(p.n, t);
+        auto F = ref_scores(p, qs, /*causal=*/false);
+        // the comparison can tell the window from one a query longer or
+        // shorter (a long window barely moves with one more query: skipped)
+        if (t <= 32) {
+            for (idx_t other : {t - 1, t + 1}) {
+                if (other < 1) {
+                    continue;
+                }
+                auto F_other = ref_scores(p, last_positions(p.n, other), false);
+                bool differs = false;
+                for (idx_t B : {1, 10, 30, 60, 150}) {
+                    differs = differs || top_of(F, iota_ids(p.n), B) != top_of(F_other, iota_ids(p.n), B);
+                }
+                EXPECT_TRUE(differs) << "t=" << t << " vs " << other;
+            }
+        }
+        for (idx_t B : {1, 10, 30, 60, 150}) {
+            SCOPED_TRACE("t=" + std::to_string(t) + " B=" + std::to_string(B));
+            auto e = evict("ProxyEvict20");
+            set_index_parameters(e.get(), "protect=0,proxy_keep=20,proxy_tokens=" + std::to_string(t) +
+                                                  ",budget=" + std::to_string(B));
+            EvictBudget b = e->budget_for(p.n);
+            ASSERT_EQ(b.n_top, B);
+            ASSERT_EQ(b.n_proxy, std::min<idx_t>(t, p.n));
+            EXPECT_EQ(e->choose_kept(p.input()), top_of(F, iota_ids(p.n), B));
+        }
+    }
+    // the default split too: protected ∪ top by the question's scores ∪ a
+    // random part disjoint from both
+    auto e = evict("ProxyEvict20");
+    set_index_parameters(e.get(), "proxy_tokens=16");
+    EvictBudget b = e->budget_for(p.n);
+    ASSERT_GT(b.n_top, 0);
+    ASSERT_GT(b.n_random, 0);
+    auto F = ref_scores(p, last_positions(p.n, 16), false);
+    std::vector<idx_t> cand;
+    for (idx_t j = b.n_sink; j < p.n - b.n_recent; j++) {
+        cand.push_back(j);
+    }
+    auto top = top_of(F, cand, b.n_top);
+    auto kept = e->choose_kept(p.input());
+    std::set<idx_t> k(kept.begin(), kept.end());
+    for (idx_t j : top) {
+        EXPECT_TRUE(k.count(j)) << "top token " << j;
+    }
+    EXPECT_EQ(idx_t(kept.size()), b.n_keep);
+}
+
+TEST(ProxyEvictTokens, QueriesGivenWithPositionsAndPartly) {
+    // the caller passes only the last 64 queries, with explicit positions:
+    // the window still means positions, not the last entries of the array
+    Prompt p(200, 2, 22);
+    idx_t nq = 64, t = 24;
+    std::vector<float> q(2 * nq * kD);
+    std::vector<idx_t> pos(nq);
+    for (idx_t i = 0; i < nq; i++) {
+        pos[i] = p.n - nq + i;
+        for (int h = 0; h < 2; h++) {
+            std::copy_n(p.queries.data() + (h * p.n + pos[i]) * kD, kD, q.data() + (h * nq + i) * kD);
+        }
+    }
+    PrefillInput in = p.input();
+    in.n_queries = nq;
+    in.queries = q.data();
+    in.query_positions = pos.data();
+    auto e = evict("ProxyEvict20|protect=0,proxy_keep=20,proxy_tokens=24");
+    auto F = ref_scores(p, last_positions(p.n, t), false);
+    EXPECT_EQ(e->choose_kept(in), top_of(F, iota_ids(p.n), e->budget_for(p.n).n_keep));
+    in.query_positions = nullptr; // the same: nullptr = the last n_queries positions
+    EXPECT_EQ(e->choose_kept(in), top_of(F, iota_ids(p.n), e->budget_for(p.n).n_keep));
+    // no query in the window: refused, naming the positions
+    in.n_queries = 1;
+    in.queries = p.queries.data() + 5 * kD; // head 0, any vector
+    pos[0] = 10;
+    in.query_positions = pos.data();
+    EXPECT_THROW_MSG(e->choose_kept(in), "no queries at positions [176, 200)");
+}
+
+TEST(ProxyEvictTokens, UnderAWindowTheQuestionInTheWindowScores) {
+    // Sink4,Window32 hands ProxyEvict the middle [4, 268) and n_after = 32:
+    // the last t = 20 positions of the prompt (the question, in the window)
+    // score the middle's keys
+    Prompt p(300, 2, 23);
+    auto index = index_factory(kD, "Sink4,Window32,ProxyEvict20|protect=0,proxy_keep=20,proxy_tokens=20");
+    index->prefill(p.input());
+    auto* e = dynamic_cast<const IndexProxyEvict*>(index->children()[0]);
+    ASSERT_TRUE(e);
+    ASSERT_EQ(e->ntotal, 264);
+    auto F = ref_scores_range(p, last_positions(p.n, 20), 4, 268);
+    EXPECT_EQ(e->positions, top_of(F, iota_ids(264), e->budget_for(264).n_keep));
+}
+
+TEST(ProxyEvictTokens, NeedleOfTheQuestionKeptThatThePercentWindowDrops) {
+    // 1000 tokens, 20% budget, the default 20% proxy window: positions
+    // [800, 1000). 180 distractors (100..279, key e1) take nearly all the
+    // attention of the window's first 168 queries (800..967), 168/180 = 0.93
+    // each; the question (the last 32 positions) puts 1.5% of each query's
+    // mass on the needle (500, key e0): 0.48 in both windows. With a top-only
+    // split (protect 2% = 4 sinks + 16 recent, proxy-keep 18% = 180) the
+    // percent window's top 180 are the distractors, and the needle is the
+    // first of the question's (the others get ~0.03).
+    idx_t n = 1000, n_dis = 180, needle = 500, t = 32;
+    std::vector<float> keys = gaussian(n, kD, 24, 0.05f), values = gaussian(n, kD, 25);
+    std::vector<float> queries = gaussian(n, kD, 26, 0.05f);
+    float s = std::sqrt(float(kD));
+    for (idx_t j = 100; j < 100 + n_dis; j++) {
+        keys[j * kD + 1] = 1.0f;
+    }
+    keys[needle * kD + 0] = 1.0f;
+    for (idx_t p = 800; p < n - t; p++) {
+        queries[p * kD + 1] = 12.0f * s;
+    }
+    for (idx_t p = n - t; p < n; p++) {
+        queries[p * kD + 0] = std::log(0.015f * 999 / 0.985f) * s;
+    }
+    PrefillInput in;
+    in.n_tokens = n;
+    in.keys = keys.data();
+    in.values = values.data();
+    in.n_queries = n;
+    in.queries = queries.data();
+    auto has_needle = [&](const std::string& spec) {
+        auto e = evict(spec);
+        auto k = e->choose_kept(in);
+        EXPECT_EQ(idx_t(k.size()), e->budget_for(n).n_keep) << spec;
+        return std::binary_search(k.begin(), k.end(), needle);
+    };
+    const std::string top_only = "ProxyEvict20|protect=2,proxy_keep=18";
+    {   // the construction, checked on the reference scores: a margin, not luck
+        Prompt ref_p(n, 1, 0);
+        ref_p.keys = keys;
+        ref_p.queries = queries;
+        auto e = evict(top_only);
+        EvictBudget b = e->budget_for(n);
+        ASSERT_EQ(b.n_proxy, 200);
+        ASSERT_EQ(b.n_top, n_dis);
+        ASSERT_EQ(b.n_random, 0);
+        std::vector<idx_t> cand;
+        for (idx_t j = b.n_sink; j < n - b.n_recent; j++) {
+            cand.push_back(j);
+        }
+        auto F_pct = ref_scores(ref_p, last_positions(n, b.n_proxy), false);
+        auto F_q = ref_scores(ref_p, last_positions(n, t), false);
+        std::vector<double> sorted_pct, sorted_q;
+        for (idx_t j : cand) {
+            if (j != needle) {
+                sorted_pct.push_back(F_pct[j]);
+                sorted_q.push_back(F_q[j]);
+            }
+        }
+        std::sort(sorted_pct.rbegin(), sorted_pct.rend());
+        std::sort(sorted_q.rbegin(), sorted_q.rend());
+        // percent window: 180 other tokens score well above the needle
+        EXPECT_GT(sorted_pct[n_dis - 1], F_pct[needle] + 0.3);
+        // question window: the needle is far above every other token
+        EXPECT_GT(F_q[needle], 5 * sorted_q[0]);
+    }
+    EXPECT_FALSE(has_needle(top_only));
+    EXPECT_TRUE(has_needle(top_only + ",proxy_tokens=32"));
+    // the default split: the needle is in the deterministic top part with
+    // the question window, whatever the random draws
+    for (uint64_t seed : {1, 2, 3, 4, 5}) {
+        EXPECT_TRUE(has_needle("ProxyEvict20|proxy_tokens=32,seed=" + std::to_string(seed)));
+    }
+}
+
+TEST(ProxyEvictTokens, BudgetArithmeticDoesNotDependOnTheWindow) {
+    for (const char* s : {"ProxyEvict1", "ProxyEvict10", "ProxyEvict20", "ProxyEvict30", "ProxyEvict50",
+                          "ProxyEvict100"}) {
+        auto base = evict(s);
+        for (idx_t t : {1, 7, 32, 1000}) {
+            auto e = evict(s);
+            set_index_parameter(e.get(), "proxy_tokens", double(t));
+            for (idx_t n = 1; n <= 400; n++) {
+                EvictBudget a = base->budget_for(n), b = e->budget_for(n);
+                ASSERT_EQ(b.n_keep, a.n_keep) << s << " t=" << t << " n=" << n;
+                ASSERT_EQ(b.n_sink, a.n_sink) << s << " t=" << t << " n=" << n;
+                ASSERT_EQ(b.n_recent, a.n_recent) << s << " t=" << t << " n=" << n;
+                ASSERT_EQ(b.n_top, a.n_top) << s << " t=" << t << " n=" << n;
+                ASSERT_EQ(b.n_random, a.n_random) << s << " t=" << t << " n=" << n;
+                ASSERT_EQ(b.n_proxy, std::min(t, n)) << s << " t=" << t << " n=" << n;
+            }
+            // and with an absolute budget
+            base->budget_tokens = e->budget_tokens = 37;
+            EvictBudget a = base->budget_for(500), b = e->budget_for(500);
+            EXPECT_EQ(a.n_keep, 37);
+            EXPECT_TRUE(a.n_sink == b.n_sink && a.n_recent == b.n_recent && a.n_top == b.n_top &&
+                        a.n_random == b.n_random);
+            base->budget_tokens = 0;
+        }
+    }
+}
+
+TEST(ProxyEvictTokens, KnobRangeAndPolicies) {
+    auto e = index_factory(kD, "ProxyEvict20");
+    EXPECT_EQ(get_index_parameter(e.get(), "proxy_tokens"), 0.0); // default: the percent window
+    bool listed = false;
+    for (const ParameterInfo& p : index_parameter_info(e.get())) {
+        if (p.name == "proxy_tokens") {
+            listed = true;
+            EXPECT_TRUE(p.prefill_time);
+            EXPECT_NE(p.doc.find("tokens"), std::string::npos) << p.doc;
+        }
+    }
+    EXPECT_TRUE(listed);
+    set_index_parameters(e.get(), "proxy_tokens=32");
+    EXPECT_EQ(get_index_parameter(e.get(), "proxy_tokens"), 32.0);
+    EXPECT_EQ(get_index_parameter(index_factory(kD, "ProxyEvict20|proxy_tokens=7").get(), "proxy_tokens"), 7.0);
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "proxy_tokens=-1"), "proxy_tokens=-1");
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "proxy_tokens=2.5"), "proxy_tokens=2.5");
+    EXPECT_EQ(get_index_parameter(e.get(), "proxy_tokens"), 32.0); // unchanged by a refusal
+    set_index_parameters(e.get(), "proxy_tokens=0");                // back to the percent window
+    EXPECT_EQ(get_index_parameter(e.get(), "proxy_tokens"), 0.0);
+    // only NaCl has a proxy window: > 0 on the others is refused, 0 accepted
+    for (const char* s : {"ProxyEvict20_H2O", "ProxyEvict20_TOVA", "ProxyEvict20_StreamingLLM",
+                          "ProxyEvict20_Random"}) {
+        SCOPED_TRACE(s);
+        auto x = index_factory(kD, s);
+        EXPECT_THROW_MSG(set_index_parameters(x.get(), "proxy_tokens=32"), "only NaCl");
+        EXPECT_NO_THROW(set_index_parameters(x.get(), "proxy_tokens=0"));
+        // the field is public: choose_kept refuses it too
+        auto* pe = dynamic_cast<IndexProxyEvict*>(x.get());
+        pe->proxy_tokens = 32;
+        EXPECT_THROW_MSG(pe->budget_for(100), "proxy_tokens=32");
+    }
+    auto* pe = dynamic_cast<IndexProxyEvict*>(e.get());
+    pe->proxy_tokens = -3;
+    EXPECT_THROW_MSG(pe->budget_for(100), "proxy_tokens=-3");
+    pe->proxy_tokens = 0;
+    // prefill-time: refused once the index holds tokens
+    Prompt p(50, 1, 27);
+    e->prefill(p.input());
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "proxy_tokens=8"), "prefill-time");
+}
+
+TEST(ProxyEvictTokens, IoKeepsTheKnobAndReadsVersion1) {
+    Prompt p(300, 2, 28);
+    auto index = index_factory(kD, "ProxyEvict20,TopK(Flat)|k=9,proxy_tokens=24");
+    index->prefill(p.input());
+    auto extra_k = gaussian(3, kD, 29), extra_v = gaussian(3, kD, 30);
+    index->add_kv(3, extra_k.data(), extra_v.data());
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    auto copy = read_index(buf);
+    EXPECT_EQ(get_index_parameter(copy.get(), "proxy_tokens"), 24.0);
+    EXPECT_EQ(index_factory_string(copy.get()), "ProxyEvict20,TopK(Flat)"); // a knob, not in the string
+    auto q = gaussian(4, kD, 31);
+    std::vector<float> o1(4 * kD), o2(4 * kD), l1(4), l2(4);
+    index->attend(4, q.data(), o1.data(), l1.data());
+    copy->attend(4, q.data(), o2.data(), l2.data());
+    EXPECT_EQ(o1, o2);
+    EXPECT_EQ(l1, l2);
+    std::vector<uint8_t> again;
+    write_index(copy.get(), &again);
+    EXPECT_TRUE(again == buf);
+    // the record is version 2, and the field is where version 2 puts it
+    const size_t version_at = kvtest::kIndexHeaderSize + 4; // after the outer fourcc
+    uint32_t v;
+    std::memcpy(&v, buf.data() + version_at, 4);
+    EXPECT_EQ(v, 2u);
+
+    // a sentinel locates the field
+    auto* pe = dynamic_cast<IndexProxyEvict*>(index.get());
+    const int64_t sentinel = 0x5A17E11E0F0F0F1;
+    pe->proxy_tokens = sentinel;
+    std::vector<uint8_t> marked;
+    write_index(index.get(), &marked);
+    pe->proxy_tokens = 24;
+    size_t at = find_unique_i64(marked, sentinel);
+    ASSERT_NE(at, std::string::npos);
+    {   // version 1: no field, read as the percent window; same answers
+        std::vector<uint8_t> v1(marked);
+        v1.erase(v1.begin() + at, v1.begin() + at + 8);
+        uint32_t one = 1;
+        std::memcpy(v1.data() + version_at, &one, 4);
+        kvtest::forge_header(v1);
+        std::unique_ptr<KVIndex> old;
+        ASSERT_NO_THROW(old = read_index(v1));
+        EXPECT_EQ(get_index_parameter(old.get(), "proxy_tokens"), 0.0);
+        std::vector<float> o3(4 * kD), l3(4);
+        old->attend(4, q.data(), o3.data(), l3.data());
+        EXPECT_EQ(o1, o3);
+        EXPECT_EQ(l1, l3);
+        // written back as version 2 with proxy_tokens = 0
+        std::vector<uint8_t> up;
+        write_index(old.get(), &up);
+        std::memcpy(&v, up.data() + version_at, 4);
+        EXPECT_EQ(v, 2u);
+        EXPECT_EQ(up.size(), v1.size() + 8);
+    }
+    {   // a forged negative field is refused, naming it
+        std::vector<uint8_t> bad(marked);
+        int64_t neg = -5;
+        std::memcpy(bad.data() + at, &neg, 8);
+        kvtest::forge_header(bad);
+        EXPECT_THROW_MSG(read_index(bad), "proxy_tokens=-5");
+    }
+    {   // a version 3 record is from a newer build
+        std::vector<uint8_t> newer(buf);
+        uint32_t three = 3;
+        std::memcpy(newer.data() + version_at, &three, 4);
+        kvtest::forge_header(newer);
+        EXPECT_THROW_MSG(read_index(newer), "IndexProxyEvict record version 3");
+    }
+    {   // proxy_tokens > 0 forged on H2O is refused
+        auto h2o = index_factory(kD, "ProxyEvict20_H2O");
+        h2o->prefill(p.input());
+        auto* ph = dynamic_cast<IndexProxyEvict*>(h2o.get());
+        ph->proxy_tokens = sentinel;
+        std::vector<uint8_t> hb;
+        write_index(h2o.get(), &hb);
+        size_t hat = find_unique_i64(hb, sentinel);
+        ASSERT_NE(hat, std::string::npos);
+        int64_t seven = 7;
+        std::memcpy(hb.data() + hat, &seven, 8);
+        kvtest::forge_header(hb);
+        EXPECT_THROW_MSG(read_index(hb), "proxy_tokens=7");
+    }
+}
+
+TEST(ProxyEvictTokens, GoldenVersion1FilesReadAsThePercentWindow) {
+    // golden files written before proxy_tokens existed (record version 1)
+    for (const char* name : {"09_ProxyEvict20.f1.kvix", "09_ProxyEvict20.f2.kvix", "09_ProxyEvict20.f3.kvix",
+                             "14_ProxyEvict20_Sink4_Window64_LSHSample8x50.f3.kvix"}) {
+        SCOPED_TRACE(name);
+        std::ifstream f(std::string(KVINDEX_GOLDEN_DIR) + "/" + name, std::ios::binary);
+        ASSERT_TRUE(f.good());
+        std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), {});
+        auto index = read_index(bytes);
+        EXPECT_EQ(get_index_parameter(index.get(), "proxy_tokens"), 0.0);
+    }
 }

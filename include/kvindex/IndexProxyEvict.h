@@ -31,7 +31,11 @@ struct EvictBudget {
     idx_t n_recent = 0;   ///< protected last tokens
     idx_t n_top = 0;      ///< kept by score
     idx_t n_random = 0;   ///< sampled (by score for NaCl, uniformly for Random)
-    idx_t n_proxy = 0;    ///< scoring queries: the last n_proxy prompt positions (0: all)
+    /// scoring queries: the last n_proxy prompt positions (0: all). NaCl:
+    /// min(proxy_tokens, n) when proxy_tokens > 0 (counted from the end of
+    /// the whole prompt under a wrapper: see IndexProxyEvict), else
+    /// round((protect + proxy_window) percent of n), at least 1
+    idx_t n_proxy = 0;
 };
 
 /** Importance scores F_j = sum_{p in P} softmax(q_p . K / sqrt(d))_j over n
@@ -70,8 +74,35 @@ void proxy_scores(
  * the prompt length. NaCl's split defaults follow the paper's Table 4 (10%:
  * protect 1, proxy-keep 2, random 7, proxy window 3; 20%: 2, 6, 12, 18;
  * 30%: 1.5, 10.5, 18, 20); other budgets scale the 20% row.
+ *
+ * NaCl's proxy window (the queries whose attention scores the prompt), in
+ * one of two modes; either way it is the last positions of the prompt, so
+ * it contains the protected recent tokens (and the sinks when it is the
+ * whole prompt), which are kept anyway but whose queries still score:
+ *  - percent (proxy_tokens = 0, the default, the paper's): the last
+ *    round((protect + proxy_window) / 100 * n) positions (at least 1, at
+ *    most n) of the n tokens this index is given; Table 4's "proxy window
+ *    18%" is the share beyond the protected 2%, so 20% at a 20% budget.
+ *  - tokens (proxy_tokens = t > 0, question-aware): the last t positions of
+ *    the prompt (the question, whose length the caller knows), clamped to
+ *    the prompt. "The prompt" ends where the caller's prompt ends: under a
+ *    Sink/Window wrapper this index is given the middle of the prompt and
+ *    the window's PrefillInput::n_after tokens follow it, so the window is
+ *    [end + n_after - t, end + n_after) with end the position after this
+ *    index's last token; the question in the wrapper's window then scores
+ *    this index's tokens. (The percent mode counts from `end`, as it did.)
+ * The scoring queries are the prefill queries whose positions lie in the
+ * window (the caller passes them; positions it did not pass do not score;
+ * none at all throws). The split (protect, proxy_keep, random) and so the
+ * budget arithmetic do not depend on the mode.
+ * Only NaCl has a proxy window: H2O scores with every prompt query, TOVA
+ * with the last one, StreamingLLM and Random with none. proxy_tokens > 0 on
+ * them is refused (set_parameter, read_index), because ignoring it would
+ * run the plain baseline under a "question-aware" label.
+ *
  * Factory string: "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]".
- * Knobs (prefill-time): budget, protect, proxy_keep, proxy_window, n_sink, seed.
+ * Knobs (prefill-time): budget, protect, proxy_keep, proxy_window,
+ * proxy_tokens, n_sink, seed ("ProxyEvict20|proxy_tokens=32").
  */
 struct IndexProxyEvict : KVIndex {
     EvictPolicy policy = EvictPolicy::nacl;
@@ -81,6 +112,9 @@ struct IndexProxyEvict : KVIndex {
     double protect_percent = -1;
     double proxy_keep_percent = -1;
     double proxy_window_percent = -1;  ///< proxy queries beyond the protected ones
+    /// NaCl: when > 0, the proxy queries are the last proxy_tokens positions
+    /// of the prompt (the question) instead of the percent window; 0: percent
+    idx_t proxy_tokens = 0;
     idx_t n_sink = 4;          ///< first tokens among the protected ones (NaCl, StreamingLLM)
     uint64_t seed = 1234;      ///< with `stream`, seeds the random part
     uint64_t stream = 0;       ///< one stream per (layer, head): set by KVCache

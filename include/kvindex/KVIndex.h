@@ -222,6 +222,28 @@ struct KVIndex : faiss::Index {
             Selection* sel,
             const faiss::SearchParameters* params = nullptr) const;
 
+    /** A sample of the tokens outside `excluded`, for the tail of a hybrid
+     * estimator (IndexHybrid: exact heavy hitters + a sampled tail). Every
+     * id of `sel` is outside `excluded`, and its inclusion probability is
+     * the probability of drawing it given that the excluded ids are out,
+     * so that sum_{i in sel} e^{s_i} / u_i is unbiased for the sum over the
+     * tokens outside `excluded`. Samplers that can spend their budget on
+     * the complement (IndexUniformSample) do; the default selects and then
+     * drops the excluded ids, which keeps every u_i right for a sampler
+     * whose draw does not depend on the excluded set (LSH: the tables are
+     * fixed before the query).
+     *
+     * @param q         one query, size d
+     * @param excluded  size n_excluded, distinct ids in [0, ntotal), increasing
+     * @param sel       output: the sample, ids increasing
+     */
+    void select_outside(
+            const float* q,
+            const idx_t* excluded,
+            size_t n_excluded,
+            Selection& sel,
+            const faiss::SearchParameters* params = nullptr) const;
+
     /** Attention output per query: by default select + estimate,
      * out_i = softmax_{j in S}(s_j - log u_j) v_j, lse_i = log sum_{j in S} e^{s_j} / u_j.
      *
@@ -299,6 +321,13 @@ struct KVIndex : faiss::Index {
     /// measures), 0 when it has none. Default: the first child's.
     virtual idx_t top_k_budget() const;
 
+    /// Whether select draws its budget k uniformly at random among the
+    /// tokens (u = k / n): the (epsilon, delta) tail budgets of IndexHybrid
+    /// assume it. False by default.
+    virtual bool samples_uniformly() const {
+        return false;
+    }
+
     /** io (index_io.h): the fields of this type, after the KVIndex fields
      * that the io writes for every type. A child index is written with
      * write_index_record, where the type wants it. */
@@ -356,6 +385,15 @@ struct KVIndex : faiss::Index {
             const float* q,
             float* out,
             float* lse,
+            const faiss::SearchParameters* params) const;
+
+    /// select_outside's core, for a valid, sorted excluded list on a
+    /// non-empty index (see select_outside for the default).
+    virtual void select_outside_one(
+            const float* q,
+            const idx_t* excluded,
+            size_t n_excluded,
+            Selection& sel,
             const faiss::SearchParameters* params) const;
 
     /** Per-query cores. select_one has no default: a type defines it or

@@ -27,6 +27,15 @@
  *                                          the trained Q-model (SAAP) or, as baselines, by the
  *                                          nearest centroid of the de-RoPEd / RoPEd query;
  *                                          exact attention over the probed buckets (IndexIVFAsym)
+ *            | "Uniform"                   k tokens drawn uniformly, unbiased estimator
+ *                                          (IndexUniformSample)
+ *            | "Hybrid(" inner "," inner ")"
+ *                                          exact top-k of the first + an unbiased sample of
+ *                                          the other tokens by the second (IndexHybrid)
+ *            | "Choose(" chain ";" chain [ ";" chain ... ] ")"
+ *                                          2 to 8 candidate chains (';' at depth 0); per head,
+ *                                          prefill keeps the one of lowest error on held-back
+ *                                          prefill queries (IndexChoose)
  *
  * Sink / Window (either or both, any order) wrap the rest of the chain in an
  * IndexSinkWindow. The Faiss string inside TopK(...) is any string
@@ -34,7 +43,8 @@
  * "IVF256,Flat", "HNSW32", ... Examples: "Flat", "TopK(HNSW32)",
  * "Sink4,Window64,TopK(IVF1024,Flat)", "ProxyEvict20", "ProxyEvict10_H2O",
  * "ProxyEvict20,TopK(HNSW32)", "TopK(IVF256,Flat)|k=50,nprobe=16",
- * "BF16,Flat", "FP16,Sink4,Window64,TopK(HNSW32)", "Sink1,Window63,IVFAsym64|nprobe=2".
+ * "BF16,Flat", "FP16,Sink4,Window64,TopK(HNSW32)", "Sink1,Window63,IVFAsym64|nprobe=2",
+ * "Hybrid(TopK(Flat),LSHSample10x150)|k=1%", "Choose(TopK(Flat);LSHSample10x150)".
  *
  * Each element is parsed by the type that owns it, found through the
  * registry (registry.h): the list above is what the built-in rows accept.

@@ -15,9 +15,12 @@ namespace kvindex {
  *   nprobe    IVF retrievers of TopK(...)
  *   efSearch  HNSW retrievers of TopK(...)
  *   min_hits, max_sample  LSHSample
- *   budget, protect, proxy_keep, proxy_window, n_sink, seed
- *             ProxyEvict (prefill-time: set them before prefill; budget in
- *             tokens, the others in percent of the prompt)
+ *   budget, protect, proxy_keep, proxy_window, proxy_tokens, n_sink, seed
+ *             ProxyEvict (prefill-time: set them before prefill; budget and
+ *             proxy_tokens in tokens, the others in percent of the prompt)
+ *   sample    Hybrid's tail budget; budget, epsilon, delta, n_calibration
+ *             its prefill-time calibration
+ *   n_holdout Choose (prefill-time); chosen (read-only)
  * index_parameter_info lists them for any index. A name that no index in
  * the chain has throws naming it and the index.
  */

@@ -14,6 +14,8 @@ See python_bindings/README.md for the whole API.
 """
 
 from ._kvindex import (  # noqa: F401
+    IndexChoose,
+    IndexHybrid,
     IndexKVFlat,
     IndexLSHSample,
     IndexProxyEvict,
@@ -21,6 +23,7 @@ from ._kvindex import (  # noqa: F401
     IndexIVFAsym,
     IndexSinkWindow,
     IndexTopK,
+    IndexUniformSample,
     IndexTypeInfo,
     KVCache,
     KVIndex,

@@ -11,6 +11,8 @@
 
 #include <pybind11/stl.h>
 
+#include <kvindex/IndexChoose.h>
+#include <kvindex/IndexHybrid.h>
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexLSHSample.h>
 #include <kvindex/IndexIVFAsym.h>
@@ -18,6 +20,7 @@
 #include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
+#include <kvindex/IndexUniformSample.h>
 #include <kvindex/KVIndex.h>
 #include <kvindex/attention.h>
 #include <kvindex/index_factory.h>
@@ -449,7 +452,8 @@ as policies): prefill scores the prompt with its queries, keeps exactly the
 budgeted tokens and hands only those to the inner index. Tokens appended
 later are always kept; ids stay token positions. Factory string:
 "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]". Prefill-time
-knobs: budget, protect, proxy_keep, proxy_window, n_sink, seed.)doc")
+knobs: budget, protect, proxy_keep, proxy_window, proxy_tokens (NaCl's proxy
+window in tokens: the question), n_sink, seed.)doc")
             .def_readonly("keep_percent", &kvindex::IndexProxyEvict::keep_percent)
             .def_readonly("budget_tokens", &kvindex::IndexProxyEvict::budget_tokens)
             .def_property_readonly("positions", [](const kvindex::IndexProxyEvict& s) { return to_numpy(s.positions); },
@@ -574,6 +578,55 @@ train_iterations, min_distance, seed.)doc")
                  },
                  py::arg("q"), py::arg("nprobe"), py::arg("position") = py::none(),
                  "the nprobe buckets a query (post-RoPE, at `position`, default the newest token) reads, best first");
+
+    py::class_<kvindex::IndexUniformSample, KVIndex, std::shared_ptr<kvindex::IndexUniformSample>>(
+            m, "IndexUniformSample",
+            R"doc(Uniform random sampling with the unbiased estimator: each query reads
+k tokens drawn uniformly without replacement (u = k / n) and attends with
+softmax(s_i - log u). The draw is a function of (seed, stream, the query,
+ntotal). The tail of IndexHybrid. Factory string: "Uniform". Knobs: k, seed.)doc")
+            .def(py::init([](int d, py::object d_value, const std::string& kv_type) {
+                     return std::make_shared<kvindex::IndexUniformSample>(d, d_value_or(d, d_value), kv_type_of(kv_type));
+                 }),
+                 py::arg("d"), py::arg("d_value") = py::none(), py::arg("kv_type") = "f32")
+            .def_readonly("seed", &kvindex::IndexUniformSample::seed, "seed of the draws");
+
+    py::class_<kvindex::IndexHybrid, KVIndex, std::shared_ptr<kvindex::IndexHybrid>>(
+            m, "IndexHybrid",
+            R"doc(Exact heavy hitters plus an unbiased sample of the other tokens (vAttention's
+top-k + sampling, with LSH or uniform tails): the heavy index's top-k,
+exact, merged by lse with the tail's sample drawn only outside it, weighted
+by 1/u. With epsilon > 0 a uniform tail's sample is set per head at prefill
+from the prompt's last queries for an (epsilon, delta) error target.
+Factory string: "Hybrid(<heavy>,<tail>)", e.g. "Hybrid(TopK(Flat),LSHSample10x150)",
+"Hybrid(TopK(Flat),Uniform)|k=1%,sample=1%". Knobs: k (heavy), sample (the tail's k);
+prefill-time: epsilon, delta, n_calibration.)doc")
+            .def_readonly("sample", &kvindex::IndexHybrid::sample, "the tail's budget (-1: its own k, 0: no tail)")
+            .def_readonly("epsilon", &kvindex::IndexHybrid::epsilon, "relative error target (0: off)")
+            .def_readonly("delta", &kvindex::IndexHybrid::delta, "failure probability of the target")
+            .def_readonly("calibrated_sample", &kvindex::IndexHybrid::calibrated_sample,
+                          "tail sample chosen at the last prefill (-1: none)")
+            .def_property_readonly("heavy", [](kvindex::IndexHybrid& s) { return s.heavy.get(); },
+                                   py::return_value_policy::reference_internal)
+            .def_property_readonly("tail", [](kvindex::IndexHybrid& s) { return s.tail.get(); },
+                                   py::return_value_policy::reference_internal);
+
+    py::class_<kvindex::IndexChoose, KVIndex, std::shared_ptr<kvindex::IndexChoose>>(
+            m, "IndexChoose",
+            R"doc(A per-head choice between candidate chains, made at prefill: every
+candidate is built from the prompt without some held-back prefill queries,
+its output error on them is measured against exact attention, and the one of
+lowest error is kept (the others are emptied). Factory string:
+"Choose(<chain>;<chain>[;...])", e.g. "Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)".
+Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
+            .def_readonly("chosen", &kvindex::IndexChoose::chosen, "number of the chosen candidate (-1: none yet)")
+            .def_property_readonly("errors", [](const kvindex::IndexChoose& x) { return to_numpy(x.errors); },
+                                   "float64: each candidate's mean held-back error at the last prefill")
+            .def_property_readonly("holdout_positions",
+                                   [](const kvindex::IndexChoose& x) { return to_numpy(x.holdout_positions); },
+                                   "int64: positions of the held-back queries")
+            .def("chosen_string", &kvindex::IndexChoose::chosen_string, "the chosen candidate's factory string")
+            .def("candidate_strings", &kvindex::IndexChoose::candidate_strings);
 
     m.def("time_attend",
           [](const KVIndex& index, py::handle q, int repeats) {

@@ -30,6 +30,9 @@ FACTORY_BY_TYPE = {
     "IndexLSHSample": "LSHSample6x40",
     "IndexRoarGraph": "RoarGraph8",
     "IndexIVFAsym": "IVFAsym8",
+    "IndexHybrid": "Hybrid(TopK(Flat),Uniform)|k=16,sample=32",
+    "IndexUniformSample": "Uniform|k=64",
+    "IndexChoose": "Choose(TopK(Flat);LSHSample6x40)",
 }
 
 # More chains, for the properties that hold for any index (select/attend

@@ -1,0 +1,175 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <kvindex/KVIndex.h>
+
+namespace kvindex {
+
+struct FactoryChain;
+
+/** A per-head choice between candidate indexes, made at prefill from a
+ * direct error estimate.
+ *
+ * Heads differ: on some attention is flat (spread over many tokens: LSH
+ * sampling wins), on others sparse (a few heavy hitters: top-k wins). At
+ * prefill this index holds back up to `n_holdout` of the prefill queries,
+ * prefills every candidate with the same tokens and the other queries, and
+ * measures each candidate on the held-back ones. The holdout is a seeded
+ * sample (per seed and stream) of at most half of the later half of the
+ * queries by position, the queries at the last position excepted: the
+ * candidates keep three quarters of the queries, the last one always (the
+ * eviction policies score the prompt with the last queries). The error of
+ * a candidate is the mean,
+ * over the held-back queries and every query head of the GQA group, of the
+ * relative L2 error ||o_c - o|| / ||o|| of its attend output against exact
+ * attention (float kernel, max subtracted; the absolute error when ||o|| = 0).
+ * The candidate with the lowest mean error is kept (ties: the earlier one);
+ * the others are emptied (reset, then copied through the io so that the
+ * memory of their tokens is given back) and lie dormant with their knobs
+ * (and adopted models) until the next prefill. At most two candidates hold
+ * the prompt at any time during prefill. After prefill every call (add_kv,
+ * search, select, select_outside, attend, reconstruct) goes to the chosen
+ * index, batched as it came.
+ *
+ * The held-back queries attend to every prompt token this index holds,
+ * also the few after their own position (the reference and the candidates
+ * see the same set, and held-back queries are late in the prompt, so the
+ * look-ahead is small). Only the outputs are compared, not the lse.
+ * The chosen index keeps what it learnt from the remaining queries: it is
+ * not prefilled again with the held-back ones.
+ *
+ * No measurement (candidate 0 is taken, `errors` and the holdout stay
+ * empty): a prefill of no tokens, or with fewer than 5 queries (nothing
+ * to hold back); add_kv on an index that had no prefill.
+ * A candidate that refuses the prefill (a query-aware one without the
+ * queries it needs) makes the whole prefill refused, as it would alone;
+ * the index is then left empty.
+ *
+ * Factory string: "Choose(<chain>;<chain>[;<chain>...])", 2 to 8
+ * candidates, each a whole chain of the factory grammar built with the
+ * storage type of the enclosing string, e.g.
+ * "Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)". A candidate's
+ * string cannot carry "|params" (the '|' ends the factory string): set
+ * per-candidate knobs on `candidates[i]`.
+ *
+ * Parameters. A knob set on the chain reaches every candidate that has it:
+ * children() are all candidates before a choice and the chosen one after,
+ * when set_parameter hands the knob to the dormant candidates too (so that
+ * it holds after reset; a prefill-time knob of theirs is then refused, as
+ * the chosen index's are) and parameter_info lists theirs. Reading a knob
+ * of the candidates ("k") reads the chosen one's (else the first dormant
+ * candidate's that has it), or the first candidate's before a choice.
+ * Own knobs: n_holdout, seed (prefill-time; "seed" also reaches candidates
+ * that have one), chosen (read-only: the chosen candidate's number, -1
+ * before a choice).
+ */
+struct IndexChoose : KVIndex {
+    /// largest number of candidates
+    static constexpr int kMaxCandidates = 8;
+    /// largest n_holdout
+    static constexpr idx_t kMaxHoldout = 4096;
+
+    /// the candidate indexes, in the order of the factory string; all held
+    /// all the time (the unchosen ones empty)
+    std::vector<std::unique_ptr<KVIndex>> candidates;
+    /// index into candidates of the chosen one, -1 before a choice
+    int chosen = -1;
+    /// size candidates.size(): mean held-back error of each candidate at
+    /// the last prefill; empty when no measurement was made
+    std::vector<double> errors;
+    /// absolute positions of the held-back queries of the last prefill,
+    /// non-decreasing (empty when no measurement was made)
+    std::vector<idx_t> holdout_positions;
+
+    /// prefill queries held back to measure errors, 1..kMaxHoldout (fewer
+    /// when the prompt has fewer than 4 * n_holdout queries)
+    idx_t n_holdout = 32;
+    uint64_t seed = 1234;  ///< with `stream`, seeds the holdout sample
+    uint64_t stream = 0;   ///< one stream per (layer, head): set by KVCache
+
+    explicit IndexChoose(std::vector<std::unique_ptr<KVIndex>> candidates);
+    IndexChoose();
+
+    /** Which prefill queries a prefill of `input` holds back: indices into
+     * the input's queries, sorted by position; empty when no measurement
+     * would be made. Deterministic in (seed, stream, n_holdout and the
+     * query positions). Exposed for tests and analysis. */
+    std::vector<idx_t> choose_holdout(const PrefillInput& input) const;
+
+    /// The chosen candidate's factory string ("" before a choice).
+    std::string chosen_string() const;
+
+    /// The candidates' factory strings, in order.
+    std::vector<std::string> candidate_strings() const;
+
+    /// The chosen index, nullptr before a choice.
+    const KVIndex* chosen_index() const;
+
+    size_t memory_bytes() const override;
+
+    const char* type_name() const override {
+        return "IndexChoose";
+    }
+    std::string factory_string() const override;
+    /// Every candidate before a choice, the chosen one after.
+    std::vector<const KVIndex*> children() const override;
+    std::vector<ParameterInfo> parameter_info() const override;
+    bool set_parameter(const std::string& name, double value) override;
+    bool get_parameter(const std::string& name, double* value) const override;
+    /// Keeps the stream for the holdout sample, and hands it to every candidate.
+    void set_stream(uint64_t stream) override;
+    /// Pairs the candidates by position, chosen or not.
+    int adopt_trained(const KVIndex& trained) override;
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+    /// Registry parser: "Choose(<chain>;<chain>[;...])".
+    static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
+   protected:
+    void prefill_impl(const PrefillInput& input) override;
+    void reset_impl() override;
+    void reconstruct_impl(idx_t key, float* recons) const override;
+    void reconstruct_value_impl(idx_t key, float* value) const override;
+    void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    // batched: the chosen index answers all the queries
+    void search_batch(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const override;
+    void select_batch(
+            idx_t n,
+            const float* q,
+            Selection* sel,
+            const faiss::SearchParameters* params) const override;
+    void attend_batch(
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params) const override;
+    void select_outside_one(
+            const float* q,
+            const idx_t* excluded,
+            size_t n_excluded,
+            Selection& sel,
+            const faiss::SearchParameters* params) const override;
+
+   private:
+    /// Mean held-back error of one prefilled candidate.
+    double holdout_error(
+            const KVIndex& candidate,
+            const float* held_queries,
+            const float* exact,
+            idx_t n_held) const;
+};
+
+} // namespace kvindex

@@ -1,0 +1,175 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <kvindex/KVIndex.h>
+#include <kvindex/KVStorage.h>
+
+namespace kvindex {
+
+struct FactoryChain;
+
+/** What one query's exact attention says about splitting a budget between
+ * its k heaviest tokens (exact) and m tokens drawn uniformly from the
+ * rest (IndexHybrid's calibration at prefill).
+ *
+ * With weights w_i = e^{s_i}, D = sum w, o = sum w v / D and the tail R
+ * (the n_R tokens outside the top k), the hybrid's output o^ = N^ / D^ has,
+ * to first order (delta method: o^ - o ~ (N^ - o D^) / D, and
+ * sum_i w_i (v_i - o) = 0), E|o^ - o|^2 / |o|^2 = A (1/m - 1/n_R) with
+ *   A = n_R^2 Var_R[w (v - o)] / (D^2 |o|^2)
+ * (the variance over R of the vectors w_i (v_i - o), summed over the
+ * dimensions; sampling without replacement). With no tail (m = 0) the
+ * error is deterministic: |o_T - o| / |o|, o_T the top-k attention.
+ */
+struct TailStatistics {
+    idx_t k = 0;              ///< heavy tokens (the exact top k)
+    double n_tail = 0;        ///< n_R, tokens outside them
+    double variance_factor = 0; ///< A
+    double topk_error = 0;    ///< |o_T - o| / |o|
+
+    /// Predicted relative error sqrt(E|o^ - o|^2) / |o| with m draws
+    /// (m = 0: topk_error; m >= n_R: 0).
+    double predicted_error(double m) const;
+    /// Smallest m with z * predicted_error(m) <= epsilon: the normal
+    /// approximation of vAttention's (epsilon, delta) bound, z = the
+    /// two-sided 1 - delta quantile.
+    double sample_for_error(double epsilon, double z) const;
+};
+
+/** TailStatistics of each query (causal: query i attends to keys
+ * [0, n_keys[i])) for each heavy size of `ks` (increasing), in double.
+ *
+ * @param keys     size n * d
+ * @param values   size n * dv
+ * @param queries  size n_q * d
+ * @param n_keys   size n_q
+ * @return         size n_q * ks.size(), query-major
+ */
+std::vector<TailStatistics> tail_statistics(
+        const float* keys,
+        const float* values,
+        idx_t n,
+        int d,
+        int dv,
+        const float* queries,
+        idx_t n_q,
+        const idx_t* n_keys,
+        const std::vector<idx_t>& ks);
+
+/// z with P[|N(0, 1)| <= z] = 1 - delta.
+double normal_two_sided_quantile(double delta);
+
+/** Exact heavy hitters plus an unbiased sample of the rest ("hybrid"
+ * attention, as vAttention, arXiv 2510.05688, with LSH or uniform tails).
+ *
+ * Per query: T = the heavy index's selection (deterministic: a top-k
+ * retriever, u = 1), then S = the tail index's sample drawn from the
+ * tokens outside T only (KVIndex::select_outside), each with its
+ * inclusion probability u_i given T. Attention is softmax over T of s_i
+ * merged by lse with softmax over S of s_i - log u_i: the partition
+ * sum_T e^{s} + sum_S e^{s} / u and the weighted values are unbiased for
+ * the exact ones. With an empty tail it is the heavy index's top-k
+ * attention; with an empty T and u = 1 over every token it is exact.
+ *
+ * Budgets. "k" sets the heavy part's top-k (and every k of the chain);
+ * `sample` is the tail's own budget, handed to its selection as its k
+ * (a uniform tail draws that many tokens; an LSH tail's sample is set by
+ * its (K, L) and ignores it): -1 leaves the tail's k, 0 reads no tail
+ * (the hybrid is then its heavy part). With a uniform tail, prefill can
+ * set both per head from the exact attention of the last n_calibration
+ * prompt queries (TailStatistics), in one of two modes:
+ *  - epsilon > 0 (vAttention's target): heavy k as given, the sample is
+ *    the (1 - delta) quantile over the queries of the smallest m whose
+ *    output error is within epsilon with probability 1 - delta;
+ *  - budget > 0 (a fixed read budget per query, k + sample): the split
+ *    (k = budget * f, f in 0, 1/8, ..., 1) with the lowest mean predicted
+ *    error; f = 1 is plain top-k, so a head that is better served by
+ *    top-k alone gets it.
+ * calibrated_k and calibrated_sample report the choice.
+ *
+ * The hybrid keeps the tokens itself for the estimator; the heavy and the
+ * tail index hold their own copies for retrieval (memory_bytes counts all).
+ * Factory string: "Hybrid(<heavy>,<tail>)", each one element, e.g.
+ * "Hybrid(TopK(Flat),LSHSample10x150)", "Hybrid(TopK(Flat),Uniform)|k=1%,sample=1%".
+ * Knobs: k (heavy), sample; prefill-time: epsilon, budget, delta,
+ * n_calibration; read-only: calibrated_k, calibrated_sample.
+ */
+struct IndexHybrid : KVIndex {
+    std::unique_ptr<KVIndex> heavy; ///< deterministic top-k selection
+    std::unique_ptr<KVIndex> tail;  ///< sampler of the tokens outside heavy's
+    KVStorage storage;              ///< keys and values of all tokens
+
+    /// the tail's budget (its k); -1: the tail's own k, 0: no tail
+    idx_t sample = -1;
+    double epsilon = 0;         ///< relative error target of the tail (0: off)
+    idx_t budget = 0;           ///< tokens per query split at prefill (0: off)
+    double delta = 0.05;        ///< failure probability of the target
+    idx_t n_calibration = 64;   ///< last prompt positions whose queries set the budget
+    /// heavy k and tail sample chosen at the last prefill (-1: none chosen)
+    idx_t calibrated_k = -1;
+    idx_t calibrated_sample = -1;
+
+    IndexHybrid(std::unique_ptr<KVIndex> heavy, std::unique_ptr<KVIndex> tail);
+    IndexHybrid();
+
+    size_t memory_bytes() const override;
+
+    const char* type_name() const override {
+        return "IndexHybrid";
+    }
+    std::string factory_string() const override {
+        return "Hybrid(" + heavy->factory_string() + "," + tail->factory_string() + ")";
+    }
+    std::vector<const KVIndex*> children() const override {
+        return {heavy.get(), tail.get()};
+    }
+    std::vector<ParameterInfo> parameter_info() const override;
+    bool set_parameter(const std::string& name, double value) override;
+    bool get_parameter(const std::string& name, double* value) const override;
+    idx_t top_k_budget() const override {
+        return heavy->top_k_budget();
+    }
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+    /// Registry parser: "Hybrid(<heavy>,<tail>)".
+    static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
+   protected:
+    void prefill_impl(const PrefillInput& input) override;
+    void reset_impl() override;
+    const KVStorage* token_storage() const override {
+        return &storage;
+    }
+    void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    /// the heavy index's top-k
+    void search_batch(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params) const override;
+    /// heavy selection batched, then each query's tail
+    void select_batch(
+            idx_t n,
+            const float* q,
+            Selection* sel,
+            const faiss::SearchParameters* params) const override;
+    void attend_batch(
+            idx_t n,
+            const float* q,
+            float* out,
+            float* lse,
+            const faiss::SearchParameters* params) const override;
+
+   private:
+    /// Sets k and sample from the prompt's last queries (epsilon or budget > 0).
+    void calibrate(const PrefillInput& input);
+};
+
+} // namespace kvindex

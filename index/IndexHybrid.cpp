@@ -1,0 +1,480 @@
+#include <kvindex/IndexHybrid.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
+
+#include "checks.h"
+#include "parallel.h"
+
+namespace kvindex {
+
+double normal_two_sided_quantile(double delta) {
+    FAISS_THROW_IF_NOT_FMT(delta > 0 && delta < 1, "delta=%g must be in (0, 1)", delta);
+    // bisection on erfc: called once per prefill, 100 halvings reach double precision
+    double lo = 0, hi = 40;
+    for (int it = 0; it < 100; it++) {
+        double mid = 0.5 * (lo + hi);
+        (std::erfc(mid / std::sqrt(2.0)) > delta ? lo : hi) = mid;
+    }
+    return 0.5 * (lo + hi);
+}
+
+double TailStatistics::predicted_error(double m) const {
+    if (m <= 0) {
+        return topk_error;
+    }
+    if (m >= n_tail) {
+        return 0;
+    }
+    return std::sqrt(std::max(0.0, variance_factor * (1 / m - 1 / n_tail)));
+}
+
+double TailStatistics::sample_for_error(double epsilon, double z) const {
+    // z^2 A (1/m - 1/n) <= eps^2  <=>  m >= z^2 A / (eps^2 + z^2 A / n)
+    double a = z * z * variance_factor;
+    if (n_tail <= 0 || a <= 0) {
+        return 0;
+    }
+    return std::min(n_tail, a / (epsilon * epsilon + a / n_tail));
+}
+
+std::vector<TailStatistics> tail_statistics(
+        const float* keys,
+        const float* values,
+        idx_t n,
+        int d,
+        int dv,
+        const float* queries,
+        idx_t n_q,
+        const idx_t* n_keys,
+        const std::vector<idx_t>& ks) {
+    FAISS_THROW_IF_NOT_MSG(
+            std::is_sorted(ks.begin(), ks.end()), "tail_statistics: ks must be increasing");
+    const double scale = 1.0 / std::sqrt(double(d));
+    const size_t nk_sizes = ks.size();
+    std::vector<TailStatistics> stats(size_t(n_q) * nk_sizes);
+    parallel_for(n_q, [&](idx_t qi) {
+        const idx_t nk = std::min(n_keys[qi], n);
+        const float* q = queries + qi * d;
+        std::vector<double> s(nk);
+        for (idx_t i = 0; i < nk; i++) {
+            double dot = 0;
+            for (int j = 0; j < d; j++) {
+                dot += double(q[j]) * keys[i * d + j];
+            }
+            s[i] = dot * scale;
+        }
+        std::vector<idx_t> order(nk);
+        std::iota(order.begin(), order.end(), idx_t(0));
+        std::sort(order.begin(), order.end(), [&](idx_t a, idx_t b) {
+            return s[a] > s[b] || (s[a] == s[b] && a < b);
+        });
+        const double mx = nk > 0 ? s[order[0]] : 0;
+        std::vector<double> w(nk), o(dv, 0.0);
+        double total = 0;
+        for (idx_t i = 0; i < nk; i++) {
+            w[i] = std::exp(s[i] - mx);
+            total += w[i];
+            for (int j = 0; j < dv; j++) {
+                o[j] += w[i] * values[i * dv + j];
+            }
+        }
+        double o2 = 0;
+        for (int j = 0; j < dv; j++) {
+            o[j] /= std::max(total, 1e-300);
+            o2 += o[j] * o[j];
+        }
+        // c_i = w_i (v_i - o): sum_i c_i = 0, so the tail's sum is minus
+        // the heavy part's; the tail's sum of |c_i|^2 is the total minus it
+        std::vector<double> c2(nk);
+        double c2_total = 0;
+        for (idx_t i = 0; i < nk; i++) {
+            double x = 0;
+            for (int j = 0; j < dv; j++) {
+                double cj = w[i] * (values[i * dv + j] - o[j]);
+                x += cj * cj;
+            }
+            c2[i] = x;
+            c2_total += x;
+        }
+        std::vector<double> head_sum(dv, 0.0);
+        double head_w = 0, head_c2 = 0;
+        idx_t r = 0;
+        for (size_t t = 0; t < nk_sizes; t++) {
+            const idx_t k = std::min(ks[t], nk);
+            for (; r < k; r++) {
+                idx_t i = order[r];
+                head_w += w[i];
+                head_c2 += c2[i];
+                for (int j = 0; j < dv; j++) {
+                    head_sum[j] += w[i] * (values[i * dv + j] - o[j]);
+                }
+            }
+            double p2 = 0;
+            for (int j = 0; j < dv; j++) {
+                p2 += head_sum[j] * head_sum[j];
+            }
+            TailStatistics& st = stats[size_t(qi) * nk_sizes + t];
+            st.k = ks[t];
+            st.n_tail = double(nk - k);
+            const double norm = std::max(total * total * o2, 1e-300);
+            if (st.n_tail > 0) {
+                double var = (c2_total - head_c2) / st.n_tail - p2 / (st.n_tail * st.n_tail);
+                st.variance_factor = st.n_tail * st.n_tail * std::max(var, 0.0) / norm;
+            }
+            st.topk_error = head_w > 0 ? std::sqrt(p2 / std::max(o2, 1e-300)) / head_w
+                                       : (o2 > 0 ? 1.0 : 0.0);
+        }
+    });
+    return stats;
+}
+
+IndexHybrid::IndexHybrid() : KVIndex(0, 0) {}
+
+IndexHybrid::IndexHybrid(std::unique_ptr<KVIndex> heavy_index, std::unique_ptr<KVIndex> tail_index)
+        : KVIndex(heavy_index ? heavy_index->d : 0,
+                  heavy_index ? heavy_index->d_value : 0,
+                  heavy_index ? heavy_index->kv_type : KVType::f32),
+          heavy(std::move(heavy_index)),
+          tail(std::move(tail_index)),
+          storage(d, d_value, kv_type) {
+    FAISS_THROW_IF_NOT_MSG(heavy && tail, "IndexHybrid: heavy or tail index missing (nullptr)");
+    FAISS_THROW_IF_NOT_FMT(
+            tail->d == d && tail->d_value == d_value && tail->kv_type == kv_type,
+            "IndexHybrid: tail %s has d=%d, d_value=%d; heavy %s has d=%d, d_value=%d",
+            tail->factory_string().c_str(),
+            tail->d,
+            tail->d_value,
+            heavy->factory_string().c_str(),
+            d,
+            d_value);
+    FAISS_THROW_IF_NOT_MSG(
+            heavy->ntotal == 0 && tail->ntotal == 0, "IndexHybrid: heavy and tail must be empty");
+}
+
+std::unique_ptr<KVIndex> IndexHybrid::from_factory(FactoryChain& chain) {
+    const std::string e = chain.peek();
+    const std::string open = "Hybrid(";
+    if (e.compare(0, open.size(), open) != 0) {
+        return nullptr;
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            e.back() == ')',
+            "index_factory: '%s' in '%s': expected Hybrid(<heavy>,<tail>)",
+            e.c_str(),
+            chain.description().c_str());
+    chain.take();
+    FactoryChain parts(
+            chain.d, chain.d_value, e.substr(open.size(), e.size() - open.size() - 1), chain.kv_type);
+    FAISS_THROW_IF_NOT_FMT(
+            !parts.at_end() && !parts.peek().empty(),
+            "index_factory: '%s': the heavy index is missing",
+            e.c_str());
+    std::unique_ptr<KVIndex> heavy = parts.parse_next();
+    FAISS_THROW_IF_NOT_FMT(
+            !parts.at_end() && !parts.peek().empty(),
+            "index_factory: '%s': the tail index is missing (Hybrid(<heavy>,<tail>))",
+            e.c_str());
+    std::unique_ptr<KVIndex> tail = parts.parse_next();
+    FAISS_THROW_IF_NOT_FMT(
+            parts.at_end(),
+            "index_factory: '%s': '%s' follows the tail (Hybrid takes two indexes)",
+            e.c_str(),
+            parts.peek().c_str());
+    return std::make_unique<IndexHybrid>(std::move(heavy), std::move(tail));
+}
+
+void IndexHybrid::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    heavy->add_kv(n, keys, values);
+    tail->add_kv(n, keys, values);
+    storage.append(n, keys, values);
+}
+
+void IndexHybrid::prefill_impl(const PrefillInput& in) {
+    check_prefill(in);
+    heavy->prefill(in);
+    tail->prefill(in);
+    storage.append(in.n_tokens, in.keys, in.values);
+    ntotal = in.n_tokens;
+    rope = in.rope;
+    has_rope = true;
+    if (epsilon > 0 || budget > 0) {
+        FAISS_THROW_IF_NOT_FMT(
+                !(epsilon > 0 && budget > 0),
+                "IndexHybrid: epsilon=%g and budget=%zd are two calibrations: set one",
+                epsilon,
+                size_t(budget));
+        FAISS_THROW_IF_NOT_FMT(
+                tail->samples_uniformly(),
+                "IndexHybrid: epsilon and budget set the sample of a uniform tail, and %s does "
+                "not sample uniformly (use Uniform)",
+                tail->factory_string().c_str());
+        calibrate(in);
+    }
+}
+
+void IndexHybrid::calibrate(const PrefillInput& in) {
+    // the last n_calibration query positions of every head of the group,
+    // each attending causally to the keys at or before it
+    const idx_t n_use = std::min(n_calibration, in.n_queries);
+    const int g = in.n_query_heads;
+    std::vector<float> queries(size_t(n_use) * g * d);
+    std::vector<idx_t> n_keys(size_t(n_use) * g);
+    for (int h = 0; h < g; h++) {
+        for (idx_t j = 0; j < n_use; j++) {
+            idx_t qi = in.n_queries - n_use + j;
+            idx_t pos = in.query_positions ? in.query_positions[qi]
+                                           : in.first_position + in.n_tokens - in.n_queries + qi;
+            size_t row = size_t(h) * n_use + j;
+            std::copy_n(in.queries + (size_t(h) * in.n_queries + qi) * d, d, &queries[row * d]);
+            n_keys[row] = std::clamp<idx_t>(pos - in.first_position + 1, 0, in.n_tokens);
+        }
+    }
+    const idx_t n_rows = idx_t(n_keys.size());
+    if (n_rows == 0) {
+        return; // no queries: the knobs stay as given
+    }
+    auto stats_for = [&](const std::vector<idx_t>& ks) {
+        return tail_statistics(
+                in.keys, in.values, in.n_tokens, d, d_value, queries.data(), n_rows,
+                n_keys.data(), ks);
+    };
+    idx_t k_heavy = heavy->top_k_budget(), m = 0;
+    if (epsilon > 0) {
+        const double z = normal_two_sided_quantile(delta);
+        std::vector<TailStatistics> st = stats_for({k_heavy});
+        std::vector<double> need;
+        for (const TailStatistics& x : st) {
+            need.push_back(x.sample_for_error(epsilon, z));
+        }
+        // nearest-rank (1 - delta) quantile over the calibration queries
+        std::sort(need.begin(), need.end());
+        size_t rank = size_t(std::ceil((1 - delta) * double(need.size())));
+        m = idx_t(std::ceil(need[std::clamp<size_t>(rank, 1, need.size()) - 1]));
+    } else {
+        // the split of `budget` with the lowest mean predicted error
+        constexpr int kSteps = 8;
+        std::vector<idx_t> ks;
+        for (int f = 0; f <= kSteps; f++) {
+            ks.push_back(std::max<idx_t>(1, budget * f / kSteps));
+        }
+        std::vector<TailStatistics> st = stats_for(ks);
+        double best = std::numeric_limits<double>::infinity();
+        for (size_t t = 0; t < ks.size(); t++) {
+            double err = 0;
+            for (idx_t row = 0; row < n_rows; row++) {
+                err += st[size_t(row) * ks.size() + t].predicted_error(double(budget - ks[t]));
+            }
+            if (err < best) {
+                best = err;
+                k_heavy = ks[t];
+                m = budget - ks[t];
+            }
+        }
+        heavy->set_parameter("k", double(k_heavy));
+    }
+    sample = m;
+    calibrated_k = k_heavy;
+    calibrated_sample = m;
+}
+
+void IndexHybrid::search_batch(
+        idx_t n,
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params) const {
+    heavy->search(n, q, k, distances, labels, params);
+}
+
+void IndexHybrid::select_batch(
+        idx_t n,
+        const float* q,
+        Selection* sel,
+        const faiss::SearchParameters* params) const {
+    heavy->select(n, q, sel, params);
+    SearchParametersKV tail_params;
+    tail_params.k = std::max<idx_t>(sample, 0);
+    parallel_for(n, [&](idx_t i) {
+        Selection& s = sel[i];
+        for (float u : s.inclusion) {
+            FAISS_THROW_IF_NOT_FMT(
+                    u == 1.0f,
+                    "IndexHybrid: the heavy part %s must select deterministically (u = 1), "
+                    "got u = %g",
+                    heavy->factory_string().c_str(),
+                    u);
+        }
+        std::sort(s.ids.begin(), s.ids.end());
+        if (sample == 0) {
+            return;
+        }
+        Selection t;
+        tail->select_outside(
+                q + i * d, s.ids.data(), s.ids.size(), t, sample > 0 ? &tail_params : nullptr);
+        s.ids.insert(s.ids.end(), t.ids.begin(), t.ids.end());
+        s.inclusion.insert(s.inclusion.end(), t.inclusion.begin(), t.inclusion.end());
+        s.n_scanned += t.n_scanned;
+    });
+}
+
+void IndexHybrid::attend_batch(
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    std::vector<Selection> sel(n);
+    select_batch(n, q, sel.data(), params);
+    estimate_batch(n, q, sel.data(), out, lse);
+}
+
+void IndexHybrid::reset_impl() {
+    heavy->reset();
+    tail->reset();
+    storage.clear();
+    ntotal = 0;
+    calibrated_k = -1;
+    calibrated_sample = -1;
+}
+
+size_t IndexHybrid::memory_bytes() const {
+    return storage.memory_bytes() + heavy->memory_bytes() + tail->memory_bytes();
+}
+
+std::vector<ParameterInfo> IndexHybrid::parameter_info() const {
+    return {{"sample", false,
+             "tail budget, its k (tokens a uniform tail draws), >= 0; 0: no tail"},
+            {"epsilon", true,
+             "relative error target of a uniform tail: > 0 sets its sample per head at prefill, 0: off"},
+            {"budget", true,
+             "tokens per query (k + sample) split per head at prefill by predicted error, >= 0; 0: off"},
+            {"delta", true, "failure probability of the epsilon target, in (0, 1)"},
+            {"n_calibration", true, "last prompt positions whose queries set the tail budget, >= 1"},
+            {"calibrated_k", false, "read-only: the heavy k the last prefill chose (-1: none)"},
+            {"calibrated_sample", false, "read-only: the tail sample the last prefill chose (-1: none)"}};
+}
+
+bool IndexHybrid::set_parameter(const std::string& name, double value) {
+    if (name == "sample") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || is_positive_integer(value),
+                "parameter sample=%g must be a non-negative integer",
+                value);
+        sample = idx_t(value);
+    } else if (name == "epsilon") {
+        FAISS_THROW_IF_NOT_FMT(
+                value >= 0 && value <= 1e6, "parameter epsilon=%g must be >= 0", value);
+        epsilon = value;
+    } else if (name == "delta") {
+        FAISS_THROW_IF_NOT_FMT(
+                value > 0 && value < 1, "parameter delta=%g must be in (0, 1)", value);
+        delta = value;
+    } else if (name == "n_calibration") {
+        FAISS_THROW_IF_NOT_FMT(
+                is_positive_integer(value),
+                "parameter n_calibration=%g must be a positive integer",
+                value);
+        n_calibration = idx_t(value);
+    } else if (name == "budget") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || is_positive_integer(value),
+                "parameter budget=%g must be a non-negative integer",
+                value);
+        budget = idx_t(value);
+    } else if (name == "calibrated_sample" || name == "calibrated_k") {
+        FAISS_THROW_FMT(
+                "parameter %s is read-only (set by prefill when epsilon or budget > 0)",
+                name.c_str());
+    } else {
+        // k belongs to the heavy part (a child): the hybrid has no budget of its own
+        return false;
+    }
+    return true;
+}
+
+bool IndexHybrid::get_parameter(const std::string& name, double* value) const {
+    if (name == "sample") {
+        *value = double(sample);
+    } else if (name == "epsilon") {
+        *value = epsilon;
+    } else if (name == "delta") {
+        *value = delta;
+    } else if (name == "n_calibration") {
+        *value = double(n_calibration);
+    } else if (name == "budget") {
+        *value = double(budget);
+    } else if (name == "calibrated_k") {
+        *value = double(calibrated_k);
+    } else if (name == "calibrated_sample") {
+        *value = double(calibrated_sample);
+    } else {
+        return false;
+    }
+    return true;
+}
+
+void IndexHybrid::write_fields(BufferWriter& w) const {
+    w.value<int64_t>(sample);
+    w.value<double>(epsilon);
+    w.value<int64_t>(budget);
+    w.value<double>(delta);
+    w.value<int64_t>(n_calibration);
+    w.value<int64_t>(calibrated_k);
+    w.value<int64_t>(calibrated_sample);
+    storage.write(w);
+    write_index_record(heavy.get(), w);
+    write_index_record(tail.get(), w);
+}
+
+void IndexHybrid::read_fields(BufferReader& r, uint32_t) {
+    sample = r.value<int64_t>("sample");
+    epsilon = r.value<double>("epsilon");
+    budget = r.value<int64_t>("budget");
+    delta = r.value<double>("delta");
+    n_calibration = r.value<int64_t>("n_calibration");
+    calibrated_k = r.value<int64_t>("calibrated_k");
+    calibrated_sample = r.value<int64_t>("calibrated_sample");
+    storage = KVStorage(d, d_value, kv_type);
+    storage.read(r, "Hybrid storage");
+    heavy = read_index_record(r);
+    tail = read_index_record(r);
+}
+
+void IndexHybrid::check_invariants() const {
+    KVIndex::check_invariants();
+    FAISS_THROW_IF_NOT_MSG(heavy && tail, "IndexHybrid: heavy or tail index missing");
+    FAISS_THROW_IF_NOT_FMT(
+            sample >= -1 && std::isfinite(epsilon) && epsilon >= 0 && budget >= 0 &&
+                    delta > 0 && delta < 1 && n_calibration >= 1 && calibrated_k >= -1 &&
+                    calibrated_sample >= -1,
+            "IndexHybrid: sample=%zd, epsilon=%g, budget=%zd, delta=%g, n_calibration=%zd or "
+            "calibrated_sample=%zd out of range",
+            size_t(sample),
+            epsilon,
+            size_t(budget),
+            delta,
+            size_t(n_calibration),
+            size_t(calibrated_sample));
+    FAISS_THROW_IF_NOT_FMT(
+            storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
+                    storage.type == kv_type && storage.size() == ntotal &&
+                    heavy->ntotal == ntotal && tail->ntotal == ntotal,
+            "IndexHybrid: storage (%zd), heavy (%zd) and tail (%zd) disagree with ntotal %zd",
+            size_t(storage.size()),
+            size_t(heavy->ntotal),
+            size_t(tail->ntotal),
+            size_t(ntotal));
+}
+
+} // namespace kvindex

@@ -1,0 +1,582 @@
+// IndexHybrid (exact heavy hitters + an unbiased sampled tail) and
+// IndexUniformSample, against the double-precision reference.
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <kvindex/IndexHybrid.h>
+#include <kvindex/IndexLSHSample.h>
+#include <kvindex/IndexUniformSample.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
+#include <kvindex/parameters.h>
+
+#include "expect_throw.h"
+#include "reference.h"
+
+using namespace kvindex;
+using kvtest::gaussian;
+
+namespace {
+
+constexpr int kD = 16;
+
+/// Keys and values of one head, queries that differ from the keys. `peak`
+/// scales the queries: large = sparse attention, small = flat.
+struct Head {
+    idx_t n;
+    std::vector<float> keys, values, queries;
+    Head(idx_t n, idx_t n_q, float peak, uint64_t seed)
+            : n(n),
+              keys(gaussian(n, kD, seed)),
+              values(gaussian(n, kD, seed + 1)),
+              queries(gaussian(n_q, kD, seed + 2, peak)) {}
+    const float* q(idx_t i) const {
+        return queries.data() + i * kD;
+    }
+};
+
+std::unique_ptr<KVIndex> build(const std::string& s, const Head& h) {
+    auto index = index_factory(kD, s);
+    index->add_kv(h.n, h.keys.data(), h.values.data());
+    return index;
+}
+
+/// Attention of one query through the index, in double for the checks.
+double attend_one(const KVIndex& index, const float* q, std::vector<float>& out) {
+    out.resize(index.d_value);
+    float lse;
+    index.attend(1, q, out.data(), &lse);
+    return lse;
+}
+
+} // namespace
+
+TEST(Hybrid, EmptyTailEqualsTopK) {
+    Head h(3000, 8, 2.0f, 11);
+    auto hybrid = build("Hybrid(TopK(Flat),Uniform)|k=40,sample=0", h);
+    auto topk = build("TopK(Flat)|k=40", h);
+    std::vector<float> a, b;
+    for (idx_t i = 0; i < 8; i++) {
+        double la = attend_one(*hybrid, h.q(i), a);
+        double lb = attend_one(*topk, h.q(i), b);
+        std::vector<double> ref;
+        double lr = kvtest::ref_attention(
+                h.q(i), h.keys.data(), h.values.data(), kD, kD,
+                kvtest::ref_topk(h.q(i), h.keys.data(), kD, h.n, 40), nullptr, ref);
+        EXPECT_LT(kvtest::rel_max_err(a.data(), ref), 1e-5);
+        EXPECT_NEAR(la, lr, 1e-5);
+        EXPECT_NEAR(la, lb, 1e-5);
+        Selection sel;
+        hybrid->select(1, h.q(i), &sel);
+        EXPECT_EQ(sel.size(), 40u);
+    }
+}
+
+namespace {
+
+/// A heavy part that selects nothing (no registry row: a test double).
+struct SelectsNothing : KVIndex {
+    explicit SelectsNothing(int d) : KVIndex(d) {}
+    size_t memory_bytes() const override {
+        return 0;
+    }
+    const char* type_name() const override {
+        return "SelectsNothing";
+    }
+    std::string factory_string() const override {
+        return "SelectsNothing";
+    }
+    void write_fields(BufferWriter&) const override {}
+    void read_fields(BufferReader&, uint32_t) override {}
+
+   protected:
+    void add_kv_impl(idx_t n, const float*, const float*) override {
+        ntotal += n;
+    }
+    void reset_impl() override {
+        ntotal = 0;
+    }
+    void select_one(const float*, Selection& sel, const faiss::SearchParameters*) const override {
+        sel.clear();
+    }
+};
+
+} // namespace
+
+TEST(Hybrid, EmptyHeavyAndEveryTokenAtUOneIsExact) {
+    Head h(2000, 6, 1.0f, 12);
+    // no heavy hitters; a tail sample of >= n tokens is all of them, u = 1
+    for (const char* tail : {"Uniform|k=5000", "LSHSample6x8|min_hits=0"}) {
+        IndexHybrid index(std::make_unique<SelectsNothing>(kD), index_factory(kD, tail));
+        index.add_kv(h.n, h.keys.data(), h.values.data());
+        std::vector<float> out;
+        for (idx_t i = 0; i < 6; i++) {
+            Selection sel;
+            index.select(1, h.q(i), &sel);
+            ASSERT_EQ(sel.size(), size_t(h.n)) << tail;
+            double lse = attend_one(index, h.q(i), out);
+            std::vector<double> ref;
+            double lr = kvtest::ref_attention_all(
+                    h.q(i), h.keys.data(), h.values.data(), kD, kD, h.n, ref);
+            EXPECT_LT(kvtest::rel_max_err(out.data(), ref), 1e-5) << tail;
+            EXPECT_NEAR(lse, lr, 1e-5) << tail;
+        }
+    }
+}
+
+TEST(Hybrid, TailIsDisjointFromHeavyHitters) {
+    Head h(4000, 20, 1.5f, 13);
+    for (const char* s : {"Hybrid(TopK(Flat),Uniform)|k=50,sample=300", "Hybrid(TopK(Flat),LSHSample6x30)|k=50"}) {
+        auto index = build(s, h);
+        for (idx_t i = 0; i < 20; i++) {
+            Selection sel;
+            index->select(1, h.q(i), &sel);
+            std::vector<idx_t> top = kvtest::ref_topk(h.q(i), h.keys.data(), kD, h.n, 50);
+            std::set<idx_t> heavy(top.begin(), top.end());
+            std::set<idx_t> seen;
+            size_t n_heavy = 0;
+            for (size_t j = 0; j < sel.size(); j++) {
+                ASSERT_GE(sel.ids[j], 0);
+                ASSERT_LT(sel.ids[j], h.n);
+                ASSERT_TRUE(seen.insert(sel.ids[j]).second) << s << ": id drawn twice";
+                if (sel.inclusion[j] == 1.0f && heavy.count(sel.ids[j])) {
+                    n_heavy++;
+                } else {
+                    // a tail token: never a heavy hitter
+                    ASSERT_EQ(heavy.count(sel.ids[j]), 0u) << s << ": tail id " << sel.ids[j];
+                }
+            }
+            EXPECT_EQ(n_heavy, 50u) << s;
+            if (std::string(s).find("Uniform") != std::string::npos) {
+                EXPECT_EQ(sel.size(), 350u);
+                EXPECT_FLOAT_EQ(sel.inclusion.back(), float(300.0 / (4000 - 50)));
+            }
+        }
+    }
+}
+
+TEST(Hybrid, UniformDrawIsUniformOverTheComplement) {
+    // inclusion frequencies over many queries: m / (n - excluded) each,
+    // excluded ids never; the test is chi-square-like with 5 sigma bounds
+    const idx_t n = 200, m = 20;
+    Head h(n, 1, 1.0f, 14);
+    IndexUniformSample u(kD, kD);
+    u.k = m;
+    u.add_kv(n, h.keys.data(), h.values.data());
+    std::vector<idx_t> excluded = {0, 3, 4, 50, 199};
+    const int draws = 4000;
+    std::vector<int> count(n, 0);
+    auto qs = gaussian(draws, kD, 99);
+    for (int t = 0; t < draws; t++) {
+        Selection sel;
+        u.select_outside(qs.data() + t * kD, excluded.data(), excluded.size(), sel);
+        ASSERT_EQ(sel.size(), size_t(m));
+        ASSERT_TRUE(std::is_sorted(sel.ids.begin(), sel.ids.end()));
+        for (size_t j = 0; j < sel.size(); j++) {
+            EXPECT_FLOAT_EQ(sel.inclusion[j], float(double(m) / double(n - 5)));
+            count[sel.ids[j]]++;
+        }
+    }
+    const double p = double(m) / double(n - 5);
+    const double sd = std::sqrt(draws * p * (1 - p));
+    for (idx_t i = 0; i < n; i++) {
+        if (std::binary_search(excluded.begin(), excluded.end(), i)) {
+            EXPECT_EQ(count[i], 0) << i;
+        } else {
+            EXPECT_NEAR(count[i], draws * p, 5 * sd) << i;
+        }
+    }
+}
+
+namespace {
+
+/// Mean over draws of the unbiased quantities e^{lse - lse_exact} (the
+/// partition) and e^{lse - lse_exact} out (the weighted values): each must
+/// be within 4.5 standard errors (of the draws themselves) of exact.
+void expect_unbiased(
+        const std::vector<double>& z,
+        const std::vector<std::vector<double>>& zo,
+        const std::vector<double>& exact_out,
+        const char* what) {
+    const size_t n = z.size();
+    auto check = [&](auto value_of, double truth, const std::string& name) {
+        double mean = 0, sq = 0;
+        for (size_t t = 0; t < n; t++) {
+            mean += value_of(t);
+        }
+        mean /= double(n);
+        for (size_t t = 0; t < n; t++) {
+            sq += (value_of(t) - mean) * (value_of(t) - mean);
+        }
+        double se = std::sqrt(sq / double(n - 1) / double(n));
+        EXPECT_NEAR(mean, truth, 4.5 * se + 1e-6) << what << " " << name;
+    };
+    check([&](size_t t) { return z[t]; }, 1.0, "partition");
+    for (size_t j = 0; j < exact_out.size(); j++) {
+        check([&](size_t t) { return zo[t][j]; }, exact_out[j], "numerator dim " + std::to_string(j));
+    }
+}
+
+} // namespace
+
+TEST(Hybrid, UnbiasedOverSeedsUniformTail) {
+    Head h(3000, 1, 1.2f, 15);
+    std::vector<double> exact;
+    double lse_exact = kvtest::ref_attention_all(
+            h.q(0), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+    auto index = build("Hybrid(TopK(Flat),Uniform)|k=30,sample=60", h);
+    const int draws = 1500;
+    std::vector<double> z(draws);
+    std::vector<std::vector<double>> zo(draws);
+    std::vector<float> out;
+    for (int t = 0; t < draws; t++) {
+        set_index_parameter(index.get(), "seed", t);
+        double lse = attend_one(*index, h.q(0), out);
+        z[t] = std::exp(lse - lse_exact);
+        for (int j = 0; j < kD; j++) {
+            zo[t].push_back(z[t] * out[j]);
+        }
+    }
+    expect_unbiased(z, zo, exact, "uniform tail");
+    // and the draws really vary (a constant would pass trivially)
+    EXPECT_GT(*std::max_element(z.begin(), z.end()) - *std::min_element(z.begin(), z.end()), 1e-3);
+}
+
+TEST(Hybrid, UnbiasedOverSeedsLSHTail) {
+    Head h(1500, 1, 1.2f, 16);
+    std::vector<double> exact;
+    double lse_exact = kvtest::ref_attention_all(
+            h.q(0), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+    const int draws = 400;
+    std::vector<double> z(draws);
+    std::vector<std::vector<double>> zo(draws);
+    std::vector<float> out;
+    for (int t = 0; t < draws; t++) {
+        // the LSH tail's randomness is its hyperplanes: a fresh seed per draw
+        auto tail = std::make_unique<IndexLSHSample>(kD, kD, 4, 12);
+        tail->set_seed(uint64_t(t) + 1);
+        auto index = std::make_unique<IndexHybrid>(index_factory(kD, "TopK(Flat)|k=30"), std::move(tail));
+        index->add_kv(h.n, h.keys.data(), h.values.data());
+        double lse = attend_one(*index, h.q(0), out);
+        z[t] = std::exp(lse - lse_exact);
+        for (int j = 0; j < kD; j++) {
+            zo[t].push_back(z[t] * out[j]);
+        }
+    }
+    expect_unbiased(z, zo, exact, "LSH tail");
+}
+
+TEST(Hybrid, EpsilonDeltaBudgetHoldsItsTarget) {
+    // With the per-head budget from (epsilon, delta), the partition estimate
+    // misses by more than epsilon in at most about delta of the draws.
+    const double eps = 0.05, delta = 0.1;
+    Head h(6000, 65, 0.6f, 17);
+    // values with a common part, as a model's have: the output is not a
+    // cancellation of zero-mean noise (which would need every token)
+    h.values = gaussian(h.n, kD, 170, 1.0f, 1.0f);
+    auto index = index_factory(kD, "Hybrid(TopK(Flat),Uniform)|k=20,epsilon=0.05,delta=0.1,n_calibration=64");
+    PrefillInput in;
+    in.n_tokens = h.n;
+    in.keys = h.keys.data();
+    in.values = h.values.data();
+    in.n_queries = 64;
+    in.queries = h.queries.data();
+    index->prefill(in);
+    const double m = get_index_parameter(index.get(), "calibrated_sample");
+    EXPECT_EQ(get_index_parameter(index.get(), "sample"), m);
+    EXPECT_GT(m, 20);
+    EXPECT_LT(m, h.n - 20);
+
+    // the budget is the (1 - delta) quantile of the per-query formula
+    std::vector<idx_t> n_keys(64);
+    for (idx_t i = 0; i < 64; i++) {
+        n_keys[i] = h.n - 64 + i + 1;
+    }
+    std::vector<TailStatistics> st = tail_statistics(
+            h.keys.data(), h.values.data(), h.n, kD, kD, h.queries.data(), 64, n_keys.data(), {20});
+    std::vector<double> b;
+    for (const TailStatistics& x : st) {
+        b.push_back(x.sample_for_error(eps, normal_two_sided_quantile(delta)));
+    }
+    std::sort(b.begin(), b.end());
+    EXPECT_EQ(m, std::ceil(b[size_t(std::ceil(0.9 * 64)) - 1]));
+
+    // a new query of the head (the 65th), many draws: the output misses
+    // its target in at most about delta of the draws (the bound is a
+    // normal approximation: 2 delta allowed)
+    const float* q = h.q(64);
+    std::vector<double> exact;
+    double lse_exact =
+            kvtest::ref_attention_all(q, h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+    double exact_norm = 0;
+    for (double x : exact) {
+        exact_norm += x * x;
+    }
+    exact_norm = std::sqrt(exact_norm);
+    auto count_misses = [&](int draws) {
+        int misses = 0;
+        std::vector<float> out;
+        for (int t = 0; t < draws; t++) {
+            set_index_parameter(index.get(), "seed", t);
+            double lse = attend_one(*index, q, out);
+            double err = 0;
+            for (int j = 0; j < kD; j++) {
+                err += (out[j] - exact[j]) * (out[j] - exact[j]);
+            }
+            (void)lse;
+            (void)lse_exact;
+            misses += std::sqrt(err) / exact_norm > eps;
+        }
+        return misses;
+    };
+    const int draws = 400;
+    int misses = count_misses(draws);
+    EXPECT_LE(misses, int(2 * delta * draws)) << "budget " << m;
+    // and the budget is not wasteful: a tenth of it misses far more often
+    set_index_parameter(index.get(), "sample", std::max(1.0, std::floor(m / 10)));
+    int misses_small = count_misses(draws);
+    EXPECT_GT(misses_small, 2 * misses + 20) << "budget " << m;
+}
+
+namespace {
+
+/// A head whose queries all point near one direction, with `n_planted`
+/// keys along it (the heavy hitters): sparse attention when `planted_score`
+/// is large, flat when it is 0.
+Head planted_head(idx_t n, idx_t n_q, idx_t n_planted, float planted_score, uint64_t seed) {
+    Head h(n, n_q, 0.3f, seed);
+    std::vector<float> dir = gaussian(1, kD, seed + 7);
+    double norm = 0;
+    for (float x : dir) {
+        norm += double(x) * x;
+    }
+    for (float& x : dir) {
+        x = float(x / std::sqrt(norm));
+    }
+    for (idx_t i = 0; i < n_q; i++) {
+        for (int j = 0; j < kD; j++) {
+            h.queries[i * kD + j] += dir[j];
+        }
+    }
+    // planted keys: <q, k> / sqrt(d) ~ planted_score
+    for (idx_t p = 0; p < n_planted; p++) {
+        idx_t at = (p * 7919) % n;
+        for (int j = 0; j < kD; j++) {
+            h.keys[at * kD + j] = dir[j] * planted_score * std::sqrt(float(kD));
+        }
+    }
+    return h;
+}
+
+} // namespace
+
+TEST(Hybrid, TailStatisticsPredictTheError) {
+    // topk_error is the exact top-k attention error; predicted_error(m) is
+    // the RMS error of m uniform draws (first order: within 15% here)
+    Head h(3000, 1, 0.8f, 21);
+    h.values = gaussian(h.n, kD, 210, 1.0f, 0.5f);
+    const idx_t k = 30, m = 200;
+    idx_t n_keys = h.n;
+    std::vector<TailStatistics> st = tail_statistics(
+            h.keys.data(), h.values.data(), h.n, kD, kD, h.q(0), 1, &n_keys, {0, k, h.n});
+    ASSERT_EQ(st.size(), 3u);
+    std::vector<double> exact, top;
+    kvtest::ref_attention_all(h.q(0), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+    kvtest::ref_attention(h.q(0), h.keys.data(), h.values.data(), kD, kD,
+                          kvtest::ref_topk(h.q(0), h.keys.data(), kD, h.n, k), nullptr, top);
+    double num = 0, den = 0;
+    for (int j = 0; j < kD; j++) {
+        num += (top[j] - exact[j]) * (top[j] - exact[j]);
+        den += exact[j] * exact[j];
+    }
+    EXPECT_NEAR(st[1].topk_error, std::sqrt(num / den), 1e-9);
+    EXPECT_NEAR(st[2].topk_error, 0.0, 1e-12); // every token is heavy
+    EXPECT_EQ(st[2].predicted_error(5), 0.0);
+    EXPECT_EQ(st[1].n_tail, double(h.n - k));
+
+    auto index = build("Hybrid(TopK(Flat),Uniform)|k=30,sample=200", h);
+    double sq = 0;
+    const int draws = 600;
+    std::vector<float> out;
+    for (int t = 0; t < draws; t++) {
+        set_index_parameter(index.get(), "seed", t);
+        attend_one(*index, h.q(0), out);
+        for (int j = 0; j < kD; j++) {
+            sq += (out[j] - exact[j]) * (out[j] - exact[j]) / den;
+        }
+    }
+    double rms = std::sqrt(sq / draws);
+    EXPECT_NEAR(rms, st[1].predicted_error(m), 0.15 * rms);
+    // fewer draws, larger error, as 1/sqrt(m)
+    EXPECT_NEAR(st[1].predicted_error(50) / st[1].predicted_error(200), 2.0, 0.1);
+}
+
+TEST(Hybrid, FixedBudgetSplitFollowsTheHead) {
+    // budget mode: the split with the lowest mean predicted error (checked
+    // against the statistics recomputed here). A head whose weights decay
+    // smoothly (log-normal: the tail's variance is huge) keeps top-k alone;
+    // a head with a few heavy hitters over a flat rest spends most of the
+    // budget on the tail, and there the split beats top-k of the same
+    // budget on queries it was not calibrated on.
+    const idx_t budget = 80, n_cal = 32, n_eval = 8;
+    auto split = [&](const Head& h, idx_t* k, idx_t* m) {
+        auto index = index_factory(kD, "Hybrid(TopK(Flat),Uniform)|budget=80");
+        PrefillInput in;
+        in.n_tokens = h.n;
+        in.keys = h.keys.data();
+        in.values = h.values.data();
+        in.n_queries = n_cal;
+        in.queries = h.queries.data();
+        index->prefill(in);
+        *k = idx_t(get_index_parameter(index.get(), "calibrated_k"));
+        *m = idx_t(get_index_parameter(index.get(), "calibrated_sample"));
+        EXPECT_EQ(*k + *m, budget);
+        EXPECT_EQ(get_index_parameter(index.get(), "k"), double(*k));
+        EXPECT_EQ(get_index_parameter(index.get(), "sample"), double(*m));
+        std::vector<idx_t> n_keys(n_cal), ks;
+        for (idx_t i = 0; i < n_cal; i++) {
+            n_keys[i] = h.n - n_cal + i + 1;
+        }
+        for (int f = 0; f <= 8; f++) {
+            ks.push_back(std::max<idx_t>(1, budget * f / 8));
+        }
+        auto st = tail_statistics(
+                h.keys.data(), h.values.data(), h.n, kD, kD, h.queries.data(), n_cal,
+                n_keys.data(), ks);
+        size_t best = 0;
+        double best_err = 1e300;
+        for (size_t t = 0; t < ks.size(); t++) {
+            double e = 0;
+            for (idx_t r = 0; r < n_cal; r++) {
+                e += st[r * ks.size() + t].predicted_error(double(budget - ks[t]));
+            }
+            if (e < best_err) {
+                best_err = e;
+                best = t;
+            }
+        }
+        EXPECT_EQ(*k, ks[best]);
+        return index;
+    };
+    idx_t k, m;
+    Head lognormal(4000, n_cal, 3.0f, 22);
+    lognormal.values = gaussian(lognormal.n, kD, 220, 1.0f, 0.5f);
+    split(lognormal, &k, &m);
+    EXPECT_EQ(m, 0);
+
+    Head mixed = planted_head(4000, n_cal + n_eval, 10, 5.0f, 23);
+    mixed.values = gaussian(mixed.n, kD, 230, 1.0f, 0.5f);
+    auto index = split(mixed, &k, &m);
+    EXPECT_GE(m, budget / 2);
+    auto topk = build("TopK(Flat)|k=80", mixed);
+    double err_split = 0, err_topk = 0;
+    std::vector<float> a, b;
+    for (idx_t i = n_cal; i < n_cal + n_eval; i++) {
+        std::vector<double> exact;
+        kvtest::ref_attention_all(
+                mixed.q(i), mixed.keys.data(), mixed.values.data(), kD, kD, mixed.n, exact);
+        attend_one(*index, mixed.q(i), a);
+        attend_one(*topk, mixed.q(i), b);
+        double ea = 0, eb = 0, den = 0;
+        for (int j = 0; j < kD; j++) {
+            ea += (a[j] - exact[j]) * (a[j] - exact[j]);
+            eb += (b[j] - exact[j]) * (b[j] - exact[j]);
+            den += exact[j] * exact[j];
+        }
+        err_split += std::sqrt(ea / den);
+        err_topk += std::sqrt(eb / den);
+    }
+    EXPECT_LT(err_split, err_topk);
+}
+
+TEST(Hybrid, BudgetFollowsTheHead) {
+    // a flat head needs a larger tail than a sparse one
+    auto budget = [](float planted_score) {
+        Head h = planted_head(4000, 32, 10, planted_score, 18);
+        auto index = index_factory(kD, "Hybrid(TopK(Flat),Uniform)|k=20,epsilon=0.1");
+        PrefillInput in;
+        in.n_tokens = h.n;
+        in.keys = h.keys.data();
+        in.values = h.values.data();
+        in.n_queries = 32;
+        in.queries = h.queries.data();
+        index->prefill(in);
+        return get_index_parameter(index.get(), "calibrated_sample");
+    };
+    double flat = budget(0.0f), sparse = budget(12.0f);
+    EXPECT_GT(flat, 4 * sparse) << flat << " vs " << sparse;
+}
+
+TEST(Hybrid, FactoryIoAndErrors) {
+    for (const char* s : {"Hybrid(TopK(Flat),LSHSample10x150)", "Hybrid(TopK(Flat),Uniform)",
+                          "Sink4,Window64,Hybrid(TopK(IVF16,Flat),Uniform)", "BF16,Hybrid(TopK(Flat),Uniform)",
+                          "Uniform"}) {
+        EXPECT_EQ(index_factory_string(index_factory(kD, s).get()), s);
+    }
+    Head h(1000, 4, 1.0f, 19);
+    auto index = build("Hybrid(TopK(Flat),Uniform)|k=10,sample=40", h);
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    auto back = read_index(buf);
+    std::vector<float> a(4 * kD), b(4 * kD), la(4), lb(4);
+    index->attend(4, h.queries.data(), a.data(), la.data());
+    back->attend(4, h.queries.data(), b.data(), lb.data());
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(la, lb);
+    for (size_t cut : {size_t(20), buf.size() / 2, buf.size() - 1}) {
+        std::vector<uint8_t> part(buf.begin(), buf.begin() + cut);
+        EXPECT_ANY_THROW(read_index(part));
+    }
+
+    EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat))"), "tail index is missing");
+    EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat),Uniform,Flat)"), "follows the tail");
+    EXPECT_THROW_MSG(index_factory(kD, "Hybrid()"), "heavy index is missing");
+    EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat),Foo)"), "cannot parse 'Foo'");
+    EXPECT_THROW_MSG(set_index_parameter(index.get(), "calibrated_sample", 3), "read-only");
+    EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat),Uniform)|delta=1"), "delta=1");
+
+    // a sampler as the heavy part: refused at the first selection
+    auto sampled_heavy = build("Hybrid(Uniform,Uniform)|k=10", h);
+    std::vector<float> out(kD);
+    float lse;
+    EXPECT_THROW_MSG(sampled_heavy->attend(1, h.q(0), out.data(), &lse), "deterministically");
+    // epsilon needs a tail with a sample size
+    auto lsh_tail = index_factory(kD, "Hybrid(TopK(Flat),LSHSample6x10)|epsilon=0.1");
+    PrefillInput in;
+    in.n_tokens = h.n;
+    in.keys = h.keys.data();
+    in.values = h.values.data();
+    in.n_queries = 4;
+    in.queries = h.queries.data();
+    EXPECT_THROW_MSG(lsh_tail->prefill(in), "does not sample uniformly");
+    auto both = index_factory(kD, "Hybrid(TopK(Flat),Uniform)|epsilon=0.1,budget=50");
+    EXPECT_THROW_MSG(both->prefill(in), "set one");
+    // select_outside's excluded list
+    Selection sel;
+    idx_t bad[] = {5, 3};
+    EXPECT_THROW_MSG(index->select_outside(h.q(0), bad, 2, sel), "increasing");
+    idx_t out_of_range[] = {1000};
+    EXPECT_THROW_MSG(index->select_outside(h.q(0), out_of_range, 1, sel), "[0, 1000)");
+}
+
+TEST(Hybrid, AppendsReachHeavyAndTail) {
+    Head h(1200, 2, 2.0f, 20);
+    auto index = build("Hybrid(TopK(Flat),Uniform)|k=10,sample=30", h);
+    // a new token that the query loves: it must come back as a heavy hitter
+    std::vector<float> key(h.q(0), h.q(0) + kD), value(kD, 7.0f);
+    for (float& x : key) {
+        x *= 5;
+    }
+    index->add_kv(1, key.data(), value.data());
+    Selection sel;
+    index->select(1, h.q(0), &sel);
+    EXPECT_NE(std::find(sel.ids.begin(), sel.ids.end(), idx_t(1200)), sel.ids.end());
+    EXPECT_EQ(sel.size(), 40u);
+    index->reset();
+    EXPECT_EQ(index->ntotal, 0);
+}
