@@ -497,6 +497,11 @@ std::vector<ParameterInfo> IndexChoose::parameter_info() const {
 
 bool IndexChoose::set_parameter(const std::string& name, double value) {
     bool own = false;
+    if (name == "k") {
+        // the candidates' budget (they report it); the own field mirrors it
+        // for readers of KVIndex::k
+        KVIndex::set_parameter(name, value);
+    }
     if (name == "chosen") {
         FAISS_THROW_MSG(
                 "parameter chosen is read-only: prefill chooses the candidate (it reads "

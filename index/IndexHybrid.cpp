@@ -281,6 +281,7 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
             }
         }
         heavy->set_parameter("k", double(k_heavy));
+        k = k_heavy;
     }
     sample = m;
     calibrated_k = k_heavy;
@@ -397,7 +398,11 @@ bool IndexHybrid::set_parameter(const std::string& name, double value) {
                 "parameter %s is read-only (set by prefill when epsilon or budget > 0)",
                 name.c_str());
     } else {
-        // k belongs to the heavy part (a child): the hybrid has no budget of its own
+        // k belongs to the heavy part (a child, which reports it); the
+        // hybrid's own field mirrors it for readers of KVIndex::k
+        if (name == "k") {
+            KVIndex::set_parameter(name, value);
+        }
         return false;
     }
     return true;

@@ -30,8 +30,8 @@ FACTORY_BY_TYPE = {
     "IndexLSHSample": "LSHSample6x40",
     "IndexRoarGraph": "RoarGraph8",
     "IndexIVFAsym": "IVFAsym8",
-    "IndexHybrid": "Hybrid(TopK(Flat),Uniform)|k=16,sample=32",
-    "IndexUniformSample": "Uniform|k=64",
+    "IndexHybrid": "Hybrid(TopK(Flat),Uniform)",
+    "IndexUniformSample": "Uniform",
     "IndexChoose": "Choose(TopK(Flat);LSHSample6x40)",
 }
 
