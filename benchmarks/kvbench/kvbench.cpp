@@ -6,6 +6,7 @@
 //   kvbench run --trace DIR --index S [--index S ...] [--params "k=100,..."]
 //               [--layers 0,2] [--max-queries N] [--json FILE] [--dump DIR]
 //               [--trained FILE]   (models of `kvllm train` adopted by every index)
+//               [--report chosen,calibrated_sample]   (knobs read per head after prefill)
 
 #include <cstdio>
 #include <iostream>
@@ -66,7 +67,7 @@ int cmd_gen(int argc, char** argv) {
 
 int cmd_run(int argc, char** argv) {
     kvbench::RunOptions opt;
-    std::string layers, json, dump;
+    std::string layers, json, dump, report;
     po::options_description opts("kvbench run: compare indexes with exact attention on a trace");
     opts.add_options()
             ("trace", po::value(&opt.trace_dir)->required(), "trace directory")
@@ -76,6 +77,8 @@ int cmd_run(int argc, char** argv) {
             ("trained", po::value(&opt.trained), "cache file of `kvllm train`: every index adopts its models")
             ("max-queries", po::value(&opt.max_queries)->default_value(0),
              "evaluation positions per (layer, q head), spread evenly; 0 = all")
+            ("report", po::value(&report),
+             "comma-separated knobs read per (layer, KV head) after prefill, e.g. chosen,calibrated_sample")
             ("json", po::value(&json), "write the results as JSON")
             ("dump", po::value(&dump), "write rows.npy and <i>.npy outputs here")
             ("quiet", "no progress on stderr");
@@ -85,6 +88,9 @@ int cmd_run(int argc, char** argv) {
     }
     if (!layers.empty()) {
         opt.layers = parse_list<int>(layers);
+    }
+    if (!report.empty()) {
+        opt.report = parse_list<std::string>(report);
     }
     opt.progress = !vm.count("quiet");
     kvbench::RunResult res = kvbench::run_kvbench(opt);

@@ -48,11 +48,21 @@ std::unique_ptr<kvindex::KVIndex> make_index(
 
 /// Per-row figures, summarised at the end.
 struct Accumulator {
-    std::vector<double> rel_err;
+    std::vector<double> rel_err, mass_row, selected_row; ///< one per row
     double mass = 0, recall = 0, selected = 0, touched = 0;
     double attend_s = 0, dense_s = 0;
     idx_t n = 0, n_recall = 0;
 };
+
+/// Whether some index of the chain has the knob `name`.
+bool has_parameter(const kvindex::KVIndex* index, const std::string& name) {
+    for (const kvindex::ParameterInfo& p : kvindex::index_parameter_info(index)) {
+        if (p.name == name) {
+            return true;
+        }
+    }
+    return false;
+}
 
 double p95(std::vector<double> v) {
     if (v.empty()) {
@@ -191,6 +201,12 @@ RunResult run_kvbench(const RunOptions& opt) {
                 auto tb = Clock::now();
                 index->prefill(in);
                 r.build_s += seconds_since(tb);
+                for (const std::string& name : opt.report) {
+                    if (has_parameter(index.get(), name)) {
+                        r.reported.push_back(
+                                {l, h, name, kvindex::get_index_parameter(index.get(), name)});
+                    }
+                }
                 // indexes with a top-k retrieval inside get recall@k
                 const idx_t top_k = index->top_k_budget();
                 kvindex::SearchParametersKV count;
@@ -238,6 +254,8 @@ RunResult run_kvbench(const RunOptions& opt) {
                         }
                         a.mass += mass;
                         a.selected += double(sel.size()) / (p + 1);
+                        a.mass_row.push_back(mass);
+                        a.selected_row.push_back(double(sel.size()) / (p + 1));
                         a.touched += (sel.n_scanned + 2.0 * sel.size()) / (2.0 * (p + 1));
                         if (top_k > 0) {
                             idx_t k = std::min<idx_t>(top_k, p + 1);
@@ -281,6 +299,24 @@ RunResult run_kvbench(const RunOptions& opt) {
         r.dense_us_per_query = 1e6 * a.dense_s / nq;
         r.speedup_vs_dense = a.attend_s > 0 ? a.dense_s / a.attend_s : 0;
         r.bytes_per_token = bytes_sum[ix] / std::max(n_heads_built, 1);
+        for (int l : layers) {
+            IndexResult::Layer f;
+            f.layer = l;
+            idx_t count = 0;
+            for (size_t row = 0; row < res.rows.size(); row++) {
+                if (res.rows[row][0] == l) {
+                    f.rel_err_mean += a.rel_err[row];
+                    f.mass_mean += a.mass_row[row];
+                    f.selected_frac += a.selected_row[row];
+                    count++;
+                }
+            }
+            double c = std::max<idx_t>(count, 1);
+            f.rel_err_mean /= c;
+            f.mass_mean /= c;
+            f.selected_frac /= c;
+            r.per_layer.push_back(f);
+        }
     }
     return res;
 }
@@ -300,6 +336,33 @@ void print_table(const RunResult& res) {
                     r.mass_mean, recall, 100 * r.selected_frac, 100 * r.touched_frac,
                     r.us_per_query, r.dense_us_per_query, r.speedup_vs_dense, r.build_s,
                     r.bytes_per_token);
+    }
+    if (!res.results.empty() && res.results[0].per_layer.size() > 1) {
+        // per layer: flat and sparse heads behave differently
+        std::printf("\nrel_err (selected) by layer\n%-36s", "index");
+        for (const auto& f : res.results[0].per_layer) {
+            std::printf(" %16s", ("layer " + std::to_string(f.layer)).c_str());
+        }
+        std::printf("\n");
+        for (const auto& r : res.results) {
+            std::printf("%-36s", r.index.c_str());
+            for (const auto& f : r.per_layer) {
+                std::printf("  %.3f (%5.2f%%)", f.rel_err_mean, 100 * f.selected_frac);
+            }
+            std::printf("\n");
+        }
+    }
+    for (const auto& r : res.results) {
+        // -1 is "not set by this prefill" (no calibration, no choice)
+        if (std::all_of(r.reported.begin(), r.reported.end(),
+                        [](const IndexResult::Reported& x) { return x.value == -1; })) {
+            continue;
+        }
+        std::printf("\n%s, per (layer, KV head):", r.index.c_str());
+        for (const auto& x : r.reported) {
+            std::printf(" L%d/h%d %s=%g", x.layer, x.kv_head, x.name.c_str(), x.value);
+        }
+        std::printf("\n");
     }
 }
 
@@ -326,6 +389,16 @@ void write_json(const RunResult& res, const std::string& path) {
         x["speedup_vs_dense"] = r.speedup_vs_dense;
         x["build_s"] = r.build_s;
         x["bytes_per_token"] = r.bytes_per_token;
+        x["per_layer"] = nlohmann::json::array();
+        for (const auto& f : r.per_layer) {
+            x["per_layer"].push_back({{"layer", f.layer}, {"rel_err_mean", f.rel_err_mean},
+                                      {"mass_mean", f.mass_mean}, {"selected_frac", f.selected_frac}});
+        }
+        x["reported"] = nlohmann::json::array();
+        for (const auto& rep : r.reported) {
+            x["reported"].push_back({{"layer", rep.layer}, {"kv_head", rep.kv_head},
+                                     {"name", rep.name}, {"value", rep.value}});
+        }
         j["results"].push_back(x);
     }
     std::ofstream f(path);

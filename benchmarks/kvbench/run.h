@@ -25,6 +25,10 @@ struct RunOptions {
     /// index string must adopt something
     std::string trained;
     idx_t max_queries = 0;            ///< evaluation positions per (layer, q head); 0: all
+    /// knobs read from every (layer, KV head) index after its prefill, where
+    /// its chain has them: what a per-head choice decided ("chosen",
+    /// "calibrated_sample")
+    std::vector<std::string> report;
     bool progress = true;             ///< progress lines on stderr
 };
 
@@ -44,6 +48,21 @@ struct IndexResult {
     double build_s = 0;                ///< prefill seconds, summed over heads
     double bytes_per_token = 0;        ///< index memory / tokens, mean over heads
     std::vector<float> outputs;        ///< [n_rows, head_dim], rows as RunResult::rows
+
+    /// The figures of one layer (over its heads and positions).
+    struct Layer {
+        int layer = 0;
+        double rel_err_mean = 0, mass_mean = 0, selected_frac = 0;
+    };
+    std::vector<Layer> per_layer;      ///< in the order of RunOptions::layers
+
+    /// A knob of RunOptions::report, read after the prefill of one head.
+    struct Reported {
+        int layer = 0, kv_head = 0;
+        std::string name;
+        double value = 0;
+    };
+    std::vector<Reported> reported;
 };
 
 struct RunResult {

