@@ -106,6 +106,21 @@ int best_of(const std::vector<double>& errors) {
     return best;
 }
 
+/// Candidate i exists and has the index's d, d_value and storage type.
+void check_candidate_shape(const KVIndex& index, const KVIndex* c, size_t i) {
+    FAISS_THROW_IF_NOT_FMT(c, "IndexChoose: candidate %zu missing (nullptr)", i);
+    FAISS_THROW_IF_NOT_FMT(
+            c->d == index.d && c->d_value == index.d_value && c->kv_type == index.kv_type,
+            "IndexChoose: candidate %zu has d=%d d_value=%d %s, the index d=%d d_value=%d %s",
+            i,
+            c->d,
+            c->d_value,
+            kv_type_name(c->kv_type),
+            index.d,
+            index.d_value,
+            kv_type_name(index.kv_type));
+}
+
 } // namespace
 
 IndexChoose::IndexChoose() : KVIndex(0, 0) {}
@@ -122,18 +137,7 @@ IndexChoose::IndexChoose(std::vector<std::unique_ptr<KVIndex>> cands)
             kMaxCandidates);
     for (size_t i = 0; i < candidates.size(); i++) {
         const KVIndex* c = candidates[i].get();
-        FAISS_THROW_IF_NOT_FMT(c, "IndexChoose: candidate %zu missing (nullptr)", i);
-        FAISS_THROW_IF_NOT_FMT(
-                c->d == d && c->d_value == d_value && c->kv_type == kv_type,
-                "IndexChoose: candidate %zu has d=%d d_value=%d %s, candidate 0 d=%d "
-                "d_value=%d %s",
-                i,
-                c->d,
-                c->d_value,
-                kv_type_name(c->kv_type),
-                d,
-                d_value,
-                kv_type_name(kv_type));
+        check_candidate_shape(*this, c, i);
         FAISS_THROW_IF_NOT_FMT(
                 c->ntotal == 0,
                 "IndexChoose: candidate %zu must be empty, holds %zd tokens",
@@ -658,18 +662,7 @@ void IndexChoose::check_invariants() const {
             size_t(ntotal));
     for (size_t i = 0; i < n; i++) {
         const KVIndex* c = candidates[i].get();
-        FAISS_THROW_IF_NOT_FMT(c, "IndexChoose: candidate %zu missing", i);
-        FAISS_THROW_IF_NOT_FMT(
-                c->d == d && c->d_value == d_value && c->kv_type == kv_type,
-                "IndexChoose: candidate %zu has d=%d d_value=%d %s, the index d=%d "
-                "d_value=%d %s",
-                i,
-                c->d,
-                c->d_value,
-                kv_type_name(c->kv_type),
-                d,
-                d_value,
-                kv_type_name(kv_type));
+        check_candidate_shape(*this, c, i);
         FAISS_THROW_IF_NOT_FMT(
                 int(i) == chosen ? c->ntotal == ntotal : c->ntotal == 0,
                 "IndexChoose: candidate %zu holds %zd tokens, expected %zd (chosen: %d, "

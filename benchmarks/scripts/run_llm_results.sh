@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym]...
-# (roargraph and ivfasym read the trace that `trace` writes)
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|hybrid|ruler]...
+# (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=benchmarks/results/llm
@@ -114,6 +114,42 @@ for what in "${@:-e2e needle trace}"; do
           --index "Sink1,Window63,IVFAsym1024_Centroid@nprobe=16" | tee "$IV/speed_128k.txt"
       $KVLLM needle --context 2048 --depths 0.1,0.5,0.9 --index "Sink1,Window63,IVFAsym64|nprobe=2" \
           --index "Sink1,Window63,IVFAsym64|nprobe=8" --json "$IV/needle_self.json" | tee "$IV/needle_self.txt" ;;
+    hybrid)
+      # issue 16: the hybrid estimator against TopK, LSHSample and Uniform at
+      # equal selected fraction, per layer, on the real trace
+      HY=benchmarks/results/hybrid; mkdir -p "$HY"
+      ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers 0,4,8,16,24,29 --max-queries 32 --quiet \
+          --report calibrated_k,calibrated_sample \
+          --index "TopK(Flat)|k=2%" --index "Uniform|k=2%" --index "LSHSample11x120" \
+          --index "Hybrid(TopK(Flat),Uniform)|k=1%,sample=1%" --index "Hybrid(TopK(Flat),Uniform)|budget=2%" \
+          --index "Hybrid(TopK(Flat),LSHSample12x150)|k=1%" \
+          --index "TopK(Flat)|k=5%" --index "Uniform|k=5%" --index "LSHSample10x150" \
+          --index "Hybrid(TopK(Flat),Uniform)|k=2.5%,sample=2.5%" --index "Hybrid(TopK(Flat),Uniform)|budget=5%" \
+          --index "Hybrid(TopK(Flat),LSHSample11x120)|k=3.5%" \
+          --index "Hybrid(TopK(Flat),Uniform)|k=1%,epsilon=0.2,delta=0.1" \
+          --json "$HY/kvbench_smollm2_8k.json" | tee "$HY/kvbench_smollm2_8k.txt"
+      ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers 0,4,8,16,24,29 --max-queries 32 --quiet \
+          --report chosen --index "Choose(TopK(Flat);LSHSample11x120)|k=2%" \
+          --index "Choose(TopK(Flat);LSHSample10x150)|k=5%" \
+          --json "$HY/choose_smollm2_8k.json" | tee "$HY/choose_smollm2_8k.txt" ;;
+    ruler)
+      # issue 16: the task suite at 2k, 20 samples per task, every layer sparse
+      RU=benchmarks/results/ruler; mkdir -p "$RU"
+      # (in two parts for time: every index on the two needle tasks, three on the rest)
+      $KVLLM ruler --context 2048 --samples 20 --seed 1 --tasks niah_single,niah_multikey \
+          --index "TopK(Flat)|k=2%" --index "Hybrid(TopK(Flat),Uniform)|budget=2%" \
+          --index "Hybrid(TopK(Flat),LSHSample12x150)|k=1%" --index "Sink4,Window64,LSHSample11x120" \
+          --index "Choose(TopK(Flat);LSHSample11x120)|k=2%" \
+          --index "ProxyEvict2" --index "ProxyEvict2|proxy_tokens=question" \
+          --json "$RU/ruler_2k_part1.json" | tee "$RU/ruler_2k_part1.txt"
+      $KVLLM ruler --context 2048 --samples 20 --seed 1 --tasks passkey,niah_multivalue,vt,cwe \
+          --index "TopK(Flat)|k=2%" --index "Hybrid(TopK(Flat),Uniform)|budget=2%" \
+          --index "Choose(TopK(Flat);LSHSample11x120)|k=2%" \
+          --json "$RU/ruler_2k_part2.json" | tee "$RU/ruler_2k_part2.txt"
+      # NaCl at 20% kept, percent window vs the question's tokens, on the tasks with a question
+      $KVLLM ruler --context 2048 --samples 20 --seed 1 --tasks niah_single,niah_multikey,passkey \
+          --index "ProxyEvict20" --index "ProxyEvict20|proxy_tokens=question" \
+          --json "$RU/ruler_2k_nacl20.json" | tee "$RU/ruler_2k_nacl20.txt" ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
   esac
 done
