@@ -622,10 +622,21 @@ void IndexIVFAsym::read_fields(BufferReader& r, uint32_t) {
             size_t(ntotal));
     buckets.assign(n_centroids + 1, KVStorage(d, d_value, kv_type));
     bucket_ids.assign(n_centroids + 1, {});
-    token_bucket.assign(ntotal, -1);
+    // the buckets first (each bounded by the bytes left), so that a forged
+    // ntotal cannot make token_bucket allocate what the file does not hold
+    size_t in_buckets = 0;
     for (int b = 0; b <= n_centroids; b++) {
         bucket_ids[b] = r.vector<idx_t>("IVFAsym bucket ids");
         buckets[b].read(r, "IVFAsym bucket");
+        in_buckets += bucket_ids[b].size();
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            in_buckets == size_t(ntotal),
+            "read_index: IVFAsym buckets hold %zd tokens, ntotal is %zd",
+            in_buckets,
+            size_t(ntotal));
+    token_bucket.assign(ntotal, -1);
+    for (int b = 0; b <= n_centroids; b++) {
         for (idx_t id : bucket_ids[b]) { // before any token_bucket lookup
             FAISS_THROW_IF_NOT_FMT(
                     id >= 0 && id < ntotal && token_bucket[id] == -1,
