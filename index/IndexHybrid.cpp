@@ -11,6 +11,7 @@
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
+#include <kvindex/parameters.h>
 
 #include "checks.h"
 #include "parallel.h"
@@ -280,7 +281,8 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
                 m = budget - ks[t];
             }
         }
-        heavy->set_parameter("k", double(k_heavy));
+        // through the chain walk, as "k=..." would: the heavy part's whole chain
+        set_index_parameter(heavy.get(), "k", double(k_heavy));
         k = k_heavy;
     }
     sample = m;

@@ -1,7 +1,6 @@
 #include <kvindex/IndexUniformSample.h>
 
 #include <algorithm>
-#include <cstring>
 #include <unordered_set>
 
 #include <faiss/impl/FaissAssert.h>

@@ -59,7 +59,7 @@ std::vector<IndexTypeInfo> builtin_types() {
             {"IndexHybrid", fourcc("KVHy"), 1, "Hybrid(<heavy>,<tail>)",
              "exact heavy hitters (a top-k index) + an unbiased sample of the other tokens (LSH or uniform), merged by lse",
              IndexHybrid::from_factory, make_empty<IndexHybrid>},
-            {"IndexUniformSample", fourcc("KVUs"), 1, "Uniform<n>",
+            {"IndexUniformSample", fourcc("KVUs"), 1, "Uniform",
              "n tokens drawn uniformly per query, unbiased estimator (the sampled-tail baseline)",
              IndexUniformSample::from_factory, make_empty<IndexUniformSample>},
     };
