@@ -26,6 +26,7 @@
 #include <kvindex/kernels.h>
 #include <kvindex/parameters.h>
 #include <kvindex/rope.h>
+#include "blas_kernels.h"
 
 namespace po = boost::program_options;
 using namespace kvindex;
@@ -98,6 +99,7 @@ double rel_l2(const float* a, const float* b, int d) {
 } // namespace
 
 int main(int argc, char** argv) {
+    kvtools::use_widest_blas_kernels(argv);
     idx_t n, nq;
     int d;
     uint64_t seed;

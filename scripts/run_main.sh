@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh build
+source scripts/blas_env.sh
 TRACE=data/default
 if [ ! -f "$TRACE/meta.json" ]; then
   ./build/benchmarks/kvbench gen --out "$TRACE" --preset mixed --seed 1

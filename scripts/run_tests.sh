@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh build
+source scripts/blas_env.sh
 # setup.sh installed the model: the tests that need it must run, not skip
 KVINDEX_REQUIRE_MODEL=1 ctest --test-dir build --output-on-failure -j "$(nproc)"
 # the Python package: pip install into .venv-py, pytest suite, examples

@@ -26,6 +26,7 @@
 #include <kvindex/trace.h>
 
 #include "run.h"
+#include "blas_kernels.h"
 
 using namespace kvindex;
 using Clock = std::chrono::steady_clock;
@@ -48,6 +49,7 @@ double rel_l2(const float* a, const float* b, int d) {
 } // namespace
 
 int main(int argc, char** argv) {
+    kvtools::use_widest_blas_kernels(argv);
     std::string trace;
     int n_q, layer_id, kv_head;
     boost::program_options::options_description opts("bench_lsh");

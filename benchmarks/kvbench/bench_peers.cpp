@@ -35,6 +35,7 @@
 #include <kvindex/trace.h>
 
 #include "synthetic.h"
+#include "blas_kernels.h"
 
 using namespace kvindex;
 using Clock = std::chrono::steady_clock;
@@ -73,6 +74,7 @@ double time_queries(int repeats, int n_queries, F&& f) {
 } // namespace
 
 int main(int argc, char** argv) {
+    kvtools::use_widest_blas_kernels(argv);
     std::string tokens_list, out_dir;
     int n_queries, repeats, ef;
     long hnsw_max;

@@ -32,6 +32,7 @@
 #include <kvindex/parameters.h>
 
 #include "synthetic.h"
+#include "blas_kernels.h"
 
 using namespace kvindex;
 using Clock = std::chrono::steady_clock;
@@ -157,6 +158,7 @@ struct Point {
 } // namespace
 
 int main(int argc, char** argv) {
+    kvtools::use_widest_blas_kernels(argv);
     int64_t n;
     int n_queries;
     std::vector<std::string> specs;

@@ -25,6 +25,7 @@
 #include <kvindex/parameters.h>
 
 #include "synthetic.h"
+#include "blas_kernels.h"
 
 using namespace kvindex;
 using Clock = std::chrono::steady_clock;
@@ -38,6 +39,7 @@ double seconds_since(Clock::time_point t0) {
 } // namespace
 
 int main(int argc, char** argv) {
+    kvtools::use_widest_blas_kernels(argv);
     std::string tokens_list;
     int n_queries;
     std::vector<std::string> extra;

@@ -20,6 +20,7 @@
 
 #include "run.h"
 #include "synthetic.h"
+#include "blas_kernels.h"
 
 namespace po = boost::program_options;
 
@@ -107,6 +108,7 @@ int cmd_run(int argc, char** argv) {
 } // namespace
 
 int main(int argc, char** argv) {
+    kvtools::use_widest_blas_kernels(argv);
     std::string usage = "usage: kvbench gen|run [options]  (kvbench gen --help, kvbench run --help)\n";
     if (argc < 2) {
         std::fprintf(stderr, "%s", usage.c_str());

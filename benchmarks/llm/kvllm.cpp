@@ -43,6 +43,7 @@
 #include "ruler.h"
 #include "tokenizer.h"
 #include "train.h"
+#include "blas_kernels.h"
 
 namespace po = boost::program_options;
 using namespace kvllm;
@@ -355,6 +356,7 @@ void usage() {
 } // namespace
 
 int main(int argc, char** argv) {
+    kvtools::use_widest_blas_kernels(argv);
     // The model parallelizes with OpenMP around one-thread BLAS calls
     // (llama_model.cpp); BLAS's own threads would spin against OpenMP's.
     kvindex::ScopedBlasThreads one_blas_thread(1);

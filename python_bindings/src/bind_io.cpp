@@ -6,6 +6,7 @@
 
 #include <pybind11/stl.h>
 
+#include <kvindex/blas_threads.h>
 #include <kvindex/index_io.h>
 #include <kvindex/registry.h>
 #include <kvindex/rope.h>
@@ -208,6 +209,20 @@ void bind_io(py::module_& m) {
                 return "<kvindex.IndexTypeInfo " + r.name + " '" + r.grammar + "'>";
             });
     m.def("index_types", &kvindex::index_types, "every registered index type, in the factory's order");
+
+    // OpenBLAS picks its kernels when it loads (with this module); the
+    // caller can only see the choice and set OPENBLAS_CORETYPE for the next
+    // process (python_bindings/README.md, "BLAS kernels").
+    auto c_str_or_none = [](const char* s) -> py::object {
+        return s ? py::object(py::str(s)) : py::object(py::none());
+    };
+    m.def("blas_core_name", [c_str_or_none]() { return c_str_or_none(kvindex::blas_core_name()); },
+          "the kernel set OpenBLAS chose at load (e.g. 'SkylakeX', 'Prescott'), None if the BLAS is not OpenBLAS");
+    m.def("blas_core_for_this_cpu", [c_str_or_none]() { return c_str_or_none(kvindex::blas_core_for_this_cpu()); },
+          "the widest OpenBLAS kernel set this CPU runs ('SkylakeX', 'Haswell'), None for older CPUs");
+    m.def("blas_core_below_cpu", &kvindex::blas_core_below_cpu,
+          "True when OpenBLAS fell back to older kernels than the CPU runs: set OPENBLAS_CORETYPE="
+          "blas_core_for_this_cpu() before starting Python (2-3x faster sgemm)");
 
     m.def("apply_rope",
           [](py::handle x, py::handle positions, double theta, const std::string& style) {
