@@ -33,6 +33,8 @@ const char* probe_suffix(IVFAsymProbe p) {
             return "_Centroid";
         case IVFAsymProbe::centroid_rope:
             return "_CentroidRoPE";
+        case IVFAsymProbe::oracle:
+            return "_Oracle";
     }
     return "?";
 }
@@ -77,7 +79,7 @@ std::string IndexIVFAsym::factory_string() const {
 std::unique_ptr<KVIndex> IndexIVFAsym::from_factory(FactoryChain& chain) {
     const std::string& s = chain.peek();
     for (IVFAsymProbe p :
-         {IVFAsymProbe::centroid_rope, IVFAsymProbe::centroid, IVFAsymProbe::qmodel}) {
+         {IVFAsymProbe::centroid_rope, IVFAsymProbe::centroid, IVFAsymProbe::oracle, IVFAsymProbe::qmodel}) {
         std::string suffix = probe_suffix(p);
         if (s.size() < suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix)) {
             continue;
@@ -300,6 +302,10 @@ size_t IndexIVFAsym::memory_bytes() const {
 // ---- probing -------------------------------------------------------------------
 
 void IndexIVFAsym::bucket_scores(const float* q, idx_t position, float* scores) const {
+    if (probe == IVFAsymProbe::oracle) {
+        oracle_bucket_masses(q, scores);
+        return;
+    }
     std::vector<float> x(q, q + d);
     if (probe != IVFAsymProbe::centroid_rope) {
         int64_t pos = std::max<idx_t>(0, position);
@@ -312,6 +318,34 @@ void IndexIVFAsym::bucket_scores(const float* q, idx_t position, float* scores) 
         }
     } else {
         inner_products_scaled(x.data(), centroids.data(), d, n_centroids, 1.0f, scores);
+    }
+}
+
+void IndexIVFAsym::oracle_bucket_masses(const float* q, float* masses) const {
+    // lse of each bucket's scaled scores, then e^(lse_b - lse_all): the
+    // share of q's attention (over this index's keys) in bucket b
+    std::vector<float> lses(n_centroids, -std::numeric_limits<float>::infinity()), s;
+    for (int c = 0; c < n_centroids; c++) {
+        const KVStorage& st = buckets[c];
+        if (st.size() == 0) {
+            continue;
+        }
+        s.resize(size_t(st.size()));
+        inner_products_scaled(q, st.key_rows(), s.size(), score_scale(), s.data());
+        const float m = *std::max_element(s.begin(), s.end());
+        double sum = 0;
+        for (float x : s) {
+            sum += std::exp(double(x - m));
+        }
+        lses[c] = m + float(std::log(sum));
+    }
+    const float m = *std::max_element(lses.begin(), lses.end());
+    double total = 0;
+    for (float l : lses) {
+        total += std::exp(double(l - m)); // e^-inf = 0 for empty buckets
+    }
+    for (int c = 0; c < n_centroids; c++) {
+        masses[c] = std::isfinite(m) ? float(std::exp(double(lses[c] - m)) / total) : 0.0f;
     }
 }
 
@@ -381,6 +415,9 @@ size_t IndexIVFAsym::probe_cost() const {
     }
     if (probe == IVFAsymProbe::qmodel && !qmodel.empty()) {
         return (qmodel.flops_per_query() + d - 1) / d; // in key-vector equivalents
+    }
+    if (probe == IVFAsymProbe::oracle) {
+        return size_t(ntotal); // every key scored
     }
     return size_t(n_centroids);
 }
@@ -598,7 +635,7 @@ void IndexIVFAsym::read_fields(BufferReader& r, uint32_t) {
     n_after = r.value<int64_t>("IVFAsym n_after");
     group_size = r.value<int32_t>("IVFAsym group_size");
     FAISS_THROW_IF_NOT_FMT(
-            n_centroids >= 1 && n_centroids <= kMaxCentroids && p >= 0 && p <= 2 && gp <= 1 &&
+            n_centroids >= 1 && n_centroids <= kMaxCentroids && p >= 0 && p <= int32_t(IVFAsymProbe::oracle) && gp <= 1 &&
                     ad <= 1 && d % 2 == 0,
             "read_index: invalid IVFAsym header (C=%d probe=%d group_probe=%d adopted=%d d=%d)",
             n_centroids,

@@ -67,6 +67,8 @@ inline const ConformanceCase kConformance[] = {
         {"Sink2,Window8,Choose(Flat;TopK(IVF4,Flat))", "k=7,nprobe=3", "k=1000000"},
         {"BF16,Choose(LSHSample6x20;Sink4,Window8,TopK(Flat))", "k=7,max_sample=30",
          "k=1000000,min_hits=0"},
+        // SAAP's buckets routed by their exact attention mass (the routing ceiling)
+        {"Sink2,Window8,IVFAsym4_Oracle", "k=7,nprobe=2", "nprobe=4"},
 };
 
 } // namespace kvtest

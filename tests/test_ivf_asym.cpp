@@ -300,7 +300,7 @@ TEST(IVFAsym, FullProbeIsExactAndZeroProbeIsTheStaticPart) {
 
 TEST(IVFAsym, CapturedMassIsMonotoneInNprobe) {
     Head h = ood_head(1200, 4);
-    for (const char* s : {"IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE"}) {
+    for (const char* s : {"IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE", "IVFAsym8_Oracle"}) {
         auto index = prefilled(s, h, 1200);
         for (idx_t pos : {1199}) {
             for (int hd = 0; hd < kGroup; hd++) {
@@ -390,6 +390,47 @@ TEST(IVFAsym, TrainedClassifierCapturesMoreMassThanNearestCentroid) {
     EXPECT_GT(mass[0], 0.45);
     EXPECT_GT(mass[0], mass[1] + 0.2);
     EXPECT_GT(mass[0], mass[2] + 0.2);
+}
+
+TEST(IVFAsym, OracleReadsTheBucketsOfLargestExactMass) {
+    // the oracle's buckets are the nprobe of largest mass, each bucket's
+    // mass computed here in double from its ids; no other probe captures more
+    const IVFAsymTrainer& t = trained_on_ood();
+    Head h = ood_head(1600, 31);
+    std::vector<std::unique_ptr<KVIndex>> idx;
+    for (const char* s : {"IVFAsym8_Oracle", "IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE"}) {
+        idx.push_back(index_factory(kD, s, kDv));
+        ivf_asym_in_chain(idx.back().get())->set_trained(t.centroids, t.qmodel, t.rope);
+        std::vector<float> scratch;
+        idx.back()->prefill(h.prefill(h.n, scratch));
+    }
+    const IndexIVFAsym* oracle = ivf_asym_in_chain(idx[0].get());
+    EXPECT_EQ(oracle->factory_string(), "IVFAsym8_Oracle");
+    for (int l : {1, 2, 3}) {
+        for (auto& index : idx) {
+            set_index_parameter(index.get(), "nprobe", l);
+        }
+        for (int hd = 0; hd < kGroup; hd++) {
+            for (idx_t pos : {idx_t(700), idx_t(1599)}) {
+                const float* q = h.query(hd, pos);
+                std::vector<double> bucket_mass;
+                for (int c = 0; c < kC; c++) {
+                    bucket_mass.push_back(captured_mass(q, h, h.n, oracle->bucket_ids[c]));
+                }
+                std::sort(bucket_mass.rbegin(), bucket_mass.rend());
+                const double best = std::accumulate(bucket_mass.begin(), bucket_mass.begin() + l, 0.0);
+                std::vector<Selection> sel(1);
+                idx[0]->select(1, q, sel.data());
+                EXPECT_NEAR(captured_mass(q, h, h.n, sel[0].ids), best, 1e-6) << "nprobe " << l;
+                EXPECT_EQ(sel[0].n_scanned, size_t(h.n)) << "the oracle scores every key";
+                for (size_t v = 1; v < idx.size(); v++) {
+                    idx[v]->select(1, q, sel.data());
+                    EXPECT_LE(captured_mass(q, h, h.n, sel[0].ids), best + 1e-9)
+                            << idx[v]->factory_string() << " nprobe " << l;
+                }
+            }
+        }
+    }
 }
 
 TEST(IVFAsym, AdoptedModelsAreUsedKeptAndRoundTrip) {

@@ -22,6 +22,11 @@ enum class IVFAsymProbe {
     centroid = 1,
     /// baseline, the paper's symmetric IVF: the same on the RoPEd query
     centroid_rope = 2,
+    /** diagnostic upper bound: the nprobe buckets of largest exact
+     * attention mass, found by scoring every key (n_scanned = ntotal). What
+     * no classifier can beat on these buckets: the gap between it and
+     * qmodel is routing, the gap between it and exact is the partition. */
+    oracle = 3,
 };
 
 /** SAAP's asymmetric partitions ("Inference-time sparse attention with
@@ -69,7 +74,9 @@ enum class IVFAsymProbe {
  * prefill 0.805 (1.0 s per head at 8k).
  *
  * Per call: SearchParametersTopK::nprobe (IndexTopK.h). Factory strings:
- * "IVFAsym<C>" (Q-model), "IVFAsym<C>_Centroid", "IVFAsym<C>_CentroidRoPE".
+ * "IVFAsym<C>" (Q-model), "IVFAsym<C>_Centroid", "IVFAsym<C>_CentroidRoPE",
+ * "IVFAsym<C>_Oracle" (routing by the buckets' exact mass: a ceiling for
+ * analysis, it reads every key).
  * Knobs: nprobe, group_probe, k (search's default); prefill-time: hidden,
  * train_iterations, min_distance (-1: n_after), seed.
  */
@@ -116,7 +123,7 @@ struct IndexIVFAsym : KVIndex {
     /** The buckets query q (post-RoPE, at `position`) reads: `nprobe` of
      * them, best first (the unassigned run is not listed). */
     void probe_buckets(const float* q, idx_t position, int nprobe, int32_t* out) const;
-    /// Scores of the C buckets for query q (log-probabilities or <q, c>).
+    /// Scores of the C buckets for query q (probabilities, <q, c> or masses).
     void bucket_scores(const float* q, idx_t position, float* scores) const;
 
     /// Copies centroids and Q-model (and their RoPE) from a trained model.
@@ -137,7 +144,7 @@ struct IndexIVFAsym : KVIndex {
     void read_fields(BufferReader& r, uint32_t version) override;
     void check_invariants() const override;
 
-    /// Registry parser: "IVFAsym<C>[_Centroid|_CentroidRoPE]".
+    /// Registry parser: "IVFAsym<C>[_Centroid|_CentroidRoPE|_Oracle]".
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
@@ -170,6 +177,8 @@ struct IndexIVFAsym : KVIndex {
     /** The same from the C bucket scores of a query or the sum over a GQA
      * group's (nullptr: no probing, only the unassigned run). */
     std::vector<int32_t> buckets_of_scores(const float* scores, int nprobe) const;
+    /// The oracle's scores: each bucket's share of q's exact attention mass.
+    void oracle_bucket_masses(const float* q, float* masses) const;
     /// Where token `key` sits in its bucket.
     idx_t offset_in_bucket(idx_t key) const;
     /// n_scanned of one probe.

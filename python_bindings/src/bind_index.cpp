@@ -530,14 +530,16 @@ the probed buckets. Models come from an offline-trained cache (kvllm train;
 adopt_trained) or are trained on the prompt at prefill. Compose with the
 static part: "Sink1,Window511,IVFAsym64". Factory strings: "IVFAsym<C>",
 "IVFAsym<C>_Centroid", "IVFAsym<C>_CentroidRoPE" (nearest-centroid
-baselines). Knobs: nprobe, group_probe, k; prefill-time: hidden,
+baselines), "IVFAsym<C>_Oracle" (the buckets of largest exact mass: a
+routing ceiling that scores every key). Knobs: nprobe, group_probe, k; prefill-time: hidden,
 train_iterations, min_distance, seed.)doc")
             .def(py::init([](int d, int C, const std::string& probe, py::object d_value, const std::string& kv_type) {
                      kvindex::IVFAsymProbe p = probe == "qmodel" ? kvindex::IVFAsymProbe::qmodel
                              : probe == "centroid"              ? kvindex::IVFAsymProbe::centroid
                              : probe == "centroid_rope"         ? kvindex::IVFAsymProbe::centroid_rope
+                             : probe == "oracle"                ? kvindex::IVFAsymProbe::oracle
                                                                 : throw py::value_error(
-                                                                    "probe must be 'qmodel', 'centroid' or 'centroid_rope', not '" + probe + "'");
+                                                                    "probe must be 'qmodel', 'centroid', 'centroid_rope' or 'oracle', not '" + probe + "'");
                      return std::make_shared<kvindex::IndexIVFAsym>(d, d_value_or(d, d_value), C, p, kv_type_of(kv_type));
                  }),
                  py::arg("d"), py::arg("C") = 64, py::arg("probe") = "qmodel", py::arg("d_value") = py::none(),

@@ -75,3 +75,25 @@ def test_adopted_models_survive_io_and_reset():
     assert fresh.children()[0].adopted and fresh.children()[0].centroids.shape == (8, 16)
     with pytest.raises(RuntimeError, match="same factory string"):
         fresh.adopt_trained(kvindex.index_factory(16, "Flat"))
+
+
+def test_oracle_reads_the_buckets_of_largest_exact_mass():
+    keys, values, queries = prompt()
+    index = kvindex.IndexIVFAsym(keys.shape[1], C=8, probe="oracle")
+    assert index.factory_string() == "IVFAsym8_Oracle"
+    index.prefill(keys, values, queries=queries)
+    # bucket of each key: its nearest de-RoPEd centroid (as the first test)
+    raw = kvref.rope(keys, -np.arange(keys.shape[0]), THETA)
+    c = index.centroids.astype(np.float64)
+    bucket = ((raw[:, None, :] - c[None, :, :]) ** 2).sum(-1).argmin(1)
+    q = queries[1, -5:]
+    s = (q.astype(np.float64) @ keys.T.astype(np.float64)) / np.sqrt(keys.shape[1])
+    w = np.exp(s - s.max(1, keepdims=True))
+    w /= w.sum(1, keepdims=True)
+    for i, sel in enumerate(index.select(q, params="nprobe=3")):
+        mass = np.bincount(bucket, weights=w[i], minlength=8)
+        best = np.sort(mass)[::-1][:3].sum()
+        assert abs(w[i][np.asarray(sel.ids)].sum() - best) < 1e-6
+        assert sel.n_scanned == keys.shape[0]  # every key scored
+    with pytest.raises(ValueError, match="oracle"):
+        kvindex.IndexIVFAsym(16, C=8, probe="best")
