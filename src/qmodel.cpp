@@ -496,6 +496,9 @@ std::vector<QModelLossPoint> train_qmodel(QModel& m, idx_t n, const float* x, co
     std::vector<QModelLossPoint> curve;
     double loss_sum = 0;
     int loss_count = 0;
+    const bool keep_best = params.keep_best && n_held > 0;
+    QModel best;
+    double best_loss = std::numeric_limits<double>::infinity();
     for (int it = 1; it <= params.iterations; it++) {
         if (cursor + bs > n) {
             shuffle(perm, rng);
@@ -518,10 +521,17 @@ std::vector<QModelLossPoint> train_qmodel(QModel& m, idx_t n, const float* x, co
             curve.push_back({it, loss_sum / loss_count, held});
             loss_sum = 0;
             loss_count = 0;
+            if (keep_best && held < best_loss) {
+                best_loss = held;
+                best = m;
+            }
             if (progress) {
                 progress(curve.back());
             }
         }
+    }
+    if (keep_best && !best.empty()) {
+        m = std::move(best);
     }
     return curve;
 }

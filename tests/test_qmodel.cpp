@@ -297,7 +297,11 @@ TEST(QModel, TrainingLowersHeldOutLoss) {
     double final_loss = qmodel_eval_loss(m, n_held, hx, ht);
     ASSERT_EQ(curve.size(), 6u);
     EXPECT_EQ(curve.back().iteration, 600);
-    EXPECT_EQ(curve.back().held_out_loss, final_loss);
+    double lowest = curve.front().held_out_loss;
+    for (const QModelLossPoint& c : curve) {
+        lowest = std::min(lowest, c.held_out_loss);
+    }
+    EXPECT_EQ(lowest, final_loss); // keep_best: the curve's best point
     EXPECT_LT(curve.back().train_loss, curve.front().train_loss);
     EXPECT_LT(final_loss, 0.5 * initial) << "initial " << initial << " final " << final_loss;
 
@@ -322,6 +326,41 @@ TEST(QModel, TrainingLowersHeldOutLoss) {
     ASSERT_EQ(c3.size(), 3u);
     EXPECT_EQ(c3.back().iteration, 250);
     EXPECT_TRUE(std::isnan(c3.back().held_out_loss));
+}
+
+TEST(QModel, KeepBestEndsAtTheLowestHeldOutLoss) {
+    // 64 training rows of random targets and a wide model: it memorises
+    // them, and the held-out loss rises after its first points
+    const int d = 8, C = 6, H = 128, n_train = 64, n_held = 400, n = n_train + n_held;
+    std::vector<float> x = kvtest::gaussian(n, d, 41);
+    std::vector<float> t = kvtest::gaussian(n, C, 42);
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int c = 0; c < C; c++) {
+            s += std::exp(2.0 * t[i * C + c]);
+        }
+        for (int c = 0; c < C; c++) {
+            t[i * C + c] = float(std::exp(2.0 * t[i * C + c]) / s);
+        }
+    }
+    const float* hx = x.data() + size_t(n_train) * d;
+    const float* ht = t.data() + size_t(n_train) * C;
+    QModelTrainParams p;
+    p.iterations = 1500;
+    p.batch_size = 32;
+    p.learning_rate = 1e-2f;
+    p.eval_every = 50;
+    for (bool keep : {true, false}) {
+        p.keep_best = keep;
+        QModel m(d, H, C, 43);
+        std::vector<QModelLossPoint> curve = train_qmodel(m, n_train, x.data(), t.data(), n_held, hx, ht, p);
+        auto best = std::min_element(curve.begin(), curve.end(), [](const auto& a, const auto& b) {
+            return a.held_out_loss < b.held_out_loss;
+        });
+        ASSERT_LT(best->held_out_loss, curve.back().held_out_loss - 0.05) << "the setup must over-fit";
+        const double final_loss = qmodel_eval_loss(m, n_held, hx, ht);
+        EXPECT_EQ(final_loss, keep ? best->held_out_loss : curve.back().held_out_loss) << "keep_best " << keep;
+    }
 }
 
 TEST(QModel, RunningStatisticsFollowBatches) {

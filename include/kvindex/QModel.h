@@ -93,6 +93,9 @@ struct QModelTrainParams {
     float adam_eps = 1e-8f;
     uint64_t seed = 1234;         ///< order of the rows
     int eval_every = 100;         ///< steps between two points of the loss curve
+    /// with held-out rows: end with the weights of the curve's point of
+    /// lowest held-out loss (early stopping; the small heads over-fit)
+    bool keep_best = true;
 };
 
 /// One point of a training run's loss curve.
@@ -105,7 +108,8 @@ struct QModelLossPoint {
 /** Trains m with Adam on rows (x, targets), evaluating on the held-out
  * rows every eval_every steps; updates the running statistics. Single
  * threaded (BLAS with one thread: train heads in parallel), deterministic
- * by seed. `progress`, if set, is called with each point of the curve.
+ * by seed. With keep_best and held-out rows, m ends as the curve's point of
+ * lowest held-out loss. `progress`, if set, is called with each point of the curve.
  *
  * @param x, targets              n rows, as in qmodel_loss
  * @param held_x, held_targets    n_held rows (may be 0)
