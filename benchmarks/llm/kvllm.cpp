@@ -307,7 +307,9 @@ int cmd_train(int argc, char** argv) {
     TrainConfig c;
     std::string model;
     std::vector<std::string> text_files;
-    int threads = 0;
+    int threads = 0, task_prompts = 0;
+    std::string task_tasks = "niah_single,niah_multikey,niah_multivalue";
+    uint64_t task_seed = 1001;
     po::options_description opts(
             "kvllm train: SAAP's offline models (IndexIVFAsym) from the model's keys and queries\n"
             "on training text, one per (layer, KV head), written as a cache file for --trained");
@@ -325,6 +327,12 @@ int cmd_train(int argc, char** argv) {
             ("queries-per-prompt", po::value(&c.queries_per_prompt),
              "candidate queries drawn per prompt (default 1024)")
             ("seed", po::value(&c.seed)->default_value(c.seed), "seed; (layer, head) s uses seed + s")
+            ("task-prompts", po::value(&task_prompts)->default_value(0),
+             "retrieval-shaped prompts added to the text (RULER tasks on the training text, answers appended; "
+             "only their question and answer are training queries)")
+            ("task-tasks", po::value(&task_tasks)->default_value(task_tasks), "tasks of --task-prompts, in turn")
+            ("task-seed", po::value(&task_seed)->default_value(task_seed),
+             "seed of --task-prompts (kvllm ruler evaluates with --seed 1)")
             ("threads", po::value(&threads)->default_value(threads), "OpenMP threads (0 = all cores)")
             ("out", po::value(&c.out)->required(), "cache file to write (read_cache)")
             ("report", po::value(&c.report_json), "write the per-head training report as JSON");
@@ -342,6 +350,21 @@ int cmd_train(int argc, char** argv) {
     for (const std::string& f : text_files) {
         docs.push_back({f, m.tok.encode(read_file(f), false)});
         std::fprintf(stderr, "%s: %zu tokens\n", f.c_str(), docs.back().ids.size());
+    }
+    if (task_prompts < 0) {
+        throw std::invalid_argument("--task-prompts " + std::to_string(task_prompts) + " must be >= 0");
+    }
+    if (task_prompts > 0) {
+        std::vector<std::string> haystack; // the training text itself
+        for (const std::string& f : text_files) {
+            std::vector<std::string> units = haystack_units(read_file(f));
+            haystack.insert(haystack.end(), units.begin(), units.end());
+        }
+        std::vector<TrainDocument> tasks = task_training_prompts(
+                m.tok, haystack, parse_list<std::string>(task_tasks), task_prompts, c.context, task_seed);
+        std::fprintf(stderr, "%d task prompts (%s, seed %llu)\n", task_prompts, task_tasks.c_str(),
+                     (unsigned long long)task_seed);
+        docs.insert(docs.end(), std::make_move_iterator(tasks.begin()), std::make_move_iterator(tasks.end()));
     }
     run_train(llm, docs, c, std::cout);
     return 0;

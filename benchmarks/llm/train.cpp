@@ -21,6 +21,9 @@
 #include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
 
+#include "eval.h"
+#include "ruler.h"
+
 namespace kvllm {
 
 namespace {
@@ -52,9 +55,16 @@ void parallel_for_each(int64_t n, F&& f) {
     }
 }
 
-/// The held-out loss at the end of a curve, NaN if none was measured.
+/// The held-out loss of the model kept: the curve's lowest
+/// (QModelTrainParams::keep_best), NaN if none was measured.
 double final_held_out(const kvindex::IVFAsymTrainingReport& r) {
-    return r.curve.empty() ? std::nan("") : r.curve.back().held_out_loss;
+    double best = std::nan("");
+    for (const kvindex::QModelLossPoint& p : r.curve) {
+        if (!std::isnan(p.held_out_loss) && (std::isnan(best) || p.held_out_loss < best)) {
+            best = p.held_out_loss;
+        }
+    }
+    return best;
 }
 
 /// What the trainers of every head share, from the index string and the options.
@@ -92,6 +102,9 @@ std::vector<TrainChunk> training_chunks(
     std::vector<TrainChunk> chunks;
     int64_t left = max_tokens > 0 ? max_tokens : INT64_MAX;
     for (size_t doc = 0; doc < documents.size() && left >= min_len; doc++) {
+        if (documents[doc].query_tokens > 0) {
+            continue;
+        }
         const int64_t n = int64_t(documents[doc].ids.size());
         for (int64_t b = 0; b < n && left >= min_len; b += context) {
             int64_t len = std::min({context, n - b, left});
@@ -102,7 +115,59 @@ std::vector<TrainChunk> training_chunks(
             left -= len;
         }
     }
+    for (size_t doc = 0; doc < documents.size(); doc++) {
+        const TrainDocument& t = documents[doc];
+        const int64_t n = int64_t(t.ids.size());
+        if (t.query_tokens <= 0) {
+            continue;
+        }
+        if (n > context || t.query_tokens > n) {
+            throw std::invalid_argument("task prompt " + t.name + ": " + std::to_string(n) + " tokens (" +
+                                        std::to_string(t.query_tokens) + " queried) does not fit --context " +
+                                        std::to_string(context));
+        }
+        chunks.push_back({doc, 0, n});
+    }
     return chunks;
+}
+
+std::vector<TrainDocument> task_training_prompts(
+        const BpeTokenizer& tok,
+        const std::vector<std::string>& haystack,
+        const std::vector<std::string>& tasks,
+        int n,
+        int64_t context,
+        uint64_t seed) {
+    if (n > 0 && tasks.empty()) {
+        throw std::invalid_argument("--task-prompts: no task given");
+    }
+    for (const std::string& t : tasks) {
+        if (t == "passkey") {
+            throw std::invalid_argument("--task-tasks: passkey is an evaluation task, never trained on");
+        }
+    }
+    const TokenCounter count = token_counter(tok);
+    std::vector<TrainDocument> out;
+    for (int i = 0; i < n; i++) {
+        const std::string& task = tasks[size_t(i) % tasks.size()];
+        // room for the answer: the longest expected lists are a few numbers
+        const RulerSample s = make_ruler_sample(task, context - 64, seed, i, haystack, count);
+        std::string answer;
+        for (const std::string& e : s.expected) {
+            answer += (answer.empty() ? " " : ", ") + e;
+        }
+        TrainDocument d{task + "#" + std::to_string(i), encode_pieces(tok, s.prompt)};
+        const int64_t question = int64_t(d.ids.size()) - s.prompt.question_start();
+        const std::vector<int> a = tok.encode(answer + ".", false);
+        d.ids.insert(d.ids.end(), a.begin(), a.end());
+        d.query_tokens = question + int64_t(a.size());
+        if (int64_t(d.ids.size()) > context) {
+            throw std::invalid_argument("task prompt " + d.name + " with its answer exceeds --context " +
+                                        std::to_string(context));
+        }
+        out.push_back(std::move(d));
+    }
+    return out;
 }
 
 void run_train(
@@ -165,17 +230,28 @@ void run_train(
         llm.prefill(documents[c.document].ids.data() + c.begin, n, nullptr, 0, &rec, 0);
         double p_s = seconds_since(t0);
         t0 = Clock::now();
+        const int64_t nq = documents[c.document].query_tokens > 0 ? documents[c.document].query_tokens : n;
         parallel_for_each(n_heads, [&](int64_t s) {
             const int l = int(s / KVH), h = int(s % KVH);
             kvindex::PrefillInput in;
             in.n_tokens = n;
             in.keys = rec.keys[l].data() + size_t(h) * n * hd;
             in.values = rec.values[l].data() + size_t(h) * n * hd;
-            in.n_queries = n;
+            in.n_queries = nq;
             in.n_query_heads = g;
-            // the query heads of KV head h are g consecutive heads
-            in.queries = rec.queries[l].data() + size_t(h) * g * n * hd;
-            in.query_positions = nullptr; // the last n_queries tokens: all of them
+            // the query heads of KV head h are g consecutive heads, each
+            // of n rows; a task prompt's are its last nq rows of each
+            const float* heads = rec.queries[l].data() + size_t(h) * g * n * hd;
+            std::vector<float> last;
+            if (nq < n) {
+                last.resize(size_t(g) * nq * hd);
+                for (int j = 0; j < g; j++) {
+                    std::copy_n(heads + (size_t(j) * n + (n - nq)) * hd, size_t(nq) * hd,
+                                last.data() + size_t(j) * nq * hd);
+                }
+            }
+            in.queries = nq < n ? last.data() : heads;
+            in.query_positions = nullptr; // the last n_queries tokens
             in.first_position = 0;
             in.rope = mc.rope;
             trainers[s]->add_prompt(in);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "llama_model.h"
+#include "tokenizer.h"
 
 namespace kvllm {
 
@@ -29,17 +30,23 @@ struct TrainConfig {
     std::string report_json;       ///< "" = none
 };
 
-/// A training document: its name (for logs) and token ids.
+/** A training document: its name (for logs) and token ids. A task prompt
+ * (query_tokens > 0: a retrieval prompt with its answer appended) is one
+ * training prompt as it is, outside max_tokens, and only its last
+ * query_tokens positions (question and answer: the queries that look the
+ * needle up) are training queries; the text documents teach the rest. */
 struct TrainDocument {
     std::string name;
     std::vector<int> ids;
+    int64_t query_tokens = 0;
 };
 
 /** The training prompts of documents: each document cut into windows of
  * `context` tokens, a remnant shorter than context / 2 dropped (a short
  * prompt has few long-range queries); with max_tokens > 0, chunks are taken
  * in order until max_tokens, the last one cut to what remains (if that is
- * at least context / 2). Returns (document, first token, n_tokens). */
+ * at least context / 2). Task prompts follow, one chunk each (never cut:
+ * longer than context throws). Returns (document, first token, n_tokens). */
 struct TrainChunk {
     size_t document;
     int64_t begin;
@@ -47,6 +54,19 @@ struct TrainChunk {
 };
 std::vector<TrainChunk> training_chunks(
         const std::vector<TrainDocument>& documents, int64_t context, int64_t max_tokens);
+
+/** n retrieval-shaped training prompts (kvllm train --task-prompts): RULER
+ * tasks (ruler.h; `tasks` in turn) at about `context` tokens on `haystack`,
+ * each followed by its expected answer, with query_tokens = the question
+ * and the answer. Seeded by (seed, i); the evaluation's own prompts (kvllm
+ * ruler --seed) differ by seed, and the passkey task is never generated. */
+std::vector<TrainDocument> task_training_prompts(
+        const BpeTokenizer& tok,
+        const std::vector<std::string>& haystack,
+        const std::vector<std::string>& tasks,
+        int n,
+        int64_t context,
+        uint64_t seed);
 
 /** Prefills every chunk, feeds one IVFAsymTrainer per (layer, KV head),
  * trains them (in parallel, BLAS at one thread), writes the cache to

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|hybrid|ruler]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|hybrid|ruler]...
 # (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -114,6 +114,38 @@ for what in "${@:-e2e needle trace}"; do
           --index "Sink1,Window63,IVFAsym1024_Centroid@nprobe=16" | tee "$IV/speed_128k.txt"
       $KVLLM needle --context 2048 --depths 0.1,0.5,0.9 --index "Sink1,Window63,IVFAsym64|nprobe=2" \
           --index "Sink1,Window63,IVFAsym64|nprobe=8" --json "$IV/needle_self.json" | tee "$IV/needle_self.txt" ;;
+    ivfasym2)
+      # IVFAsym at the paper's dense share (1 + 255 at 8k: 3.2%, as 1 + 2047
+      # is 2% at 100k) with C = 128 (one bucket per ~63 keys), long range =
+      # beyond the window; the oracle probe (buckets of largest exact mass)
+      # is the ceiling of any router on the same buckets
+      IV="$OUT/../ivfasym"
+      mkdir -p "$IV"
+      TRAINED=data/smollm2_ivfasym128_w255.kvc
+      .venv/bin/python benchmarks/scripts/python_doc_text.py --out data/train
+      { time $KVLLM train --index "Sink1,Window255,IVFAsym128" --context 2048 --max-tokens 150000 --min-distance 255 \
+          --text-file data/train/python-doc-tutorial.txt --text-file data/train/python-doc-faq.txt \
+          --text-file data/train/python-doc-howto.txt --text-file data/train/python-doc-reference.txt \
+          --out "$TRAINED" --report "$IV/train_w255_report.json" ; } 2>&1 | tee "$IV/train_w255.txt"
+      w=(--index Flat)
+      for np in 1 2 3; do w+=(--index "Sink1,Window255,IVFAsym128|nprobe=$np"); done
+      for v in _Oracle _Centroid _CentroidRoPE; do w+=(--index "Sink1,Window255,IVFAsym128$v|nprobe=2"); done
+      w+=(--index "Sink1,Window255,TopK(Flat)|k=1.6%" --index "Sink1,Window63,IVFAsym64_Oracle|nprobe=2")
+      for L in 0 4 8 16 24 29; do
+        ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 64 --quiet \
+            --trained "$TRAINED" "${w[@]}" --json "$IV/w255_L$L.json" | tee "$IV/w255_L$L.txt"
+      done
+      # the first run's buckets (C = 64, window 63) under the oracle
+      for L in 4 8 16 24 29; do
+        ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 64 --quiet \
+            --trained data/smollm2_ivfasym64.kvc --index "Sink1,Window63,IVFAsym64|nprobe=2" \
+            --index "Sink1,Window63,IVFAsym64_Oracle|nprobe=1" --index "Sink1,Window63,IVFAsym64_Oracle|nprobe=2" \
+            --index "Sink1,Window63,IVFAsym64_Oracle|nprobe=4" | tee "$IV/oracle64_L$L.txt"
+      done
+      $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.5,0.9 --trained "$TRAINED" --index Flat \
+          --index "Sink1,Window255,IVFAsym128|nprobe=2" --index "Sink1,Window255,IVFAsym128|nprobe=2,group_probe=1" \
+          --index "Sink1,Window255,IVFAsym128_Centroid|nprobe=2" --index "Sink1,Window255,IVFAsym128_Oracle|nprobe=2" \
+          --json "$IV/needle_w255.json" | tee "$IV/needle_w255.txt" ;;
     hybrid)
       # issue 16: the hybrid estimator against TopK, LSHSample and Uniform at
       # equal selected fraction, per layer, on the real trace

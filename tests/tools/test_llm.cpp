@@ -20,10 +20,12 @@
 #include <kvindex/trace.h>
 
 #include "gguf.h"
+#include "eval.h"
 #include "llama_model.h"
 #include "llm_test_model.h"
 #include "quant_kernels.h"
 #include "quant_matrix.h"
+#include "ruler.h"
 #include "simd_levels.h"
 #include "tokenizer.h"
 #include "train.h"
@@ -498,4 +500,38 @@ TEST(KvllmTrain, ChunksAreWindowsWithoutShortRemnants) {
     EXPECT_EQ(spans(training_chunks(docs, 1000, 1400)), (V{{0, 0, 1000}}));
     EXPECT_TRUE(training_chunks({doc("c", 400)}, 1000, 0).empty());
     EXPECT_THROW(training_chunks(docs, 1, 0), std::invalid_argument);
+    // task prompts: one chunk each, whole, after the text and outside its budget
+    TrainDocument task{"t", std::vector<int>(300, 1), 20};
+    docs.insert(docs.begin(), task);
+    EXPECT_EQ(spans(training_chunks(docs, 1000, 1400)), (V{{1, 0, 1000}, {0, 0, 300}}));
+    docs[0].ids.resize(1001);
+    EXPECT_THROW(training_chunks(docs, 1000, 0), std::invalid_argument);
+}
+
+TEST(KvllmTrain, TaskPromptsEndWithTheirQuestionAndAnswer) {
+    KVLLM_MODEL_OR_SKIP(path);
+    GgufFile file(path);
+    BpeTokenizer tok(file);
+    std::string text;
+    for (int i = 0; i < 300; i++) text += " The river number " + std::to_string(i) + " flows to the sea.";
+    const std::vector<std::string> haystack = haystack_units(text);
+    const std::vector<std::string> tasks{"niah_single", "niah_multivalue"};
+    std::vector<TrainDocument> docs = task_training_prompts(tok, haystack, tasks, 4, 600, 7);
+    ASSERT_EQ(docs.size(), 4u);
+    for (int i = 0; i < 4; i++) {
+        const TrainDocument& d = docs[i];
+        // the same prompt as the generator's, then the expected answer
+        const RulerSample s = make_ruler_sample(tasks[i % 2], 600 - 64, 7, i, haystack, token_counter(tok));
+        const std::vector<int> prompt = encode_pieces(tok, s.prompt);
+        ASSERT_LE(int64_t(d.ids.size()), 600);
+        ASSERT_TRUE(std::equal(prompt.begin(), prompt.end(), d.ids.begin())) << d.name;
+        EXPECT_EQ(d.query_tokens, int64_t(d.ids.size()) - s.prompt.question_start());
+        const std::string tail = tok.decode(std::vector<int>(d.ids.end() - d.query_tokens, d.ids.end()));
+        EXPECT_EQ(tail.rfind(s.prompt.pieces.back(), 0), 0u) << "starts with the question: " << tail;
+        for (const std::string& e : s.expected) {
+            EXPECT_NE(tail.find(e), std::string::npos) << e << " in " << tail;
+        }
+    }
+    EXPECT_THROW(task_training_prompts(tok, haystack, {"passkey"}, 1, 600, 7), std::invalid_argument);
+    EXPECT_THROW(task_training_prompts(tok, haystack, tasks, 1, 200, 7), std::invalid_argument);
 }
