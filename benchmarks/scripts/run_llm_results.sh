@@ -145,7 +145,21 @@ for what in "${@:-e2e needle trace}"; do
       $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.5,0.9 --trained "$TRAINED" --index Flat \
           --index "Sink1,Window255,IVFAsym128|nprobe=2" --index "Sink1,Window255,IVFAsym128|nprobe=2,group_probe=1" \
           --index "Sink1,Window255,IVFAsym128_Centroid|nprobe=2" --index "Sink1,Window255,IVFAsym128_Oracle|nprobe=2" \
-          --json "$IV/needle_w255.json" | tee "$IV/needle_w255.txt" ;;
+          --json "$IV/needle_w255.json" | tee "$IV/needle_w255.txt"
+      # the same with 60 retrieval-shaped task prompts added to the training text
+      TASKS=data/smollm2_ivfasym128_w255_tasks.kvc
+      { time $KVLLM train --index "Sink1,Window255,IVFAsym128" --context 2048 --max-tokens 150000 --min-distance 255 \
+          --task-prompts 60 --text-file data/train/python-doc-tutorial.txt --text-file data/train/python-doc-faq.txt \
+          --text-file data/train/python-doc-howto.txt --text-file data/train/python-doc-reference.txt \
+          --out "$TASKS" --report "$IV/train_w255_tasks_report.json" ; } 2>&1 | tee "$IV/train_w255_tasks.txt"
+      for L in 0 4 8 16 24 29; do
+        ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 64 --quiet \
+            --trained "$TASKS" --index "Sink1,Window255,IVFAsym128|nprobe=2" \
+            --json "$IV/w255_tasks_L$L.json" | tee "$IV/w255_tasks_L$L.txt"
+      done
+      $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.5,0.9 --trained "$TASKS" --index Flat \
+          --index "Sink1,Window255,IVFAsym128|nprobe=2" --index "Sink1,Window255,IVFAsym128|nprobe=2,group_probe=1" \
+          --json "$IV/needle_w255_tasks.json" | tee "$IV/needle_w255_tasks.txt" ;;
     hybrid)
       # issue 16: the hybrid estimator against TopK, LSHSample and Uniform at
       # equal selected fraction, per layer, on the real trace
