@@ -137,15 +137,11 @@ void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
     if (in.n_queries > 0 && in.queries) {
         check_finite(in.queries, in.n_queries * in.n_query_heads, d, "IVFAsymTrainer::add_prompt: queries");
         idx_t end = in.first_position + in.n_tokens;
-        // without positions, the queries are the prompt's last n_queries
-        auto position_of = [&](idx_t i) {
-            return in.query_positions ? in.query_positions[i] : end - in.n_queries + i;
-        };
         const idx_t first_far = std::max(params.n_sink, in.first_position);
         std::vector<std::pair<int, idx_t>> eligible; // (head, query)
         for (int h = 0; h < in.n_query_heads; h++) {
             for (idx_t i = 0; i < in.n_queries; i++) {
-                idx_t pos = position_of(i);
+                idx_t pos = in.query_position(i);
                 if (pos < end && pos - params.min_distance > first_far) {
                     eligible.push_back({h, i});
                 }
@@ -159,7 +155,7 @@ void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
             auto [h, i] = eligible[j];
             const float* q = in.queries + (size_t(h) * in.n_queries + i) * d;
             p.queries.insert(p.queries.end(), q, q + d);
-            p.positions.push_back(position_of(i));
+            p.positions.push_back(in.query_position(i));
         }
         report.n_candidates += take;
     }

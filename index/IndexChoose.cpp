@@ -245,10 +245,7 @@ std::vector<idx_t> IndexChoose::choose_holdout(const PrefillInput& in) const {
     if (in.n_tokens <= 0 || nq <= 0) {
         return {};
     }
-    auto position = [&](idx_t i) {
-        return in.query_positions ? in.query_positions[i]
-                                  : in.first_position + in.n_tokens - nq + i;
-    };
+    auto position = [&](idx_t i) { return in.query_position(i); };
     // by position (ties by index); the queries at the last position are
     // never held back: eviction policies score with them (TOVA: only them)
     std::vector<idx_t> order(nq);
@@ -315,10 +312,7 @@ void IndexChoose::prefill_impl(const PrefillInput& in) {
             const idx_t nq = in.n_queries;
             const int n_heads = in.n_query_heads;
             const idx_t nh = idx_t(held.size());
-            auto position = [&](idx_t i) {
-                return in.query_positions ? in.query_positions[i]
-                                          : in.first_position + in.n_tokens - nq + i;
-            };
+            auto position = [&](idx_t i) { return in.query_position(i); };
             std::vector<char> is_held(nq, 0);
             for (idx_t i : held) {
                 is_held[i] = 1;

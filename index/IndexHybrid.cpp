@@ -233,8 +233,7 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
     for (int h = 0; h < g; h++) {
         for (idx_t j = 0; j < n_use; j++) {
             idx_t qi = in.n_queries - n_use + j;
-            idx_t pos = in.query_positions ? in.query_positions[qi]
-                                           : in.first_position + in.n_tokens - in.n_queries + qi;
+            idx_t pos = in.query_position(qi);
             size_t row = size_t(h) * n_use + j;
             std::copy_n(in.queries + (size_t(h) * in.n_queries + qi) * d, d, &queries[row * d]);
             n_keys[row] = std::clamp<idx_t>(pos - in.first_position + 1, 0, in.n_tokens);

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <random>
 
 #include <faiss/impl/FaissAssert.h>
@@ -251,8 +250,7 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
         }
         std::vector<idx_t> pick, pos;
         for (idx_t i = 0; i < in.n_queries; i++) {
-            idx_t p = in.query_positions ? in.query_positions[i]
-                                         : in.first_position + n - in.n_queries + i;
+            idx_t p = in.query_position(i);
             if (p >= from && p < end) {
                 pick.push_back(i);
                 pos.push_back(p);
@@ -327,10 +325,8 @@ void IndexProxyEvict::prefill_impl(const PrefillInput& in) {
     sub.n_tokens = idx_t(kept.size());
     sub.keys = k.data();
     sub.values = v.data();
-    std::vector<idx_t> qpos;
-    if (in.n_queries > 0 && !in.query_positions) { // make positions explicit
-        qpos.resize(in.n_queries);
-        std::iota(qpos.begin(), qpos.end(), in.first_position + in.n_tokens - in.n_queries);
+    std::vector<idx_t> qpos = in.implicit_query_positions(); // made explicit
+    if (!qpos.empty()) {
         sub.query_positions = qpos.data();
     }
     inner->prefill(sub);

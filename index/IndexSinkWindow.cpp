@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 #include <faiss/impl/FaissAssert.h>
@@ -128,12 +127,9 @@ void IndexSinkWindow::prefill_impl(const PrefillInput& in) {
     // absolute positions so that position-aware indexes stay correct.
     idx_t n_s = std::min(in.n_tokens, n_sink);
     idx_t n_mid = std::max<idx_t>(0, in.n_tokens - n_s - n_window);
-    std::vector<idx_t> positions;
+    std::vector<idx_t> positions = in.implicit_query_positions(); // the inner keys start later
     PrefillInput mid = in;
-    if (in.n_queries > 0 && !in.query_positions) {
-        idx_t end = in.first_position + in.n_tokens;
-        positions.resize(in.n_queries);
-        std::iota(positions.begin(), positions.end(), end - in.n_queries);
+    if (!positions.empty()) {
         mid.query_positions = positions.data();
     }
     mid.n_tokens = n_mid;

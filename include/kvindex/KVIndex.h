@@ -99,6 +99,25 @@ struct PrefillInput {
     idx_t n_after = 0;
 
     RopeParams rope;               ///< the model's RoPE parameters
+
+    /// Absolute position of query i < n_queries: query_positions[i], or
+    /// the i-th of the prompt's last n_queries positions.
+    idx_t query_position(idx_t i) const {
+        return query_positions ? query_positions[i] : first_position + n_tokens - n_queries + i;
+    }
+    /** For a wrapper that hands part of the keys to an inner index: the
+     * positions the inner input must carry explicitly (size n_queries),
+     * empty when query_positions already says them or there are no
+     * queries. */
+    std::vector<idx_t> implicit_query_positions() const {
+        std::vector<idx_t> pos;
+        if (n_queries > 0 && !query_positions) {
+            for (idx_t i = 0; i < n_queries; i++) {
+                pos.push_back(query_position(i));
+            }
+        }
+        return pos;
+    }
 };
 
 /// A named knob of an index type, set by name with set_index_parameters.
