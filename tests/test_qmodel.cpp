@@ -140,6 +140,20 @@ double rel_err(double a, double b, double floor) {
     return std::abs(a - b) / std::max({std::abs(a), std::abs(b), floor});
 }
 
+/// Rows of C logits in place -> their softmax (in double): training targets.
+void softmax_rows(std::vector<float>& rows, int C) {
+    for (size_t r = 0; r < rows.size() / C; r++) {
+        float* row = rows.data() + r * C;
+        double s = 0;
+        for (int c = 0; c < C; c++) {
+            s += std::exp(double(row[c]));
+        }
+        for (int c = 0; c < C; c++) {
+            row[c] = float(std::exp(double(row[c])) / s);
+        }
+    }
+}
+
 } // namespace
 
 TEST(QModel, GradientsMatchFiniteDifferences) {
@@ -258,19 +272,15 @@ TEST(QModel, TrainingLowersHeldOutLoss) {
     std::vector<float> x = kvtest::gaussian(n, d, 32);
     std::vector<float> t(size_t(n) * C);
     for (int i = 0; i < n; i++) {
-        std::vector<double> l(C);
-        double s = 0;
         for (int c = 0; c < C; c++) {
-            l[c] = 0;
+            double l = 0;
             for (int k = 0; k < d; k++) {
-                l[c] += 3.0 * A[c * d + k] * x[i * d + k];
+                l += 3.0 * A[c * d + k] * x[i * d + k];
             }
-            s += std::exp(l[c]);
-        }
-        for (int c = 0; c < C; c++) {
-            t[i * C + c] = float(std::exp(l[c]) / s);
+            t[i * C + c] = float(l);
         }
     }
+    softmax_rows(t, C);
     const float* hx = x.data() + size_t(n_train) * d;
     const float* ht = t.data() + size_t(n_train) * C;
 
@@ -333,16 +343,8 @@ TEST(QModel, KeepBestEndsAtTheLowestHeldOutLoss) {
     // them, and the held-out loss rises after its first points
     const int d = 8, C = 6, H = 128, n_train = 64, n_held = 400, n = n_train + n_held;
     std::vector<float> x = kvtest::gaussian(n, d, 41);
-    std::vector<float> t = kvtest::gaussian(n, C, 42);
-    for (int i = 0; i < n; i++) {
-        double s = 0;
-        for (int c = 0; c < C; c++) {
-            s += std::exp(2.0 * t[i * C + c]);
-        }
-        for (int c = 0; c < C; c++) {
-            t[i * C + c] = float(std::exp(2.0 * t[i * C + c]) / s);
-        }
-    }
+    std::vector<float> t = kvtest::gaussian(n, C, 42, 2.0f);
+    softmax_rows(t, C);
     const float* hx = x.data() + size_t(n_train) * d;
     const float* ht = t.data() + size_t(n_train) * C;
     QModelTrainParams p;
