@@ -66,6 +66,11 @@ void proxy_scores(
 
 namespace {
 
+/// The policies that keep tokens by attention scores.
+bool scores_tokens(EvictPolicy p) {
+    return p == EvictPolicy::nacl || p == EvictPolicy::h2o || p == EvictPolicy::tova;
+}
+
 /// Table 4 of the NaCl paper: (protect, proxy-keep, random-keep, proxy
 /// window) in percent of the length, for a budget of `keep` percent.
 void table4(double keep, double* protect, double* proxy_keep, double* window) {
@@ -173,6 +178,10 @@ EvictBudget IndexProxyEvict::budget_for(idx_t n) const {
             "ProxyEvict%g (%s): proxy_tokens=%lld must be >= 0, and 0 unless the "
             "policy is NaCl",
             keep_percent, evict_policy_name(policy), (long long)proxy_tokens);
+    FAISS_THROW_IF_NOT_FMT(
+            pool == 0 || (pool > 0 && pool % 2 == 1 && scores_tokens(policy)),
+            "ProxyEvict%g (%s): pool=%lld must be 0, or odd for a policy that scores (NaCl, H2O, TOVA)",
+            keep_percent, evict_policy_name(policy), (long long)pool);
     idx_t B = b.n_keep;
     switch (policy) {
         case EvictPolicy::nacl: {
@@ -219,6 +228,21 @@ EvictBudget IndexProxyEvict::budget_for(idx_t n) const {
     return b;
 }
 
+namespace {
+
+/// out[j] = max of x over [j - r, j + r] (clamped to the array)
+std::vector<double> max_pooled(const std::vector<double>& x, idx_t r) {
+    const idx_t n = idx_t(x.size());
+    std::vector<double> out(n);
+    for (idx_t j = 0; j < n; j++) {
+        const idx_t lo = std::max<idx_t>(0, j - r), hi = std::min<idx_t>(n, j + r + 1);
+        out[j] = *std::max_element(x.begin() + lo, x.begin() + hi);
+    }
+    return out;
+}
+
+} // namespace
+
 std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
     idx_t n = in.n_tokens;
     EvictBudget b = budget_for(n);
@@ -237,9 +261,7 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
 
     // scores from the proxy queries, for the policies that use them
     std::vector<double> F(n, 0.0);
-    bool scored = policy == EvictPolicy::nacl || policy == EvictPolicy::h2o ||
-            policy == EvictPolicy::tova;
-    if (scored && b.n_top + b.n_random > 0) {
+    if (scores_tokens(policy) && b.n_top + b.n_random > 0) {
         idx_t end = in.first_position + n; // position after the prompt
         idx_t from = b.n_proxy > 0 ? end - b.n_proxy : in.first_position;
         if (policy == EvictPolicy::nacl && proxy_tokens > 0) {
@@ -271,6 +293,9 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
         }
         proxy_scores(in.keys, n, d, q.data(), in.n_query_heads, idx_t(pick.size()),
                      pos.data(), in.first_position, policy == EvictPolicy::h2o, F.data());
+        if (pool > 1) {
+            F = max_pooled(F, pool / 2);
+        }
     }
 
     std::vector<idx_t> cand;
@@ -415,6 +440,9 @@ std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
                     "NaCl: proxy queries = the last N prompt positions (the question), tokens, "
                     "integer >= 0, clamped to the prompt; 0 = the proxy_window percent (default); "
                     "other policies: 0 only"});
+    info.push_back({"pool", true,
+                    "NaCl, H2O, TOVA: scores max-pooled over this many tokens centred on each "
+                    "before keeping (SnapKV), odd; 0 = off (default)"});
     info.push_back({"n_sink", true, "first tokens among the protected ones (NaCl, StreamingLLM), >= 0"});
     info.push_back({"seed", true, "seed of the random part (with the per-head stream), >= 0"});
     return info;
@@ -439,6 +467,19 @@ bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
                                                       : "keeps tokens without scores",
                 keep_percent);
         proxy_tokens = idx_t(value);
+        return true;
+    }
+    if (name == "pool") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || (is_positive_integer(value) && std::fmod(value, 2) == 1),
+                "parameter pool=%g must be 0 or an odd number of tokens",
+                value);
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || scores_tokens(policy),
+                "parameter pool=%g: %s keeps tokens without scores, there is nothing to pool",
+                value,
+                evict_policy_name(policy));
+        pool = idx_t(value);
         return true;
     }
     if (name == "budget" || name == "n_sink" || name == "seed") {
@@ -479,6 +520,7 @@ bool IndexProxyEvict::get_parameter(const std::string& name, double* value) cons
             {"proxy_keep", proxy_keep_percent},
             {"proxy_window", proxy_window_percent},
             {"proxy_tokens", double(proxy_tokens)},
+            {"pool", double(pool)},
             {"n_sink", double(n_sink)},
             {"seed", double(seed)}};
     for (auto& [n, v] : knobs) {
@@ -503,6 +545,7 @@ void IndexProxyEvict::write_fields(BufferWriter& w) const {
     w.value<double>(proxy_keep_percent);
     w.value<double>(proxy_window_percent);
     w.value<int64_t>(proxy_tokens); // from record version 2
+    w.value<int64_t>(pool);         // from record version 3
     w.value<int64_t>(n_sink);
     w.value<uint64_t>(seed);
     w.value<uint64_t>(stream);
@@ -521,6 +564,7 @@ void IndexProxyEvict::read_fields(BufferReader& r, uint32_t version) {
     proxy_window_percent = r.value<double>("proxy window percent");
     // version 1 had no token window: the percent window
     proxy_tokens = version >= 2 ? r.value<int64_t>("proxy tokens") : 0;
+    pool = version >= 3 ? r.value<int64_t>("pool") : 0; // no pooling before v3
     n_sink = r.value<int64_t>("n_sink");
     seed = r.value<uint64_t>("seed");
     stream = r.value<uint64_t>("stream");
@@ -536,6 +580,12 @@ void IndexProxyEvict::check_invariants() const {
             "IndexProxyEvict: record inconsistent: proxy_tokens=%lld must be >= 0, and 0 "
             "unless the policy is NaCl (it is %s)",
             (long long)proxy_tokens,
+            evict_policy_name(policy));
+    FAISS_THROW_IF_NOT_FMT(
+            pool == 0 || (pool > 0 && pool % 2 == 1 && scores_tokens(policy)),
+            "IndexProxyEvict: record inconsistent: pool=%lld must be 0, or odd for a policy "
+            "that scores (it is %s)",
+            (long long)pool,
             evict_policy_name(policy));
     bool sorted = true;
     for (size_t i = 0; i < positions.size(); i++) {

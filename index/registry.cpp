@@ -34,7 +34,7 @@ std::vector<IndexTypeInfo> builtin_types() {
             {"IndexSinkWindow", fourcc("KVSw"), 1, "Sink<n>,Window<m>,<index>",
              "first n and last m tokens exact, the rest by the inner index, merged by lse",
              IndexSinkWindow::from_factory, make_empty<IndexSinkWindow>},
-            {"IndexProxyEvict", fourcc("KVPe"), 2,
+            {"IndexProxyEvict", fourcc("KVPe"), 3,
              "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]",
              "one-shot eviction at prefill (NaCl and its baselines), then any index over the kept tokens",
              IndexProxyEvict::from_factory, make_empty<IndexProxyEvict>},

@@ -748,40 +748,62 @@ TEST(ProxyEvictTokens, IoKeepsTheKnobAndReadsVersion1) {
     std::vector<uint8_t> again;
     write_index(copy.get(), &again);
     EXPECT_TRUE(again == buf);
-    // the record is version 2, and the field is where version 2 puts it
+    // the record is version 3 (proxy_tokens from 2, pool from 3)
     const size_t version_at = kvtest::kIndexHeaderSize + 4; // after the outer fourcc
     uint32_t v;
     std::memcpy(&v, buf.data() + version_at, 4);
-    EXPECT_EQ(v, 2u);
+    EXPECT_EQ(v, 3u);
 
-    // a sentinel locates the field
+    // sentinels locate the fields
     auto* pe = dynamic_cast<IndexProxyEvict*>(index.get());
-    const int64_t sentinel = 0x5A17E11E0F0F0F1;
+    const int64_t sentinel = 0x5A17E11E0F0F0F1, pool_sentinel = 0x3B0071E5A5A5A5B;
     pe->proxy_tokens = sentinel;
+    pe->pool = pool_sentinel;
     std::vector<uint8_t> marked;
     write_index(index.get(), &marked);
     pe->proxy_tokens = 24;
-    size_t at = find_unique_i64(marked, sentinel);
+    pe->pool = 0;
+    size_t at = find_unique_i64(marked, sentinel), pool_at = find_unique_i64(marked, pool_sentinel);
     ASSERT_NE(at, std::string::npos);
-    {   // version 1: no field, read as the percent window; same answers
-        std::vector<uint8_t> v1(marked);
-        v1.erase(v1.begin() + at, v1.begin() + at + 8);
-        uint32_t one = 1;
-        std::memcpy(v1.data() + version_at, &one, 4);
-        kvtest::forge_header(v1);
+    ASSERT_EQ(pool_at, at + 8);
+    const int64_t as_written[2] = {24, 0}; // proxy_tokens, pool
+    std::memcpy(marked.data() + at, as_written, 16);
+    kvtest::forge_header(marked); // the checksum of the restored bytes
+    EXPECT_TRUE(marked == buf);
+    // an older record: without the fields its version did not have
+    auto older = [&](uint32_t version) {
+        std::vector<uint8_t> old(marked);
+        old.erase(old.begin() + (version == 1 ? at : pool_at), old.begin() + pool_at + 8);
+        std::memcpy(old.data() + version_at, &version, 4);
+        kvtest::forge_header(old);
+        return old;
+    };
+    for (uint32_t version : {1u, 2u}) {
+        SCOPED_TRACE("version " + std::to_string(version));
+        // version 1 reads as the percent window, version 2 keeps the
+        // tokens; neither pools; same answers (the kept tokens are stored)
+        std::vector<uint8_t> bytes = older(version);
         std::unique_ptr<KVIndex> old;
-        ASSERT_NO_THROW(old = read_index(v1));
-        EXPECT_EQ(get_index_parameter(old.get(), "proxy_tokens"), 0.0);
+        ASSERT_NO_THROW(old = read_index(bytes));
+        EXPECT_EQ(get_index_parameter(old.get(), "proxy_tokens"), version == 1 ? 0.0 : 24.0);
+        EXPECT_EQ(get_index_parameter(old.get(), "pool"), 0.0);
         std::vector<float> o3(4 * kD), l3(4);
         old->attend(4, q.data(), o3.data(), l3.data());
         EXPECT_EQ(o1, o3);
         EXPECT_EQ(l1, l3);
-        // written back as version 2 with proxy_tokens = 0
+        // written back as version 3
         std::vector<uint8_t> up;
         write_index(old.get(), &up);
         std::memcpy(&v, up.data() + version_at, 4);
-        EXPECT_EQ(v, 2u);
-        EXPECT_EQ(up.size(), v1.size() + 8);
+        EXPECT_EQ(v, 3u);
+        EXPECT_EQ(up.size(), bytes.size() + (version == 1 ? 16 : 8));
+    }
+    {   // a forged even pool is refused, naming it
+        std::vector<uint8_t> bad(marked);
+        int64_t even = 4;
+        std::memcpy(bad.data() + pool_at, &even, 8);
+        kvtest::forge_header(bad);
+        EXPECT_THROW_MSG(read_index(bad), "pool=4");
     }
     {   // a forged negative field is refused, naming it
         std::vector<uint8_t> bad(marked);
@@ -790,12 +812,12 @@ TEST(ProxyEvictTokens, IoKeepsTheKnobAndReadsVersion1) {
         kvtest::forge_header(bad);
         EXPECT_THROW_MSG(read_index(bad), "proxy_tokens=-5");
     }
-    {   // a version 3 record is from a newer build
+    {   // a version 4 record is from a newer build
         std::vector<uint8_t> newer(buf);
-        uint32_t three = 3;
-        std::memcpy(newer.data() + version_at, &three, 4);
+        uint32_t four = 4;
+        std::memcpy(newer.data() + version_at, &four, 4);
         kvtest::forge_header(newer);
-        EXPECT_THROW_MSG(read_index(newer), "IndexProxyEvict record version 3");
+        EXPECT_THROW_MSG(read_index(newer), "IndexProxyEvict record version 4");
     }
     {   // proxy_tokens > 0 forged on H2O is refused
         auto h2o = index_factory(kD, "ProxyEvict20_H2O");
@@ -824,4 +846,62 @@ TEST(ProxyEvictTokens, GoldenVersion1FilesReadAsThePercentWindow) {
         auto index = read_index(bytes);
         EXPECT_EQ(get_index_parameter(index.get(), "proxy_tokens"), 0.0);
     }
+}
+
+// ---- pool: scores max-pooled over neighbouring tokens (SnapKV) ----
+
+TEST(ProxyEvictPool, KeptSetIsTheTopOfTheMaxPooledScores) {
+    // top-only split: the kept set is the top-B of the reference scores
+    // max-pooled over [j - w/2, j + w/2], pooled here in double
+    Prompt p(300, 3, 41);
+    auto F = ref_scores(p, last_positions(p.n, 12), /*causal=*/false);
+    for (int w : {1, 3, 7, 15}) {
+        std::vector<double> pooled(p.n);
+        for (idx_t j = 0; j < p.n; j++) {
+            pooled[j] = F[j];
+            for (idx_t i = std::max<idx_t>(0, j - w / 2); i <= std::min<idx_t>(p.n - 1, j + w / 2); i++) {
+                pooled[j] = std::max(pooled[j], F[i]);
+            }
+        }
+        for (idx_t B : {5, 30, 90}) {
+            SCOPED_TRACE("w=" + std::to_string(w) + " B=" + std::to_string(B));
+            auto e = evict("ProxyEvict20");
+            set_index_parameters(e.get(), "protect=0,proxy_keep=20,proxy_tokens=12,pool=" + std::to_string(w) +
+                                                  ",budget=" + std::to_string(B));
+            EXPECT_EQ(e->choose_kept(p.input()), top_of(pooled, iota_ids(p.n), B));
+        }
+    }
+    // pooling keeps the neighbours of the best token: with w = 7 the three
+    // tokens on each side of the top score are kept (B = 7, one peak)
+    auto best = std::max_element(F.begin() + 3, F.end() - 3) - F.begin();
+    auto e = evict("ProxyEvict20|protect=0,proxy_keep=20,proxy_tokens=12,pool=7,budget=7");
+    std::vector<idx_t> kept = e->choose_kept(p.input());
+    if (std::max_element(F.begin(), F.end()) - F.begin() == best) {
+        std::vector<idx_t> span;
+        for (idx_t j = best - 3; j <= best + 3; j++) {
+            span.push_back(j);
+        }
+        EXPECT_EQ(kept, span);
+    }
+}
+
+TEST(ProxyEvictPool, KnobRangeAndPolicies) {
+    auto e = evict("ProxyEvict20");
+    EXPECT_EQ(get_index_parameter(e.get(), "pool"), 0.0); // default: off
+    set_index_parameters(e.get(), "pool=7");
+    EXPECT_EQ(get_index_parameter(e.get(), "pool"), 7.0);
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "pool=4"), "pool=4");
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "pool=-1"), "pool=-1");
+    EXPECT_EQ(get_index_parameter(e.get(), "pool"), 7.0); // unchanged by a refusal
+    EXPECT_NO_THROW(set_index_parameters(evict("ProxyEvict20_H2O").get(), "pool=5"));
+    EXPECT_NO_THROW(set_index_parameters(evict("ProxyEvict20_TOVA").get(), "pool=5"));
+    for (const char* s : {"ProxyEvict20_StreamingLLM", "ProxyEvict20_Random"}) {
+        EXPECT_THROW_MSG(set_index_parameters(evict(s).get(), "pool=5"), "nothing to pool");
+    }
+    // the fields are public: prefill refuses what set_parameter would have
+    auto r = evict("ProxyEvict20_Random");
+    r->pool = 5;
+    EXPECT_THROW_MSG(r->budget_for(100), "pool=5");
+    e->pool = 6;
+    EXPECT_THROW_MSG(e->budget_for(100), "pool=6");
 }

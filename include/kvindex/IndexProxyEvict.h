@@ -100,9 +100,16 @@ void proxy_scores(
  * them is refused (set_parameter, read_index), because ignoring it would
  * run the plain baseline under a "question-aware" label.
  *
+ * Pooling (pool = w > 1, odd; our addition, from SnapKV, Li et al. 2024):
+ * F_j is replaced by max F over [j - w/2, j + w/2] before the top and the
+ * random parts are chosen, so that a kept token keeps its neighbours. The
+ * question attends to the first digit of a number far more than to the
+ * others (SmolLM2 tokenizes digits one by one): without pooling NaCl keeps
+ * " 83" of " 8394764" (RESULTS.md, task suite).
+ *
  * Factory string: "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]".
  * Knobs (prefill-time): budget, protect, proxy_keep, proxy_window,
- * proxy_tokens, n_sink, seed ("ProxyEvict20|proxy_tokens=32").
+ * proxy_tokens, pool, n_sink, seed ("ProxyEvict20|proxy_tokens=32,pool=7").
  */
 struct IndexProxyEvict : KVIndex {
     EvictPolicy policy = EvictPolicy::nacl;
@@ -115,6 +122,10 @@ struct IndexProxyEvict : KVIndex {
     /// NaCl: when > 0, the proxy queries are the last proxy_tokens positions
     /// of the prompt (the question) instead of the percent window; 0: percent
     idx_t proxy_tokens = 0;
+    /// scored policies (NaCl, H2O, TOVA): the scores are max-pooled over
+    /// `pool` consecutive tokens centred on each before anything is kept
+    /// (SnapKV's pooling), odd; 0: off
+    idx_t pool = 0;
     idx_t n_sink = 4;          ///< first tokens among the protected ones (NaCl, StreamingLLM)
     uint64_t seed = 1234;      ///< with `stream`, seeds the random part
     uint64_t stream = 0;       ///< one stream per (layer, head): set by KVCache

@@ -453,7 +453,8 @@ budgeted tokens and hands only those to the inner index. Tokens appended
 later are always kept; ids stay token positions. Factory string:
 "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]". Prefill-time
 knobs: budget, protect, proxy_keep, proxy_window, proxy_tokens (NaCl's proxy
-window in tokens: the question), n_sink, seed.)doc")
+window in tokens: the question), pool (scores max-pooled over that many
+neighbouring tokens, odd: SnapKV), n_sink, seed.)doc")
             .def_readonly("keep_percent", &kvindex::IndexProxyEvict::keep_percent)
             .def_readonly("budget_tokens", &kvindex::IndexProxyEvict::budget_tokens)
             .def_property_readonly("positions", [](const kvindex::IndexProxyEvict& s) { return to_numpy(s.positions); },
