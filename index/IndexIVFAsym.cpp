@@ -322,30 +322,24 @@ void IndexIVFAsym::bucket_scores(const float* q, idx_t position, float* scores) 
 }
 
 void IndexIVFAsym::oracle_bucket_masses(const float* q, float* masses) const {
-    // lse of each bucket's scaled scores, then e^(lse_b - lse_all): the
-    // share of q's attention (over this index's keys) in bucket b
+    // the lse of each bucket's scaled scores, then their softmax: the share
+    // of q's attention (over this index's keys) in bucket b
     std::vector<float> lses(n_centroids, -std::numeric_limits<float>::infinity()), s;
+    bool any = false;
     for (int c = 0; c < n_centroids; c++) {
         const KVStorage& st = buckets[c];
-        if (st.size() == 0) {
-            continue;
+        if (st.size() > 0) {
+            s.resize(size_t(st.size()));
+            inner_products_scaled(q, st.key_rows(), s.size(), score_scale(), s.data());
+            lses[c] = softmax_inplace(s.data(), nullptr, s.size());
+            any = true;
         }
-        s.resize(size_t(st.size()));
-        inner_products_scaled(q, st.key_rows(), s.size(), score_scale(), s.data());
-        const float m = *std::max_element(s.begin(), s.end());
-        double sum = 0;
-        for (float x : s) {
-            sum += std::exp(double(x - m));
-        }
-        lses[c] = m + float(std::log(sum));
     }
-    const float m = *std::max_element(lses.begin(), lses.end());
-    double total = 0;
-    for (float l : lses) {
-        total += std::exp(double(l - m)); // e^-inf = 0 for empty buckets
-    }
-    for (int c = 0; c < n_centroids; c++) {
-        masses[c] = std::isfinite(m) ? float(std::exp(double(lses[c] - m)) / total) : 0.0f;
+    if (any) { // empty buckets (lse = -inf) get mass 0
+        softmax_inplace(lses.data(), nullptr, lses.size());
+        std::copy(lses.begin(), lses.end(), masses);
+    } else {
+        std::fill_n(masses, n_centroids, 0.0f);
     }
 }
 
