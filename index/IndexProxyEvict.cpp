@@ -164,6 +164,19 @@ IndexProxyEvict::IndexProxyEvict(
     FAISS_THROW_IF_NOT_MSG(inner->ntotal == 0, "IndexProxyEvict: inner index must be empty");
 }
 
+void IndexProxyEvict::check_scoring_knobs(const char* where) const {
+    FAISS_THROW_IF_NOT_FMT(
+            proxy_tokens >= 0 && (proxy_tokens == 0 || policy == EvictPolicy::nacl),
+            "%s: proxy_tokens=%lld must be >= 0, and 0 unless the policy is NaCl "
+            "(ProxyEvict%g is %s)",
+            where, (long long)proxy_tokens, keep_percent, evict_policy_name(policy));
+    FAISS_THROW_IF_NOT_FMT(
+            pool == 0 || (pool > 0 && pool % 2 == 1 && scores_tokens(policy)),
+            "%s: pool=%lld must be 0, or odd for a policy that scores: NaCl, H2O, TOVA "
+            "(ProxyEvict%g is %s)",
+            where, (long long)pool, keep_percent, evict_policy_name(policy));
+}
+
 EvictBudget IndexProxyEvict::budget_for(idx_t n) const {
     EvictBudget b;
     if (n <= 0) {
@@ -173,15 +186,7 @@ EvictBudget IndexProxyEvict::budget_for(idx_t n) const {
                                  : std::min(n, idx_t(std::llround(keep_percent / 100 * n)));
     b.n_keep = std::max<idx_t>(b.n_keep, 1); // never evict the whole prompt
     // the fields are public: refuse what set_parameter would have refused
-    FAISS_THROW_IF_NOT_FMT(
-            proxy_tokens >= 0 && (proxy_tokens == 0 || policy == EvictPolicy::nacl),
-            "ProxyEvict%g (%s): proxy_tokens=%lld must be >= 0, and 0 unless the "
-            "policy is NaCl",
-            keep_percent, evict_policy_name(policy), (long long)proxy_tokens);
-    FAISS_THROW_IF_NOT_FMT(
-            pool == 0 || (pool > 0 && pool % 2 == 1 && scores_tokens(policy)),
-            "ProxyEvict%g (%s): pool=%lld must be 0, or odd for a policy that scores (NaCl, H2O, TOVA)",
-            keep_percent, evict_policy_name(policy), (long long)pool);
+    check_scoring_knobs("ProxyEvict");
     idx_t B = b.n_keep;
     switch (policy) {
         case EvictPolicy::nacl: {
@@ -575,18 +580,7 @@ void IndexProxyEvict::read_fields(BufferReader& r, uint32_t version) {
 void IndexProxyEvict::check_invariants() const {
     KVIndex::check_invariants();
     FAISS_THROW_IF_NOT_MSG(inner, "IndexProxyEvict: inner index missing");
-    FAISS_THROW_IF_NOT_FMT(
-            proxy_tokens >= 0 && (proxy_tokens == 0 || policy == EvictPolicy::nacl),
-            "IndexProxyEvict: record inconsistent: proxy_tokens=%lld must be >= 0, and 0 "
-            "unless the policy is NaCl (it is %s)",
-            (long long)proxy_tokens,
-            evict_policy_name(policy));
-    FAISS_THROW_IF_NOT_FMT(
-            pool == 0 || (pool > 0 && pool % 2 == 1 && scores_tokens(policy)),
-            "IndexProxyEvict: record inconsistent: pool=%lld must be 0, or odd for a policy "
-            "that scores (it is %s)",
-            (long long)pool,
-            evict_policy_name(policy));
+    check_scoring_knobs("IndexProxyEvict: record inconsistent");
     bool sorted = true;
     for (size_t i = 0; i < positions.size(); i++) {
         sorted = sorted && positions[i] >= 0 && positions[i] < ntotal &&

@@ -194,6 +194,9 @@ struct IndexProxyEvict : KVIndex {
    private:
     /// Inner id of a position, or -1 if it was evicted.
     idx_t inner_id(idx_t position) const;
+    /// proxy_tokens and pool against the policy (the fields are public,
+    /// records may be forged); `where` starts the message
+    void check_scoring_knobs(const char* where) const;
 };
 
 } // namespace kvindex
