@@ -64,6 +64,16 @@ std::string read_file(const std::string& path) {
     return ss.str();
 }
 
+/// The haystack units (ruler.h) of the files, in order.
+std::vector<std::string> haystack_of(const std::vector<std::string>& files) {
+    std::vector<std::string> haystack;
+    for (const std::string& f : files) {
+        std::vector<std::string> units = haystack_units(read_file(f));
+        haystack.insert(haystack.end(), units.begin(), units.end());
+    }
+    return haystack;
+}
+
 std::vector<int> parse_ids(const std::string& s) {
     std::vector<int> ids;
     std::stringstream ss(s);
@@ -294,10 +304,7 @@ int cmd_ruler(int argc, char** argv) {
     for (const std::string& t : c.tasks) needs_haystack = needs_haystack || ruler_task_needs_haystack(t);
     if (needs_haystack) {
         if (c.haystack_files.empty()) c.haystack_files = default_haystack_files();
-        for (const std::string& f : c.haystack_files) {
-            std::vector<std::string> units = haystack_units(read_file(f));
-            haystack.insert(haystack.end(), units.begin(), units.end());
-        }
+        haystack = haystack_of(c.haystack_files);
     }
     run_ruler(llm, m.tok, haystack, c, std::cout);
     return 0;
@@ -355,13 +362,10 @@ int cmd_train(int argc, char** argv) {
         throw std::invalid_argument("--task-prompts " + std::to_string(task_prompts) + " must be >= 0");
     }
     if (task_prompts > 0) {
-        std::vector<std::string> haystack; // the training text itself
-        for (const std::string& f : text_files) {
-            std::vector<std::string> units = haystack_units(read_file(f));
-            haystack.insert(haystack.end(), units.begin(), units.end());
-        }
-        std::vector<TrainDocument> tasks = task_training_prompts(
-                m.tok, haystack, parse_list<std::string>(task_tasks), task_prompts, c.context, task_seed);
+        // the haystack is the training text itself
+        std::vector<TrainDocument> tasks = task_training_prompts(m.tok, haystack_of(text_files),
+                                                                 parse_list<std::string>(task_tasks),
+                                                                 task_prompts, c.context, task_seed);
         std::fprintf(stderr, "%d task prompts (%s, seed %llu)\n", task_prompts, task_tasks.c_str(),
                      (unsigned long long)task_seed);
         docs.insert(docs.end(), std::make_move_iterator(tasks.begin()), std::make_move_iterator(tasks.end()));
