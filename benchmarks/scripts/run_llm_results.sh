@@ -12,6 +12,16 @@ DOC=data/licenses.txt
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/LGPL-2.1 \
     /usr/share/common-licenses/Apache-2.0 > "$DOC"
 
+# kvllm train on Debian's python3-doc text, never the evaluation documents:
+# 150k tokens in prompts of 2048; the other options (--index, --min-distance,
+# --out, ...) are the caller's
+train_on_docs() {
+  .venv/bin/python benchmarks/scripts/python_doc_text.py --out data/train
+  $KVLLM train --context 2048 --max-tokens 150000 \
+      --text-file data/train/python-doc-tutorial.txt --text-file data/train/python-doc-faq.txt \
+      --text-file data/train/python-doc-howto.txt --text-file data/train/python-doc-reference.txt "$@"
+}
+
 BUDGETS="1 2 5 10 20"
 budgeted=()
 for b in $BUDGETS; do budgeted+=(--index "TopK(Flat)|k=$b%"); done
@@ -76,10 +86,7 @@ for what in "${@:-e2e needle trace}"; do
       IV="$OUT/../ivfasym"
       mkdir -p "$IV"
       TRAINED=data/smollm2_ivfasym64.kvc
-      .venv/bin/python benchmarks/scripts/python_doc_text.py --out data/train
-      $KVLLM train --index "Sink1,Window63,IVFAsym64" --context 2048 --max-tokens 150000 --min-distance 63 \
-          --text-file data/train/python-doc-tutorial.txt --text-file data/train/python-doc-faq.txt \
-          --text-file data/train/python-doc-howto.txt --text-file data/train/python-doc-reference.txt \
+      train_on_docs --index "Sink1,Window63,IVFAsym64" --min-distance 63 \
           --out "$TRAINED" --report "$IV/train_report.json" 2>&1 | tee "$IV/train.txt"
       sweep=(--index Flat)
       for np in 1 2 4 8; do
@@ -122,10 +129,7 @@ for what in "${@:-e2e needle trace}"; do
       IV="$OUT/../ivfasym"
       mkdir -p "$IV"
       TRAINED=data/smollm2_ivfasym128_w255.kvc
-      .venv/bin/python benchmarks/scripts/python_doc_text.py --out data/train
-      { time $KVLLM train --index "Sink1,Window255,IVFAsym128" --context 2048 --max-tokens 150000 --min-distance 255 \
-          --text-file data/train/python-doc-tutorial.txt --text-file data/train/python-doc-faq.txt \
-          --text-file data/train/python-doc-howto.txt --text-file data/train/python-doc-reference.txt \
+      { time train_on_docs --index "Sink1,Window255,IVFAsym128" --min-distance 255 \
           --out "$TRAINED" --report "$IV/train_w255_report.json" ; } 2>&1 | tee "$IV/train_w255.txt"
       w=(--index Flat)
       for np in 1 2 3; do w+=(--index "Sink1,Window255,IVFAsym128|nprobe=$np"); done
@@ -148,9 +152,7 @@ for what in "${@:-e2e needle trace}"; do
           --json "$IV/needle_w255.json" | tee "$IV/needle_w255.txt"
       # the same with 60 retrieval-shaped task prompts added to the training text
       TASKS=data/smollm2_ivfasym128_w255_tasks.kvc
-      { time $KVLLM train --index "Sink1,Window255,IVFAsym128" --context 2048 --max-tokens 150000 --min-distance 255 \
-          --task-prompts 60 --text-file data/train/python-doc-tutorial.txt --text-file data/train/python-doc-faq.txt \
-          --text-file data/train/python-doc-howto.txt --text-file data/train/python-doc-reference.txt \
+      { time train_on_docs --index "Sink1,Window255,IVFAsym128" --min-distance 255 --task-prompts 60 \
           --out "$TASKS" --report "$IV/train_w255_tasks_report.json" ; } 2>&1 | tee "$IV/train_w255_tasks.txt"
       for L in 0 4 8 16 24 29; do
         ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 64 --quiet \
