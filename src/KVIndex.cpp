@@ -504,6 +504,10 @@ bool KVIndex::get_parameter(const std::string& name, double* value) const {
     return true;
 }
 
+std::unique_ptr<KVIndex> KVIndex::io_twin() const {
+    return nullptr;
+}
+
 void KVIndex::set_stream(uint64_t stream) {
     for (KVIndex* c : mutable_children()) {
         c->set_stream(stream);

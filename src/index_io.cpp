@@ -65,6 +65,10 @@ void read_kvindex_fields(KVIndex* idx, BufferReader& r) {
 
 void write_index_record(const KVIndex* index, BufferWriter& w) {
     FAISS_THROW_IF_NOT_MSG(index, "write_index: index is nullptr");
+    if (std::unique_ptr<KVIndex> twin = index->io_twin()) {
+        write_index_record(twin.get(), w); // e.g. a GPU index: its CPU twin's record
+        return;
+    }
     IndexTypeInfo t = index_type_of(index);
     w.value(t.fourcc);
     w.value(t.record_version);

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -346,6 +347,12 @@ struct KVIndex : faiss::Index {
     virtual bool samples_uniformly() const {
         return false;
     }
+
+    /** io of a type stored as another type's record: that index, which
+     * write_index then writes in this one's place (a GPU index returns its
+     * CPU twin, so that its files read on any machine, as the CPU type).
+     * nullptr (the default): the type writes its own record. */
+    virtual std::unique_ptr<KVIndex> io_twin() const;
 
     /** io (index_io.h): the fields of this type, after the KVIndex fields
      * that the io writes for every type. A child index is written with
