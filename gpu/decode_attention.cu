@@ -1,0 +1,427 @@
+// Host side of the decode kernels: launch plans and dispatch on the stored
+// type, the head dimension and the rows per head (decode_attention.h).
+
+#include "decode_attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "gpu_error.h"
+#include "kernels/decode_attention.cuh"
+#include "kernels/topk_select.cuh"
+
+namespace kvindex {
+namespace gpu {
+
+namespace {
+
+/// Fewest tokens a slice reads: below this the merge costs more than the
+/// parallelism gains.
+constexpr int64_t kMinSliceTokens = 128;
+/// Fewest candidates a select chunk holds.
+constexpr int64_t kMinChunk = 2048;
+
+template <class T>
+struct TypeTag {
+    using type = T;
+};
+template <int D>
+using Dim = std::integral_constant<int, D>;
+
+/// Calls f(TypeTag<T>, Dim<D>) for the stored type and head dimension.
+template <class F>
+void with_type_and_dim(KVType type, int d, F&& f) {
+    auto by_dim = [&](auto tag) {
+        switch (d) {
+            case 64:
+                f(tag, Dim<64>{});
+                return;
+            case 128:
+                f(tag, Dim<128>{});
+                return;
+            case 256:
+                f(tag, Dim<256>{});
+                return;
+            default:
+                throw_gpu_error(
+                        "head dimension " + std::to_string(d) +
+                        " has no GPU kernel (supported: 64, 128, 256)");
+        }
+    };
+    switch (type) {
+        case KVType::f32:
+            by_dim(TypeTag<float>{});
+            return;
+        case KVType::bf16:
+            by_dim(TypeTag<__nv_bfloat16>{});
+            return;
+        case KVType::f16:
+            by_dim(TypeTag<__half>{});
+            return;
+    }
+    throw_gpu_error("unknown KV storage type " + std::to_string(int(type)));
+}
+
+int sm_count() {
+    int dev = 0, n = 0;
+    check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev),
+               "cudaDeviceGetAttribute(multiprocessors)");
+    return n;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+    return (a + b - 1) / b;
+}
+
+/// Query rows one block handles: the smallest of 1, 2, 4, 8 covering
+/// rows_per_head (tiles of 8 beyond).
+int rows_tile(int rows_per_head) {
+    int t = 1;
+    while (t < rows_per_head && t < 8) {
+        t *= 2;
+    }
+    return t;
+}
+
+/// How a list of n_tokens is cut into slices when `units` independent
+/// (head, row tile) pairs share the device.
+struct Slicing {
+    int n_splits = 0;
+    int64_t split_len = 0;
+};
+
+/** Cuts n_tokens into slices for `units` independent (head, row tile)
+ * pairs: target_blocks blocks in all, no slice under min_len tokens, at
+ * most max_splits. */
+Slicing slice(int64_t n_tokens, int64_t units, int64_t target_blocks, int64_t min_len,
+              int64_t max_splits) {
+    Slicing s;
+    if (n_tokens <= 0) {
+        return s;
+    }
+    int64_t want = ceil_div(std::max<int64_t>(target_blocks, 1), std::max<int64_t>(units, 1));
+    int64_t most = std::min(ceil_div(n_tokens, min_len), max_splits);
+    int64_t n = std::max<int64_t>(1, std::min(want, most));
+    s.split_len = ceil_div(n_tokens, n);
+    s.n_splits = int(ceil_div(n_tokens, s.split_len));
+    return s;
+}
+
+/// The most slices slice() can return for these tokens, whatever the device.
+int max_slices(int64_t n_tokens, int64_t min_len, int64_t max_splits) {
+    return n_tokens <= 0 ? 0 : int(std::min(ceil_div(n_tokens, min_len), max_splits));
+}
+
+/// Blocks per multiprocessor the slicing aims at (set_slices_per_sm).
+std::atomic<int> slices_per_sm{kDefaultSlicesPerSm};
+
+/// Blocks the slicing aims at on this device.
+int64_t target_blocks() {
+    return int64_t(sm_count()) * slices_per_sm.load();
+}
+
+template <class T, int D>
+void launch_dense_slices(const DecodeKernelArgs& a, int nq, dim3 grid, cudaStream_t stream) {
+    switch (nq) {
+        case 1:
+            dense_slices_kernel<T, D, 1><<<grid, kDecodeThreads, 0, stream>>>(a);
+            break;
+        case 2:
+            dense_slices_kernel<T, D, 2><<<grid, kDecodeThreads, 0, stream>>>(a);
+            break;
+        case 4:
+            dense_slices_kernel<T, D, 4><<<grid, kDecodeThreads, 0, stream>>>(a);
+            break;
+        default:
+            dense_slices_kernel<T, D, 8><<<grid, kDecodeThreads, 0, stream>>>(a);
+            break;
+    }
+    check_launch("dense_slices_kernel");
+}
+
+template <class T, int D>
+void launch_scores(
+        const KVHeadsView& kv,
+        const float* q,
+        int rows_per_head,
+        int64_t begin,
+        int64_t n,
+        const Slicing& sl,
+        int nq,
+        float* scores,
+        cudaStream_t stream) {
+    dim3 grid(sl.n_splits, kv.n_heads, unsigned(ceil_div(rows_per_head, nq)));
+    const T* keys = static_cast<const T*>(kv.keys);
+    switch (nq) {
+        case 1:
+            scores_kernel<T, D, 1><<<grid, kDecodeThreads, 0, stream>>>(
+                    keys, kv.head_stride, q, rows_per_head, begin, n, sl.split_len, scores);
+            break;
+        case 2:
+            scores_kernel<T, D, 2><<<grid, kDecodeThreads, 0, stream>>>(
+                    keys, kv.head_stride, q, rows_per_head, begin, n, sl.split_len, scores);
+            break;
+        case 4:
+            scores_kernel<T, D, 4><<<grid, kDecodeThreads, 0, stream>>>(
+                    keys, kv.head_stride, q, rows_per_head, begin, n, sl.split_len, scores);
+            break;
+        default:
+            scores_kernel<T, D, 8><<<grid, kDecodeThreads, 0, stream>>>(
+                    keys, kv.head_stride, q, rows_per_head, begin, n, sl.split_len, scores);
+            break;
+    }
+    check_launch("scores_kernel");
+}
+
+DecodeKernelArgs kernel_args(const KVHeadsView& kv, const float* q, int rows_per_head) {
+    DecodeKernelArgs a{};
+    a.keys = kv.keys;
+    a.values = kv.values;
+    a.head_stride = kv.head_stride;
+    a.q = q;
+    a.rows_per_head = rows_per_head;
+    a.q_scale = kLog2e / std::sqrt(float(kv.d));
+    return a;
+}
+
+void merge(const float* part_out, const float* part_lse, int total_splits, int64_t n_rows,
+           int d, float* out, float* lse, cudaStream_t stream) {
+    auto launch = [&](auto kernel) {
+        kernel<<<unsigned(n_rows), kMergeThreads, 0, stream>>>(part_out, part_lse, total_splits,
+                                                               out, lse);
+    };
+    switch (d) {
+        case 64:
+            launch(merge_slices_kernel<64>);
+            break;
+        case 128:
+            launch(merge_slices_kernel<128>);
+            break;
+        default:
+            launch(merge_slices_kernel<256>);
+            break;
+    }
+    check_launch("merge_slices_kernel");
+}
+
+void check_view(const KVHeadsView& kv, int rows_per_head, const char* what) {
+    if (!supported_head_dim(kv.d)) {
+        throw_gpu_error(std::string(what) + ": head dimension " + std::to_string(kv.d) +
+                        " has no GPU kernel (supported: 64, 128, 256)");
+    }
+    if (kv.n_heads < 1 || kv.n_heads > 65535 || rows_per_head < 1 ||
+        ceil_div(rows_per_head, 8) > 65535 || kv.n_tokens < 0 ||
+        kv.n_tokens > int64_t(INT32_MAX) || kv.head_stride < kv.n_tokens) {
+        throw_gpu_error(std::string(what) + ": invalid shape (heads " +
+                        std::to_string(kv.n_heads) + ", rows per head " +
+                        std::to_string(rows_per_head) + ", tokens " +
+                        std::to_string(kv.n_tokens) + ", head stride " +
+                        std::to_string(kv.head_stride) + ")");
+    }
+}
+
+} // namespace
+
+void set_slices_per_sm(int n) {
+    if (n < 1 || n > 64) {
+        throw_gpu_error("set_slices_per_sm: " + std::to_string(n) + " outside [1, 64]");
+    }
+    slices_per_sm.store(n);
+}
+
+bool supported_head_dim(int d) {
+    return d == 64 || d == 128 || d == 256;
+}
+
+void Workspace::overflow() const {
+    throw_gpu_error("GPU workspace of " + std::to_string(size) + " bytes is too small (" +
+                    std::to_string(used) + " needed)");
+}
+
+void dense_attention(
+        const KVHeadsView& kv,
+        const float* q,
+        int rows_per_head,
+        float* out,
+        float* lse,
+        Workspace& ws,
+        cudaStream_t stream) {
+    check_view(kv, rows_per_head, "dense_attention");
+    const int64_t n_rows = int64_t(kv.n_heads) * rows_per_head;
+    const int nq = rows_tile(rows_per_head);
+    const int64_t q_tiles = ceil_div(rows_per_head, nq);
+    // the workspace holds the most slices any device could want, so that
+    // sizing needs no device
+    const int cap = max_slices(kv.n_tokens, kMinSliceTokens, kMaxSplits);
+    float* part_out = ws.take<float>(size_t(n_rows) * cap * kv.d);
+    float* part_lse = ws.take<float>(size_t(n_rows) * cap);
+    if (ws.counting()) {
+        return;
+    }
+    const Slicing sl = slice(kv.n_tokens, kv.n_heads * q_tiles, target_blocks(),
+                             kMinSliceTokens, kMaxSplits);
+    if (sl.n_splits > 0) {
+        DecodeKernelArgs a = kernel_args(kv, q, rows_per_head);
+        a.ranges.b0 = 0;
+        a.ranges.n0 = kv.n_tokens;
+        a.split_len = sl.split_len;
+        a.n_splits = sl.n_splits;
+        a.split_offset = 0;
+        a.total_splits = sl.n_splits;
+        a.part_out = part_out;
+        a.part_lse = part_lse;
+        dim3 grid(sl.n_splits, kv.n_heads, unsigned(q_tiles));
+        with_type_and_dim(kv.type, kv.d, [&](auto tag, auto dim) {
+            using T = typename decltype(tag)::type;
+            launch_dense_slices<T, decltype(dim)::value>(a, nq, grid, stream);
+        });
+    }
+    merge(part_out, part_lse, sl.n_splits, n_rows, kv.d, out, lse, stream);
+}
+
+void topk_select(
+        const KVHeadsView& kv,
+        const float* q,
+        int rows_per_head,
+        int64_t begin,
+        int64_t end,
+        int64_t k,
+        int32_t* ids,
+        float* scores_out,
+        Workspace& ws,
+        cudaStream_t stream) {
+    check_view(kv, rows_per_head, "topk_select");
+    const int64_t n = end - begin;
+    if (begin < 0 || end > kv.n_tokens || n < 1 || k < 1 || k > n) {
+        throw_gpu_error("topk_select: k=" + std::to_string(k) + " of tokens [" +
+                        std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+                        std::to_string(kv.n_tokens));
+    }
+    const int64_t n_rows = int64_t(kv.n_heads) * rows_per_head;
+    const int nq = rows_tile(rows_per_head);
+    const int64_t q_tiles = ceil_div(rows_per_head, nq);
+    // chunks of the radix passes: the same for every device, so that the
+    // counting pass sizes them
+    const int64_t want_chunks = ceil_div(132 * 4, n_rows);
+    const int64_t n_chunks_plan =
+            std::max<int64_t>(1, std::min(want_chunks, ceil_div(n, kMinChunk)));
+    const int64_t chunk_len = ceil_div(n, n_chunks_plan);
+    const int n_chunks = int(ceil_div(n, chunk_len));
+
+    float* scores = ws.take<float>(size_t(n_rows) * n);
+    RadixState* state = ws.take<RadixState>(size_t(n_rows));
+    int64_t* counts = ws.take<int64_t>(size_t(n_rows) * n_chunks);
+    if (ws.counting()) {
+        return;
+    }
+    // the scores kernel has the dense kernel's shape and registers or fewer
+    const Slicing sl = slice(n, kv.n_heads * q_tiles, target_blocks(),
+                             kMinSliceTokens, kMaxSplits);
+    with_type_and_dim(kv.type, kv.d, [&](auto tag, auto dim) {
+        using T = typename decltype(tag)::type;
+        launch_scores<T, decltype(dim)::value>(kv, q, rows_per_head, begin, n, sl, nq, scores,
+                                               stream);
+    });
+    radix_init_kernel<<<unsigned(n_rows), 256, 0, stream>>>(state, int(n_rows), n, k);
+    check_launch("radix_init_kernel");
+    dim3 grid(n_chunks, unsigned(n_rows));
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        radix_pass_kernel<<<grid, kSelectThreads, 0, stream>>>(scores, n, chunk_len, shift, state);
+        check_launch("radix_pass_kernel");
+    }
+    radix_count_kernel<<<grid, kSelectThreads, 0, stream>>>(scores, n, chunk_len, state, counts);
+    check_launch("radix_count_kernel");
+    radix_scan_kernel<<<unsigned(n_rows), 32, 0, stream>>>(counts, n_chunks);
+    check_launch("radix_scan_kernel");
+    radix_write_kernel<<<grid, kSelectThreads, 0, stream>>>(
+            scores, n, chunk_len, state, counts, begin, k, ids, scores_out);
+    check_launch("radix_write_kernel");
+}
+
+void topk_attention(
+        const KVHeadsView& kv,
+        const float* q,
+        int rows_per_head,
+        int64_t n_sink,
+        int64_t n_window,
+        int64_t k,
+        float* out,
+        float* lse,
+        Workspace& ws,
+        cudaStream_t stream) {
+    check_view(kv, rows_per_head, "topk_attention");
+    if (n_sink < 0 || n_window < 0 || k < 1) {
+        throw_gpu_error("topk_attention: invalid n_sink " + std::to_string(n_sink) +
+                        ", n_window " + std::to_string(n_window) + " or k " +
+                        std::to_string(k));
+    }
+    const int64_t n = kv.n_tokens;
+    const int64_t sink = std::min(n_sink, n);
+    const int64_t mid_end = std::max(sink, n - n_window);
+    const int64_t n_mid = mid_end - sink;
+    if (k >= n_mid) { // the budget covers the middle: every token, exactly
+        dense_attention(kv, q, rows_per_head, out, lse, ws, stream);
+        return;
+    }
+    const int64_t n_rows = int64_t(kv.n_heads) * rows_per_head;
+    const int nq = rows_tile(rows_per_head);
+    const int64_t q_tiles = ceil_div(rows_per_head, nq);
+    TokenRanges ranges;
+    ranges.b0 = 0;
+    ranges.n0 = sink;
+    ranges.b1 = mid_end;
+    ranges.n1 = n - mid_end;
+    // the static slices and the gathered ones share the merge: half its
+    // slots each
+    constexpr int64_t kHalf = kMaxSplits / 2;
+    constexpr int64_t kMinGather = 64;
+    const int cap = max_slices(ranges.size(), kMinSliceTokens, kHalf) +
+            max_slices(k, kMinGather, kHalf);
+
+    int32_t* ids = ws.take<int32_t>(size_t(n_rows) * k);
+    float* part_out = ws.take<float>(size_t(n_rows) * cap * kv.d);
+    float* part_lse = ws.take<float>(size_t(n_rows) * cap);
+    topk_select(kv, q, rows_per_head, sink, mid_end, k, ids, nullptr, ws, stream);
+    if (ws.counting()) {
+        return;
+    }
+    const Slicing st = slice(ranges.size(), kv.n_heads * q_tiles, target_blocks(),
+                             kMinSliceTokens, kHalf);
+    const Slicing ga = slice(k, n_rows, target_blocks(), kMinGather, kHalf);
+    const int total = st.n_splits + ga.n_splits;
+    DecodeKernelArgs a = kernel_args(kv, q, rows_per_head);
+    a.total_splits = total;
+    a.part_out = part_out;
+    a.part_lse = part_lse;
+    with_type_and_dim(kv.type, kv.d, [&](auto tag, auto dim) {
+        using T = typename decltype(tag)::type;
+        constexpr int D = decltype(dim)::value;
+        if (st.n_splits > 0) {
+            DecodeKernelArgs s = a;
+            s.ranges = ranges;
+            s.split_len = st.split_len;
+            s.n_splits = st.n_splits;
+            s.split_offset = 0;
+            launch_dense_slices<T, D>(s, nq, dim3(st.n_splits, kv.n_heads, unsigned(q_tiles)),
+                                      stream);
+        }
+        DecodeKernelArgs g = a;
+        g.ids = ids;
+        g.ids_per_row = k;
+        g.split_len = ga.split_len;
+        g.n_splits = ga.n_splits;
+        g.split_offset = st.n_splits;
+        gather_slices_kernel<T, D><<<dim3(ga.n_splits, unsigned(n_rows)), kDecodeThreads, 0,
+                                     stream>>>(g);
+        check_launch("gather_slices_kernel");
+    });
+    merge(part_out, part_lse, total, n_rows, kv.d, out, lse, stream);
+}
+
+} // namespace gpu
+} // namespace kvindex
