@@ -1,0 +1,275 @@
+#include <kvindex/gpu/GpuKVCache.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/gpu/GpuCloner.h>
+#include <kvindex/index_factory.h>
+
+#include "device_memory.h"
+
+namespace kvindex {
+
+namespace {
+
+/// s without a "GPU," element after its storage prefix: the CPU chain.
+std::string without_gpu(const std::string& s) {
+    std::string prefix;
+    std::string rest = s;
+    for (const char* p : {"BF16,", "FP16,"}) {
+        if (rest.rfind(p, 0) == 0) {
+            prefix = p;
+            rest = rest.substr(prefix.size());
+        }
+    }
+    if (rest.rfind("GPU,", 0) == 0) {
+        rest = rest.substr(4);
+    }
+    return prefix + rest;
+}
+
+void check_finite_array(const float* x, size_t n, const char* what) {
+    for (size_t i = 0; i < n; i++) {
+        FAISS_THROW_IF_NOT_FMT(std::isfinite(x[i]), "%s: non-finite value %g at element %zd", what,
+                               double(x[i]), i);
+    }
+}
+
+} // namespace
+
+GpuKVCache::GpuKVCache(
+        int n_layers,
+        int n_q_heads,
+        int n_kv_heads,
+        int d,
+        int d_value,
+        const std::string& index_string,
+        const std::string& dense_string,
+        const std::vector<int>& dense_layers,
+        std::shared_ptr<GpuResources> res)
+        : n_layers(n_layers),
+          n_q_heads(n_q_heads),
+          n_kv_heads(n_kv_heads),
+          d(d),
+          d_value(d_value),
+          index_string(index_string),
+          dense_string(dense_string),
+          dense_layers(dense_layers),
+          resources(std::move(res)) {
+    FAISS_THROW_IF_NOT_FMT(
+            n_layers >= 1 && n_kv_heads >= 1 && n_q_heads >= n_kv_heads &&
+                    n_q_heads % n_kv_heads == 0,
+            "GpuKVCache: invalid shape (%d layers, %d query heads, %d KV heads): query heads "
+            "must be a multiple of KV heads",
+            n_layers,
+            n_q_heads,
+            n_kv_heads);
+    for (int l : dense_layers) {
+        FAISS_THROW_IF_NOT_FMT(
+                l >= 0 && l < n_layers, "GpuKVCache: dense layer %d out of [0, %d)", l, n_layers);
+    }
+    register_gpu_index_types();
+    if (!resources) {
+        resources = default_gpu_resources(0);
+    }
+    for (int l = 0; l < n_layers; l++) {
+        // the layer's GPU type, from the CPU chain's twin: its knobs ("|k=")
+        // come with it; it holds no tokens
+        std::unique_ptr<KVIndex> cpu = index_factory(d, cpu_string(l), d_value);
+        std::unique_ptr<GpuIndexKV> gpu = index_cpu_to_gpu(resources, cpu.get());
+        layers.emplace_back(resources->device(), n_kv_heads, d, gpu->d_value, gpu->kv_type);
+        layer_index.push_back(std::move(gpu));
+    }
+}
+
+std::string GpuKVCache::cpu_string(int layer) const {
+    bool dense = std::find(dense_layers.begin(), dense_layers.end(), layer) != dense_layers.end();
+    return without_gpu(dense ? dense_string : index_string);
+}
+
+void GpuKVCache::check_layer(int layer, const char* what) const {
+    FAISS_THROW_IF_NOT_FMT(
+            layer >= 0 && layer < n_layers, "%s: layer %d out of [0, %d)", what, layer, n_layers);
+}
+
+void GpuKVCache::check_tokens(idx_t n, const float* keys, const float* values, const char* what)
+        const {
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "%s: n=%zd must be >= 0", what, size_t(n));
+    if (n == 0) {
+        return;
+    }
+    FAISS_THROW_IF_NOT_FMT(keys && values, "%s: keys or values missing (nullptr)", what);
+    check_finite_array(keys, size_t(n_kv_heads) * n * d, what);
+    check_finite_array(values, size_t(n_kv_heads) * n * d_value, what);
+}
+
+idx_t GpuKVCache::n_tokens(int layer) const {
+    check_layer(layer, "GpuKVCache::n_tokens");
+    return layers[layer].size;
+}
+
+void GpuKVCache::prefill(
+        int layer,
+        idx_t n,
+        const float* keys,
+        const float* values,
+        idx_t n_queries,
+        const float* queries,
+        const idx_t*,
+        const RopeParams& r) {
+    check_layer(layer, "GpuKVCache::prefill");
+    FAISS_THROW_IF_NOT_FMT(
+            layers[layer].size == 0,
+            "GpuKVCache::prefill: layer %d already holds %zd tokens",
+            layer,
+            size_t(layers[layer].size));
+    FAISS_THROW_IF_NOT_FMT(
+            !has_rope || (r.theta == rope.theta && r.style == rope.style),
+            "GpuKVCache::prefill: layer %d's RoPE (theta %g) differs from the cache's (theta %g)",
+            layer,
+            r.theta,
+            rope.theta);
+    check_tokens(n, keys, values, "GpuKVCache::prefill");
+    FAISS_THROW_IF_NOT_FMT(
+            n_queries >= 0, "GpuKVCache::prefill: n_queries=%zd must be >= 0", size_t(n_queries));
+    if (n_queries > 0) {
+        FAISS_THROW_IF_NOT_MSG(queries, "GpuKVCache::prefill: queries missing (nullptr)");
+        check_finite_array(queries, size_t(n_q_heads) * n_queries * d, "GpuKVCache::prefill: queries");
+    }
+    layers[layer].append(n, keys, values, resources->stream());
+    rope = r;
+    has_rope = true;
+}
+
+void GpuKVCache::append(int layer, idx_t n, const float* keys, const float* values) {
+    check_layer(layer, "GpuKVCache::append");
+    check_tokens(n, keys, values, "GpuKVCache::append");
+    layers[layer].append(n, keys, values, resources->stream());
+}
+
+void GpuKVCache::attend_device(
+        int layer,
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    check_layer(layer, "GpuKVCache::attend");
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "GpuKVCache::attend: n=%zd must be >= 0", size_t(n));
+    if (n == 0) {
+        return;
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            layers[layer].size > 0, "GpuKVCache::attend: layer %d is empty", layer);
+    FAISS_THROW_IF_NOT_MSG(q && out && lse, "GpuKVCache::attend: an array is missing (nullptr)");
+    auto kv_params = dynamic_cast<const SearchParametersKV*>(params);
+    FAISS_THROW_IF_NOT_MSG(
+            !params || !params->sel, "GpuKVCache::attend: IDSelector is not supported");
+    FAISS_THROW_IF_NOT_FMT(
+            !kv_params || kv_params->k >= 0,
+            "GpuKVCache::attend: k=%zd must be >= 0",
+            size_t(kv_params ? kv_params->k : 0));
+    DeviceScope scope(resources->device());
+    layer_index[layer]->attend_heads(
+            layers[layer], int(group_size() * n), q, out, lse, params, resources->stream());
+}
+
+void GpuKVCache::attend(
+        int layer,
+        idx_t n,
+        const float* q,
+        float* out,
+        float* lse,
+        const faiss::SearchParameters* params) const {
+    check_layer(layer, "GpuKVCache::attend");
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "GpuKVCache::attend: n=%zd must be >= 0", size_t(n));
+    if (n == 0) {
+        return;
+    }
+    FAISS_THROW_IF_NOT_MSG(q && out, "GpuKVCache::attend: q or out missing (nullptr)");
+    check_finite_array(q, size_t(n_q_heads) * n * d, "GpuKVCache::attend: queries");
+    FAISS_THROW_IF_NOT_FMT(
+            layers[layer].size > 0, "GpuKVCache::attend: layer %d is empty", layer);
+    DeviceScope scope(resources->device());
+    cudaStream_t stream = resources->stream();
+    const size_t rows = size_t(n_q_heads) * n;
+    gpu::DeviceScratch qd = gpu::upload(q, rows * d, stream, "GpuKVCache::attend: queries");
+    gpu::DeviceScratch out_d(rows * d_value * sizeof(float), stream);
+    gpu::DeviceScratch lse_d(rows * sizeof(float), stream);
+    attend_device(layer, n, qd.as<float>(), out_d.as<float>(), lse_d.as<float>(), params);
+    gpu::download(out, out_d.get(), rows * d_value, stream, "GpuKVCache::attend: outputs");
+    if (lse) {
+        gpu::download(lse, lse_d.get(), rows, stream, "GpuKVCache::attend: lse");
+    }
+    resources->synchronize("GpuKVCache::attend");
+}
+
+std::unique_ptr<GpuKVCache> GpuKVCache::from_cpu(
+        const KVCache& cpu, std::shared_ptr<GpuResources> resources) {
+    auto gpu = std::make_unique<GpuKVCache>(cpu.n_layers, cpu.n_q_heads, cpu.n_kv_heads, cpu.d,
+                                            cpu.d_value, cpu.index_string, cpu.dense_string,
+                                            cpu.dense_layers, std::move(resources));
+    for (int l = 0; l < cpu.n_layers; l++) {
+        // the budget of the layer's chain (set per head on the CPU: the first head's)
+        const KVIndex* first = cpu.index(l, 0);
+        const idx_t budget = first->top_k_budget();
+        gpu->layer_index[l]->k = budget > 0 ? budget : first->k;
+        const idx_t n = cpu.n_tokens(l);
+        if (n == 0) {
+            continue;
+        }
+        std::vector<float> keys(size_t(cpu.n_kv_heads) * n * cpu.d);
+        std::vector<float> values(size_t(cpu.n_kv_heads) * n * cpu.d_value);
+        for (int h = 0; h < cpu.n_kv_heads; h++) {
+            const KVIndex* index = cpu.index(l, h);
+            for (idx_t i = 0; i < n; i++) {
+                index->reconstruct(i, keys.data() + (size_t(h) * n + i) * cpu.d);
+                index->reconstruct_value(i, values.data() + (size_t(h) * n + i) * cpu.d_value);
+            }
+        }
+        gpu->prefill(l, n, keys.data(), values.data(), 0, nullptr, nullptr, cpu.rope);
+    }
+    gpu->rope = cpu.rope;
+    gpu->has_rope = cpu.has_rope;
+    return gpu;
+}
+
+std::unique_ptr<KVCache> GpuKVCache::to_cpu() const {
+    auto cpu = std::make_unique<KVCache>(n_layers, n_q_heads, n_kv_heads, d, d_value,
+                                         without_gpu(index_string), without_gpu(dense_string),
+                                         dense_layers);
+    for (int l = 0; l < n_layers; l++) {
+        for (int h = 0; h < n_kv_heads; h++) {
+            layer_index[l]->copy_knobs_to(cpu->index(l, h));
+        }
+        const idx_t n = layers[l].size;
+        if (n == 0) {
+            continue;
+        }
+        std::vector<float> keys(size_t(n_kv_heads) * n * d), values(size_t(n_kv_heads) * n * d_value);
+        std::vector<float> k, v;
+        for (int h = 0; h < n_kv_heads; h++) {
+            layers[l].read(h, 0, n, &k, &v, resources->stream());
+            std::copy(k.begin(), k.end(), keys.begin() + size_t(h) * n * d);
+            std::copy(v.begin(), v.end(), values.begin() + size_t(h) * n * d_value);
+        }
+        if (has_rope) {
+            cpu->prefill(l, n, keys.data(), values.data(), 0, nullptr, nullptr, rope);
+        } else {
+            cpu->append(l, n, keys.data(), values.data());
+        }
+    }
+    return cpu;
+}
+
+size_t GpuKVCache::memory_bytes() const {
+    size_t b = 0;
+    for (const GpuKVStorage& s : layers) {
+        b += s.memory_bytes();
+    }
+    return b;
+}
+
+} // namespace kvindex
