@@ -101,7 +101,8 @@ GenerationResult generate_text(
         const std::vector<int>& prompt,
         int max_new,
         const std::string& index_string,
-        const std::string& dense_string) {
+        const std::string& dense_string,
+        bool gpu) {
     if (prompt.size() < 2) {
         throw std::invalid_argument("the prompt needs at least 2 tokens (one prefilled, one decoded)");
     }
@@ -112,9 +113,11 @@ GenerationResult generate_text(
     llm.prefill(prompt.data(), n, nullptr, 0, &rec, 0);
     r.prefill_tokens_per_s = double(n) / seconds_since(t0);
     kvindex::KVCache cache = llm.make_cache(rec, index_string, dense_string, {0});
-    t0 = Clock::now();
-    r.tokens = llm.generate(prompt.back(), max_new, cache, stop_ids(tok));
-    r.decode_tokens_per_s = double(r.tokens.size()) / seconds_since(t0);
+    with_decode_cache(cache, gpu, [&](auto& c) {
+        t0 = Clock::now();
+        r.tokens = llm.generate(prompt.back(), max_new, c, stop_ids(tok));
+        r.decode_tokens_per_s = double(r.tokens.size()) / seconds_since(t0);
+    });
     r.text = tok.decode(r.tokens);
     return r;
 }

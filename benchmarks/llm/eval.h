@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <ostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,10 @@
 
 #include "llama_model.h"
 #include "tokenizer.h"
+
+#ifdef KVINDEX_WITH_GPU
+#include <kvindex/gpu/GpuKVCache.h>
+#endif
 
 namespace kvllm {
 
@@ -35,14 +40,35 @@ struct GenerationResult {
     double decode_tokens_per_s = 0;
 };
 
-/// Dense prefill of prompt[0, n-1), then greedy decode through a KVCache.
+/** Calls f(cache) with `cpu`, or with its GPU twin (GpuKVCache::from_cpu:
+ * every KV head of a layer in one launch) when `gpu` is set; a build
+ * without the GPU types refuses `gpu` by name. */
+template <class F>
+void with_decode_cache(kvindex::KVCache& cpu, bool gpu, F&& f) {
+    if (!gpu) {
+        f(cpu);
+        return;
+    }
+#ifdef KVINDEX_WITH_GPU
+    std::unique_ptr<kvindex::GpuKVCache> twin = kvindex::GpuKVCache::from_cpu(cpu);
+    f(*twin);
+#else
+    throw std::invalid_argument(
+            "--gpu: this build has no GPU types (configure with KVINDEX_ENABLE_GPU=ON "
+            "and a CUDA toolkit)");
+#endif
+}
+
+/// Dense prefill of prompt[0, n-1), then greedy decode through a KVCache
+/// (its GPU twin when `gpu`: with_decode_cache).
 GenerationResult generate_text(
         const LlamaModel& llm,
         const BpeTokenizer& tok,
         const std::vector<int>& prompt,
         int max_new,
         const std::string& index_string,
-        const std::string& dense_string);
+        const std::string& dense_string,
+        bool gpu = false);
 
 struct TraceSummary {
     int64_t n_tokens = 0;

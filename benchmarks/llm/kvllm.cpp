@@ -133,13 +133,15 @@ int cmd_detokenize(int argc, char** argv) {
 int cmd_logits(int argc, char** argv) {
     std::string model, ids_s, out, index = "Flat";
     int64_t n_prefill = -1;
+    bool gpu = false;
     po::options_description opts("kvllm logits: logits at every position of a token sequence");
     opts.add_options()("model", po::value(&model), "GGUF file")
             ("ids", po::value(&ids_s)->required(), "space-separated token ids")
             ("out", po::value(&out)->required(), "output .npy, float32 [n_tokens, n_vocab]")
             ("prefill", po::value(&n_prefill), "dense prefill of the first N tokens, the rest decoded "
                                                "through the KV cache (default: all prefilled)")
-            ("index", po::value(&index)->default_value(index), "index of the decode KV cache: STRING or STRING|params");
+            ("index", po::value(&index)->default_value(index), "index of the decode KV cache: STRING or STRING|params")
+            ("gpu", po::bool_switch(&gpu), "decode through the cache's GPU twin (GpuKVCache; GPU builds)");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     GgufFile file(find_model(model));
@@ -160,7 +162,9 @@ int cmd_logits(int argc, char** argv) {
         PrefillRecord rec;
         llm.prefill(ids.data(), n_prefill, logits.data(), 0, &rec, 0);
         kvindex::KVCache cache = llm.make_cache(rec, index);
-        llm.decode(ids.data() + n_prefill, n - n_prefill, cache, logits.data() + n_prefill * V);
+        with_decode_cache(cache, gpu, [&](auto& c) {
+            llm.decode(ids.data() + n_prefill, n - n_prefill, c, logits.data() + n_prefill * V);
+        });
     }
     kvindex::write_npy(out, "<f4", {size_t(n), size_t(V)}, logits.data());
     return 0;
@@ -169,7 +173,7 @@ int cmd_logits(int argc, char** argv) {
 int cmd_generate(int argc, char** argv) {
     std::string model, prompt, index = "Flat", dense_index = "Flat";
     int max_new = 64;
-    bool chat = false;
+    bool chat = false, gpu = false;
     po::options_description opts("kvllm generate: greedy continuation of a prompt");
     opts.add_options()("model", po::value(&model), "GGUF file")
             ("prompt", po::value(&prompt)->required(), "prompt text")
@@ -177,14 +181,15 @@ int cmd_generate(int argc, char** argv) {
             ("max-new", po::value(&max_new)->default_value(max_new), "tokens to generate")
             ("index", po::value(&index)->default_value(index), "index of the KV cache: STRING or STRING|params")
             ("dense-index", po::value(&dense_index)->default_value(dense_index),
-             "factory string of layer 0 (kept dense, as the papers do)");
+             "factory string of layer 0 (kept dense, as the papers do)")
+            ("gpu", po::bool_switch(&gpu), "decode through the cache's GPU twin (GpuKVCache; GPU builds)");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
     LlamaModel llm(m.file);
     std::vector<int> ids = encode_prompt(m.tok, prompt, chat);
     auto t0 = std::chrono::steady_clock::now();
-    GenerationResult r = generate_text(llm, m.tok, ids, max_new, index, dense_index);
+    GenerationResult r = generate_text(llm, m.tok, ids, max_new, index, dense_index, gpu);
     std::fwrite(r.text.data(), 1, r.text.size(), stdout);
     std::printf("\n");
     std::fprintf(stderr, "[%zu prompt tokens: prefill %.1f tok/s; %zu new tokens: decode %.1f tok/s; %.1f s]\n",

@@ -1,5 +1,9 @@
 #include "llama_model.h"
 
+#ifdef KVINDEX_WITH_GPU
+#include <kvindex/gpu/GpuKVCache.h>
+#endif
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -303,7 +307,8 @@ kvindex::KVCache LlamaModel::make_cache(
     return cache;
 }
 
-void LlamaModel::decode(const int* tokens, int64_t n, kvindex::KVCache& cache, float* logits) const {
+template <class Cache>
+void LlamaModel::decode(const int* tokens, int64_t n, Cache& cache, float* logits) const {
     if (n <= 0) {
         return;
     }
@@ -333,10 +338,11 @@ void LlamaModel::decode(const int* tokens, int64_t n, kvindex::KVCache& cache, f
     }
 }
 
+template <class Cache>
 std::vector<int> LlamaModel::generate(
         int last,
         int max_new,
-        kvindex::KVCache& cache,
+        Cache& cache,
         const std::vector<int>& stop_ids) const {
     std::vector<int> out;
     std::vector<float> logits(cfg.n_vocab);
@@ -351,5 +357,15 @@ std::vector<int> LlamaModel::generate(
     }
     return out;
 }
+
+// the caches decode runs on: the CPU one, and the GPU one where it is built
+template void LlamaModel::decode(const int*, int64_t, kvindex::KVCache&, float*) const;
+template std::vector<int> LlamaModel::generate(
+        int, int, kvindex::KVCache&, const std::vector<int>&) const;
+#ifdef KVINDEX_WITH_GPU
+template void LlamaModel::decode(const int*, int64_t, kvindex::GpuKVCache&, float*) const;
+template std::vector<int> LlamaModel::generate(
+        int, int, kvindex::GpuKVCache&, const std::vector<int>&) const;
+#endif
 
 } // namespace kvllm

@@ -105,8 +105,12 @@ struct LlamaModel {
      * query attends, and attention sees only earlier tokens); linear layers
      * run batched.
      * @param logits  size n * n_vocab, or nullptr
+     * Cache: kvindex::KVCache, or kvindex::GpuKVCache in a build with the
+     * GPU types (KVINDEX_WITH_GPU): the same calls, every KV head of a
+     * layer in one launch.
      */
-    void decode(const int* tokens, int64_t n, kvindex::KVCache& cache, float* logits) const;
+    template <class Cache>
+    void decode(const int* tokens, int64_t n, Cache& cache, float* logits) const;
 
     /** The prefix [0, n_prefix) of a record (causal: its keys and values
      * are those of a prefill of the prefix alone), with the queries of its
@@ -115,10 +119,11 @@ struct LlamaModel {
 
     /// Greedy generation after a prefilled cache: feeds `last` and returns up
     /// to max_new tokens, stopping after a token in stop_ids.
+    template <class Cache>
     std::vector<int> generate(
             int last,
             int max_new,
-            kvindex::KVCache& cache,
+            Cache& cache,
             const std::vector<int>& stop_ids) const;
 
    private:
