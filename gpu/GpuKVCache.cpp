@@ -149,6 +149,24 @@ void GpuKVCache::append(int layer, idx_t n, const float* keys, const float* valu
     layers[layer].append(n, keys, values, resources->stream());
 }
 
+bool GpuKVCache::check_attend(int layer, idx_t n, const faiss::SearchParameters* params) const {
+    check_layer(layer, "GpuKVCache::attend");
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "GpuKVCache::attend: n=%zd must be >= 0", size_t(n));
+    if (n == 0) {
+        return false;
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            layers[layer].size > 0, "GpuKVCache::attend: layer %d is empty", layer);
+    FAISS_THROW_IF_NOT_MSG(
+            !params || !params->sel, "GpuKVCache::attend: IDSelector is not supported");
+    auto kv_params = dynamic_cast<const SearchParametersKV*>(params);
+    FAISS_THROW_IF_NOT_FMT(
+            !kv_params || kv_params->k >= 0,
+            "GpuKVCache::attend: k=%zd must be >= 0",
+            size_t(kv_params ? kv_params->k : 0));
+    return true;
+}
+
 void GpuKVCache::attend_device(
         int layer,
         idx_t n,
@@ -156,21 +174,10 @@ void GpuKVCache::attend_device(
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
-    check_layer(layer, "GpuKVCache::attend");
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "GpuKVCache::attend: n=%zd must be >= 0", size_t(n));
-    if (n == 0) {
+    if (!check_attend(layer, n, params)) {
         return;
     }
-    FAISS_THROW_IF_NOT_FMT(
-            layers[layer].size > 0, "GpuKVCache::attend: layer %d is empty", layer);
     FAISS_THROW_IF_NOT_MSG(q && out && lse, "GpuKVCache::attend: an array is missing (nullptr)");
-    auto kv_params = dynamic_cast<const SearchParametersKV*>(params);
-    FAISS_THROW_IF_NOT_MSG(
-            !params || !params->sel, "GpuKVCache::attend: IDSelector is not supported");
-    FAISS_THROW_IF_NOT_FMT(
-            !kv_params || kv_params->k >= 0,
-            "GpuKVCache::attend: k=%zd must be >= 0",
-            size_t(kv_params ? kv_params->k : 0));
     DeviceScope scope(resources->device());
     layer_index[layer]->attend_heads(
             layers[layer], int(group_size() * n), q, out, lse, params, resources->stream());
@@ -183,22 +190,19 @@ void GpuKVCache::attend(
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
-    check_layer(layer, "GpuKVCache::attend");
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "GpuKVCache::attend: n=%zd must be >= 0", size_t(n));
-    if (n == 0) {
+    if (!check_attend(layer, n, params)) {
         return;
     }
     FAISS_THROW_IF_NOT_MSG(q && out, "GpuKVCache::attend: q or out missing (nullptr)");
     check_finite_array(q, size_t(n_q_heads) * n * d, "GpuKVCache::attend: queries");
-    FAISS_THROW_IF_NOT_FMT(
-            layers[layer].size > 0, "GpuKVCache::attend: layer %d is empty", layer);
     DeviceScope scope(resources->device());
     cudaStream_t stream = resources->stream();
     const size_t rows = size_t(n_q_heads) * n;
     gpu::DeviceScratch qd = gpu::upload(q, rows * d, stream, "GpuKVCache::attend: queries");
     gpu::DeviceScratch out_d(rows * d_value * sizeof(float), stream);
     gpu::DeviceScratch lse_d(rows * sizeof(float), stream);
-    attend_device(layer, n, qd.as<float>(), out_d.as<float>(), lse_d.as<float>(), params);
+    layer_index[layer]->attend_heads(layers[layer], int(group_size() * n), qd.as<float>(),
+                                     out_d.as<float>(), lse_d.as<float>(), params, stream);
     gpu::download(out, out_d.get(), rows * d_value, stream, "GpuKVCache::attend: outputs");
     if (lse) {
         gpu::download(lse, lse_d.get(), rows, stream, "GpuKVCache::attend: lse");
