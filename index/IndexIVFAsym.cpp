@@ -35,6 +35,8 @@ const char* probe_suffix(IVFAsymProbe p) {
             return "_CentroidRoPE";
         case IVFAsymProbe::oracle:
             return "_Oracle";
+        case IVFAsymProbe::moment:
+            return "_Moment";
     }
     return "?";
 }
@@ -79,7 +81,8 @@ std::string IndexIVFAsym::factory_string() const {
 std::unique_ptr<KVIndex> IndexIVFAsym::from_factory(FactoryChain& chain) {
     const std::string& s = chain.peek();
     for (IVFAsymProbe p :
-         {IVFAsymProbe::centroid_rope, IVFAsymProbe::centroid, IVFAsymProbe::oracle, IVFAsymProbe::qmodel}) {
+         {IVFAsymProbe::centroid_rope, IVFAsymProbe::centroid, IVFAsymProbe::oracle, IVFAsymProbe::moment,
+          IVFAsymProbe::qmodel}) {
         std::string suffix = probe_suffix(p);
         if (s.size() < suffix.size() || s.compare(s.size() - suffix.size(), suffix.size(), suffix)) {
             continue;
@@ -187,7 +190,14 @@ bool IndexIVFAsym::self_train(const PrefillInput& in) {
         return false; // too few keys for k-means: tokens stay unassigned
     }
     IVFAsymTrainer trainer(d, p);
-    trainer.add_prompt(in);
+    if (probe == IVFAsymProbe::qmodel) {
+        trainer.add_prompt(in);
+    } else { // only the centroids are used: no Q-model rows
+        PrefillInput keys_only = in;
+        keys_only.n_queries = 0;
+        keys_only.queries = nullptr;
+        trainer.add_prompt(keys_only);
+    }
     idx_t rows = trainer.n_rows();
     trainer.params.adam.iterations = train_iterations > 0
             ? train_iterations
@@ -255,6 +265,46 @@ void IndexIVFAsym::assign_tokens(idx_t n, const float* keys, const float* values
         throw;
     }
     token_bucket.insert(token_bucket.end(), assign.begin(), assign.end());
+    if (probe == IVFAsymProbe::moment) {
+        for (int32_t b = 0; b < n_centroids; b++) {
+            idx_t added = idx_t(bucket_ids[b].size() - sizes[b]);
+            if (added > 0) {
+                add_moments(b, idx_t(sizes[b]), added);
+            }
+        }
+    }
+}
+
+void IndexIVFAsym::add_moments(int32_t b, idx_t from, idx_t n) {
+    const size_t C = size_t(n_centroids);
+    if (key_sum.size() != C * d) {
+        key_sum.assign(C * d, 0.0);
+        key_sq_sum.assign(C * d, 0.0);
+        bucket_mean.assign(C * d, 0.0f);
+        bucket_var.assign(C * d, 0.0f);
+    }
+    double* s1 = key_sum.data() + size_t(b) * d;
+    double* s2 = key_sq_sum.data() + size_t(b) * d;
+    if (from == 0) {
+        std::fill_n(s1, d, 0.0);
+        std::fill_n(s2, d, 0.0);
+    }
+    // in token order, so that a bucket read back from a file gets the same sums
+    std::vector<float> k(d);
+    for (idx_t i = from; i < from + n; i++) {
+        buckets[b].key(i, k.data());
+        for (int j = 0; j < d; j++) {
+            s1[j] += k[j];
+            s2[j] += double(k[j]) * k[j];
+        }
+    }
+    const double count = double(buckets[b].size());
+    for (int j = 0; j < d; j++) {
+        double mean = count > 0 ? s1[j] / count : 0.0;
+        bucket_mean[size_t(b) * d + j] = float(mean);
+        // E[k^2] - mean^2 cancels to rounding for a constant coordinate
+        bucket_var[size_t(b) * d + j] = float(count > 0 ? std::max(0.0, s2[j] / count - mean * mean) : 0.0);
+    }
 }
 
 void IndexIVFAsym::clear_tokens() {
@@ -263,6 +313,10 @@ void IndexIVFAsym::clear_tokens() {
         bucket_ids[b].clear();
     }
     token_bucket.clear();
+    key_sum.clear();
+    key_sq_sum.clear();
+    bucket_mean.clear();
+    bucket_var.clear();
     ntotal = 0;
 }
 
@@ -306,6 +360,10 @@ void IndexIVFAsym::bucket_scores(const float* q, idx_t position, float* scores) 
         oracle_bucket_masses(q, scores);
         return;
     }
+    if (probe == IVFAsymProbe::moment) {
+        moment_bucket_masses(q, scores);
+        return;
+    }
     std::vector<float> x(q, q + d);
     if (probe != IVFAsymProbe::centroid_rope) {
         int64_t pos = std::max<idx_t>(0, position);
@@ -318,6 +376,41 @@ void IndexIVFAsym::bucket_scores(const float* q, idx_t position, float* scores) 
         }
     } else {
         inner_products_scaled(x.data(), centroids.data(), d, n_centroids, 1.0f, scores);
+    }
+}
+
+void IndexIVFAsym::moment_log_masses(const float* q, float* log_masses) const {
+    FAISS_THROW_IF_NOT_MSG(
+            probe == IVFAsymProbe::moment, "IndexIVFAsym::moment_log_masses: needs the _Moment probe");
+    // log n_b + s <q, mean_b> + var_weight s^2 / 2 sum_j q_j^2 var_bj
+    const float s = score_scale();
+    std::vector<float> mean_dots(n_centroids, 0.0f), var_dots(n_centroids, 0.0f);
+    if (!bucket_mean.empty()) {
+        inner_products_scaled(q, bucket_mean.data(), d, n_centroids, s, mean_dots.data());
+        if (var_weight > 0) {
+            std::vector<float> q2(d);
+            for (int j = 0; j < d; j++) {
+                q2[j] = q[j] * q[j];
+            }
+            inner_products_scaled(
+                    q2.data(), bucket_var.data(), d, n_centroids, 0.5f * var_weight * s * s, var_dots.data());
+        }
+    }
+    for (int c = 0; c < n_centroids; c++) {
+        idx_t n = buckets[c].size();
+        log_masses[c] = n > 0 ? std::log(float(n)) + mean_dots[c] + var_dots[c]
+                              : -std::numeric_limits<float>::infinity();
+    }
+}
+
+void IndexIVFAsym::moment_bucket_masses(const float* q, float* masses) const {
+    // shares of the estimated mass, which a GQA group can sum as it sums
+    // the Q-model's probabilities
+    moment_log_masses(q, masses);
+    if (std::any_of(masses, masses + n_centroids, [](float x) { return std::isfinite(x); })) {
+        softmax_inplace(masses, nullptr, n_centroids);
+    } else {
+        std::fill_n(masses, n_centroids, 0.0f);
     }
 }
 
@@ -412,6 +505,9 @@ size_t IndexIVFAsym::probe_cost() const {
     }
     if (probe == IVFAsymProbe::oracle) {
         return size_t(ntotal); // every key scored
+    }
+    if (probe == IVFAsymProbe::moment && var_weight > 0) {
+        return 2 * size_t(n_centroids); // the means and the variances
     }
     return size_t(n_centroids);
 }
@@ -513,6 +609,7 @@ std::vector<ParameterInfo> IndexIVFAsym::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
     info.push_back({"nprobe", false, "buckets read per query (ell), 0..C; C reads every key"});
     info.push_back({"group_probe", false, "1: one bucket set per GQA group in attend (summed classifier outputs), 0: per query"});
+    info.push_back({"var_weight", false, "_Moment: weight in [0, 1] of the variance term (0: mean only, 1: Gaussian)"});
     info.push_back({"hidden", true, "width of the self-trained Q-model, 1..65536"});
     info.push_back({"train_iterations", true, "Adam steps of self-training; -1: 10 epochs of its rows, 50..2000"});
     info.push_back({"min_distance", true, "self-training: long range = more than this many tokens back; -1: the window (n_after)"});
@@ -533,6 +630,12 @@ bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
         FAISS_THROW_IF_NOT_FMT(
                 value == 0 || value == 1, "parameter group_probe=%g must be 0 or 1", value);
         group_probe = value == 1;
+    } else if (name == "var_weight") {
+        FAISS_THROW_IF_NOT_FMT(
+                std::isfinite(value) && value >= 0 && value <= 1,
+                "parameter var_weight=%g must be in [0, 1]",
+                value);
+        var_weight = float(value);
     } else if (name == "hidden") {
         FAISS_THROW_IF_NOT_FMT(
                 is_positive_integer(value) && value <= 65536,
@@ -566,6 +669,8 @@ bool IndexIVFAsym::get_parameter(const std::string& name, double* value) const {
         *value = nprobe;
     } else if (name == "group_probe") {
         *value = group_probe ? 1 : 0;
+    } else if (name == "var_weight") {
+        *value = var_weight;
     } else if (name == "hidden") {
         *value = hidden;
     } else if (name == "train_iterations") {
@@ -602,6 +707,7 @@ void IndexIVFAsym::write_fields(BufferWriter& w) const {
     w.value<int64_t>(first_position);
     w.value<int64_t>(n_after);
     w.value<int32_t>(group_size);
+    w.value<float>(var_weight); // from record version 2
     w.vector(centroids);
     w.value<uint8_t>(!qmodel.empty());
     if (!qmodel.empty()) {
@@ -613,7 +719,7 @@ void IndexIVFAsym::write_fields(BufferWriter& w) const {
     }
 }
 
-void IndexIVFAsym::read_fields(BufferReader& r, uint32_t) {
+void IndexIVFAsym::read_fields(BufferReader& r, uint32_t version) {
     n_centroids = r.value<int32_t>("IVFAsym C");
     int32_t p = r.value<int32_t>("IVFAsym probe");
     nprobe = r.value<int32_t>("IVFAsym nprobe");
@@ -628,15 +734,17 @@ void IndexIVFAsym::read_fields(BufferReader& r, uint32_t) {
     first_position = r.value<int64_t>("IVFAsym first_position");
     n_after = r.value<int64_t>("IVFAsym n_after");
     group_size = r.value<int32_t>("IVFAsym group_size");
+    var_weight = version >= 2 ? r.value<float>("IVFAsym var_weight") : 0.0f; // v1: no moment probe
     FAISS_THROW_IF_NOT_FMT(
-            n_centroids >= 1 && n_centroids <= kMaxCentroids && p >= 0 && p <= int32_t(IVFAsymProbe::oracle) && gp <= 1 &&
-                    ad <= 1 && d % 2 == 0,
-            "read_index: invalid IVFAsym header (C=%d probe=%d group_probe=%d adopted=%d d=%d)",
+            n_centroids >= 1 && n_centroids <= kMaxCentroids && p >= 0 && p <= int32_t(IVFAsymProbe::moment) && gp <= 1 &&
+                    ad <= 1 && d % 2 == 0 && std::isfinite(var_weight) && var_weight >= 0 && var_weight <= 1,
+            "read_index: invalid IVFAsym header (C=%d probe=%d group_probe=%d adopted=%d d=%d var_weight=%g)",
             n_centroids,
             p,
             int(gp),
             int(ad),
-            d);
+            d,
+            double(var_weight));
     probe = IVFAsymProbe(p);
     group_probe = gp == 1;
     adopted = ad == 1;
@@ -676,6 +784,13 @@ void IndexIVFAsym::read_fields(BufferReader& r, uint32_t) {
                     size_t(id),
                     size_t(ntotal));
             token_bucket[id] = b;
+        }
+    }
+    if (probe == IVFAsymProbe::moment) {
+        for (int b = 0; b < n_centroids; b++) {
+            if (buckets[b].size() > 0) { // as assign_tokens does
+                add_moments(b, 0, buckets[b].size());
+            }
         }
     }
 }
@@ -718,6 +833,15 @@ void IndexIVFAsym::check_invariants() const {
             token_bucket.size(),
             n_centroids,
             size_t(ntotal));
+    const size_t assigned = size_t(ntotal) - bucket_ids[n_centroids].size();
+    const bool moments = probe == IVFAsymProbe::moment && assigned > 0;
+    FAISS_THROW_IF_NOT_FMT(
+            bucket_mean.size() == (moments ? size_t(n_centroids) * d : 0) &&
+                    bucket_var.size() == bucket_mean.size() && key_sum.size() == bucket_mean.size() &&
+                    key_sq_sum.size() == bucket_mean.size(),
+            "IndexIVFAsym: %zd bucket-mean floats, expected %zd (moment probe with assigned tokens: C * d)",
+            bucket_mean.size(),
+            moments ? size_t(n_centroids) * d : size_t(0));
     size_t total = 0;
     for (size_t b = 0; b < buckets.size(); b++) {
         const std::vector<idx_t>& ids = bucket_ids[b];

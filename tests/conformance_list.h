@@ -69,6 +69,8 @@ inline const ConformanceCase kConformance[] = {
          "k=1000000,min_hits=0"},
         // SAAP's buckets routed by their exact attention mass (the routing ceiling)
         {"Sink2,Window8,IVFAsym4_Oracle", "k=7,nprobe=2", "nprobe=4"},
+        // SAAP's buckets routed, without training, by their keys' moments
+        {"Sink2,Window8,IVFAsym4_Moment", "k=7,nprobe=2,var_weight=0.5", "nprobe=4"},
 };
 
 } // namespace kvtest

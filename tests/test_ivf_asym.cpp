@@ -188,7 +188,8 @@ std::unique_ptr<KVIndex> prefilled(const std::string& s, const Head& h, idx_t n_
 } // namespace
 
 TEST(IVFAsym, FactoryStringsAndBadInput) {
-    for (const char* s : {"IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE", "Sink1,Window4,IVFAsym3"}) {
+    for (const char* s : {"IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE", "IVFAsym8_Moment",
+                          "Sink1,Window4,IVFAsym3"}) {
         auto index = index_factory(kD, s, kDv);
         EXPECT_EQ(index_factory_string(index.get()), s);
     }
@@ -197,6 +198,8 @@ TEST(IVFAsym, FactoryStringsAndBadInput) {
     auto index = index_factory(kD, "IVFAsym8", kDv);
     EXPECT_THROW_MSG(set_index_parameters(index.get(), "nprobe=9"), "nprobe=9");
     EXPECT_THROW_MSG(set_index_parameters(index.get(), "group_probe=2"), "group_probe=2");
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "var_weight=1.5"), "var_weight=1.5");
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "var_weight=-1"), "var_weight=-1");
     auto* ivf = ivf_asym_in_chain(index.get());
     ASSERT_NE(ivf, nullptr);
     EXPECT_THROW_MSG(ivf->set_trained(std::vector<float>(kC * kD - 1), QModel(), kRope), "centroid floats");
@@ -398,7 +401,8 @@ TEST(IVFAsym, OracleReadsTheBucketsOfLargestExactMass) {
     const IVFAsymTrainer& t = trained_on_ood();
     Head h = ood_head(1600, 31);
     std::vector<std::unique_ptr<KVIndex>> idx;
-    for (const char* s : {"IVFAsym8_Oracle", "IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE"}) {
+    for (const char* s : {"IVFAsym8_Oracle", "IVFAsym8", "IVFAsym8_Centroid", "IVFAsym8_CentroidRoPE",
+                          "IVFAsym8_Moment"}) {
         idx.push_back(index_factory(kD, s, kDv));
         ivf_asym_in_chain(idx.back().get())->set_trained(t.centroids, t.qmodel, t.rope);
         std::vector<float> scratch;
@@ -558,4 +562,185 @@ TEST(IVFAsym, ForgedTokenCountIsRefusedBeforeAllocating) {
         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
     };
     EXPECT_ANY_THROW(read_index(bytes));
+}
+
+namespace {
+
+/// The moment probe's scores computed here in double from the bucket's ids:
+/// softmax_b(log n_b + s <q, mean_b> + w s^2 / 2 sum_j q_j^2 var_bj).
+std::vector<double> ref_moment_scores(const float* q, const Head& h, const IndexIVFAsym& ivf, double w) {
+    const double s = 1.0 / std::sqrt(double(kD));
+    std::vector<double> est(kC, -std::numeric_limits<double>::infinity());
+    for (int c = 0; c < kC; c++) {
+        const std::vector<idx_t>& ids = ivf.bucket_ids[c];
+        if (ids.empty()) {
+            continue;
+        }
+        double a = 0, b = 0;
+        for (int j = 0; j < kD; j++) {
+            double m1 = 0, m2 = 0;
+            for (idx_t id : ids) {
+                double k = h.keys[id * kD + j];
+                m1 += k;
+                m2 += k * k;
+            }
+            m1 /= double(ids.size());
+            m2 = m2 / double(ids.size()) - m1 * m1;
+            a += q[j] * m1;
+            b += double(q[j]) * q[j] * m2;
+        }
+        est[c] = std::log(double(ids.size())) + s * a + 0.5 * w * s * s * b;
+    }
+    double mx = *std::max_element(est.begin(), est.end()), z = 0;
+    for (double& e : est) {
+        e = std::exp(e - mx);
+        z += e;
+    }
+    for (double& e : est) {
+        e /= z;
+    }
+    return est;
+}
+
+} // namespace
+
+TEST(IVFAsym, MomentProbeScoresFollowTheBucketsKeysThroughAppendsAndIo) {
+    // scores = the reference from each bucket's keys, after prefill, after
+    // decode appends (the moments move with them) and after a round trip
+    Head h = ood_head(1400, 41);
+    auto index = prefilled("IVFAsym8_Moment", h, 1200, "nprobe=2");
+    IndexIVFAsym* ivf = ivf_asym_in_chain(index.get());
+    ASSERT_NE(ivf, nullptr);
+    EXPECT_TRUE(ivf->qmodel.empty()) << "the moment probe trains no Q-model";
+    EXPECT_TRUE(ivf->is_trained_models());
+    auto check = [&](const KVIndex* x, const char* when) {
+        const IndexIVFAsym* iv = ivf_asym_in_chain(x);
+        for (double w : {0.0, 0.5, 1.0}) {
+            set_index_parameter(const_cast<KVIndex*>(x), "var_weight", w);
+            for (idx_t pos : {idx_t(300), idx_t(1100)}) {
+                std::vector<float> got(kC);
+                iv->bucket_scores(h.query(1, pos), iv->query_position(), got.data());
+                std::vector<double> ref = ref_moment_scores(h.query(1, pos), h, *iv, w);
+                for (int c = 0; c < kC; c++) {
+                    EXPECT_NEAR(got[c], ref[c], 2e-5 + 1e-4 * ref[c]) << when << " w " << w << " bucket " << c;
+                }
+            }
+        }
+        x->check_invariants();
+    };
+    check(index.get(), "prefill");
+    for (idx_t t = 1200; t < 1400; t += 50) { // decode appends, in chunks
+        index->add_kv(50, &h.keys[t * kD], &h.values[t * kDv]);
+    }
+    check(index.get(), "appends");
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    auto back = read_index(buf);
+    const IndexIVFAsym* b = ivf_asym_in_chain(back.get());
+    EXPECT_EQ(b->key_sum, ivf->key_sum) << "the sums are rebuilt in the same order";
+    EXPECT_EQ(b->bucket_mean, ivf->bucket_mean);
+    EXPECT_EQ(b->bucket_var, ivf->bucket_var);
+    check(back.get(), "read back");
+    index->reset();
+    EXPECT_TRUE(ivf->bucket_mean.empty());
+    index->check_invariants();
+}
+
+TEST(IVFAsym, MomentMeanEstimateIsJensensBoundOfEachBucketsLogMass) {
+    // var_weight = 0: log n_b + s <q, mean_b> <= log sum_b exp(s <q, k>)
+    // <= the same + s max_b <q, k - mean_b>, each side computed here in double
+    Head h = ood_head(1000, 45);
+    auto index = prefilled("IVFAsym8_Moment", h, h.n);
+    const IndexIVFAsym* ivf = ivf_asym_in_chain(index.get());
+    const double s = 1.0 / std::sqrt(double(kD));
+    for (idx_t pos : {idx_t(10), idx_t(500), idx_t(999)}) {
+        const float* q = h.query(0, pos);
+        std::vector<float> est(kC);
+        ivf->moment_log_masses(q, est.data());
+        std::vector<double> scores = kvtest::ref_scores(q, h.keys.data(), kD, h.n);
+        for (int c = 0; c < kC; c++) {
+            const std::vector<idx_t>& ids = ivf->bucket_ids[c];
+            ASSERT_FALSE(ids.empty());
+            double mean_dot = 0, mx = -1e300, z = 0;
+            for (idx_t id : ids) {
+                mean_dot += scores[id] / double(ids.size());
+                mx = std::max(mx, scores[id]);
+            }
+            for (idx_t id : ids) {
+                z += std::exp(s * (scores[id] - mx));
+            }
+            double exact = s * mx + std::log(z);
+            EXPECT_LE(est[c], exact + 1e-4) << "bucket " << c << " at " << pos;
+            EXPECT_GE(est[c], exact - s * (mx - mean_dot) - 1e-4) << "bucket " << c << " at " << pos;
+        }
+    }
+    EXPECT_THROW_MSG(
+            ivf_asym_in_chain(prefilled("IVFAsym8_Centroid", h, h.n).get())->moment_log_masses(
+                    h.query(0, 0), std::vector<float>(kC).data()),
+            "_Moment");
+}
+
+TEST(IVFAsym, MomentVarianceTermFindsTheWideClusters) {
+    // isotropic Gaussian clusters, half tight (sigma 0.2) and half wide
+    // (sigma 1): a wide cluster's exact mass carries exp(s^2 sigma^2 |q|^2 / 2),
+    // which the mean cannot see and the variance term estimates; so at
+    // nprobe 1 var_weight = 1 captures more mass than var_weight = 0
+    std::mt19937_64 rng(47);
+    std::normal_distribution<float> g(0.0f, 1.0f);
+    std::vector<float> centroids(kC * kD);
+    for (auto& x : centroids) {
+        x = 0.75f * g(rng); // |mu| ~ 3
+    }
+    Head h;
+    h.n = 2400;
+    h.keys.resize(h.n * kD);
+    h.values.resize(h.n * kDv);
+    h.queries.resize(kGroup * h.n * kD);
+    for (idx_t t = 0; t < h.n; t++) {
+        int c = int(t % kC);
+        float sigma = c % 2 ? 1.0f : 0.2f;
+        for (int j = 0; j < kD; j++) {
+            h.keys[t * kD + j] = centroids[c * kD + j] + sigma * g(rng);
+        }
+        rotate(&h.keys[t * kD], t, 1);
+        for (int j = 0; j < kDv; j++) {
+            h.values[t * kDv + j] = g(rng);
+        }
+        for (int hd = 0; hd < kGroup; hd++) {
+            float* q = &h.queries[(size_t(hd) * h.n + t) * kD];
+            float norm = 0;
+            for (int j = 0; j < kD; j++) {
+                q[j] = g(rng);
+                norm += q[j] * q[j];
+            }
+            for (int j = 0; j < kD; j++) {
+                q[j] *= 8.0f / std::sqrt(norm);
+            }
+        }
+    }
+    std::vector<std::unique_ptr<KVIndex>> idx;
+    for (const char* knobs : {"nprobe=1,var_weight=1", "nprobe=1,var_weight=0", "nprobe=1"}) {
+        idx.push_back(index_factory(kD, idx.size() < 2 ? "IVFAsym8_Moment" : "IVFAsym8_Oracle", kDv));
+        ivf_asym_in_chain(idx.back().get())->set_trained(centroids, QModel(), kRope);
+        std::vector<float> scratch;
+        idx.back()->prefill(h.prefill(h.n, scratch));
+        set_index_parameters(idx.back().get(), knobs);
+    }
+    std::vector<double> mass(idx.size(), 0.0);
+    int n = 0;
+    for (int hd = 0; hd < kGroup; hd++) {
+        for (idx_t pos = 0; pos < h.n; pos += 40) {
+            for (size_t v = 0; v < idx.size(); v++) {
+                std::vector<Selection> sel(1);
+                idx[v]->select(1, h.query(hd, pos), sel.data());
+                mass[v] += captured_mass(h.query(hd, pos), h, h.n, sel[0].ids);
+            }
+            n++;
+        }
+    }
+    for (double& m : mass) {
+        m /= n;
+    }
+    EXPECT_GT(mass[0], mass[1] + 0.05) << "var_weight 1: " << mass[0] << ", 0: " << mass[1];
+    EXPECT_LE(mass[0], mass[2] + 1e-9) << "the oracle is the ceiling: " << mass[2];
 }

@@ -27,6 +27,14 @@ enum class IVFAsymProbe {
      * no classifier can beat on these buckets: the gap between it and
      * qmodel is routing, the gap between it and exact is the partition. */
     oracle = 3,
+    /** training-free: the nprobe buckets of largest estimated mass,
+     * log n_b + s <q, mu_b> + var_weight s^2/2 sum_j q_j^2 var_bj
+     * (s = score scale), from each bucket's mean and per-dimension
+     * variance of its keys as stored (post-RoPE, so in the space the
+     * scores are taken in; what the query's position does to the
+     * de-RoPEd centroids does not matter). var_weight = 0: Jensen's lower
+     * bound of log sum_b exp(s <q, k>); 1: the Gaussian's log E exp. */
+    moment = 4,
 };
 
 /** SAAP's asymmetric partitions ("Inference-time sparse attention with
@@ -78,8 +86,10 @@ enum class IVFAsymProbe {
  * Per call: SearchParametersTopK::nprobe (IndexTopK.h). Factory strings:
  * "IVFAsym<C>" (Q-model), "IVFAsym<C>_Centroid", "IVFAsym<C>_CentroidRoPE",
  * "IVFAsym<C>_Oracle" (routing by the buckets' exact mass: a ceiling for
- * analysis, it reads every key).
- * Knobs: nprobe, group_probe, k (search's default); prefill-time: hidden,
+ * analysis, it reads every key), "IVFAsym<C>_Moment" (training-free
+ * routing by each bucket's key moments, see IVFAsymProbe::moment: our
+ * addition, not in the paper; self-training then runs k-means only).
+ * Knobs: nprobe, group_probe, var_weight (_Moment), k (search's default); prefill-time: hidden,
  * train_iterations, min_distance (-1: n_after), seed.
  */
 struct IndexIVFAsym : KVIndex {
@@ -87,6 +97,7 @@ struct IndexIVFAsym : KVIndex {
     IVFAsymProbe probe = IVFAsymProbe::qmodel;
     int nprobe = 4;                          ///< buckets read per query (ell), 0..C
     bool group_probe = false;                ///< one bucket set per GQA group (see above)
+    float var_weight = 0.0f;                 ///< moment probe: weight of the variance term
 
     // prefill-time knobs of self-training
     int hidden = 256;                        ///< Q-model width
@@ -110,6 +121,11 @@ struct IndexIVFAsym : KVIndex {
     /// size C + 1: token ids of each bucket, ascending
     std::vector<std::vector<idx_t>> bucket_ids;
     std::vector<int32_t> token_bucket;       ///< size ntotal: bucket of each token
+    /// moment probe, derived from the buckets (not stored; empty for the
+    /// other probes): size C * d each, the sums of each bucket's keys as
+    /// stored and of their squares, and the mean and variance they give
+    std::vector<double> key_sum, key_sq_sum;
+    std::vector<float> bucket_mean, bucket_var;
 
     IndexIVFAsym(int d, int d_value, int n_centroids, IVFAsymProbe probe, KVType kv_type = KVType::f32);
     IndexIVFAsym();
@@ -127,6 +143,10 @@ struct IndexIVFAsym : KVIndex {
     void probe_buckets(const float* q, idx_t position, int nprobe, int32_t* out) const;
     /// Scores of the C buckets for query q (probabilities, <q, c> or masses).
     void bucket_scores(const float* q, idx_t position, float* scores) const;
+    /** The moment probe's estimate of log sum_{k in b} exp(s <q, k>) for
+     * each of the C buckets (-inf for an empty one); with var_weight = 0 a
+     * lower bound (Jensen). Needs the moment probe. */
+    void moment_log_masses(const float* q, float* log_masses) const;
 
     /// Copies centroids and Q-model (and their RoPE) from a trained model.
     void set_trained(const std::vector<float>& centroids, const QModel& qmodel, const RopeParams& rope);
@@ -146,7 +166,7 @@ struct IndexIVFAsym : KVIndex {
     void read_fields(BufferReader& r, uint32_t version) override;
     void check_invariants() const override;
 
-    /// Registry parser: "IVFAsym<C>[_Centroid|_CentroidRoPE|_Oracle]".
+    /// Registry parser: "IVFAsym<C>[_Centroid|_CentroidRoPE|_Oracle|_Moment]".
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
@@ -185,6 +205,11 @@ struct IndexIVFAsym : KVIndex {
     idx_t offset_in_bucket(idx_t key) const;
     /// n_scanned of one probe.
     size_t probe_cost() const;
+    /** Adds keys [from, from + n) of bucket b (as stored) to its sums and
+     * refreshes its mean and variance; from = 0 and n = size restarts it. */
+    void add_moments(int32_t b, idx_t from, idx_t n);
+    /// The moment probe's scores: the softmax over buckets of moment_log_masses.
+    void moment_bucket_masses(const float* q, float* masses) const;
     /// Appends tokens at positions first_position + ntotal + i to their buckets.
     void assign_tokens(idx_t n, const float* keys, const float* values);
     /// Self-training at prefill; false when the prompt is too small.

@@ -22,7 +22,7 @@
  *            | "TopK(" faiss-string ")"    top-k attention, Faiss retriever (IndexTopK)
  *            | "LSHSample" K "x" L         LSH sampling + unbiased estimator (IndexLSHSample)
  *            | "RoarGraph" M               graph from the prefill queries, top-k (IndexRoarGraph)
- *            | "IVFAsym" C [ "_Centroid" | "_CentroidRoPE" | "_Oracle" ]
+ *            | "IVFAsym" C [ "_Centroid" | "_CentroidRoPE" | "_Oracle" | "_Moment" ]
  *                                          C k-means buckets of de-RoPEd keys, queries routed by
  *                                          the trained Q-model (SAAP) or, as baselines, by the
  *                                          nearest centroid of the de-RoPEd / RoPEd query;

@@ -532,15 +532,19 @@ adopt_trained) or are trained on the prompt at prefill. Compose with the
 static part: "Sink1,Window511,IVFAsym64". Factory strings: "IVFAsym<C>",
 "IVFAsym<C>_Centroid", "IVFAsym<C>_CentroidRoPE" (nearest-centroid
 baselines), "IVFAsym<C>_Oracle" (the buckets of largest exact mass: a
-routing ceiling that scores every key). Knobs: nprobe, group_probe, k; prefill-time: hidden,
+routing ceiling that scores every key), "IVFAsym<C>_Moment" (training-free:
+the buckets of largest estimated mass log n_b + s <q, mean_b> + var_weight
+s^2/2 sum_j q_j^2 var_bj from each bucket's stored keys). Knobs: nprobe,
+group_probe, var_weight, k; prefill-time: hidden,
 train_iterations, min_distance, seed.)doc")
             .def(py::init([](int d, int C, const std::string& probe, py::object d_value, const std::string& kv_type) {
                      kvindex::IVFAsymProbe p = probe == "qmodel" ? kvindex::IVFAsymProbe::qmodel
                              : probe == "centroid"              ? kvindex::IVFAsymProbe::centroid
                              : probe == "centroid_rope"         ? kvindex::IVFAsymProbe::centroid_rope
                              : probe == "oracle"                ? kvindex::IVFAsymProbe::oracle
+                             : probe == "moment"                ? kvindex::IVFAsymProbe::moment
                                                                 : throw py::value_error(
-                                                                    "probe must be 'qmodel', 'centroid', 'centroid_rope' or 'oracle', not '" + probe + "'");
+                                                                    "probe must be 'qmodel', 'centroid', 'centroid_rope', 'oracle' or 'moment', not '" + probe + "'");
                      return std::make_shared<kvindex::IndexIVFAsym>(d, d_value_or(d, d_value), C, p, kv_type_of(kv_type));
                  }),
                  py::arg("d"), py::arg("C") = 64, py::arg("probe") = "qmodel", py::arg("d_value") = py::none(),
@@ -580,7 +584,19 @@ train_iterations, min_distance, seed.)doc")
                      return to_numpy(out);
                  },
                  py::arg("q"), py::arg("nprobe"), py::arg("position") = py::none(),
-                 "the nprobe buckets a query (post-RoPE, at `position`, default the newest token) reads, best first");
+                 "the nprobe buckets a query (post-RoPE, at `position`, default the newest token) reads, best first")
+            .def("moment_log_masses",
+                 [](const kvindex::IndexIVFAsym& x, py::handle q) {
+                     FloatArray qa = queries_of(x, q);
+                     if (qa.shape(0) != 1) {
+                         throw py::value_error("moment_log_masses: one query (1, d)");
+                     }
+                     std::vector<float> out(x.n_centroids);
+                     x.moment_log_masses(qa.data(), out.data());
+                     return to_numpy(out);
+                 },
+                 py::arg("q"),
+                 "_Moment probe: float32 [C], the estimated log sum_{k in b} exp(s <q, k>) of each bucket (-inf: empty)");
 
     py::class_<kvindex::IndexUniformSample, KVIndex, std::shared_ptr<kvindex::IndexUniformSample>>(
             m, "IndexUniformSample",

@@ -97,3 +97,30 @@ def test_oracle_reads_the_buckets_of_largest_exact_mass():
         assert sel.n_scanned == keys.shape[0]  # every key scored
     with pytest.raises(ValueError, match="oracle"):
         kvindex.IndexIVFAsym(16, C=8, probe="best")
+
+
+def test_moment_probe_estimates_each_buckets_log_mass_from_its_keys():
+    keys, values, queries = prompt()
+    index = kvindex.IndexIVFAsym(keys.shape[1], C=8, probe="moment")
+    assert index.factory_string() == "IVFAsym8_Moment"
+    index.prefill(keys, values, queries=queries)
+    assert not index.has_qmodel  # training-free: only the centroids
+    raw = kvref.rope(keys, -np.arange(keys.shape[0]), THETA)
+    c = index.centroids.astype(np.float64)
+    bucket = ((raw[:, None, :] - c[None, :, :]) ** 2).sum(-1).argmin(1)
+    k64 = keys.astype(np.float64)
+    s = 1 / np.sqrt(keys.shape[1])
+    q = queries[0, -1:]
+    for w in (0.0, 1.0):
+        kvindex.set_index_parameters(index, f"var_weight={w}")
+        got = index.moment_log_masses(q)
+        for b in range(8):
+            kb = k64[bucket == b]
+            mean, var = kb.mean(0), kb.var(0)
+            ref = np.log(len(kb)) + s * q[0] @ mean + 0.5 * w * s * s * (q[0].astype(np.float64) ** 2) @ var
+            assert abs(got[b] - ref) < 1e-3 * max(1.0, abs(ref))
+            if w == 0:  # Jensen: never above the exact log mass
+                exact = np.log(np.exp(s * kb @ q[0].astype(np.float64)).sum())
+                assert got[b] <= exact + 1e-4
+        order = np.argsort(-got, kind="stable")[:2]
+        np.testing.assert_array_equal(np.sort(index.probe_buckets(q, 2)), np.sort(order))
