@@ -211,7 +211,9 @@ int main(int argc, char** argv) {
     std::vector<Point> points;
     for (const std::string& spec : specs) {
         size_t at = spec.find('@');
-        std::string factory = spec.substr(0, at);
+        // "STRING[|params][@knob=v1,v2,...]": params set before prefill
+        IndexSpec parsed = parse_index_spec(spec.substr(0, at));
+        std::string factory = parsed.factory;
         std::string knob;
         std::vector<std::string> values = {""};
         if (at != std::string::npos) {
@@ -221,6 +223,9 @@ int main(int argc, char** argv) {
             values = split(sweep.substr(eq + 1), ',');
         }
         auto index = index_factory(d, factory);
+        if (!parsed.params.empty()) {
+            set_index_parameters(index.get(), parsed.params);
+        }
         auto tb = Clock::now();
         index->prefill(in);
         double build_s = seconds_since(tb);
@@ -251,7 +256,7 @@ int main(int argc, char** argv) {
                 scanned += double(sel.n_scanned + sel.size());
             }
             Point p;
-            p.index = factory;
+            p.index = parsed.str();
             p.knob = knob.empty() ? "" : knob + "=" + v;
             p.value = knob.empty() ? 0 : std::stod(v);
             p.recall = recall / (double(k) * n_queries);
@@ -265,7 +270,7 @@ int main(int argc, char** argv) {
             p.bytes = double(index->memory_bytes()) / n;
             points.push_back(p);
             std::printf("%-28s %-14s %8.3f %6.3f/%6.3f/%6.3f %8.2f%% %10.1f %9.2f %8.2f %10.0f\n",
-                        factory.c_str(), p.knob.c_str(), p.recall, p.kind_recall[0],
+                        p.index.c_str(), p.knob.c_str(), p.recall, p.kind_recall[0],
                         p.kind_recall[1], p.kind_recall[2], 100 * p.scanned, p.us, p.speedup, build_s, p.bytes);
             std::fflush(stdout);
         }

@@ -69,8 +69,8 @@ def main():
     rows = load(args.dir)
     layers = sorted({l for v in rows.values() for l in v})
     print("| index | selected | " + " | ".join(f"L{l} mass / err" for l in layers) +
-          " | mean mass L>=1 |")
-    print("|---|---|" + "---|" * len(layers) + "---|")
+          " | mean mass L>=1 | selected L>=1 |")
+    print("|---|---|" + "---|" * len(layers) + "---|---|")
     curves = defaultdict(list)
     for index, per in rows.items():
         sel = sum(r["selected_frac"] for r in per.values()) / len(per)
@@ -80,8 +80,9 @@ def main():
             cells.append(f"{r['mass_mean']:.3f} / {r['rel_err_mean']:.3f}" if r else "-")
         upper = [per[l]["mass_mean"] for l in layers if l >= 1 and l in per]
         mean_upper = sum(upper) / len(upper) if upper else float("nan")
-        print(f"| `{index}` | {100 * sel:.1f}% | " + " | ".join(cells) + f" | {mean_upper:.3f} |")
         sel_upper = [per[l]["selected_frac"] for l in layers if l >= 1 and l in per]
+        sel_cell = f"{100 * sum(sel_upper) / len(sel_upper):.2f}%" if sel_upper else "-"
+        print(f"| `{index}` | {100 * sel:.1f}% | " + " | ".join(cells) + f" | {mean_upper:.3f} | {sel_cell} |")
         if sel_upper:
             curves[method_of(index)].append((sum(sel_upper) / len(sel_upper), mean_upper))
     if args.figure:

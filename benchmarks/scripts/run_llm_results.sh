@@ -162,6 +162,51 @@ for what in "${@:-e2e needle trace}"; do
       $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.5,0.9 --trained "$TASKS" --index Flat \
           --index "Sink1,Window255,IVFAsym128|nprobe=2" --index "Sink1,Window255,IVFAsym128|nprobe=2,group_probe=1" \
           --json "$IV/needle_w255_tasks.json" | tee "$IV/needle_w255_tasks.txt" ;;
+    moment)
+      # IVFAsym's training-free moment probe against the Q-model, the
+      # centroid rules and the oracle on the same self-trained buckets (k-means
+      # on the prompt), C = 128 and 256 beside the paper's dense share; then
+      # passkey (all layers sparse)
+      MO="$OUT/../ivfasym/moment"; mkdir -p "$MO"
+      c128=(--index Flat)
+      for np in 1 2 3; do c128+=(--index "Sink1,Window255,IVFAsym128_Moment|nprobe=$np,var_weight=0.5"); done
+      c128+=(--index "Sink1,Window255,IVFAsym128_Moment|nprobe=2" --index "Sink1,Window255,IVFAsym128_Moment|nprobe=2,var_weight=1")
+      c128+=(--index "Sink1,Window255,IVFAsym128|nprobe=2")
+      for v in _Oracle _Centroid _CentroidRoPE; do c128+=(--index "Sink1,Window255,IVFAsym128$v|nprobe=2"); done
+      c256=()
+      for vw in 0 0.25 0.5; do
+        for np in 3 4 5; do c256+=(--index "Sink1,Window255,IVFAsym256_Moment|nprobe=$np,var_weight=$vw"); done
+      done
+      for v in "" _Centroid _CentroidRoPE; do c256+=(--index "Sink1,Window255,IVFAsym256$v|nprobe=3"); done
+      c256+=(--index "Sink1,Window255,IVFAsym256_Oracle|nprobe=3" --index "Sink1,Window255,IVFAsym256_Oracle|nprobe=4")
+      for L in 0 4 8 16 24 29; do
+        ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 64 --quiet \
+            "${c128[@]}" --json "$MO/c128_L$L.json" | tee "$MO/c128_L$L.txt"
+        ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 64 --quiet \
+            "${c256[@]}" --json "$MO/c256_L$L.json" | tee "$MO/c256_L$L.txt"
+      done
+      .venv/bin/python benchmarks/scripts/ivfasym_layers.py "$MO" | tee "$MO/layers.md"
+      $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.3,0.5,0.7,0.9 --index Flat \
+          --index "Sink1,Window255,IVFAsym256_Moment|nprobe=3,var_weight=0.25" \
+          --index "Sink1,Window255,IVFAsym256_Moment|nprobe=3" \
+          --json "$MO/needle.json" | tee "$MO/needle.txt"
+      $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.5,0.9 --index Flat \
+          --index "Sink1,Window255,IVFAsym128_Moment|nprobe=2,var_weight=0.5" \
+          --index "Sink1,Window255,IVFAsym128_Moment|nprobe=2" \
+          --json "$MO/needle_c128.json" | tee "$MO/needle_c128.txt"
+      for n in 32768:256:4,8:8 131072:1024:16,32:16; do
+        IFS=: read -r tokens C np npc <<< "$n"
+        ./build/benchmarks/bench_recall --tokens "$tokens" --queries $((tokens == 32768 ? 60 : 30)) \
+            --index "Sink1,Window63,IVFAsym$C@nprobe=$np" \
+            --index "Sink1,Window63,IVFAsym${C}_Moment|var_weight=0.25@nprobe=$np" \
+            --index "Sink1,Window63,IVFAsym${C}_Moment@nprobe=$np" \
+            --index "Sink1,Window63,IVFAsym${C}_Centroid@nprobe=$npc" | tee "$MO/speed_$((tokens / 1024))k.txt"
+      done
+      $KVLLM e2e --text-file "$DOC" --context 2048,4096,8192 --eval 64 --index Flat \
+          --index "Sink1,Window255,IVFAsym256_Moment|nprobe=3,var_weight=0.25" \
+          --index "Sink1,Window255,IVFAsym256_Moment|nprobe=3" \
+          --index "Sink1,Window255,IVFAsym256_CentroidRoPE|nprobe=3" \
+          --json "$MO/e2e.json" | tee "$MO/e2e.txt" ;;
     hybrid)
       # issue 16: the hybrid estimator against TopK, LSHSample and Uniform at
       # equal selected fraction, per layer, on the real trace
