@@ -82,7 +82,7 @@ def main():
         mean_upper = sum(upper) / len(upper) if upper else float("nan")
         sel_upper = [per[l]["selected_frac"] for l in layers if l >= 1 and l in per]
         sel_cell = f"{100 * sum(sel_upper) / len(sel_upper):.2f}%" if sel_upper else "-"
-        print(f"| `{index}` | {100 * sel:.1f}% | " + " | ".join(cells) + f" | {mean_upper:.3f} | {sel_cell} |")
+        print(f"| `{index.replace('|', chr(92) + '|')}` | {100 * sel:.1f}% | " + " | ".join(cells) + f" | {mean_upper:.3f} | {sel_cell} |")
         if sel_upper:
             curves[method_of(index)].append((sum(sel_upper) / len(sel_upper), mean_upper))
     if args.figure:

@@ -179,17 +179,46 @@ for what in "${@:-e2e needle trace}"; do
       done
       for v in "" _Centroid _CentroidRoPE; do c256+=(--index "Sink1,Window255,IVFAsym256$v|nprobe=3"); done
       c256+=(--index "Sink1,Window255,IVFAsym256_Oracle|nprobe=3" --index "Sink1,Window255,IVFAsym256_Oracle|nprobe=4")
+      c512=(--index "Sink1,Window255,IVFAsym512_Moment|nprobe=7,var_weight=0.25" --index "Sink1,Window255,IVFAsym512|nprobe=7"
+            --index "Sink1,Window255,IVFAsym512_Oracle|nprobe=7")
       for L in 0 4 8 16 24 29; do
         ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 64 --quiet \
             "${c128[@]}" --json "$MO/c128_L$L.json" | tee "$MO/c128_L$L.txt"
         ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 64 --quiet \
             "${c256[@]}" --json "$MO/c256_L$L.json" | tee "$MO/c256_L$L.txt"
+        ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 64 --quiet \
+            "${c512[@]}" --json "$MO/c512_L$L.json" | tee "$MO/c512_L$L.txt"
       done
+      # the same at 128 evaluation positions (other positions: how much the
+      # choice of 64 moves the mean), and the bucket-count / window shapes tried
+      mkdir -p "$MO/q128"
+      shapes=(--index "Sink1,Window191,IVFAsym256_Moment|nprobe=4,var_weight=0.25"
+              --index "Sink1,Window127,IVFAsym256_Moment|nprobe=5,var_weight=0.25"
+              --index "Sink1,Window255,IVFAsym384_Moment|nprobe=4,var_weight=0.25"
+              --index "Sink1,Window255,IVFAsym512_Moment|nprobe=5,var_weight=0.25"
+              --index "Sink1,Window191,IVFAsym512_Moment|nprobe=6,var_weight=0.25")
+      finer=()
+      for np in 6 7 8; do finer+=(--index "Sink1,Window255,IVFAsym512_Moment|nprobe=$np,var_weight=0.25"); done
+      finer+=(--index "Sink1,Window255,IVFAsym384_Moment|nprobe=5,var_weight=0.25"
+              --index "Sink1,Window255,IVFAsym512|nprobe=7" --index "Sink1,Window255,IVFAsym512_Oracle|nprobe=7")
+      for L in 4 8 16 24 29; do
+        ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 128 --quiet \
+            --index "Sink1,Window255,IVFAsym256_Moment|nprobe=3,var_weight=0.25" --index "Sink1,Window255,IVFAsym256|nprobe=3" \
+            --index "Sink1,Window255,IVFAsym256_Oracle|nprobe=3" --json "$MO/q128/c256_L$L.json" | tee "$MO/q128/c256_L$L.txt"
+        ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 128 --quiet \
+            "${shapes[@]}" --json "$MO/q128/shapes_L$L.json" | tee "$MO/q128/shapes_L$L.txt"
+        ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers $L --max-queries 128 --quiet \
+            "${finer[@]}" --json "$MO/q128/finer_L$L.json" | tee "$MO/q128/finer_L$L.txt"
+      done
+      .venv/bin/python benchmarks/scripts/ivfasym_layers.py "$MO/q128" | tee "$MO/q128/layers.md"
       .venv/bin/python benchmarks/scripts/ivfasym_layers.py "$MO" | tee "$MO/layers.md"
       $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.3,0.5,0.7,0.9 --index Flat \
           --index "Sink1,Window255,IVFAsym256_Moment|nprobe=3,var_weight=0.25" \
           --index "Sink1,Window255,IVFAsym256_Moment|nprobe=3" \
           --json "$MO/needle.json" | tee "$MO/needle.txt"
+      $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.3,0.5,0.7,0.9 --index Flat \
+          --index "Sink1,Window255,IVFAsym512_Moment|nprobe=7,var_weight=0.25" \
+          --json "$MO/needle_c512.json" | tee "$MO/needle_c512.txt"
       $KVLLM needle --context 2048,4096,8192 --depths 0.1,0.5,0.9 --index Flat \
           --index "Sink1,Window255,IVFAsym128_Moment|nprobe=2,var_weight=0.5" \
           --index "Sink1,Window255,IVFAsym128_Moment|nprobe=2" \

@@ -82,9 +82,9 @@ enum class IVFAsymProbe {
  * prefill 0.805 (1.0 s per head at 8k). With the paper's dense share
  * ("Sink1,Window255,IVFAsym128", 3.2% at 8k) 0.895 at 5.2% selected; the
  * oracle probe on the same buckets 0.909 at 6.1%. Training-free, the
- * moment probe ("Sink1,Window255,IVFAsym256_Moment|nprobe=3,var_weight=0.25",
- * self-trained k-means) 0.902 at 4.6% (Q-model on the same buckets: 0.897
- * at 5.0%), and passkey 14 of 15 where dense finds 13 and the offline
+ * moment probe ("Sink1,Window255,IVFAsym512_Moment|nprobe=7,var_weight=0.25",
+ * self-trained k-means) 0.908 at 4.7% (Q-model on the same buckets: 0.900
+ * at 5.2%), and passkey 15 of 15 where dense finds 13 and the offline
  * Q-model 1 of 9.
  *
  * Per call: SearchParametersTopK::nprobe (IndexTopK.h). Factory strings:
