@@ -17,6 +17,7 @@
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/IndexUniformSample.h>
+#include <kvindex/IndexWeightedSample.h>
 
 namespace kvindex {
 
@@ -57,11 +58,14 @@ std::vector<IndexTypeInfo> builtin_types() {
              "SAAP: keys in k-means buckets (de-RoPEd), queries routed by a trained classifier, exact attention over the probed buckets",
              IndexIVFAsym::from_factory, make_empty<IndexIVFAsym>},
             {"IndexHybrid", fourcc("KVHy"), 1, "Hybrid(<heavy>,<tail>)",
-             "exact heavy hitters (a top-k index) + an unbiased sample of the other tokens (LSH or uniform), merged by lse",
+             "exact heavy hitters (a top-k index) + an unbiased sample of the other tokens (LSH, uniform or weighted), merged by lse",
              IndexHybrid::from_factory, make_empty<IndexHybrid>},
             {"IndexUniformSample", fourcc("KVUs"), 1, "Uniform",
              "n tokens drawn uniformly per query, unbiased estimator (the sampled-tail baseline)",
              IndexUniformSample::from_factory, make_empty<IndexUniformSample>},
+            {"IndexWeightedSample", fourcc("KVWs"), 1, "Weighted",
+             "every key scored, k values read: the heaviest (u = 1) and a sample of the rest in proportion to their weights; exact partition, unbiased output",
+             IndexWeightedSample::from_factory, make_empty<IndexWeightedSample>},
     };
 }
 

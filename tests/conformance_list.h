@@ -71,6 +71,9 @@ inline const ConformanceCase kConformance[] = {
         {"Sink2,Window8,IVFAsym4_Oracle", "k=7,nprobe=2", "nprobe=4"},
         // SAAP's buckets routed, without training, by their keys' moments
         {"Sink2,Window8,IVFAsym4_Moment", "k=7,nprobe=2,var_weight=0.5", "nprobe=4"},
+        // every key scored, values read for a sample in proportion to the weights
+        {"Weighted", "k=7,seed=5", "k=1000000"},
+        {"Sink2,Window8,Hybrid(TopK(Flat),Weighted)", "k=7,sample=5", "k=1000000"},
 };
 
 } // namespace kvtest

@@ -1,5 +1,6 @@
 // IndexHybrid (exact heavy hitters + an unbiased sampled tail) and
-// IndexUniformSample, against the double-precision reference.
+// its samplers (IndexUniformSample, IndexWeightedSample), against the
+// double-precision reference.
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <kvindex/IndexHybrid.h>
 #include <kvindex/IndexLSHSample.h>
 #include <kvindex/IndexUniformSample.h>
+#include <kvindex/IndexWeightedSample.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
@@ -222,6 +224,28 @@ void expect_unbiased(
     }
 }
 
+/// One attend of query q per seed 0 .. draws - 1: z = e^{lse - lse_exact}
+/// (the partition over the exact one) and z out (the weighted values).
+void draw_over_seeds(
+        KVIndex& index,
+        const float* q,
+        double lse_exact,
+        int draws,
+        std::vector<double>& z,
+        std::vector<std::vector<double>>& zo) {
+    z.assign(draws, 0.0);
+    zo.assign(draws, {});
+    std::vector<float> out;
+    for (int t = 0; t < draws; t++) {
+        set_index_parameter(&index, "seed", t);
+        double lse = attend_one(index, q, out);
+        z[t] = std::exp(lse - lse_exact);
+        for (float o : out) {
+            zo[t].push_back(z[t] * o);
+        }
+    }
+}
+
 } // namespace
 
 TEST(Hybrid, UnbiasedOverSeedsUniformTail) {
@@ -230,18 +254,9 @@ TEST(Hybrid, UnbiasedOverSeedsUniformTail) {
     double lse_exact = kvtest::ref_attention_all(
             h.q(0), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
     auto index = build("Hybrid(TopK(Flat),Uniform)|k=30,sample=60", h);
-    const int draws = 1500;
-    std::vector<double> z(draws);
-    std::vector<std::vector<double>> zo(draws);
-    std::vector<float> out;
-    for (int t = 0; t < draws; t++) {
-        set_index_parameter(index.get(), "seed", t);
-        double lse = attend_one(*index, h.q(0), out);
-        z[t] = std::exp(lse - lse_exact);
-        for (int j = 0; j < kD; j++) {
-            zo[t].push_back(z[t] * out[j]);
-        }
-    }
+    std::vector<double> z;
+    std::vector<std::vector<double>> zo;
+    draw_over_seeds(*index, h.q(0), lse_exact, 1500, z, zo);
     expect_unbiased(z, zo, exact, "uniform tail");
     // and the draws really vary (a constant would pass trivially)
     EXPECT_GT(*std::max_element(z.begin(), z.end()) - *std::min_element(z.begin(), z.end()), 1e-3);
@@ -579,4 +594,219 @@ TEST(Hybrid, AppendsReachHeavyAndTail) {
     EXPECT_EQ(sel.size(), 40u);
     index->reset();
     EXPECT_EQ(index->ntotal, 0);
+}
+
+// ---- IndexWeightedSample: inclusion in proportion to the weights ---------
+
+namespace {
+
+/// u_i = min(1, c e^{s_i}) with sum u = m, c found by bisection in double:
+/// an independent reference for weighted_inclusion.
+std::vector<double> ref_weighted_inclusion(const std::vector<float>& s, double m) {
+    double mx = -INFINITY;
+    for (float x : s) {
+        mx = std::max(mx, double(x));
+    }
+    auto total = [&](double log_c) {
+        double t = 0;
+        for (float x : s) {
+            t += std::min(1.0, std::exp(log_c + double(x) - mx));
+        }
+        return t;
+    };
+    double lo = -800, hi = 800;
+    for (int it = 0; it < 200; it++) {
+        double mid = 0.5 * (lo + hi);
+        (total(mid) < m ? lo : hi) = mid;
+    }
+    std::vector<double> u;
+    for (float x : s) {
+        u.push_back(std::min(1.0, std::exp(0.5 * (lo + hi) + double(x) - mx)));
+    }
+    return u;
+}
+
+} // namespace
+
+TEST(WeightedSample, InclusionEqualsTheDoubleReference) {
+    for (uint64_t seed : {1, 2, 3}) {
+        // heavy-tailed scores: a few far above the rest, as attention sinks are
+        std::vector<float> s = gaussian(4000, 1, seed, 2.0f);
+        for (int j = 0; j < 12; j++) {
+            s[size_t(j) * 311] += 9.0f + float(j);
+        }
+        for (size_t m : {size_t(1), size_t(7), size_t(80), size_t(400), size_t(3999)}) {
+            std::vector<double> u(s.size());
+            size_t heavy = weighted_inclusion(s.data(), s.size(), m, u.data());
+            std::vector<double> ref = ref_weighted_inclusion(s, double(m));
+            double sum = 0;
+            size_t ref_heavy = 0;
+            for (size_t i = 0; i < s.size(); i++) {
+                ASSERT_NEAR(u[i], ref[i], 1e-9 + 1e-7 * ref[i]) << "seed " << seed << " m " << m << " i " << i;
+                sum += u[i];
+                ref_heavy += ref[i] >= 1 - 1e-12;
+            }
+            EXPECT_NEAR(sum, double(m), 1e-6) << m;
+            EXPECT_EQ(heavy, ref_heavy) << m;
+        }
+    }
+}
+
+TEST(WeightedSample, InclusionEdgeCases) {
+    std::vector<float> s = {0.5f, -INFINITY, 2.0f, -1.0f};
+    std::vector<double> u(4);
+    EXPECT_EQ(weighted_inclusion(s.data(), 4, 0, u.data()), 0u);
+    EXPECT_EQ(u, std::vector<double>(4, 0.0));
+    // a budget of at least the drawable tokens reads them all; -inf never
+    EXPECT_EQ(weighted_inclusion(s.data(), 4, 3, u.data()), 3u);
+    EXPECT_EQ(u, (std::vector<double>{1, 0, 1, 1}));
+    EXPECT_EQ(weighted_inclusion(s.data(), 4, 100, u.data()), 3u);
+    s[0] = NAN;
+    EXPECT_THROW_MSG(weighted_inclusion(s.data(), 4, 2, u.data()), "score 0 is nan");
+}
+
+TEST(WeightedSample, ReadsKTokensAndTheExactPartition) {
+    // systematic sampling draws exactly sum u = k tokens, and every drawn
+    // token below the cap weighs 1 / c: the partition sum_S e^s / u is the
+    // exact one, up to float rounding, on every draw
+    Head h(5000, 6, 1.5f, 21);
+    auto index = build("Weighted", h);
+    std::vector<float> out;
+    for (idx_t k : {1, 10, 100, 1000}) {
+        SearchParametersKV p;
+        p.k = k;
+        for (idx_t qi = 0; qi < 6; qi++) {
+            Selection sel;
+            index->select(1, h.q(qi), &sel, &p);
+            EXPECT_EQ(sel.size(), size_t(k));
+            EXPECT_TRUE(std::is_sorted(sel.ids.begin(), sel.ids.end()));
+            EXPECT_EQ(std::set<idx_t>(sel.ids.begin(), sel.ids.end()).size(), sel.size());
+            EXPECT_EQ(sel.n_scanned, size_t(h.n));
+            std::vector<double> exact;
+            double lse_exact = kvtest::ref_attention_all(
+                    h.q(qi), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+            float lse;
+            out.resize(kD);
+            index->attend(1, h.q(qi), out.data(), &lse, &p);
+            EXPECT_NEAR(lse, lse_exact, 1e-4) << "k " << k << " query " << qi;
+        }
+    }
+}
+
+TEST(WeightedSample, DrawsEachTokenWithItsInclusionProbability) {
+    Head h(600, 1, 3.0f, 22);
+    auto index = build("Weighted|k=40", h);
+    std::vector<float> s(h.n);
+    std::vector<double> dots = kvtest::ref_scores(h.q(0), h.keys.data(), kD, h.n);
+    for (idx_t i = 0; i < h.n; i++) {
+        s[i] = float(dots[i] / std::sqrt(double(kD)));
+    }
+    std::vector<double> u = ref_weighted_inclusion(s, 40);
+    const int draws = 3000;
+    std::vector<int> count(h.n, 0);
+    for (int t = 0; t < draws; t++) {
+        set_index_parameter(index.get(), "seed", t);
+        Selection sel;
+        index->select(1, h.q(0), &sel);
+        for (size_t j = 0; j < sel.size(); j++) {
+            count[sel.ids[j]]++;
+            ASSERT_NEAR(sel.inclusion[j], u[sel.ids[j]], 1e-5 * u[sel.ids[j]] + 1e-7);
+        }
+    }
+    int sure = 0;
+    for (idx_t i = 0; i < h.n; i++) {
+        const double sd = std::sqrt(draws * u[i] * (1 - u[i]));
+        EXPECT_NEAR(count[i], draws * u[i], 5 * sd + 1) << i;
+        sure += u[i] >= 1;
+    }
+    EXPECT_GT(sure, 0); // the heaviest are read on every draw
+    EXPECT_LT(sure, 40); // and the rest is sampled
+}
+
+TEST(WeightedSample, UnbiasedOverSeeds) {
+    Head h(3000, 1, 1.2f, 23);
+    std::vector<double> exact;
+    double lse_exact = kvtest::ref_attention_all(
+            h.q(0), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+    for (const char* s : {"Weighted|k=60", "Hybrid(TopK(Flat),Weighted)|k=30,sample=30"}) {
+        auto index = build(s, h);
+        std::vector<double> z;
+        std::vector<std::vector<double>> zo;
+        draw_over_seeds(*index, h.q(0), lse_exact, 1500, z, zo);
+        expect_unbiased(z, zo, exact, s);
+        double spread = 0;
+        for (size_t t = 1; t < zo.size(); t++) {
+            spread = std::max(spread, std::abs(zo[t][0] - zo[0][0]));
+        }
+        EXPECT_GT(spread, 1e-4) << s; // the outputs do vary
+    }
+}
+
+TEST(WeightedSample, BelowTopKErrorAtTheSameK) {
+    // at equal values read, on sparse heads, the weighted sample's error is
+    // below top-k's: top-k drops the tail's mass, the sample reads the
+    // heaviest too and only adds variance for the rest. (On flat Gaussian
+    // heads with independent values the two are level: there top-k's bias
+    // is itself a mean of k random values. RESULTS.md has the real heads.)
+    for (float peak : {3.0f, 4.0f}) {
+        Head h(4000, 40, peak, 24);
+        auto topk = build("TopK(Flat)|k=80", h);
+        auto weighted = build("Weighted|k=80", h);
+        double err_topk = 0, err_weighted = 0;
+        std::vector<float> out;
+        for (idx_t qi = 0; qi < 40; qi++) {
+            std::vector<double> exact;
+            kvtest::ref_attention_all(h.q(qi), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+            attend_one(*topk, h.q(qi), out);
+            err_topk += kvtest::rel_max_err(out.data(), exact);
+            attend_one(*weighted, h.q(qi), out);
+            err_weighted += kvtest::rel_max_err(out.data(), exact);
+        }
+        EXPECT_LT(err_weighted, err_topk) << "peak " << peak;
+    }
+}
+
+TEST(WeightedSample, TailOutsideTheHeavyHitters) {
+    Head h(2000, 4, 2.0f, 25);
+    auto index = build("Weighted", h);
+    std::vector<idx_t> excluded = kvtest::ref_topk(h.q(0), h.keys.data(), kD, h.n, 50);
+    std::sort(excluded.begin(), excluded.end());
+    SearchParametersKV p;
+    p.k = 100;
+    Selection sel;
+    index->select_outside(h.q(0), excluded.data(), excluded.size(), sel, &p);
+    EXPECT_EQ(sel.size(), 100u);
+    for (idx_t id : sel.ids) {
+        EXPECT_FALSE(std::binary_search(excluded.begin(), excluded.end(), id)) << id;
+    }
+    // the hybrid: heavy part exact, the tail's partition exact too
+    auto hybrid = build("Hybrid(TopK(Flat),Weighted)|k=50,sample=100", h);
+    for (idx_t qi = 0; qi < 4; qi++) {
+        Selection s;
+        hybrid->select(1, h.q(qi), &s);
+        EXPECT_EQ(std::set<idx_t>(s.ids.begin(), s.ids.end()).size(), 150u);
+        std::vector<double> exact;
+        double lse_exact = kvtest::ref_attention_all(
+                h.q(qi), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+        std::vector<float> out;
+        EXPECT_NEAR(attend_one(*hybrid, h.q(qi), out), lse_exact, 1e-4);
+    }
+}
+
+TEST(WeightedSample, SameQuerySameSampleAndKAboveNIsExact) {
+    Head h(500, 2, 1.0f, 26);
+    auto index = build("Weighted|k=30", h);
+    Selection a, b;
+    index->select(1, h.q(0), &a);
+    index->select(1, h.q(0), &b);
+    EXPECT_EQ(a.ids, b.ids);
+    set_index_parameter(index.get(), "seed", 99);
+    index->select(1, h.q(0), &b);
+    EXPECT_NE(a.ids, b.ids);
+    set_index_parameter(index.get(), "k", 100000);
+    std::vector<double> exact;
+    kvtest::ref_attention_all(h.q(1), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+    std::vector<float> out;
+    attend_one(*index, h.q(1), out);
+    EXPECT_LT(kvtest::rel_max_err(out.data(), exact), 1e-5);
 }

@@ -63,7 +63,8 @@ std::vector<TailStatistics> tail_statistics(
 double normal_two_sided_quantile(double delta);
 
 /** Exact heavy hitters plus an unbiased sample of the rest ("hybrid"
- * attention, as vAttention, arXiv 2510.05688, with LSH or uniform tails).
+ * attention, as vAttention, arXiv 2510.05688, with LSH, uniform or
+ * weighted tails).
  *
  * Per query: T = the heavy index's selection (deterministic: a top-k
  * retriever, u = 1), then S = the tail index's sample drawn from the
@@ -93,7 +94,9 @@ double normal_two_sided_quantile(double delta);
  * The hybrid keeps the tokens itself for the estimator; the heavy and the
  * tail index hold their own copies for retrieval (memory_bytes counts all).
  * Factory string: "Hybrid(<heavy>,<tail>)", each one element, e.g.
- * "Hybrid(TopK(Flat),LSHSample10x150)", "Hybrid(TopK(Flat),Uniform)|k=1%,sample=1%".
+ * "Hybrid(TopK(Flat),LSHSample10x150)", "Hybrid(TopK(Flat),Uniform)|k=1%,sample=1%",
+ * "Hybrid(TopK(Flat),Weighted)|k=1%,sample=1%" (IndexWeightedSample: the
+ * tail drawn in proportion to its weights, its partition exact).
  * Knobs: k (heavy), sample; prefill-time: epsilon, budget, delta,
  * n_calibration; read-only: calibrated_k, calibrated_sample.
  */

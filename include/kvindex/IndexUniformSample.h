@@ -5,8 +5,7 @@
 #include <string>
 #include <vector>
 
-#include <kvindex/KVIndex.h>
-#include <kvindex/KVStorage.h>
+#include <kvindex/IndexSampleBase.h>
 
 namespace kvindex {
 
@@ -26,11 +25,7 @@ struct FactoryChain;
  * reproducible and thread-safe), different seeds give independent draws.
  * Factory string: "Uniform". Knobs: k (tokens drawn; all when >= n), seed.
  */
-struct IndexUniformSample : KVIndex {
-    uint64_t seed = 1234;  ///< with `stream`, seeds every draw
-    uint64_t stream = 0;   ///< one stream per (layer, head): set by KVCache
-    KVStorage storage;     ///< keys and values of all tokens
-
+struct IndexUniformSample : IndexSampleBase {
     IndexUniformSample(int d, int d_value, KVType kv_type = KVType::f32);
     IndexUniformSample();
 
@@ -41,37 +36,19 @@ struct IndexUniformSample : KVIndex {
     std::vector<idx_t> draw(
             const float* q, idx_t n, idx_t m, const idx_t* excluded, size_t n_excluded) const;
 
-    size_t memory_bytes() const override;
-
     const char* type_name() const override {
         return "IndexUniformSample";
     }
     std::string factory_string() const override {
         return "Uniform";
     }
-    std::vector<ParameterInfo> parameter_info() const override;
-    bool set_parameter(const std::string& name, double value) override;
-    bool get_parameter(const std::string& name, double* value) const override;
-    void set_stream(uint64_t stream) override;
-    idx_t top_k_budget() const override {
-        return 0; // a sample, not the top-k: recall@k does not apply
-    }
     bool samples_uniformly() const override {
         return true;
     }
-    void write_fields(BufferWriter& w) const override;
-    void read_fields(BufferReader& r, uint32_t version) override;
-    void check_invariants() const override;
-
     /// Registry parser: "Uniform".
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
-    void reset_impl() override;
-    const KVStorage* token_storage() const override {
-        return &storage;
-    }
-    void add_kv_impl(idx_t n, const float* keys, const float* values) override;
     void select_one(const float* q, Selection& sel, const faiss::SearchParameters* params)
             const override;
     void select_outside_one(

@@ -29,6 +29,8 @@
  *                                          exact attention over the probed buckets (IndexIVFAsym)
  *            | "Uniform"                   k tokens drawn uniformly, unbiased estimator
  *                                          (IndexUniformSample)
+ *            | "Weighted"                  every key scored, k values read: u = min(1, c e^s),
+ *                                          systematic sample (IndexWeightedSample)
  *            | "Hybrid(" inner "," inner ")"
  *                                          exact top-k of the first + an unbiased sample of
  *                                          the other tokens by the second (IndexHybrid)

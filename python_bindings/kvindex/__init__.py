@@ -24,6 +24,7 @@ from ._kvindex import (  # noqa: F401
     IndexSinkWindow,
     IndexTopK,
     IndexUniformSample,
+    IndexWeightedSample,
     IndexTypeInfo,
     KVCache,
     KVIndex,
@@ -47,6 +48,7 @@ from ._kvindex import (  # noqa: F401
     set_index_parameter,
     set_index_parameters,
     time_attend,
+    weighted_inclusion,
     write_index,
     write_trace,
 )

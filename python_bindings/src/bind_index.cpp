@@ -21,6 +21,7 @@
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/IndexUniformSample.h>
+#include <kvindex/IndexWeightedSample.h>
 #include <kvindex/KVIndex.h>
 #include <kvindex/attention.h>
 #include <kvindex/index_factory.h>
@@ -609,6 +610,37 @@ ntotal). The tail of IndexHybrid. Factory string: "Uniform". Knobs: k, seed.)doc
                  }),
                  py::arg("d"), py::arg("d_value") = py::none(), py::arg("kv_type") = "f32")
             .def_readonly("seed", &kvindex::IndexUniformSample::seed, "seed of the draws");
+
+    py::class_<kvindex::IndexWeightedSample, KVIndex, std::shared_ptr<kvindex::IndexWeightedSample>>(
+            m, "IndexWeightedSample",
+            R"doc(Sampling in proportion to the attention weights: every key is scored, and
+k values are read, those of u_i = min(1, c e^{s_i}) = 1 and a systematic sample
+of the rest, each with probability u_i (sum u = k). The estimated partition
+is the exact one; the output is unbiased. Alone, or as the tail of
+IndexHybrid ("Hybrid(TopK(Flat),Weighted)"). Factory string: "Weighted".
+Knobs: k, seed.)doc")
+            .def(py::init([](int d, py::object d_value, const std::string& kv_type) {
+                     return std::make_shared<kvindex::IndexWeightedSample>(d, d_value_or(d, d_value), kv_type_of(kv_type));
+                 }),
+                 py::arg("d"), py::arg("d_value") = py::none(), py::arg("kv_type") = "f32")
+            .def_readonly("seed", &kvindex::IndexWeightedSample::seed, "seed of the draws");
+
+    m.def("weighted_inclusion",
+          [](py::array_t<float, py::array::c_style | py::array::forcecast> s, int64_t m_budget) {
+              if (s.ndim() != 1) {
+                  throw std::invalid_argument("weighted_inclusion: scores must be 1-d, got " +
+                                              std::to_string(s.ndim()) + " dimensions");
+              }
+              if (m_budget < 0) {
+                  throw std::invalid_argument("weighted_inclusion: m=" + std::to_string(m_budget) +
+                                              " must be >= 0");
+              }
+              py::array_t<double> u(s.shape(0));
+              kvindex::weighted_inclusion(s.data(), size_t(s.shape(0)), size_t(m_budget), u.mutable_data());
+              return u;
+          },
+          py::arg("scores"), py::arg("m"),
+          "u_i = min(1, c e^{s_i}) with sum u = min(m, n) (float64 [n]); -inf scores get 0");
 
     py::class_<kvindex::IndexHybrid, KVIndex, std::shared_ptr<kvindex::IndexHybrid>>(
             m, "IndexHybrid",

@@ -32,6 +32,7 @@ FACTORY_BY_TYPE = {
     "IndexIVFAsym": "IVFAsym8",
     "IndexHybrid": "Hybrid(TopK(Flat),Uniform)",
     "IndexUniformSample": "Uniform",
+    "IndexWeightedSample": "Weighted",
     "IndexChoose": "Choose(TopK(Flat);LSHSample6x40)",
 }
 

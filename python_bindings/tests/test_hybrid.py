@@ -1,4 +1,4 @@
-"""IndexHybrid and IndexUniformSample from Python: the heavy hitters are the
+"""IndexHybrid, IndexUniformSample and IndexWeightedSample from Python: the heavy hitters are the
 exact top-k of a float64 numpy reference, the tail is drawn outside them
 with u = sample / (n - k), attention equals the numpy estimator over that
 selection, and the per-head (epsilon, delta) budget is set at prefill."""
@@ -62,3 +62,50 @@ def test_epsilon_sets_the_tail_budget_at_prefill_and_survives_io():
     with pytest.raises(RuntimeError, match="does not sample uniformly"):
         lsh = kvindex.index_factory(keys.shape[1], "Hybrid(TopK(Flat),LSHSample6x10)|epsilon=0.1")
         lsh.prefill(keys, values, queries=q)
+
+
+def ref_weighted_inclusion(s, m):
+    """u = min(1, c e^s), sum u = m, c by bisection on log c in float64."""
+    w = np.exp(s.astype(np.float64) - s.max())
+    lo, hi = -800.0, 800.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if np.minimum(1, np.exp(mid) * w).sum() < m:
+            lo = mid
+        else:
+            hi = mid
+    return np.minimum(1, np.exp(0.5 * (lo + hi)) * w)
+
+
+def test_weighted_sample_reads_k_tokens_with_the_exact_partition():
+    keys, values, q = head(n=2000)
+    index = kvindex.index_factory(keys.shape[1], "Weighted|k=60")
+    index.add_kv(keys, values)
+    assert isinstance(index, kvindex.IndexWeightedSample)
+    out, lse = index.attend(q)
+    _, exact_lse = kvref.attend(q, keys, values)
+    # every draw estimates the partition exactly (systematic PPS sampling)
+    np.testing.assert_allclose(lse, exact_lse, atol=1e-4)
+    scale = 1 / np.sqrt(keys.shape[1])
+    for i in range(q.shape[0]):
+        sel = index.select(q[i:i + 1])[0]
+        ids, inc = np.asarray(sel.ids), np.asarray(sel.inclusion)
+        assert len(ids) == 60
+        u = ref_weighted_inclusion(keys @ q[i] * scale, 60)
+        np.testing.assert_allclose(inc, u[ids], rtol=1e-5)
+        ref_out, _ = kvref.attend(q[i], keys, values, ids=ids, inclusion=inc)
+        np.testing.assert_allclose(out[i], ref_out[0], rtol=1e-4, atol=1e-5)
+
+
+def test_weighted_inclusion_matches_numpy_and_rejects_bad_input():
+    rng = np.random.default_rng(3)
+    s = (2 * rng.standard_normal(500)).astype(np.float32)
+    s[7] += 12
+    u = kvindex.weighted_inclusion(s, 40)
+    np.testing.assert_allclose(u, ref_weighted_inclusion(s, 40), rtol=1e-7, atol=1e-12)
+    assert u.sum() == pytest.approx(40)
+    assert u[7] == 1.0
+    with pytest.raises(ValueError, match="m=-1"):
+        kvindex.weighted_inclusion(s, -1)
+    with pytest.raises(ValueError, match="1-d"):
+        kvindex.weighted_inclusion(s.reshape(20, 25), 3)

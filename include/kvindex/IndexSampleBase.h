@@ -1,0 +1,50 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <kvindex/KVIndex.h>
+#include <kvindex/KVStorage.h>
+
+namespace kvindex {
+
+/** What the samplers that read a per-query random sample of their own
+ * tokens share (IndexUniformSample, IndexWeightedSample): the tokens, the
+ * seed and the per-head stream of their draws, the "seed" knob and the
+ * record (seed, stream, tokens). A sampler adds its draw (select_one,
+ * select_outside_one) and its factory element.
+ */
+struct IndexSampleBase : KVIndex {
+    uint64_t seed = 1234;  ///< with `stream`, seeds every draw
+    uint64_t stream = 0;   ///< one stream per (layer, head): set by KVCache
+    KVStorage storage;     ///< keys and values of all tokens
+
+    IndexSampleBase(int d, int d_value, KVType kv_type);
+    IndexSampleBase();
+
+    size_t memory_bytes() const override;
+    std::vector<ParameterInfo> parameter_info() const override;
+    bool set_parameter(const std::string& name, double value) override;
+    bool get_parameter(const std::string& name, double* value) const override;
+    void set_stream(uint64_t stream) override;
+    idx_t top_k_budget() const override {
+        return 0; // a sample, not the top-k: recall@k does not apply
+    }
+    void write_fields(BufferWriter& w) const override;
+    void read_fields(BufferReader& r, uint32_t version) override;
+    void check_invariants() const override;
+
+   protected:
+    /// The first state of the random generator for the draw of query q
+    /// over n tokens: a function of (seed, stream, the query's bits, n).
+    uint64_t draw_state(const float* q, idx_t n) const;
+
+    void reset_impl() override;
+    const KVStorage* token_storage() const override {
+        return &storage;
+    }
+    void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+};
+
+} // namespace kvindex

@@ -1,0 +1,88 @@
+#include <kvindex/IndexSampleBase.h>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/impl/io.h>
+
+#include "checks.h"
+#include "random.h"
+
+namespace kvindex {
+
+IndexSampleBase::IndexSampleBase() : KVIndex(0, 0) {}
+
+IndexSampleBase::IndexSampleBase(int d, int d_value, KVType kv_type)
+        : KVIndex(d, d_value, kv_type), storage(d, this->d_value, kv_type) {}
+
+uint64_t IndexSampleBase::draw_state(const float* q, idx_t n) const {
+    return stream_seed(seed, stream) ^ hash_query(q, d) ^ (uint64_t(n) << 1);
+}
+
+void IndexSampleBase::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    storage.append(n, keys, values);
+}
+
+void IndexSampleBase::reset_impl() {
+    storage.clear();
+    ntotal = 0;
+}
+
+size_t IndexSampleBase::memory_bytes() const {
+    return storage.memory_bytes();
+}
+
+std::vector<ParameterInfo> IndexSampleBase::parameter_info() const {
+    std::vector<ParameterInfo> info = KVIndex::parameter_info();
+    info.push_back({"seed", false, "seed of the draws (with the per-head stream), >= 0"});
+    return info;
+}
+
+bool IndexSampleBase::set_parameter(const std::string& name, double value) {
+    if (name != "seed") {
+        return KVIndex::set_parameter(name, value);
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            value == 0 || is_positive_integer(value),
+            "parameter seed=%g must be a non-negative integer",
+            value);
+    seed = uint64_t(value);
+    return true;
+}
+
+bool IndexSampleBase::get_parameter(const std::string& name, double* value) const {
+    if (name != "seed") {
+        return KVIndex::get_parameter(name, value);
+    }
+    *value = double(seed);
+    return true;
+}
+
+void IndexSampleBase::set_stream(uint64_t s) {
+    stream = s;
+}
+
+void IndexSampleBase::write_fields(BufferWriter& w) const {
+    w.value<uint64_t>(seed);
+    w.value<uint64_t>(stream);
+    storage.write(w);
+}
+
+void IndexSampleBase::read_fields(BufferReader& r, uint32_t) {
+    seed = r.value<uint64_t>("seed");
+    stream = r.value<uint64_t>("stream");
+    storage = KVStorage(d, d_value, kv_type);
+    storage.read(r, (factory_string() + " storage").c_str());
+}
+
+void IndexSampleBase::check_invariants() const {
+    KVIndex::check_invariants();
+    FAISS_THROW_IF_NOT_FMT(
+            storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
+                    storage.type == kv_type && storage.size() == ntotal,
+            "%s: storage holds %zd tokens, ntotal is %zd",
+            type_name(),
+            size_t(storage.size()),
+            size_t(ntotal));
+}
+
+} // namespace kvindex

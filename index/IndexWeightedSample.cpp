@@ -1,0 +1,169 @@
+#include <kvindex/IndexWeightedSample.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/kernels.h>
+
+#include "checks.h"
+#include "random.h"
+
+namespace kvindex {
+
+namespace {
+
+/// u_i = min(1, c e^{s_i - max_score}) for finite s_i, 0 for -inf; every
+/// available token gets u = 1 when `all` is set.
+struct InclusionRule {
+    double max_score = 0;
+    double c = 0;
+    bool all = false;
+    size_t n_heavy = 0; ///< tokens with u = 1
+
+    double operator()(float s) const {
+        if (!(s > -std::numeric_limits<float>::infinity())) {
+            return 0;
+        }
+        if (all) {
+            return 1;
+        }
+        return std::min(1.0, c * std::exp(double(s) - max_score));
+    }
+};
+
+InclusionRule inclusion_rule(const float* s, size_t n, size_t m) {
+    InclusionRule rule;
+    std::vector<size_t> avail;
+    avail.reserve(n);
+    float mx = -std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < n; i++) {
+        FAISS_THROW_IF_NOT_FMT(
+                !std::isnan(s[i]) && s[i] != std::numeric_limits<float>::infinity(),
+                "weighted_inclusion: score %zd is %g",
+                i,
+                s[i]);
+        if (s[i] > -std::numeric_limits<float>::infinity()) {
+            avail.push_back(i);
+            mx = std::max(mx, s[i]);
+        }
+    }
+    if (m == 0 || avail.empty()) {
+        return rule; // c = 0: nothing drawn
+    }
+    rule.max_score = mx;
+    if (m >= avail.size()) {
+        rule.all = true;
+        rule.n_heavy = avail.size();
+        return rule;
+    }
+    auto weight = [&](size_t i) { return std::exp(double(s[i]) - rule.max_score); };
+    // The m heaviest, in decreasing order: u = 1 can only go to them. The
+    // heavy set is the first j of them, j the smallest with
+    // w_(j) c_j < 1 where c_j = (m - j) / (w_(j) + w_(j+1) + ...); c_j
+    // grows with j while the heavier ones stay >= 1 / c_j, so the set is
+    // consistent (every u = 1 token has c w >= 1, no other has).
+    auto heavier = [&](size_t a, size_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); };
+    std::nth_element(avail.begin(), avail.begin() + (m - 1), avail.end(), heavier);
+    std::sort(avail.begin(), avail.begin() + m, heavier);
+    // the weight left after the first j, summed from the light end: a
+    // difference total - heavy would cancel when a sink dominates
+    std::vector<double> rest(m + 1, 0.0);
+    for (size_t t = m; t < avail.size(); t++) {
+        rest[m] += weight(avail[t]);
+    }
+    for (size_t j = m; j-- > 0;) {
+        rest[j] = rest[j + 1] + weight(avail[j]);
+    }
+    for (size_t j = 0; j < m; j++) {
+        if (!(rest[j] > 0)) {
+            // everything left underflowed to weight 0: the first j are
+            // read (c w overflows to u = 1), the rest never (0 * c = 0)
+            rule.c = std::numeric_limits<double>::max();
+            rule.n_heavy = j;
+            return rule;
+        }
+        double c = double(m - j) / rest[j];
+        if (weight(avail[j]) * c < 1) {
+            rule.c = c;
+            rule.n_heavy = j;
+            return rule;
+        }
+    }
+    FAISS_THROW_MSG("weighted_inclusion: no consistent heavy set (internal error)");
+}
+
+} // namespace
+
+size_t weighted_inclusion(const float* s, size_t n, size_t m, double* u) {
+    FAISS_THROW_IF_NOT_MSG(n == 0 || (s && u), "weighted_inclusion: nullptr array");
+    InclusionRule rule = inclusion_rule(s, n, m);
+    size_t heavy = 0;
+    for (size_t i = 0; i < n; i++) {
+        u[i] = rule(s[i]);
+        heavy += u[i] >= 1;
+    }
+    return heavy;
+}
+
+IndexWeightedSample::IndexWeightedSample() = default;
+
+IndexWeightedSample::IndexWeightedSample(int d, int d_value, KVType kv_type)
+        : IndexSampleBase(d, d_value, kv_type) {}
+
+std::unique_ptr<KVIndex> IndexWeightedSample::from_factory(FactoryChain& chain) {
+    if (chain.peek() != "Weighted") {
+        return nullptr;
+    }
+    chain.take();
+    return std::make_unique<IndexWeightedSample>(chain.d, chain.d_value, chain.kv_type);
+}
+
+void IndexWeightedSample::select_outside_one(
+        const float* q,
+        const idx_t* excluded,
+        size_t n_excluded,
+        Selection& sel,
+        const faiss::SearchParameters* params) const {
+    const size_t n = size_t(ntotal);
+    std::vector<float> s(n);
+    inner_products_scaled(q, storage.key_rows(), n, score_scale(), s.data());
+    for (size_t j = 0; j < n_excluded; j++) {
+        s[excluded[j]] = -std::numeric_limits<float>::infinity();
+    }
+    const InclusionRule rule = inclusion_rule(s.data(), n, size_t(effective_k(params)));
+
+    sel.clear();
+    sel.n_scanned = n; // every key scored
+    uint64_t state = draw_state(q, n);
+    // systematic sampling over increasing ids: thresholds r, r + 1, ...;
+    // token i is drawn when a threshold falls in [acc, acc + u_i)
+    double next = random_unit(state), acc = 0;
+    for (size_t i = 0; i < n; i++) {
+        double u = rule(s[i]);
+        if (u >= 1) {
+            sel.push_back(idx_t(i), 1.0f);
+        } else if (u > 0) {
+            acc += u;
+            if (acc > next) {
+                // a drawn token's u is > 0; floats below FLT_MIN would make
+                // log u infinite for an event of probability < 1e-38
+                sel.push_back(idx_t(i), std::max(float(u), FLT_MIN));
+                next += 1;
+            }
+        }
+    }
+}
+
+void IndexWeightedSample::select_one(
+        const float* q, Selection& sel, const faiss::SearchParameters* params) const {
+    select_outside_one(q, nullptr, 0, sel, params);
+}
+
+} // namespace kvindex
