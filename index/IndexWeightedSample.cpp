@@ -19,80 +19,59 @@ namespace kvindex {
 
 namespace {
 
-/// u_i = min(1, c e^{s_i - max_score}) for finite s_i, 0 for -inf; every
-/// available token gets u = 1 when `all` is set.
+/// u_i = min(1, c w_i) over weights w_i >= 0 (0: never drawn); every token
+/// of positive weight gets u = 1 when `all` is set.
 struct InclusionRule {
-    double max_score = 0;
     double c = 0;
     bool all = false;
-    size_t n_heavy = 0; ///< tokens with u = 1
 
-    double operator()(float s) const {
-        if (!(s > -std::numeric_limits<float>::infinity())) {
+    double operator()(float w) const {
+        if (!(w > 0)) {
             return 0;
         }
-        if (all) {
-            return 1;
-        }
-        return std::min(1.0, c * std::exp(double(s) - max_score));
+        return all ? 1.0 : std::min(1.0, c * double(w));
     }
 };
 
-InclusionRule inclusion_rule(const float* s, size_t n, size_t m) {
+/// The rule of sum u = min(m, tokens of positive weight), for weights in
+/// any common scale (the softmax's or e^{s - max}).
+InclusionRule inclusion_rule(const float* w, size_t n, size_t m) {
     InclusionRule rule;
     std::vector<size_t> avail;
     avail.reserve(n);
-    float mx = -std::numeric_limits<float>::infinity();
     for (size_t i = 0; i < n; i++) {
-        FAISS_THROW_IF_NOT_FMT(
-                !std::isnan(s[i]) && s[i] != std::numeric_limits<float>::infinity(),
-                "weighted_inclusion: score %zd is %g",
-                i,
-                s[i]);
-        if (s[i] > -std::numeric_limits<float>::infinity()) {
+        if (w[i] > 0) {
             avail.push_back(i);
-            mx = std::max(mx, s[i]);
         }
     }
     if (m == 0 || avail.empty()) {
         return rule; // c = 0: nothing drawn
     }
-    rule.max_score = mx;
     if (m >= avail.size()) {
         rule.all = true;
-        rule.n_heavy = avail.size();
         return rule;
     }
-    auto weight = [&](size_t i) { return std::exp(double(s[i]) - rule.max_score); };
     // The m heaviest, in decreasing order: u = 1 can only go to them. The
     // heavy set is the first j of them, j the smallest with
     // w_(j) c_j < 1 where c_j = (m - j) / (w_(j) + w_(j+1) + ...); c_j
     // grows with j while the heavier ones stay >= 1 / c_j, so the set is
     // consistent (every u = 1 token has c w >= 1, no other has).
-    auto heavier = [&](size_t a, size_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); };
+    auto heavier = [&](size_t a, size_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
     std::nth_element(avail.begin(), avail.begin() + (m - 1), avail.end(), heavier);
     std::sort(avail.begin(), avail.begin() + m, heavier);
     // the weight left after the first j, summed from the light end: a
     // difference total - heavy would cancel when a sink dominates
     std::vector<double> rest(m + 1, 0.0);
     for (size_t t = m; t < avail.size(); t++) {
-        rest[m] += weight(avail[t]);
+        rest[m] += w[avail[t]];
     }
     for (size_t j = m; j-- > 0;) {
-        rest[j] = rest[j + 1] + weight(avail[j]);
+        rest[j] = rest[j + 1] + w[avail[j]];
     }
     for (size_t j = 0; j < m; j++) {
-        if (!(rest[j] > 0)) {
-            // everything left underflowed to weight 0: the first j are
-            // read (c w overflows to u = 1), the rest never (0 * c = 0)
-            rule.c = std::numeric_limits<double>::max();
-            rule.n_heavy = j;
-            return rule;
-        }
         double c = double(m - j) / rest[j];
-        if (weight(avail[j]) * c < 1) {
+        if (double(w[avail[j]]) * c < 1) {
             rule.c = c;
-            rule.n_heavy = j;
             return rule;
         }
     }
@@ -103,10 +82,23 @@ InclusionRule inclusion_rule(const float* s, size_t n, size_t m) {
 
 size_t weighted_inclusion(const float* s, size_t n, size_t m, double* u) {
     FAISS_THROW_IF_NOT_MSG(n == 0 || (s && u), "weighted_inclusion: nullptr array");
-    InclusionRule rule = inclusion_rule(s, n, m);
+    float mx = -std::numeric_limits<float>::infinity();
+    for (size_t i = 0; i < n; i++) {
+        FAISS_THROW_IF_NOT_FMT(
+                !std::isnan(s[i]) && s[i] != std::numeric_limits<float>::infinity(),
+                "weighted_inclusion: score %zd is %g",
+                i,
+                s[i]);
+        mx = std::max(mx, s[i]);
+    }
+    std::vector<float> w(n);
+    for (size_t i = 0; i < n; i++) {
+        w[i] = float(std::exp(double(s[i]) - double(mx))); // -inf: 0
+    }
+    InclusionRule rule = inclusion_rule(w.data(), n, m);
     size_t heavy = 0;
     for (size_t i = 0; i < n; i++) {
-        u[i] = rule(s[i]);
+        u[i] = rule(w[i]);
         heavy += u[i] >= 1;
     }
     return heavy;
@@ -132,12 +124,16 @@ void IndexWeightedSample::select_outside_one(
         Selection& sel,
         const faiss::SearchParameters* params) const {
     const size_t n = size_t(ntotal);
-    std::vector<float> s(n);
-    inner_products_scaled(q, storage.key_rows(), n, score_scale(), s.data());
+    // w = softmax of the scores (vectorised exp; the rule is invariant to
+    // the common scale); the excluded tokens get weight 0. A token whose
+    // weight underflows float (below e^-87 of the heaviest) is never drawn.
+    std::vector<float> w(n);
+    inner_products_scaled(q, storage.key_rows(), n, score_scale(), w.data());
+    softmax_inplace(w.data(), nullptr, n);
     for (size_t j = 0; j < n_excluded; j++) {
-        s[excluded[j]] = -std::numeric_limits<float>::infinity();
+        w[excluded[j]] = 0;
     }
-    const InclusionRule rule = inclusion_rule(s.data(), n, size_t(effective_k(params)));
+    const InclusionRule rule = inclusion_rule(w.data(), n, size_t(effective_k(params)));
 
     sel.clear();
     sel.n_scanned = n; // every key scored
@@ -146,7 +142,7 @@ void IndexWeightedSample::select_outside_one(
     // token i is drawn when a threshold falls in [acc, acc + u_i)
     double next = random_unit(state), acc = 0;
     for (size_t i = 0; i < n; i++) {
-        double u = rule(s[i]);
+        double u = rule(w[i]);
         if (u >= 1) {
             sel.push_back(idx_t(i), 1.0f);
         } else if (u > 0) {

@@ -642,11 +642,11 @@ TEST(WeightedSample, InclusionEqualsTheDoubleReference) {
             double sum = 0;
             size_t ref_heavy = 0;
             for (size_t i = 0; i < s.size(); i++) {
-                ASSERT_NEAR(u[i], ref[i], 1e-9 + 1e-7 * ref[i]) << "seed " << seed << " m " << m << " i " << i;
+                ASSERT_NEAR(u[i], ref[i], 1e-9 + 1e-6 * ref[i]) << "seed " << seed << " m " << m << " i " << i;
                 sum += u[i];
                 ref_heavy += ref[i] >= 1 - 1e-12;
             }
-            EXPECT_NEAR(sum, double(m), 1e-6) << m;
+            EXPECT_NEAR(sum, double(m), 1e-5) << m;
             EXPECT_EQ(heavy, ref_heavy) << m;
         }
     }

@@ -16,6 +16,8 @@ struct FactoryChain;
  * Tokens with c e^{s_i} >= 1 (the heaviest) get u = 1; the others share
  * the rest of the budget in proportion to their weights.
  *
+ * (weights in float: a token below e^-87 of the heaviest gets u = 0).
+ *
  * @param s   scores, size n (-inf: the token cannot be drawn, u = 0)
  * @param m   expected sample size, >= 0
  * @param u   output, size n
