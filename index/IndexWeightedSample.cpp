@@ -35,21 +35,14 @@ struct InclusionRule {
 
 /// The rule of sum u = min(m, tokens of positive weight), for weights in
 /// any common scale (the softmax's or e^{s - max}).
-InclusionRule inclusion_rule(const float* w, size_t n, size_t m) {
-    InclusionRule rule;
+/// The rule by sorting: exact in at most m steps, O(n + m log m).
+double inclusion_constant_sorted(const float* w, size_t n, size_t m) {
     std::vector<size_t> avail;
     avail.reserve(n);
     for (size_t i = 0; i < n; i++) {
         if (w[i] > 0) {
             avail.push_back(i);
         }
-    }
-    if (m == 0 || avail.empty()) {
-        return rule; // c = 0: nothing drawn
-    }
-    if (m >= avail.size()) {
-        rule.all = true;
-        return rule;
     }
     // The m heaviest, in decreasing order: u = 1 can only go to them. The
     // heavy set is the first j of them, j the smallest with
@@ -71,11 +64,61 @@ InclusionRule inclusion_rule(const float* w, size_t n, size_t m) {
     for (size_t j = 0; j < m; j++) {
         double c = double(m - j) / rest[j];
         if (double(w[avail[j]]) * c < 1) {
-            rule.c = c;
-            return rule;
+            return c;
         }
     }
     FAISS_THROW_MSG("weighted_inclusion: no consistent heavy set (internal error)");
+}
+
+InclusionRule inclusion_rule(const float* w, size_t n, size_t m) {
+    InclusionRule rule;
+    size_t n_avail = 0;
+    double total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (w[i] > 0) {
+            n_avail++;
+            total += w[i];
+        }
+    }
+    if (m == 0 || n_avail == 0) {
+        return rule; // c = 0: nothing drawn
+    }
+    if (m >= n_avail) {
+        rule.all = true;
+        return rule;
+    }
+    // Fixed point, in passes over the weights (no sort): start from no
+    // token sure, c = m / total; each pass makes sure the tokens with
+    // c w >= 1 and sets c = (m - sure) / (weight of the others). c only
+    // grows, so the sure set only grows; when a pass adds none, the set
+    // and c agree (the one solution: sum_i min(1, c w_i) increases in c).
+    // Attention has a few sinks above a long tail: 2-4 passes. A weight
+    // profile that adds one token per pass goes to the sorted rule.
+    constexpr int kMaxPasses = 12;
+    double c = double(m) / total;
+    size_t sure_before = 0;
+    for (int pass = 0; pass < kMaxPasses; pass++) {
+        size_t sure = 0;
+        double light = 0; // summed directly: total - sure's would cancel under a sink
+        for (size_t i = 0; i < n; i++) {
+            if (double(w[i]) * c >= 1) {
+                sure++;
+            } else {
+                light += w[i];
+            }
+        }
+        if (sure == sure_before) {
+            rule.c = c;
+            return rule;
+        }
+        if (sure >= m || !(light > 0)) {
+            break;
+        }
+        sure_before = sure;
+        c = double(m - sure) / light;
+    }
+    rule.c = inclusion_constant_sorted(w, n, m);
+    return rule;
 }
 
 } // namespace

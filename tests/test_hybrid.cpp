@@ -650,6 +650,22 @@ TEST(WeightedSample, InclusionEqualsTheDoubleReference) {
             EXPECT_EQ(heavy, ref_heavy) << m;
         }
     }
+    // a geometric profile, w_i = e^{-i/2}: the fixed point adds 2-3 sure
+    // tokens per pass (11 passes for m = 40, 19 for m = 100, past the
+    // pass limit), so both the passes and the sorted rule are checked
+    std::vector<float> s(150);
+    for (size_t i = 0; i < s.size(); i++) {
+        s[i] = -0.5f * float(i);
+    }
+    for (size_t m : {size_t(40), size_t(100)}) {
+        std::vector<double> u(s.size());
+        size_t heavy = weighted_inclusion(s.data(), s.size(), m, u.data());
+        std::vector<double> ref = ref_weighted_inclusion(s, double(m));
+        for (size_t i = 0; i < s.size(); i++) {
+            ASSERT_NEAR(u[i], ref[i], 1e-9 + 1e-6 * ref[i]) << "geometric m " << m << " i " << i;
+        }
+        EXPECT_EQ(heavy, m - 2) << m;
+    }
 }
 
 TEST(WeightedSample, InclusionEdgeCases) {
