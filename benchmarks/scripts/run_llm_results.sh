@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|hybrid|ruler]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler]...
 # (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -235,7 +235,11 @@ for what in "${@:-e2e needle trace}"; do
           --index "Sink1,Window255,IVFAsym256_Moment|nprobe=3,var_weight=0.25" \
           --index "Sink1,Window255,IVFAsym256_Moment|nprobe=3" \
           --index "Sink1,Window255,IVFAsym256_CentroidRoPE|nprobe=3" \
-          --json "$MO/e2e.json" | tee "$MO/e2e.txt" ;;
+          --json "$MO/e2e.json" | tee "$MO/e2e.txt"
+      $KVLLM e2e --text-file "$DOC" --context 2048,4096,8192 --eval 64 --index Flat \
+          --index "Sink1,Window255,IVFAsym512_Moment|nprobe=7,var_weight=0.25" \
+          --index "Sink1,Window255,IVFAsym512|nprobe=7" \
+          --json "$MO/e2e_c512.json" | tee "$MO/e2e_c512.txt" ;;
     hybrid)
       # issue 16: the hybrid estimator against TopK, LSHSample and Uniform at
       # equal selected fraction, per layer, on the real trace
@@ -254,6 +258,22 @@ for what in "${@:-e2e needle trace}"; do
           --report chosen --index "Choose(TopK(Flat);LSHSample11x120)|k=2%" \
           --index "Choose(TopK(Flat);LSHSample10x150)|k=5%" \
           --json "$HY/choose_smollm2_8k.json" | tee "$HY/choose_smollm2_8k.txt" ;;
+    weighted)
+      # issue 16: sampling in proportion to the weights against top-k, the
+      # hybrids and LSH at equal values read; the task suite and e2e at 2%
+      WE=benchmarks/results/weighted; mkdir -p "$WE"
+      ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers 0,4,8,16,24,29 --max-queries 32 --quiet \
+          --index "TopK(Flat)|k=2%" --index "Weighted|k=2%" --index "Hybrid(TopK(Flat),Weighted)|k=1%,sample=1%" \
+          --index "Hybrid(TopK(Flat),Uniform)|budget=2%" --index "LSHSample11x120" \
+          --index "TopK(Flat)|k=5%" --index "Weighted|k=5%" --index "Hybrid(TopK(Flat),Weighted)|k=2.5%,sample=2.5%" \
+          --index "Hybrid(TopK(Flat),Uniform)|budget=5%" --index "LSHSample10x150" \
+          --index "Weighted|k=1%" --index "Weighted|k=0.5%" \
+          --json "$WE/kvbench_smollm2_8k.json" | tee "$WE/kvbench_smollm2_8k.txt"
+      $KVLLM ruler --context 2048 --samples 20 --seed 1 --tasks niah_single,niah_multikey,passkey,niah_multivalue \
+          --index "Weighted|k=2%" --json "$WE/ruler_2k.json" | tee "$WE/ruler_2k.txt"
+      $KVLLM e2e --text-file "$DOC" --context 2048,4096,8192 --eval 64 --index Flat \
+          --index "TopK(Flat)|k=2%" --index "Weighted|k=2%" --index "Hybrid(TopK(Flat),Uniform)|budget=2%" \
+          --json "$WE/e2e.json" | tee "$WE/e2e.txt" ;;
     ruler)
       # issue 16: the task suite at 2k, 20 samples per task, every layer sparse
       RU=benchmarks/results/ruler; mkdir -p "$RU"
