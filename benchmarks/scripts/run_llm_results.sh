@@ -271,6 +271,8 @@ for what in "${@:-e2e needle trace}"; do
           --json "$WE/kvbench_smollm2_8k.json" | tee "$WE/kvbench_smollm2_8k.txt"
       $KVLLM ruler --context 2048 --samples 20 --seed 1 --tasks niah_single,niah_multikey,passkey,niah_multivalue \
           --index "Weighted|k=2%" --json "$WE/ruler_2k.json" | tee "$WE/ruler_2k.txt"
+      $KVLLM ruler --context 4096 --samples 20 --seed 1 --tasks niah_single,niah_multikey,passkey \
+          --index "Weighted|k=2%" --json "$WE/ruler_4k.json" | tee "$WE/ruler_4k.txt"
       $KVLLM e2e --text-file "$DOC" --context 2048,4096,8192 --eval 64 --index Flat \
           --index "TopK(Flat)|k=2%" --index "Weighted|k=2%" --index "Hybrid(TopK(Flat),Uniform)|budget=2%" \
           --json "$WE/e2e.json" | tee "$WE/e2e.txt" ;;
