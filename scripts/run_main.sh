@@ -20,4 +20,5 @@ fi
   --index "RoarGraph32" \
   --index "Sink128,Window512,RoarGraph32" \
   --index ProxyEvict20 \
+  --index Weighted \
   "$@"
