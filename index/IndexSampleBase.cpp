@@ -18,6 +18,11 @@ uint64_t IndexSampleBase::draw_state(const float* q, idx_t n) const {
     return stream_seed(seed, stream) ^ hash_query(q, d) ^ (uint64_t(n) << 1);
 }
 
+void IndexSampleBase::select_one(
+        const float* q, Selection& sel, const faiss::SearchParameters* params) const {
+    select_outside_one(q, nullptr, 0, sel, params);
+}
+
 void IndexSampleBase::add_kv_impl(idx_t n, const float* keys, const float* values) {
     storage.append(n, keys, values);
 }

@@ -3,12 +3,8 @@
 #include <algorithm>
 #include <unordered_set>
 
-#include <faiss/impl/FaissAssert.h>
-
-#include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 
-#include "checks.h"
 #include "random.h"
 
 namespace kvindex {
@@ -75,11 +71,6 @@ void IndexUniformSample::select_outside_one(
             ? 1.0f
             : float(double(sel.ids.size()) / double(uint64_t(ntotal) - n_excluded));
     sel.inclusion.assign(sel.ids.size(), u);
-}
-
-void IndexUniformSample::select_one(
-        const float* q, Selection& sel, const faiss::SearchParameters* params) const {
-    select_outside_one(q, nullptr, 0, sel, params);
 }
 
 } // namespace kvindex

@@ -4,15 +4,12 @@
 #include <cfloat>
 #include <cmath>
 #include <limits>
-#include <numeric>
 
 #include <faiss/impl/FaissAssert.h>
 
-#include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
 
-#include "checks.h"
 #include "random.h"
 
 namespace kvindex {
@@ -33,9 +30,7 @@ struct InclusionRule {
     }
 };
 
-/// The rule of sum u = min(m, tokens of positive weight), for weights in
-/// any common scale (the softmax's or e^{s - max}).
-/// The rule by sorting: exact in at most m steps, O(n + m log m).
+/// c of the rule by sorting: exact in at most m steps, O(n + m log m).
 double inclusion_constant_sorted(const float* w, size_t n, size_t m) {
     std::vector<size_t> avail;
     avail.reserve(n);
@@ -70,6 +65,8 @@ double inclusion_constant_sorted(const float* w, size_t n, size_t m) {
     FAISS_THROW_MSG("weighted_inclusion: no consistent heavy set (internal error)");
 }
 
+/// The rule of sum u = min(m, tokens of positive weight), for weights in
+/// any common scale (the softmax's or e^{s - max}).
 InclusionRule inclusion_rule(const float* w, size_t n, size_t m) {
     InclusionRule rule;
     size_t n_avail = 0;
@@ -198,11 +195,6 @@ void IndexWeightedSample::select_outside_one(
             }
         }
     }
-}
-
-void IndexWeightedSample::select_one(
-        const float* q, Selection& sel, const faiss::SearchParameters* params) const {
-    select_outside_one(q, nullptr, 0, sel, params);
 }
 
 } // namespace kvindex

@@ -12,8 +12,9 @@ namespace kvindex {
 /** What the samplers that read a per-query random sample of their own
  * tokens share (IndexUniformSample, IndexWeightedSample): the tokens, the
  * seed and the per-head stream of their draws, the "seed" knob and the
- * record (seed, stream, tokens). A sampler adds its draw (select_one,
- * select_outside_one) and its factory element.
+ * record (seed, stream, tokens). A sampler adds its draw
+ * (select_outside_one; select_one is that draw with nothing excluded) and
+ * its factory element.
  */
 struct IndexSampleBase : KVIndex {
     uint64_t seed = 1234;  ///< with `stream`, seeds every draw
@@ -39,6 +40,10 @@ struct IndexSampleBase : KVIndex {
     /// The first state of the random generator for the draw of query q
     /// over n tokens: a function of (seed, stream, the query's bits, n).
     uint64_t draw_state(const float* q, idx_t n) const;
+
+    /// The draw over every token: select_outside_one with nothing excluded.
+    void select_one(const float* q, Selection& sel, const faiss::SearchParameters* params)
+            const override;
 
     void reset_impl() override;
     const KVStorage* token_storage() const override {

@@ -49,8 +49,6 @@ struct IndexUniformSample : IndexSampleBase {
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
-    void select_one(const float* q, Selection& sel, const faiss::SearchParameters* params)
-            const override;
     void select_outside_one(
             const float* q,
             const idx_t* excluded,
