@@ -514,7 +514,7 @@ bool IndexChoose::set_parameter(const std::string& name, double value) {
         own = true;
     } else if (name == "seed") {
         FAISS_THROW_IF_NOT_FMT(
-                value == 0 || is_positive_integer(value),
+                is_count(value),
                 "parameter seed=%g must be a non-negative integer",
                 value);
         seed = uint64_t(value);

@@ -370,7 +370,7 @@ std::vector<ParameterInfo> IndexHybrid::parameter_info() const {
 bool IndexHybrid::set_parameter(const std::string& name, double value) {
     if (name == "sample") {
         FAISS_THROW_IF_NOT_FMT(
-                value == 0 || is_positive_integer(value),
+                is_count(value),
                 "parameter sample=%g must be a non-negative integer",
                 value);
         sample = idx_t(value);
@@ -390,7 +390,7 @@ bool IndexHybrid::set_parameter(const std::string& name, double value) {
         n_calibration = idx_t(value);
     } else if (name == "budget") {
         FAISS_THROW_IF_NOT_FMT(
-                value == 0 || is_positive_integer(value),
+                is_count(value),
                 "parameter budget=%g must be a non-negative integer",
                 value);
         budget = idx_t(value);

@@ -618,7 +618,6 @@ std::vector<ParameterInfo> IndexIVFAsym::parameter_info() const {
 }
 
 bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
-    auto is_count = [&](double v) { return v == 0 || is_positive_integer(v); };
     if (name == "nprobe") {
         FAISS_THROW_IF_NOT_FMT(
                 is_count(value) && value <= n_centroids,

@@ -841,7 +841,7 @@ bool IndexLSHSample::set_parameter(const std::string& name, double value) {
         return KVIndex::set_parameter(name, value);
     }
     FAISS_THROW_IF_NOT_FMT(
-            value == 0 || is_positive_integer(value),
+            is_count(value),
             "parameter %s=%g must be a non-negative integer",
             name.c_str(),
             value);

@@ -456,7 +456,7 @@ std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
 bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
     if (name == "proxy_tokens") {
         FAISS_THROW_IF_NOT_FMT(
-                value == 0 || is_positive_integer(value),
+                is_count(value),
                 "parameter proxy_tokens=%g must be a non-negative integer (tokens)",
                 value);
         // only NaCl scores with a proxy window; running the plain baseline

@@ -823,7 +823,7 @@ std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
 bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
     if (name == "seed") {
         FAISS_THROW_IF_NOT_FMT(
-                value == 0 || is_positive_integer(value),
+                is_count(value),
                 "parameter seed=%g must be a non-negative integer",
                 value);
         seed = uint64_t(value);
@@ -831,7 +831,7 @@ bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
     }
     if (name == "n_anchors") {
         FAISS_THROW_IF_NOT_FMT(
-                value == 0 || is_positive_integer(value),
+                is_count(value),
                 "parameter n_anchors=%g must be a non-negative integer",
                 value);
         n_anchors = idx_t(value);
@@ -839,7 +839,7 @@ bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
     }
     if (name == "n_hubs") {
         FAISS_THROW_IF_NOT_FMT(
-                value == -1 || value == 0 || is_positive_integer(value),
+                value == -1 || is_count(value),
                 "parameter n_hubs=%g must be -1 (one per %zd prompt keys) or a count >= 0",
                 value,
                 size_t(kKeysPerHub));

@@ -47,7 +47,7 @@ bool IndexSampleBase::set_parameter(const std::string& name, double value) {
         return KVIndex::set_parameter(name, value);
     }
     FAISS_THROW_IF_NOT_FMT(
-            value == 0 || is_positive_integer(value),
+            is_count(value),
             "parameter seed=%g must be a non-negative integer",
             value);
     seed = uint64_t(value);

@@ -24,6 +24,10 @@ bool is_positive_integer(double x) {
     return x >= 1 && x <= 9007199254740992.0 && x == std::floor(x);
 }
 
+bool is_count(double x) {
+    return x == 0 || is_positive_integer(x);
+}
+
 void check_not_null(const void* ptr, const char* what) {
     FAISS_THROW_IF_NOT_FMT(ptr != nullptr, "%s is missing (nullptr)", what);
 }

@@ -13,6 +13,9 @@ void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what
 /// (converting inf or 1e300 to an integer is undefined behaviour).
 bool is_positive_integer(double x);
 
+/// Whether x is an integer in [0, 2^53]: a count, a seed.
+bool is_count(double x);
+
 /// Throws unless ptr is non-null; names the argument.
 void check_not_null(const void* ptr, const char* what);
 
