@@ -4,6 +4,7 @@ per-case lines of one or more logs (so that a run stopped early still
 counts the samples it finished; n says how many).
 
     python3 benchmarks/scripts/ruler_table.py benchmarks/results/ruler/ruler_2k_part*.txt
+    python3 benchmarks/scripts/ruler_table.py --by-index LOG...   (a row per index)
 """
 import collections
 import re
@@ -12,7 +13,7 @@ import sys
 LINE = re.compile(r'\s+(\S+)\s+ctx\s+(\d+)\s+#(\d+)\s+(.+?)\s+([\d.]+)\s+(same|diff)?\s*"')
 
 
-def main(paths):
+def main(paths, by_index=False):
     score = collections.defaultdict(dict)  # (task, index) -> {sample: score}
     agree = collections.defaultdict(dict)
     for path in paths:
@@ -26,27 +27,44 @@ def main(paths):
                 agree[(task, index.strip())][int(sample)] = ag == "same"
     tasks = sorted({t for t, _ in score})
     indexes = sorted({i for _, i in score if i != "dense"})
-    print("| task | n | dense | " + " | ".join(f"`{i}`" for i in indexes) + " |")
+
+    def cell(t, i):
+        """score (score / dense, agreement) of index i on task t, over the
+        samples both have; None where i did not run t"""
+        s, dense = score.get((t, i)), score.get((t, "dense"), {})
+        if not s:
+            return None
+        common = sorted(set(s) & set(dense))
+        mi = sum(s[k] for k in common) / len(common)
+        md = sum(dense[k] for k in common) / len(common)
+        a = agree.get((t, i), {})
+        ag = sum(a[k] for k in common if k in a) / len(common)
+        rel = f"{mi / md:.2f}" if md > 0 else "–"
+        return f"{mi:.2f} ({rel}, {ag:.2f})" + ("" if len(common) == len(dense) else f" n={len(common)}")
+
+    def code(i):
+        # a | inside a table cell, even in a code span, must be escaped
+        return "`" + i.replace("|", "\\|") + "`"
+
+    if by_index:
+        dense_cells = []
+        for t in tasks:
+            d = score.get((t, "dense"), {})
+            dense_cells.append(f"{sum(d.values()) / max(len(d), 1):.2f} (n = {len(d)})")
+        print("| index | " + " | ".join(tasks) + " |")
+        print("|---|" + "---|" * len(tasks))
+        print("| dense | " + " | ".join(dense_cells) + " |")
+        for i in indexes:
+            print(f"| {code(i)} | " + " | ".join(cell(t, i) or "–" for t in tasks) + " |")
+        return
+    print("| task | n | dense | " + " | ".join(code(i) for i in indexes) + " |")
     print("|---|---|---|" + "---|" * len(indexes))
     for t in tasks:
         dense = score.get((t, "dense"), {})
-        cells = []
-        n = len(dense)
-        for i in indexes:
-            s = score.get((t, i))
-            if not s:
-                cells.append("–")
-                continue
-            common = sorted(set(s) & set(dense))
-            mi = sum(s[k] for k in common) / len(common)
-            md = sum(dense[k] for k in common) / len(common)
-            a = agree.get((t, i), {})
-            ag = sum(a[k] for k in common if k in a) / len(common)
-            rel = f"{mi / md:.2f}" if md > 0 else "–"
-            cells.append(f"{mi:.2f} ({rel}, {ag:.2f})" + ("" if len(common) == n else f" n={len(common)}"))
+        cells = [cell(t, i) or "–" for i in indexes]
         md_all = sum(dense.values()) / max(len(dense), 1)
-        print(f"| {t} | {n} | {md_all:.2f} | " + " | ".join(cells) + " |")
-
+        print(f"| {t} | {len(dense)} | {md_all:.2f} | " + " | ".join(cells) + " |")
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    main([a for a in args if a != "--by-index"], by_index="--by-index" in args)

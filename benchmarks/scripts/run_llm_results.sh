@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets]...
 # (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -314,6 +314,27 @@ for what in "${@:-e2e needle trace}"; do
           --json "$RU/ruler_4k.json" | tee "$RU/ruler_4k.txt"
       .venv/bin/python benchmarks/scripts/ruler_table.py "$RU"/ruler_2k_*.txt
       .venv/bin/python benchmarks/scripts/ruler_table.py "$RU"/ruler_4k.txt ;;
+    budgets)
+      # issue 16: the task suite at 1 / 5 / 20% of the keys (2k, the prompts
+      # of "ruler"), the retrievers at 2%, and the two weakest tasks at 2%
+      # with 50 prompts and three sampling seeds
+      RU=benchmarks/results/ruler; mkdir -p "$RU"
+      $KVLLM ruler --context 2048 --samples 20 --seed 1 --tasks niah_single,niah_multikey,passkey,niah_multivalue \
+          --index "TopK(Flat)|k=1%" --index "Weighted|k=1%" --index "TopK(Flat)|k=5%" --index "Weighted|k=5%" \
+          --index "TopK(Flat)|k=20%" --index "Weighted|k=20%" --index "Hybrid(TopK(Flat),Weighted)|k=1%,sample=1%" \
+          --index "LSHSample10x150" --index "Uniform|k=20%" \
+          --json "$RU/ruler_2k_budgets.json" | tee "$RU/ruler_2k_budgets.txt"
+      $KVLLM ruler --context 2048 --samples 50 --seed 1 --tasks niah_multikey,niah_multivalue \
+          --index "TopK(Flat)|k=2%" --index "Weighted|k=2%" --index "Weighted|k=2%,seed=2" \
+          --index "Weighted|k=2%,seed=3" --json "$RU/ruler_2k_n50.json" | tee "$RU/ruler_2k_n50.txt"
+      # (10 prompts per task: the graph and IVF builds make these the slow ones)
+      $KVLLM ruler --context 2048 --samples 10 --seed 1 --tasks niah_single,niah_multikey,passkey,niah_multivalue \
+          --index "TopK(IVF32,Flat)|k=2%,nprobe=4" --index "RoarGraph32|k=2%" \
+          --index "Sink1,Window7,IVFAsym64_Moment|nprobe=1" \
+          --json "$RU/ruler_2k_retrievers.json" | tee "$RU/ruler_2k_retrievers.txt"
+      .venv/bin/python benchmarks/scripts/ruler_table.py "$RU/ruler_2k_budgets.txt"
+      .venv/bin/python benchmarks/scripts/ruler_table.py "$RU/ruler_2k_n50.txt"
+      .venv/bin/python benchmarks/scripts/ruler_table.py "$RU/ruler_2k_retrievers.txt" ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
   esac
 done
