@@ -513,11 +513,7 @@ bool IndexChoose::set_parameter(const std::string& name, double value) {
         n_holdout = idx_t(value);
         own = true;
     } else if (name == "seed") {
-        FAISS_THROW_IF_NOT_FMT(
-                is_count(value),
-                "parameter seed=%g must be a non-negative integer",
-                value);
-        seed = uint64_t(value);
+        seed = count_parameter(name, value);
         own = true;
     }
     if (chosen < 0) {

@@ -369,11 +369,7 @@ std::vector<ParameterInfo> IndexHybrid::parameter_info() const {
 
 bool IndexHybrid::set_parameter(const std::string& name, double value) {
     if (name == "sample") {
-        FAISS_THROW_IF_NOT_FMT(
-                is_count(value),
-                "parameter sample=%g must be a non-negative integer",
-                value);
-        sample = idx_t(value);
+        sample = idx_t(count_parameter(name, value));
     } else if (name == "epsilon") {
         FAISS_THROW_IF_NOT_FMT(
                 value >= 0 && value <= 1e6, "parameter epsilon=%g must be >= 0", value);
@@ -389,11 +385,7 @@ bool IndexHybrid::set_parameter(const std::string& name, double value) {
                 value);
         n_calibration = idx_t(value);
     } else if (name == "budget") {
-        FAISS_THROW_IF_NOT_FMT(
-                is_count(value),
-                "parameter budget=%g must be a non-negative integer",
-                value);
-        budget = idx_t(value);
+        budget = idx_t(count_parameter(name, value));
     } else if (name == "calibrated_sample" || name == "calibrated_k") {
         FAISS_THROW_FMT(
                 "parameter %s is read-only (set by prefill when epsilon or budget > 0)",

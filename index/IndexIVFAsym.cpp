@@ -654,9 +654,7 @@ bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
                 value);
         min_distance = idx_t(value);
     } else if (name == "seed") {
-        FAISS_THROW_IF_NOT_FMT(
-                is_count(value), "parameter seed=%g must be a non-negative integer", value);
-        seed = uint64_t(value);
+        seed = count_parameter(name, value);
     } else {
         return KVIndex::set_parameter(name, value);
     }

@@ -840,11 +840,7 @@ bool IndexLSHSample::set_parameter(const std::string& name, double value) {
     if (name != "min_hits" && name != "max_sample") {
         return KVIndex::set_parameter(name, value);
     }
-    FAISS_THROW_IF_NOT_FMT(
-            is_count(value),
-            "parameter %s=%g must be a non-negative integer",
-            name.c_str(),
-            value);
+    count_parameter(name, value);
     FAISS_THROW_IF_NOT_FMT(
             name != "min_hits" || value <= L,
             "parameter min_hits=%g exceeds the %d tables",

@@ -822,19 +822,11 @@ std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
 
 bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
     if (name == "seed") {
-        FAISS_THROW_IF_NOT_FMT(
-                is_count(value),
-                "parameter seed=%g must be a non-negative integer",
-                value);
-        seed = uint64_t(value);
+        seed = count_parameter(name, value);
         return true;
     }
     if (name == "n_anchors") {
-        FAISS_THROW_IF_NOT_FMT(
-                is_count(value),
-                "parameter n_anchors=%g must be a non-negative integer",
-                value);
-        n_anchors = idx_t(value);
+        n_anchors = idx_t(count_parameter(name, value));
         return true;
     }
     if (name == "n_hubs") {

@@ -46,11 +46,7 @@ bool IndexSampleBase::set_parameter(const std::string& name, double value) {
     if (name != "seed") {
         return KVIndex::set_parameter(name, value);
     }
-    FAISS_THROW_IF_NOT_FMT(
-            is_count(value),
-            "parameter seed=%g must be a non-negative integer",
-            value);
-    seed = uint64_t(value);
+    seed = count_parameter(name, value);
     return true;
 }
 

@@ -28,6 +28,15 @@ bool is_count(double x) {
     return x == 0 || is_positive_integer(x);
 }
 
+uint64_t count_parameter(const std::string& name, double value) {
+    FAISS_THROW_IF_NOT_FMT(
+            is_count(value),
+            "parameter %s=%g must be a non-negative integer",
+            name.c_str(),
+            value);
+    return uint64_t(value);
+}
+
 void check_not_null(const void* ptr, const char* what) {
     FAISS_THROW_IF_NOT_FMT(ptr != nullptr, "%s is missing (nullptr)", what);
 }

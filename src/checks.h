@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include <kvindex/KVIndex.h>
 
@@ -15,6 +17,10 @@ bool is_positive_integer(double x);
 
 /// Whether x is an integer in [0, 2^53]: a count, a seed.
 bool is_count(double x);
+
+/// value as a count (is_count); otherwise throws "parameter <name>=<value>
+/// must be a non-negative integer". The check of set_parameter's counts.
+uint64_t count_parameter(const std::string& name, double value);
 
 /// Throws unless ptr is non-null; names the argument.
 void check_not_null(const void* ptr, const char* what);
