@@ -1,6 +1,7 @@
 #pragma once
 
-// Option parsing shared by the tools with subcommands (kvbench, kvllm).
+// Option parsing and error reporting shared by the tools (kvbench, kvllm and
+// the bench_* programs).
 
 #include <iostream>
 #include <sstream>
@@ -12,21 +13,43 @@
 
 namespace kvtools {
 
-/// Parses argv[2..] (after "tool subcommand") against opts, with --help
-/// added; prints the help and returns false when it is asked for.
-inline bool parse_subcommand(
+/// Parses argv[1..] against opts, with --help added; prints the help and
+/// returns false when it is asked for. Unknown options and bad values throw.
+inline bool parse_options(
         int argc,
         char** argv,
         boost::program_options::options_description& opts,
         boost::program_options::variables_map& vm) {
     opts.add_options()("help,h", "this help");
-    boost::program_options::store(boost::program_options::parse_command_line(argc - 1, argv + 1, opts), vm);
+    boost::program_options::store(boost::program_options::parse_command_line(argc, argv, opts), vm);
     if (vm.count("help")) {
         std::cout << opts << "\n";
         return false;
     }
     boost::program_options::notify(vm);
     return true;
+}
+
+/// parse_options for argv[2..] (after "tool subcommand").
+inline bool parse_subcommand(
+        int argc,
+        char** argv,
+        boost::program_options::options_description& opts,
+        boost::program_options::variables_map& vm) {
+    return parse_options(argc - 1, argv + 1, opts, vm);
+}
+
+/// Runs a tool's body and turns an exception (an unknown option, a bad
+/// value, an error from the library) into "tool: message" on stderr and exit
+/// status 2, where an uncaught exception would abort with a core dump.
+template <class Body>
+int run_tool(const char* tool, Body&& body) {
+    try {
+        return body();
+    } catch (const std::exception& e) {
+        std::cerr << tool << ": " << e.what() << "\n";
+        return 2;
+    }
 }
 
 /// Comma-separated values ("0,5,29", "0.1,0.5"); "" gives an empty list.

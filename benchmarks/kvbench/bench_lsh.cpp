@@ -27,6 +27,7 @@
 
 #include "run.h"
 #include "blas_kernels.h"
+#include "subcommand_options.h"
 
 using namespace kvindex;
 using Clock = std::chrono::steady_clock;
@@ -48,7 +49,7 @@ double rel_l2(const float* a, const float* b, int d) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run_bench(int argc, char** argv) {
     kvtools::use_widest_blas_kernels(argv);
     std::string trace;
     int n_q, layer_id, kv_head;
@@ -58,8 +59,9 @@ int main(int argc, char** argv) {
             "layer", boost::program_options::value(&layer_id)->default_value(0), "layer")(
             "kv-head", boost::program_options::value(&kv_head)->default_value(0), "KV head");
     boost::program_options::variables_map vm;
-    boost::program_options::store(boost::program_options::parse_command_line(argc, argv, opts), vm);
-    boost::program_options::notify(vm);
+    if (!kvtools::parse_options(argc, argv, opts, vm)) {
+        return 0;
+    }
 
     TraceMeta meta = read_trace_meta(trace);
     TraceLayer layer = read_trace_layer(trace, meta, layer_id);
@@ -154,4 +156,8 @@ int main(int argc, char** argv) {
         }
     }
     return 0;
+}
+
+int main(int argc, char** argv) {
+    return kvtools::run_tool("bench_lsh", [&] { return run_bench(argc, argv); });
 }

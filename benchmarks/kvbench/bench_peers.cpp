@@ -36,6 +36,7 @@
 
 #include "synthetic.h"
 #include "blas_kernels.h"
+#include "subcommand_options.h"
 
 using namespace kvindex;
 using Clock = std::chrono::steady_clock;
@@ -73,7 +74,7 @@ double time_queries(int repeats, int n_queries, F&& f) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run_bench(int argc, char** argv) {
     kvtools::use_widest_blas_kernels(argv);
     std::string tokens_list, out_dir;
     int n_queries, repeats, ef;
@@ -90,12 +91,12 @@ int main(int argc, char** argv) {
             ("hnsw-max-tokens", po::value(&hnsw_max)->default_value(131072), "skip HNSW above this length (build time)")
             ("index", po::value(&extra), "factory strings to run instead of the default set");
     po::variables_map vm;
-    po::store(po::parse_command_line(argc, argv, opts), vm);
-    po::notify(vm);
+    if (!kvtools::parse_options(argc, argv, opts, vm)) {
+        return 0;
+    }
     std::vector<idx_t> lengths;
-    std::stringstream ss(tokens_list);
-    for (std::string item; std::getline(ss, item, ',');) {
-        lengths.push_back(std::stoll(item));
+    for (int64_t t : kvtools::parse_list<int64_t>(tokens_list)) {
+        lengths.push_back(idx_t(t));
     }
     const int d = 128, k = 100;
     // builds may use every core; every timed call runs on one thread
@@ -197,4 +198,8 @@ int main(int argc, char** argv) {
         std::fclose(tsv);
     }
     return 0;
+}
+
+int main(int argc, char** argv) {
+    return kvtools::run_tool("bench_peers", [&] { return run_bench(argc, argv); });
 }

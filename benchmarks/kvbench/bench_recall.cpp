@@ -33,6 +33,7 @@
 
 #include "synthetic.h"
 #include "blas_kernels.h"
+#include "subcommand_options.h"
 
 using namespace kvindex;
 using Clock = std::chrono::steady_clock;
@@ -157,7 +158,7 @@ struct Point {
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run_bench(int argc, char** argv) {
     kvtools::use_widest_blas_kernels(argv);
     int64_t n;
     int n_queries;
@@ -173,8 +174,9 @@ int main(int argc, char** argv) {
             ("append", boost::program_options::value(&n_append)->default_value(0),
              "instead: prefill, append this many tokens one by one, recall at checkpoints");
     boost::program_options::variables_map vm;
-    boost::program_options::store(boost::program_options::parse_command_line(argc, argv, opts), vm);
-    boost::program_options::notify(vm);
+    if (!kvtools::parse_options(argc, argv, opts, vm)) {
+        return 0;
+    }
     const int d = 128, k = 100, group = 3;
     long nlist = std::max(1L, long(std::ceil(n / 1000.0)));
     if (specs.empty()) {
@@ -292,4 +294,8 @@ int main(int argc, char** argv) {
         f << "]}\n";
     }
     return 0;
+}
+
+int main(int argc, char** argv) {
+    return kvtools::run_tool("bench_recall", [&] { return run_bench(argc, argv); });
 }

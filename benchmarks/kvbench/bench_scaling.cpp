@@ -26,6 +26,7 @@
 
 #include "synthetic.h"
 #include "blas_kernels.h"
+#include "subcommand_options.h"
 
 using namespace kvindex;
 using Clock = std::chrono::steady_clock;
@@ -38,7 +39,7 @@ double seconds_since(Clock::time_point t0) {
 
 } // namespace
 
-int main(int argc, char** argv) {
+int run_bench(int argc, char** argv) {
     kvtools::use_widest_blas_kernels(argv);
     std::string tokens_list;
     int n_queries;
@@ -49,12 +50,12 @@ int main(int argc, char** argv) {
             ("queries", boost::program_options::value(&n_queries)->default_value(30), "queries per length")
             ("index", boost::program_options::value(&extra), "factory strings to run instead of the default set");
     boost::program_options::variables_map vm;
-    boost::program_options::store(boost::program_options::parse_command_line(argc, argv, opts), vm);
-    boost::program_options::notify(vm);
+    if (!kvtools::parse_options(argc, argv, opts, vm)) {
+        return 0;
+    }
     std::vector<idx_t> lengths;
-    std::stringstream ss(tokens_list);
-    for (std::string item; std::getline(ss, item, ',');) {
-        lengths.push_back(std::stoll(item));
+    for (int64_t t : kvtools::parse_list<int64_t>(tokens_list)) {
+        lengths.push_back(idx_t(t));
     }
     const int d = 128, k = 100;
     std::printf("%-24s %9s %10s %10s %9s %9s %8s %10s\n", "index", "tokens", "us/query",
@@ -117,4 +118,8 @@ int main(int argc, char** argv) {
         }
     }
     return 0;
+}
+
+int main(int argc, char** argv) {
+    return kvtools::run_tool("bench_scaling", [&] { return run_bench(argc, argv); });
 }
