@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k]...
 # (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -331,6 +331,22 @@ for what in "${@:-e2e needle trace}"; do
           --index "Weighted|k=2%,seed=3" --json "$RU/ruler_2k_n50.json" | tee "$RU/ruler_2k_n50.txt"
       .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/ruler_2k_budgets.txt"
       .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/ruler_2k_n50.txt" ;;
+    retrievers)
+      # issue 16: the retrievers on the task suite at 2k, the prompts of "ruler"
+      # (k = 2% of the prompt retrieved; what each reads to find it is in RESULTS)
+      RU=benchmarks/results/ruler; mkdir -p "$RU"
+      $KVLLM ruler --context 2048 --samples 20 --seed 1 --tasks niah_single,niah_multikey,passkey \
+          --index "TopK(IVF32,Flat)|k=2%,nprobe=4" --index "TopK(HNSW16)|k=2%" --index "RoarGraph32|k=2%" \
+          --index "Sink1,Window7,IVFAsym64_Moment|nprobe=1" \
+          --json "$RU/ruler_2k_retrievers.json" | tee "$RU/ruler_2k_retrievers.txt"
+      .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/ruler_2k_retrievers.txt" ;;
+    ruler8k)
+      # issue 16: the task suite at 8k, 2% budgets
+      RU=benchmarks/results/ruler; mkdir -p "$RU"
+      $KVLLM ruler --context 8192 --samples 20 --seed 1 --tasks niah_single,niah_multikey,passkey \
+          --index "Weighted|k=2%" --index "TopK(Flat)|k=2%" \
+          --json "$RU/ruler_8k.json" | tee "$RU/ruler_8k.txt"
+      .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/ruler_8k.txt" ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
   esac
 done
