@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k|multivalue]...
 # (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -347,6 +347,19 @@ for what in "${@:-e2e needle trace}"; do
           --index "Weighted|k=2%" --index "TopK(Flat)|k=2%" \
           --json "$RU/ruler_8k.json" | tee "$RU/ruler_8k.txt"
       .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/ruler_8k.txt" ;;
+    multivalue)
+      # issue 16: multivalue (four numbers under one key) at 4k at 2%, and
+      # at 2k at 1 / 5 / 20%
+      RU=benchmarks/results/ruler; mkdir -p "$RU"
+      $KVLLM ruler --context 4096 --samples 20 --seed 1 --tasks niah_multivalue \
+          --index "Weighted|k=2%" --index "TopK(Flat)|k=2%" \
+          --json "$RU/ruler_4k_multivalue.json" | tee "$RU/ruler_4k_multivalue.txt"
+      $KVLLM ruler --context 2048 --samples 20 --seed 1 --tasks niah_multivalue \
+          --index "TopK(Flat)|k=1%" --index "Weighted|k=1%" --index "TopK(Flat)|k=5%" --index "Weighted|k=5%" \
+          --index "TopK(Flat)|k=20%" --index "Weighted|k=20%" \
+          --json "$RU/ruler_2k_multivalue_budgets.json" | tee "$RU/ruler_2k_multivalue_budgets.txt"
+      .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/ruler_4k_multivalue.txt"
+      .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/ruler_2k_multivalue_budgets.txt" ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
   esac
 done
