@@ -27,6 +27,13 @@ constexpr idx_t kLinkBatch = 1024;  // keys searched in parallel per link step
 constexpr int kMaxRepairRounds = 16;
 constexpr idx_t kCheckEvery = 1024; // appended tokens between reachability checks
 constexpr idx_t kKeysPerHub = 256;  // default hubs: 1 per 256 prompt keys
+// a search scores at most one anchor per 128 keys (and at least
+// seed_anchors) to pick its seeds, and takes the lists of at most one
+// anchor per 4096 keys: <= 0.8% and <= 2.4% (Nq = 100) of the keys read,
+// so that small contexts, where the beam alone reads a large part, do not
+// pay for seeds they need less
+constexpr idx_t kKeysPerSeedAnchor = 128;
+constexpr idx_t kKeysPerSeedList = 4096;
 
 /// A key and its inner product with a query (or with a key: a pivot, a key
 /// being linked); larger = closer. In a beam, `expanded` marks the keys
@@ -220,15 +227,23 @@ namespace {
  * m, out) scores m keys. Leaves the beam in s.beam, best first; returns the
  * keys scored. */
 template <class Score>
-size_t walk(const IndexRoarGraph& g, size_t L, bool use_hubs, BeamScratch& s, Score&& score) {
-    // hubs (search only): extra entry points, scored first
+size_t walk(
+        const IndexRoarGraph& g,
+        size_t L,
+        const std::vector<int32_t>& hubs,
+        const std::vector<int32_t>& seeds,
+        BeamScratch& s,
+        Score&& score) {
+    // the entry point, the hubs and the seeds (search only), each scored
+    // once, start the beam
     s.begin(g.ntotal);
     s.beam.clear();
     s.ids.clear();
+    s.visit(int32_t(g.entry_point));
     s.ids.push_back(g.entry_point);
-    if (use_hubs) {
-        for (int32_t h : g.hubs) {
-            if (h != g.entry_point) {
+    for (const std::vector<int32_t>* extra : {&hubs, &seeds}) {
+        for (int32_t h : *extra) {
+            if (s.visit(h)) {
                 s.ids.push_back(h);
             }
         }
@@ -237,7 +252,6 @@ size_t walk(const IndexRoarGraph& g, size_t L, bool use_hubs, BeamScratch& s, Sc
     score(s.ids.data(), s.ids.size(), s.scores.data());
     size_t scanned = s.ids.size();
     for (size_t j = 0; j < s.ids.size(); j++) {
-        s.visit(int32_t(s.ids[j]));
         s.beam.push_back({s.scores[j], int32_t(s.ids[j]), false});
     }
     std::sort(s.beam.begin(), s.beam.end(), ranks_before);
@@ -298,6 +312,46 @@ struct InnerProductScore {
 
 } // namespace
 
+size_t IndexRoarGraph::anchors_scored() const {
+    size_t na = anchor_pivots.size();
+    if (seed_anchors <= 0 || na == 0 || anchor_lists.empty()) {
+        return 0; // off, or read from a record without the lists
+    }
+    return std::min(na, size_t(std::max<idx_t>(seed_anchors, ntotal / kKeysPerSeedAnchor)));
+}
+
+size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds) const {
+    size_t pool = anchors_scored();
+    if (pool == 0) {
+        return 0;
+    }
+    size_t na = anchor_pivots.size();
+    size_t width = anchor_lists.size() / na; // Nq of the build
+    // a pool of anchors evenly spread over them (they are in sample order:
+    // every query head and position range), scored by L2 to q
+    std::vector<int64_t> ids(pool);
+    for (size_t a = 0; a < pool; a++) {
+        ids[a] = int64_t(a * na / pool);
+    }
+    std::vector<float> ip(pool);
+    inner_products_by_ids(q, KVRows(anchor_queries.data(), size_t(d)), ids.data(), pool, 1.0f, ip.data());
+    std::vector<std::pair<float, int64_t>> nearest(pool);
+    for (size_t a = 0; a < pool; a++) {
+        nearest[a] = {anchor_sq_norms[ids[a]] - 2 * ip[a], ids[a]}; // |a - q|^2 - |q|^2
+    }
+    size_t take = std::min({pool, size_t(seed_anchors),
+                            size_t(std::max<idx_t>(1, ntotal / kKeysPerSeedList))});
+    std::partial_sort(nearest.begin(), nearest.begin() + take, nearest.end());
+    seeds.clear();
+    for (size_t t = 0; t < take; t++) {
+        const int32_t* list = anchor_lists.data() + size_t(nearest[t].second) * width;
+        for (size_t j = 0; j < width && list[j] >= 0; j++) {
+            seeds.push_back(list[j]);
+        }
+    }
+    return pool;
+}
+
 size_t IndexRoarGraph::beam_search(
         const float* q,
         idx_t k,
@@ -308,7 +362,10 @@ size_t IndexRoarGraph::beam_search(
     if (ntotal > 0 && k > 0) {
         BeamScratch& s = beam_scratch();
         size_t L = size_t(std::min<idx_t>(std::max<idx_t>(beam, k), ntotal));
-        scanned = walk(*this, L, true, s, InnerProductScore{q, storage.key_rows()});
+        std::vector<int32_t> seeds;
+        size_t anchors_read = anchor_seeds(q, seeds);
+        scanned = walk(*this, L, hubs, seeds, s, InnerProductScore{q, storage.key_rows()}) +
+                anchors_read;
         found = std::min(s.beam.size(), size_t(k));
         for (size_t j = 0; j < found; j++) {
             distances[j] = s.beam[j].score;
@@ -563,7 +620,7 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
             BeamScratch& s = beam_scratch();
             std::vector<float> xf(d);
             storage.key(x, xf.data());
-            walk(*this, size_t(std::min<idx_t>(build_L, ntotal)), false, s,
+            walk(*this, size_t(std::min<idx_t>(build_L, ntotal)), {}, {}, s,
                  InnerProductScore{xf.data(), storage.key_rows()});
             std::vector<Candidate> cands;
             for (const Candidate& c : s.beam) {
@@ -650,6 +707,33 @@ void IndexRoarGraph::repair_reachability() {
 
 // ---- prefill -------------------------------------------------------------------
 
+std::vector<idx_t> IndexRoarGraph::training_sample(idx_t n_queries, int n_heads) const {
+    // rows are head-major: row h * n_queries + p is head h at position p
+    idx_t n_all = n_queries * n_heads;
+    std::vector<idx_t> pick, rest;
+    if (n_all <= max_train_queries) {
+        pick.resize(n_all);
+        std::iota(pick.begin(), pick.end(), idx_t(0));
+        return pick;
+    }
+    // the recent positions take at most half of the budget: the sample
+    // still covers the whole prompt
+    idx_t recent = std::min(recent_queries, max_train_queries / (2 * idx_t(n_heads)));
+    for (idx_t i = 0; i < n_all; i++) {
+        (i % n_queries >= n_queries - recent ? pick : rest).push_back(i);
+    }
+    idx_t want = max_train_queries - idx_t(pick.size());
+    idx_t nr = idx_t(rest.size());
+    std::mt19937_64 rng(stream_seed(seed, stream));
+    for (idx_t i = 0; i < want; i++) { // partial Fisher-Yates
+        std::uniform_int_distribution<idx_t> u(i, nr - 1);
+        std::swap(rest[i], rest[u(rng)]);
+    }
+    pick.insert(pick.end(), rest.begin(), rest.begin() + want);
+    std::sort(pick.begin(), pick.end());
+    return pick;
+}
+
 void IndexRoarGraph::prefill_impl(const PrefillInput& in) {
     check_prefill(in);
     if (in.n_tokens > 0 && in.n_queries == 0) {
@@ -661,19 +745,9 @@ void IndexRoarGraph::prefill_impl(const PrefillInput& in) {
         ntotal = n;
         try {
             entry_point = medoid(storage, n);
-            // 1. the training queries: all, or a seeded sample
-            idx_t n_all = in.n_queries * in.n_query_heads;
-            std::vector<idx_t> pick(n_all);
-            std::iota(pick.begin(), pick.end(), idx_t(0));
-            if (n_all > max_train_queries) {
-                std::mt19937_64 rng(stream_seed(seed, stream));
-                for (idx_t i = 0; i < max_train_queries; i++) { // partial Fisher-Yates
-                    std::uniform_int_distribution<idx_t> u(i, n_all - 1);
-                    std::swap(pick[i], pick[u(rng)]);
-                }
-                pick.resize(max_train_queries);
-                std::sort(pick.begin(), pick.end());
-            }
+            // 1. the training queries: all, or the recent ones and a seeded
+            // sample of the others
+            std::vector<idx_t> pick = training_sample(in.n_queries, in.n_query_heads);
             idx_t nq = idx_t(pick.size());
             std::vector<float> train(size_t(nq) * d);
             for (idx_t i = 0; i < nq; i++) {
@@ -740,6 +814,7 @@ void IndexRoarGraph::choose_anchors(
     anchor_queries.resize(size_t(na) * d);
     anchor_pivots.resize(na);
     anchor_thresholds.resize(na);
+    anchor_lists.resize(size_t(na) * Nq);
     std::vector<float> k(d);
     for (idx_t a = 0; a < na; a++) {
         idx_t src = a * n_lists / na;
@@ -751,12 +826,26 @@ void IndexRoarGraph::choose_anchors(
             last++;
         }
         anchor_pivots[a] = int32_t(list[0]);
+        for (int j = 0; j < Nq; j++) {
+            anchor_lists[size_t(a) * Nq + j] = int32_t(list[j]);
+        }
         storage.key(list[last], k.data());
         float t = 0;
         for (int j = 0; j < d; j++) {
             t += q[j] * k[j];
         }
         anchor_thresholds[a] = t; // the score of its Nq-th key
+    }
+    count_anchor_norms();
+}
+
+void IndexRoarGraph::count_anchor_norms() {
+    size_t na = anchor_pivots.size();
+    anchor_sq_norms.resize(na);
+    for (size_t a = 0; a < na; a++) {
+        const float* x = anchor_queries.data() + a * d;
+        anchor_sq_norms[a] = 0;
+        inner_products_scaled(x, KVRows(x, size_t(d)), 1, 1.0f, &anchor_sq_norms[a]);
     }
 }
 
@@ -791,6 +880,8 @@ void IndexRoarGraph::reset_impl() {
     anchor_queries.clear();
     anchor_thresholds.clear();
     anchor_pivots.clear();
+    anchor_lists.clear();
+    anchor_sq_norms.clear();
     n_prompt = 0;
     entry_point = -1;
     n_train_queries = 0;
@@ -802,7 +893,10 @@ size_t IndexRoarGraph::graph_bytes() const {
 }
 
 size_t IndexRoarGraph::memory_bytes() const {
-    return storage.memory_bytes() + graph_bytes() + in_degrees.size() * sizeof(uint32_t);
+    return storage.memory_bytes() + graph_bytes() + in_degrees.size() * sizeof(uint32_t) +
+            hubs.size() * sizeof(int32_t) +
+            (anchor_queries.size() + anchor_thresholds.size() + anchor_sq_norms.size()) * sizeof(float) +
+            (anchor_pivots.size() + anchor_lists.size()) * sizeof(int32_t);
 }
 
 // ---- parameters ----------------------------------------------------------------
@@ -816,6 +910,8 @@ std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
     info.push_back({"max_train_queries", true, "training queries at most (a seeded sample beyond), >= 1"});
     info.push_back({"n_hubs", true, "keys scored as extra entry points of every search (the keys in most training lists); -1: one per 256 prompt keys"});
     info.push_back({"n_anchors", true, "training queries kept to link decode-time keys (0: none), >= 0"});
+    info.push_back({"recent_queries", true, "the last positions of every query head always in the training queries, >= 0"});
+    info.push_back({"seed_anchors", false, "the anchors nearest the query whose lists seed the search (0: none), >= 0"});
     info.push_back({"seed", true, "seed of the training sample (with the per-head stream), >= 0"});
     return info;
 }
@@ -827,6 +923,17 @@ bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
     }
     if (name == "n_anchors") {
         n_anchors = idx_t(count_parameter(name, value));
+        return true;
+    }
+    if (name == "recent_queries") {
+        recent_queries = idx_t(count_parameter(name, value));
+        return true;
+    }
+    if (name == "seed_anchors") {
+        FAISS_THROW_IF_NOT_FMT(
+                is_count(value) && value <= 1e6,
+                "parameter seed_anchors=%g must be an integer in 0..1000000", value);
+        seed_anchors = int(value);
         return true;
     }
     if (name == "n_hubs") {
@@ -888,6 +995,10 @@ bool IndexRoarGraph::get_parameter(const std::string& name, double* value) const
         *value = double(n_hubs);
     } else if (name == "n_anchors") {
         *value = double(n_anchors);
+    } else if (name == "recent_queries") {
+        *value = double(recent_queries);
+    } else if (name == "seed_anchors") {
+        *value = seed_anchors;
     } else {
         return KVIndex::get_parameter(name, value);
     }
@@ -918,12 +1029,16 @@ void IndexRoarGraph::write_fields(BufferWriter& w) const {
     w.vector(anchor_queries);
     w.vector(anchor_thresholds);
     w.vector(anchor_pivots);
+    // record version 2
+    w.value<int64_t>(recent_queries);
+    w.value<int32_t>(seed_anchors);
+    w.vector(anchor_lists);
     storage.write(w);
     w.vector(degrees);
     w.vector(neighbors); // the in-degrees are counted from the edges
 }
 
-void IndexRoarGraph::read_fields(BufferReader& r, uint32_t) {
+void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
     M = r.value<int32_t>("M");
     Nq = r.value<int32_t>("Nq");
     build_L = r.value<int32_t>("build_L");
@@ -940,20 +1055,35 @@ void IndexRoarGraph::read_fields(BufferReader& r, uint32_t) {
     anchor_queries = r.vector<float>("RoarGraph anchor queries");
     anchor_thresholds = r.vector<float>("RoarGraph anchor thresholds");
     anchor_pivots = r.vector<int32_t>("RoarGraph anchor pivots");
+    if (version >= 2) {
+        recent_queries = r.value<int64_t>("recent_queries");
+        seed_anchors = r.value<int32_t>("seed_anchors");
+        anchor_lists = r.vector<int32_t>("RoarGraph anchor lists");
+    } else {
+        // built before: a uniform sample, searches without seeds
+        recent_queries = 0;
+        seed_anchors = 0;
+        anchor_lists.clear();
+    }
     FAISS_THROW_IF_NOT_FMT(
             M >= 2 && M <= kMaxM && Nq >= 1 && build_L >= 1 && max_train_queries >= 1 &&
-                    efSearch >= 1 && n_train_queries >= 0 && n_hubs >= -1 && n_anchors >= 0,
-            "read_index: invalid RoarGraph parameters M=%d Nq=%d build_L=%d efSearch=%d",
+                    efSearch >= 1 && n_train_queries >= 0 && n_hubs >= -1 && n_anchors >= 0 &&
+                    recent_queries >= 0 && seed_anchors >= 0,
+            "read_index: invalid RoarGraph parameters M=%d Nq=%d build_L=%d efSearch=%d "
+            "recent_queries=%zd seed_anchors=%d",
             M,
             Nq,
             build_L,
-            efSearch);
+            efSearch,
+            size_t(recent_queries),
+            seed_anchors);
     storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "RoarGraph storage");
     degrees = r.vector<uint16_t>("RoarGraph degrees");
     neighbors = r.vector<int32_t>("RoarGraph edges");
     check_graph(); // before the edges are followed
     count_in_degrees();
+    count_anchor_norms();
 }
 
 void IndexRoarGraph::check_graph() const {
@@ -992,6 +1122,15 @@ void IndexRoarGraph::check_graph() const {
             anchor_thresholds.size(),
             d,
             size_t(n_prompt),
+            size_t(n));
+    FAISS_THROW_IF_NOT_FMT(
+            (anchor_lists.empty() || (na > 0 && anchor_lists.size() % na == 0)) &&
+                    std::all_of(anchor_lists.begin(), anchor_lists.end(),
+                                [n](int32_t id) { return id >= -1 && id < n; }),
+            "IndexRoarGraph: %zd anchor list entries are not a list per anchor (%zd), or hold "
+            "an id outside [-1, ntotal=%zd)",
+            anchor_lists.size(),
+            na,
             size_t(n));
     check_finite(anchor_queries.data(), idx_t(na), size_t(d), "IndexRoarGraph: anchor queries");
     check_finite(anchor_thresholds.data(), idx_t(na), 1, "IndexRoarGraph: anchor thresholds");

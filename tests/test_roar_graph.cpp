@@ -304,7 +304,8 @@ TEST(RoarGraph, BeamOfAllKeysIsExact) {
             std::vector<float> d1(k);
             std::vector<idx_t> l1(k);
             size_t scanned = g->beam_search(x.test.data(), k, int(x.n), d1.data(), l1.data());
-            EXPECT_EQ(scanned, size_t(x.n));
+            EXPECT_GT(g->anchors_scored(), 0u) << "the seeds are part of the exact search";
+            EXPECT_EQ(scanned, size_t(x.n) + g->anchors_scored()) << "every key, and the anchors";
             EXPECT_TRUE(std::equal(l1.begin(), l1.end(), labels.begin()));
             EXPECT_TRUE(std::equal(d1.begin(), d1.end(), dist.begin()));
         }
@@ -547,7 +548,7 @@ TEST(RoarGraph, SelectionSearchAndAttendAgree) {
             EXPECT_EQ(ids.size(), s.size()) << "ids unique";
             EXPECT_TRUE(*ids.begin() >= 0 && *ids.rbegin() < x.n);
             EXPECT_GT(s.n_scanned, 0u);
-            EXPECT_LE(s.n_scanned, size_t(x.n));
+            EXPECT_LE(s.n_scanned, size_t(x.n) + g->anchors_scored());
             // the same beam: the same keys as search, the same count as beam_search
             std::vector<idx_t> found(labels.begin() + i * k, labels.begin() + (i + 1) * k);
             EXPECT_EQ(ids, std::set<idx_t>(found.begin(), found.end()));
@@ -555,7 +556,7 @@ TEST(RoarGraph, SelectionSearchAndAttendAgree) {
             std::vector<idx_t> l1(k);
             EXPECT_EQ(g->beam_search(x.test.data() + i * kD, k, ef, d1.data(), l1.data()), s.n_scanned);
             if (ef >= x.n) {
-                EXPECT_EQ(s.n_scanned, size_t(x.n));
+                EXPECT_EQ(s.n_scanned, size_t(x.n) + g->anchors_scored());
             }
             // attention = exact softmax over exactly those keys
             std::vector<double> ref;
@@ -840,11 +841,13 @@ TEST(RoarGraph, Parameters) {
         names.insert(p.name);
         bool prefill_time = p.name == "M" || p.name == "Nq" || p.name == "build_L" ||
                             p.name == "max_train_queries" || p.name == "seed" ||
-                            p.name == "n_hubs" || p.name == "n_anchors";
+                            p.name == "n_hubs" || p.name == "n_anchors" ||
+                            p.name == "recent_queries";
         EXPECT_EQ(p.prefill_time, prefill_time) << p.name;
         EXPECT_FALSE(p.doc.empty()) << p.name;
     }
-    for (const char* n : {"k", "efSearch", "M", "Nq", "build_L", "max_train_queries", "seed"}) {
+    for (const char* n : {"k", "efSearch", "M", "Nq", "build_L", "max_train_queries", "seed",
+                          "recent_queries", "seed_anchors"}) {
         EXPECT_TRUE(names.count(n)) << n;
     }
     // bad values throw, naming the knob, and leave it as it was
@@ -856,6 +859,11 @@ TEST(RoarGraph, Parameters) {
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "build_L=0"), "build_L");
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "max_train_queries=0"), "max_train_queries");
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "nprobe=2"), "nprobe");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "seed_anchors=-1"), "seed_anchors");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "seed_anchors=2.5"), "seed_anchors");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "recent_queries=-1"), "recent_queries");
+    set_index_parameters(g.get(), "seed_anchors=4,recent_queries=10");
+    kvtest::expect_knobs(g.get(), "seed_anchors=4,recent_queries=10", "set");
     EXPECT_EQ(g->efSearch, 64);
     EXPECT_EQ(g->Nq, 50);
     EXPECT_EQ(g->M, 24);
@@ -932,6 +940,92 @@ TEST(RoarGraph, SampledTrainingQueriesDependOnSeedAndStream) {
         EXPECT_EQ(g->count_reachable(), x.n);
         expect_well_formed(*g, "sampled");
     }
+}
+
+TEST(RoarGraph, TrainingSampleHoldsTheRecentQueriesOfEveryHead) {
+    auto g = roar(kD);
+    set_index_parameters(g.get(), "max_train_queries=300,recent_queries=40");
+    const idx_t n_queries = 1000;
+    const int n_heads = 3;
+    std::vector<idx_t> rows = g->training_sample(n_queries, n_heads);
+    ASSERT_EQ(rows.size(), 300u);
+    EXPECT_TRUE(std::is_sorted(rows.begin(), rows.end()));
+    EXPECT_EQ(std::adjacent_find(rows.begin(), rows.end()), rows.end()) << "a row twice";
+    EXPECT_GE(rows.front(), 0);
+    EXPECT_LT(rows.back(), n_queries * n_heads);
+    std::set<idx_t> in(rows.begin(), rows.end());
+    idx_t old = 0;
+    for (int h = 0; h < n_heads; h++) {
+        for (idx_t p = 0; p < n_queries; p++) {
+            bool held = in.count(h * n_queries + p) > 0;
+            if (p >= n_queries - 40) {
+                EXPECT_TRUE(held) << "head " << h << ", recent position " << p;
+            } else {
+                old += held;
+            }
+        }
+    }
+    EXPECT_EQ(old, 300 - 3 * 40) << "the rest of the budget goes to the older positions";
+    // the recent part takes at most half of the budget
+    set_index_parameters(g.get(), "recent_queries=1000");
+    rows = g->training_sample(n_queries, n_heads);
+    ASSERT_EQ(rows.size(), 300u);
+    idx_t recent = 0;
+    for (idx_t r : rows) {
+        recent += r % n_queries >= n_queries - 50;
+    }
+    EXPECT_GE(recent, 150); // 50 per head, and whatever the sample drew there
+    EXPECT_LT(recent, 300);
+    // recent_queries=0: the uniform sample; everything when the budget holds it
+    set_index_parameters(g.get(), "recent_queries=0,max_train_queries=3000");
+    rows = g->training_sample(n_queries, n_heads);
+    ASSERT_EQ(rows.size(), 3000u);
+    for (idx_t i = 0; i < 3000; i++) {
+        EXPECT_EQ(rows[i], i);
+    }
+}
+
+TEST(RoarGraph, AnchorSeedsMakeAnAnchorsOwnQueryExact) {
+    // a query equal to an anchor seeds the beam with that anchor's exact
+    // list: with a beam of only k, its top-k are the exact ones whatever the
+    // graph, and without seeds the same beam misses some
+    Data x = make_data(3000, kD, 2, 3000, 0, 1300);
+    auto g = built(x, "M=8,n_anchors=16,n_hubs=0,seed_anchors=1");
+    ASSERT_EQ(g->anchor_pivots.size(), 16u);
+    ASSERT_EQ(g->anchor_lists.size(), 16u * g->Nq);
+    const idx_t k = 20;
+    double recall_with = 0, recall_without = 0;
+    for (size_t a = 0; a < 16; a++) {
+        const float* q = g->anchor_queries.data() + a * kD;
+        std::vector<double> s = ref_scores(q, x.keys.data(), kD, x.n);
+        std::vector<idx_t> ref = kvtest::ref_topk(q, x.keys.data(), kD, x.n, k);
+        for (int seeds : {1, 0}) {
+            SearchParametersTopK p;
+            p.efSearch = int(k);
+            set_index_parameters(g.get(), "seed_anchors=" + std::to_string(seeds));
+            std::vector<float> dist(k);
+            std::vector<idx_t> labels(k);
+            g->search(1, q, k, dist.data(), labels.data(), &p);
+            double r = recall_of(labels.data(), k, s, ref);
+            (seeds ? recall_with : recall_without) += r / 16;
+            if (seeds) {
+                expect_exact_topk(q, x.keys.data(), kD, x.n, k, dist.data(), labels.data(),
+                                  "anchor " + std::to_string(a));
+            }
+        }
+    }
+    EXPECT_EQ(recall_with, 1.0);
+    EXPECT_LT(recall_without, 1.0) << "the planted case needs the seeds";
+    // the anchors a search scores count as vectors read
+    set_index_parameters(g.get(), "seed_anchors=1");
+    Selection with, without;
+    SearchParametersKV counting;
+    counting.count_scanned = true;
+    g->select(1, x.queries.data(), &with, &counting);
+    set_index_parameters(g.get(), "seed_anchors=0");
+    g->select(1, x.queries.data(), &without, &counting);
+    EXPECT_GE(with.n_scanned, 16u);
+    EXPECT_NE(with.n_scanned, without.n_scanned);
 }
 
 // ---- 12. exact_topk_blocked -----------------------------------------------------------

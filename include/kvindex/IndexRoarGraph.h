@@ -39,11 +39,16 @@ void exact_topk_blocked(
  * queries find their top keys touching a small fraction of them.
  *
  * Build (prefill), per KV head, from the prefill queries of its GQA group:
- *  1. training queries: all of them, or a seeded sample of
- *     max_train_queries (16384) when there are more: their exact lists
- *     cost n_train * n * d multiply-adds, the largest part of the build
- *     (128k keys on 2 cores: 8192 queries built in 17 s, 16384 in 23 s,
- *     24576 in 28 s; recall at equal keys read moved by 0 to +0.03);
+ *  1. training queries: all of them, or, when there are more than
+ *     max_train_queries (16384), the last recent_queries (1024; at most
+ *     half of the budget) positions of every query head and a seeded
+ *     sample of the others: decode
+ *     queries resemble the latest prompt queries most (the question, the
+ *     needle just read), and a uniform sample holds few of those. Their
+ *     exact lists cost n_train * n * d multiply-adds, the largest part of
+ *     the build (128k keys on 2 cores: 8192 queries built in 17 s, 16384
+ *     in 23 s, 24576 in 28 s; recall at equal keys read moved by 0 to
+ *     +0.03);
  *  2. each one's exact top-Nq keys by inner product, over every key of the
  *     prompt (not causally: the graph serves decode queries, which see
  *     them all), by blocked matrix products (exact_topk_blocked);
@@ -82,11 +87,16 @@ void exact_topk_blocked(
  * keys in the true top-100 are found 0.72 of the time instead of 0.50
  * (0.87 had they been prefilled).
  *
- * Search: best-first beam of max(efSearch, k) from the entry point and the
+ * Search: best-first beam of max(efSearch, k) from the entry point, the
  * hubs (the keys in the most training lists, one per 256 prompt keys:
- * scored first, they start the beam near where attention usually goes),
- * scored by inner product; Selection::n_scanned counts the keys whose
- * score was computed, hubs included. The visited marks are epoch-stamped
+ * scored first, they start the beam near where attention usually goes)
+ * and the seeds: the exact lists of the seed_anchors (32) anchors nearest
+ * the query, at most one per 4096 keys (L2 between queries, over a pool
+ * of at most one anchor per 128 keys, spread over them). A query's top keys are mostly in the lists of
+ * the prompt queries that resemble it, which the projection has pruned to
+ * M per pivot; the seeds give them back at the start. Scored by inner
+ * product; Selection::n_scanned counts the vectors whose score was
+ * computed: keys (hubs and seeds included) and the anchors of the pool. The visited marks are epoch-stamped
  * per thread, so nothing is cleared between queries. attend = exact
  * softmax over the k keys found (their scores are reused); compose with
  * the static part, as the paper does: "Sink128,Window512,RoarGraph32"
@@ -94,8 +104,11 @@ void exact_topk_blocked(
  *
  * Per call: SearchParametersTopK (IndexTopK.h), whose efSearch is the
  * beam width of graph retrievers, HNSW's and this one's alike.
- * Factory string: "RoarGraph<M>". Knobs: k, efSearch; prefill-time: M,
- * Nq, build_L, max_train_queries, n_hubs, n_anchors, seed.
+ * Factory string: "RoarGraph<M>". Knobs: k, efSearch, seed_anchors;
+ * prefill-time: M, Nq, build_L, max_train_queries, recent_queries, n_hubs,
+ * n_anchors, seed. Record version 2 adds recent_queries, seed_anchors and
+ * the anchors' lists; a version-1 record reads with seed_anchors = 0 (no
+ * lists), and searches as it did.
  */
 struct IndexRoarGraph : KVIndex {
     int M = 32;                      ///< out-degree of the projection; degree bound 2M
@@ -106,7 +119,9 @@ struct IndexRoarGraph : KVIndex {
     uint64_t seed = 1234;            ///< with `stream`, seeds the query sample
     uint64_t stream = 0;             ///< one stream per (layer, head): set by KVCache
     idx_t n_hubs = -1;               ///< hubs to keep at prefill; -1: one per 256 prompt keys
-    idx_t n_anchors = 1024;          ///< training queries kept as anchors (see appends)
+    idx_t n_anchors = 1024;          ///< training queries kept as anchors (appends, seeds)
+    idx_t recent_queries = 1024;     ///< last positions of every query head always trained on
+    int seed_anchors = 32;           ///< nearest anchors whose lists seed a search (0: none)
 
     KVStorage storage;               ///< keys and values of all tokens
     std::vector<int32_t> neighbors;  ///< size ntotal * 2M: row i = out-edges of i, -1 padded
@@ -123,6 +138,11 @@ struct IndexRoarGraph : KVIndex {
     std::vector<float> anchor_thresholds;
     /// size n_anchor: each anchor's best key
     std::vector<int32_t> anchor_pivots;
+    /// size n_anchor * Nq (Nq of the build), or empty: each anchor's exact
+    /// list, best first, -1 padded (the seeds of the searches)
+    std::vector<int32_t> anchor_lists;
+    /// size n_anchor: |anchor|^2 (counted from anchor_queries, not written)
+    std::vector<float> anchor_sq_norms;
     idx_t n_prompt = 0;              ///< keys the last prefill built from; later ones are appended
     idx_t n_train_queries = 0;       ///< training queries the last prefill used
 
@@ -144,6 +164,15 @@ struct IndexRoarGraph : KVIndex {
      */
     size_t beam_search(const float* q, idx_t k, int beam, float* distances, idx_t* labels) const;
 
+    /** Step 1: the rows of the prefill queries trained on (row h *
+     * n_queries + p: query head h at position p), ascending: all of them,
+     * or the last recent_queries positions of every head and a sample of
+     * the others seeded by (seed, stream), max_train_queries in all. */
+    std::vector<idx_t> training_sample(idx_t n_queries, int n_heads) const;
+    /** Anchors a search scores to pick its seeds (0: no seeding): at most
+     * one per 128 keys and at least seed_anchors, of the n_anchors kept.
+     * Selection::n_scanned counts them with the keys. */
+    size_t anchors_scored() const;
     /// Keys reachable from the entry point (breadth-first), for checks.
     idx_t count_reachable() const;
 
@@ -225,6 +254,11 @@ struct IndexRoarGraph : KVIndex {
     /** The pivots of the anchors whose exact lists key x would have
      * entered (score >= bar), best margin first, at most M. */
     std::vector<int32_t> anchor_pivots_of(const float* key, idx_t x) const;
+    /// The lists of the seed_anchors anchors nearest q, appended to
+    /// `seeds`; returns the anchors scored.
+    size_t anchor_seeds(const float* q, std::vector<int32_t>& seeds) const;
+    /// anchor_sq_norms from anchor_queries.
+    void count_anchor_norms();
     /// Counts in_degrees from the edges.
     void count_in_degrees();
     /// Keys the projection left with fewer out-edges than this are linked

@@ -485,14 +485,16 @@ Factory string: "LSHSample<K>x<L>". Knobs: k, min_hits, max_sample.)doc")
     py::class_<kvindex::IndexRoarGraph, KVIndex, std::shared_ptr<kvindex::IndexRoarGraph>>(
             m, "IndexRoarGraph",
             R"doc(RetrievalAttention's attention-aware graph (built like RoarGraph): prefill
-takes the exact top-Nq keys of (a seeded sample of) the prompt's own queries,
-projects them onto a key graph (occlusion rule, reverse edges), links the
-keys no query list reached, and keeps every key reachable; decode-time
-tokens are linked as they arrive. search / attend walk it best-first with a
-beam of max(efSearch, k) and attend exactly over the k keys found. Compose
-with the static part: "Sink128,Window512,RoarGraph32". Factory string:
-"RoarGraph<M>". Knobs: k, efSearch; prefill-time: M, Nq, build_L,
-max_train_queries, n_hubs, seed.)doc")
+takes the exact top-Nq keys of the prompt's own queries (the recent ones and
+a seeded sample of the rest), projects them onto a key graph (occlusion
+rule, reverse edges), links the keys no query list reached, and keeps every
+key reachable; decode-time tokens are linked as they arrive. search / attend
+walk it best-first with a beam of max(efSearch, k), seeded with the exact
+lists of the prompt queries nearest the query, and attend exactly over the k
+keys found. Compose with the static part: "Sink128,Window512,RoarGraph32".
+Factory string: "RoarGraph<M>". Knobs: k, efSearch, seed_anchors;
+prefill-time: M, Nq, build_L, max_train_queries, recent_queries, n_hubs,
+n_anchors, seed.)doc")
             .def(py::init([](int d, int M, py::object d_value, const std::string& kv_type) {
                      return std::make_shared<kvindex::IndexRoarGraph>(d, d_value_or(d, d_value), M, kv_type_of(kv_type));
                  }),
