@@ -42,9 +42,9 @@ void exact_topk_blocked(
  *  1. training queries: all of them, or, when there are more than
  *     max_train_queries (16384), the last recent_queries (1024; at most
  *     half of the budget) positions of every query head and a seeded
- *     sample of the others: decode
- *     queries resemble the latest prompt queries most (the question, the
- *     needle just read), and a uniform sample holds few of those. Their
+ *     sample of the others: decode queries resemble the latest prompt
+ *     queries most (the question, the needle just read), and a uniform
+ *     sample holds few of those. Their
  *     exact lists cost n_train * n * d multiply-adds, the largest part of
  *     the build (128k keys on 2 cores: 8192 queries built in 17 s, 16384
  *     in 23 s, 24576 in 28 s; recall at equal keys read moved by 0 to
@@ -92,12 +92,13 @@ void exact_topk_blocked(
  * scored first, they start the beam near where attention usually goes)
  * and the seeds: the exact lists of the seed_anchors (32) anchors nearest
  * the query, at most one per 4096 keys (L2 between queries, over a pool
- * of at most one anchor per 128 keys, spread over them). A query's top keys are mostly in the lists of
- * the prompt queries that resemble it, which the projection has pruned to
- * M per pivot; the seeds give them back at the start. Scored by inner
- * product; Selection::n_scanned counts the vectors whose score was
- * computed: keys (hubs and seeds included) and the anchors of the pool. The visited marks are epoch-stamped
- * per thread, so nothing is cleared between queries. attend = exact
+ * of at most one anchor per 128 keys, spread over them). A query's top
+ * keys are mostly in the lists of the prompt queries that resemble it,
+ * which the projection has pruned to M per pivot; the seeds give them back
+ * at the start. Scored by inner product; Selection::n_scanned counts the
+ * vectors whose score was computed: keys (hubs and seeds included) and the
+ * anchors of the pool. The visited marks are epoch-stamped per thread, so
+ * nothing is cleared between queries. attend = exact
  * softmax over the k keys found (their scores are reused); compose with
  * the static part, as the paper does: "Sink128,Window512,RoarGraph32"
  * (640 static tokens).
