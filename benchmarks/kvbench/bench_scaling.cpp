@@ -53,10 +53,7 @@ int run_bench(int argc, char** argv) {
     if (!kvtools::parse_options(argc, argv, opts, vm)) {
         return 0;
     }
-    std::vector<idx_t> lengths;
-    for (int64_t t : kvtools::parse_list<int64_t>(tokens_list)) {
-        lengths.push_back(idx_t(t));
-    }
+    std::vector<idx_t> lengths = kvtools::parse_list<idx_t>(tokens_list);
     const int d = 128, k = 100;
     std::printf("%-24s %9s %10s %10s %9s %9s %8s %10s\n", "index", "tokens", "us/query",
                 "dense_us", "speedup", "recall", "build_s", "bytes/tok");
