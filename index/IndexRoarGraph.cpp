@@ -1,6 +1,7 @@
 #include <kvindex/IndexRoarGraph.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -34,6 +35,10 @@ constexpr idx_t kKeysPerHub = 256;  // default hubs: 1 per 256 prompt keys
 // pay for seeds they need less
 constexpr idx_t kKeysPerSeedAnchor = 128;
 constexpr idx_t kKeysPerSeedList = 4096;
+// larger pools go through the anchors' k-means groups: sqrt(n_anchors)
+// groups, the members of the nearest kAnchorGroupsProbed scored
+constexpr size_t kAnchorGroupsProbed = 4;
+constexpr int kAnchorKmeansIterations = 10;
 
 /// A key and its inner product with a query (or with a key: a pivot, a key
 /// being linked); larger = closer. In a beam, `expanded` marks the keys
@@ -58,6 +63,11 @@ struct BeamScratch {
     std::vector<int64_t> ids;
     std::vector<float> scores;
     std::vector<float> row; ///< a key as floats
+    // the anchor choice of a search
+    std::vector<int32_t> seeds;
+    std::vector<int64_t> anchor_ids;
+    std::vector<float> anchor_scores;
+    std::vector<std::pair<float, int64_t>> nearest;
 
     void begin(idx_t n) {
         if (visited.size() < size_t(n)) {
@@ -312,7 +322,99 @@ struct InnerProductScore {
 
 } // namespace
 
-size_t IndexRoarGraph::anchors_scored() const {
+// ---- the seeds -----------------------------------------------------------------
+
+namespace {
+
+/** Scores rows `ids` of `rows` (size * d) by L2 to q, up to |q|^2: |x|^2 -
+ * 2 <q, x>, appended to `out` as (score, id). */
+void add_l2_scores(
+        const float* q,
+        const float* rows,
+        const float* sq_norms,
+        size_t d,
+        const std::vector<int64_t>& ids,
+        std::vector<float>& ip,
+        std::vector<std::pair<float, int64_t>>& out) {
+    ip.resize(ids.size());
+    inner_products_by_ids(q, rows, d, ids.data(), ids.size(), 1.0f, ip.data());
+    for (size_t j = 0; j < ids.size(); j++) {
+        out.push_back({sq_norms[ids[j]] - 2 * ip[j], ids[j]});
+    }
+}
+
+} // namespace
+
+void AnchorGroups::clear() {
+    centroids.clear();
+    sq_norms.clear();
+    offsets.clear();
+    members.clear();
+}
+
+void AnchorGroups::build(const float* anchors, size_t na, size_t dim, size_t n_groups) {
+    clear();
+    d = dim;
+    if (na == 0 || n_groups == 0) {
+        return;
+    }
+    size_t G = std::min(n_groups, na);
+    centroids.resize(G * d);
+    for (size_t g = 0; g < G; g++) { // evenly spread: every head, every position range
+        const float* a = anchors + (g * na / G) * d;
+        std::copy(a, a + d, centroids.begin() + g * d);
+    }
+    std::vector<size_t> group(na);
+    std::vector<float> ip(G);
+    sq_norms.resize(G);
+    auto assign = [&]() {
+        for (size_t g = 0; g < G; g++) {
+            sq_norms[g] = 0;
+            inner_products_scaled(&centroids[g * d], &centroids[g * d], d, 1, 1.0f, &sq_norms[g]);
+        }
+        for (size_t a = 0; a < na; a++) { // the centroid nearest by L2, as searches score them
+            inner_products_scaled(anchors + a * d, centroids.data(), d, G, 1.0f, ip.data());
+            size_t best = 0;
+            for (size_t g = 1; g < G; g++) {
+                if (sq_norms[g] - 2 * ip[g] < sq_norms[best] - 2 * ip[best]) {
+                    best = g;
+                }
+            }
+            group[a] = best;
+        }
+    };
+    std::vector<double> sum(G * d);
+    std::vector<size_t> count(G);
+    for (int it = 0; it < kAnchorKmeansIterations; it++) {
+        assign();
+        std::fill(sum.begin(), sum.end(), 0.0);
+        std::fill(count.begin(), count.end(), 0);
+        for (size_t a = 0; a < na; a++) {
+            count[group[a]]++;
+            for (size_t j = 0; j < d; j++) {
+                sum[group[a] * d + j] += anchors[a * d + j];
+            }
+        }
+        for (size_t g = 0; g < G; g++) {
+            for (size_t j = 0; count[g] > 0 && j < d; j++) { // an empty group keeps its centroid
+                centroids[g * d + j] = float(sum[g * d + j] / double(count[g]));
+            }
+        }
+    }
+    assign(); // last: every anchor in its nearest centroid's group
+    offsets.assign(G + 1, 0);
+    for (size_t a = 0; a < na; a++) {
+        offsets[group[a] + 1]++;
+    }
+    std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
+    members.resize(na);
+    std::vector<size_t> next(offsets.begin(), offsets.end() - 1);
+    for (size_t a = 0; a < na; a++) {
+        members[next[group[a]]++] = int64_t(a);
+    }
+}
+
+size_t IndexRoarGraph::anchor_pool() const {
     size_t na = anchor_pivots.size();
     if (seed_anchors <= 0 || na == 0 || anchor_lists.empty()) {
         return 0; // off, or read from a record without the lists
@@ -320,36 +422,70 @@ size_t IndexRoarGraph::anchors_scored() const {
     return std::min(na, size_t(std::max<idx_t>(seed_anchors, ntotal / kKeysPerSeedAnchor)));
 }
 
+bool IndexRoarGraph::seeds_by_group() const {
+    size_t G = anchor_groups.n_groups();
+    if (G == 0) {
+        return false;
+    }
+    size_t probed = std::min(G, kAnchorGroupsProbed) * anchor_pivots.size() / G;
+    return G + probed < anchor_pool();
+}
+
+size_t IndexRoarGraph::anchors_scored(const float* q) const {
+    BeamScratch& s = beam_scratch();
+    return anchor_seeds(q, s.seeds);
+}
+
 size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds) const {
-    size_t pool = anchors_scored();
+    seeds.clear();
+    size_t pool = anchor_pool();
     if (pool == 0) {
         return 0;
     }
+    BeamScratch& s = beam_scratch();
     size_t na = anchor_pivots.size();
+    size_t scored = 0;
+    s.anchor_ids.clear();
+    if (seeds_by_group()) {
+        // the members of the groups whose centroids are nearest q
+        const AnchorGroups& ag = anchor_groups;
+        size_t G = ag.n_groups();
+        s.anchor_scores.resize(G);
+        inner_products_scaled(q, ag.centroids.data(), size_t(d), G, 1.0f, s.anchor_scores.data());
+        s.nearest.clear();
+        for (size_t g = 0; g < G; g++) {
+            s.nearest.push_back({ag.sq_norms[g] - 2 * s.anchor_scores[g], int64_t(g)});
+        }
+        size_t probe = std::min(G, kAnchorGroupsProbed);
+        std::partial_sort(s.nearest.begin(), s.nearest.begin() + probe, s.nearest.end());
+        for (size_t t = 0; t < probe; t++) {
+            size_t g = size_t(s.nearest[t].second);
+            s.anchor_ids.insert(s.anchor_ids.end(), ag.members.begin() + ag.offsets[g],
+                                ag.members.begin() + ag.offsets[g + 1]);
+        }
+        scored = G;
+    } else {
+        // a pool evenly spread over the anchors (they are in sample order:
+        // every query head and position range)
+        for (size_t a = 0; a < pool; a++) {
+            s.anchor_ids.push_back(int64_t(a * na / pool));
+        }
+    }
+    scored += s.anchor_ids.size();
+    s.nearest.clear();
+    add_l2_scores(q, anchor_queries.data(), anchor_sq_norms.data(), size_t(d), s.anchor_ids,
+                  s.anchor_scores, s.nearest);
     size_t width = anchor_lists.size() / na; // Nq of the build
-    // a pool of anchors evenly spread over them (they are in sample order:
-    // every query head and position range), scored by L2 to q
-    std::vector<int64_t> ids(pool);
-    for (size_t a = 0; a < pool; a++) {
-        ids[a] = int64_t(a * na / pool);
-    }
-    std::vector<float> ip(pool);
-    inner_products_by_ids(q, KVRows(anchor_queries.data(), size_t(d)), ids.data(), pool, 1.0f, ip.data());
-    std::vector<std::pair<float, int64_t>> nearest(pool);
-    for (size_t a = 0; a < pool; a++) {
-        nearest[a] = {anchor_sq_norms[ids[a]] - 2 * ip[a], ids[a]}; // |a - q|^2 - |q|^2
-    }
-    size_t take = std::min({pool, size_t(seed_anchors),
+    size_t take = std::min({s.nearest.size(), size_t(seed_anchors),
                             size_t(std::max<idx_t>(1, ntotal / kKeysPerSeedList))});
-    std::partial_sort(nearest.begin(), nearest.begin() + take, nearest.end());
-    seeds.clear();
+    std::partial_sort(s.nearest.begin(), s.nearest.begin() + take, s.nearest.end());
     for (size_t t = 0; t < take; t++) {
-        const int32_t* list = anchor_lists.data() + size_t(nearest[t].second) * width;
+        const int32_t* list = anchor_lists.data() + size_t(s.nearest[t].second) * width;
         for (size_t j = 0; j < width && list[j] >= 0; j++) {
             seeds.push_back(list[j]);
         }
     }
-    return pool;
+    return scored;
 }
 
 size_t IndexRoarGraph::beam_search(
@@ -362,9 +498,8 @@ size_t IndexRoarGraph::beam_search(
     if (ntotal > 0 && k > 0) {
         BeamScratch& s = beam_scratch();
         size_t L = size_t(std::min<idx_t>(std::max<idx_t>(beam, k), ntotal));
-        std::vector<int32_t> seeds;
-        size_t anchors_read = anchor_seeds(q, seeds);
-        scanned = walk(*this, L, hubs, seeds, s, InnerProductScore{q, storage.key_rows()}) +
+        size_t anchors_read = anchor_seeds(q, s.seeds);
+        scanned = walk(*this, L, hubs, s.seeds, s, InnerProductScore{q, storage.key_rows()}) +
                 anchors_read;
         found = std::min(s.beam.size(), size_t(k));
         for (size_t j = 0; j < found; j++) {
@@ -836,10 +971,10 @@ void IndexRoarGraph::choose_anchors(
         }
         anchor_thresholds[a] = t; // the score of its Nq-th key
     }
-    count_anchor_norms();
+    index_anchors();
 }
 
-void IndexRoarGraph::count_anchor_norms() {
+void IndexRoarGraph::index_anchors() {
     size_t na = anchor_pivots.size();
     anchor_sq_norms.resize(na);
     for (size_t a = 0; a < na; a++) {
@@ -847,6 +982,9 @@ void IndexRoarGraph::count_anchor_norms() {
         anchor_sq_norms[a] = 0;
         inner_products_scaled(x, KVRows(x, size_t(d)), 1, 1.0f, &anchor_sq_norms[a]);
     }
+    // sqrt(na) groups: the centroids and the groups probed cost about the same
+    anchor_groups.build(anchor_queries.data(), na, size_t(d),
+                        size_t(std::lround(std::sqrt(double(na)))));
 }
 
 std::vector<int32_t> IndexRoarGraph::anchor_pivots_of(const float* key, idx_t x) const {
@@ -882,6 +1020,7 @@ void IndexRoarGraph::reset_impl() {
     anchor_pivots.clear();
     anchor_lists.clear();
     anchor_sq_norms.clear();
+    anchor_groups.clear();
     n_prompt = 0;
     entry_point = -1;
     n_train_queries = 0;
@@ -896,7 +1035,10 @@ size_t IndexRoarGraph::memory_bytes() const {
     return storage.memory_bytes() + graph_bytes() + in_degrees.size() * sizeof(uint32_t) +
             hubs.size() * sizeof(int32_t) +
             (anchor_queries.size() + anchor_thresholds.size() + anchor_sq_norms.size()) * sizeof(float) +
-            (anchor_pivots.size() + anchor_lists.size()) * sizeof(int32_t);
+            (anchor_pivots.size() + anchor_lists.size()) * sizeof(int32_t) +
+            (anchor_groups.centroids.size() + anchor_groups.sq_norms.size()) * sizeof(float) +
+            anchor_groups.offsets.size() * sizeof(size_t) +
+            anchor_groups.members.size() * sizeof(int64_t);
 }
 
 // ---- parameters ----------------------------------------------------------------
@@ -1083,7 +1225,7 @@ void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
     neighbors = r.vector<int32_t>("RoarGraph edges");
     check_graph(); // before the edges are followed
     count_in_degrees();
-    count_anchor_norms();
+    index_anchors();
 }
 
 void IndexRoarGraph::check_graph() const {

@@ -304,8 +304,9 @@ TEST(RoarGraph, BeamOfAllKeysIsExact) {
             std::vector<float> d1(k);
             std::vector<idx_t> l1(k);
             size_t scanned = g->beam_search(x.test.data(), k, int(x.n), d1.data(), l1.data());
-            EXPECT_GT(g->anchors_scored(), 0u) << "the seeds are part of the exact search";
-            EXPECT_EQ(scanned, size_t(x.n) + g->anchors_scored()) << "every key, and the anchors";
+            EXPECT_GT(g->anchors_scored(x.test.data()), 0u) << "the seeds are part of the exact search";
+            EXPECT_EQ(scanned, size_t(x.n) + g->anchors_scored(x.test.data()))
+                    << "every key, and the anchors";
             EXPECT_TRUE(std::equal(l1.begin(), l1.end(), labels.begin()));
             EXPECT_TRUE(std::equal(d1.begin(), d1.end(), dist.begin()));
         }
@@ -548,7 +549,8 @@ TEST(RoarGraph, SelectionSearchAndAttendAgree) {
             EXPECT_EQ(ids.size(), s.size()) << "ids unique";
             EXPECT_TRUE(*ids.begin() >= 0 && *ids.rbegin() < x.n);
             EXPECT_GT(s.n_scanned, 0u);
-            EXPECT_LE(s.n_scanned, size_t(x.n) + g->anchors_scored());
+            const float* q = x.test.data() + i * kD;
+            EXPECT_LE(s.n_scanned, size_t(x.n) + g->anchors_scored(q));
             // the same beam: the same keys as search, the same count as beam_search
             std::vector<idx_t> found(labels.begin() + i * k, labels.begin() + (i + 1) * k);
             EXPECT_EQ(ids, std::set<idx_t>(found.begin(), found.end()));
@@ -556,7 +558,7 @@ TEST(RoarGraph, SelectionSearchAndAttendAgree) {
             std::vector<idx_t> l1(k);
             EXPECT_EQ(g->beam_search(x.test.data() + i * kD, k, ef, d1.data(), l1.data()), s.n_scanned);
             if (ef >= x.n) {
-                EXPECT_EQ(s.n_scanned, size_t(x.n) + g->anchors_scored());
+                EXPECT_EQ(s.n_scanned, size_t(x.n) + g->anchors_scored(q));
             }
             // attention = exact softmax over exactly those keys
             std::vector<double> ref;
@@ -1026,6 +1028,102 @@ TEST(RoarGraph, AnchorSeedsMakeAnAnchorsOwnQueryExact) {
     g->select(1, x.queries.data(), &without, &counting);
     EXPECT_GE(with.n_scanned, 16u);
     EXPECT_NE(with.n_scanned, without.n_scanned);
+}
+
+TEST(RoarGraph, AnchorGroupsHoldEveryAnchorInItsNearestCentroidsGroup) {
+    const size_t na = 300, d = 16;
+    std::vector<float> anchors = gaussian(idx_t(na), int(d), 77);
+    for (size_t groups : {size_t(17), size_t(1), na, na + 5}) {
+        SCOPED_TRACE(groups);
+        AnchorGroups ag;
+        ag.build(anchors.data(), na, d, groups);
+        size_t G = std::min(groups, na);
+        ASSERT_EQ(ag.n_groups(), G);
+        ASSERT_EQ(ag.centroids.size(), G * d);
+        ASSERT_EQ(ag.offsets.size(), G + 1);
+        EXPECT_EQ(ag.offsets.front(), 0u);
+        EXPECT_EQ(ag.offsets.back(), na);
+        std::vector<int64_t> sorted = ag.members;
+        std::sort(sorted.begin(), sorted.end());
+        for (size_t a = 0; a < na; a++) {
+            ASSERT_EQ(sorted[a], int64_t(a)) << "every anchor in exactly one group";
+        }
+        // each anchor's group has the nearest centroid, by a double L2
+        for (size_t g = 0; g < G; g++) {
+            EXPECT_LE(ag.offsets[g], ag.offsets[g + 1]);
+            for (size_t m = ag.offsets[g]; m < ag.offsets[g + 1]; m++) {
+                const float* a = anchors.data() + ag.members[m] * d;
+                auto dist = [&](size_t c) {
+                    double t = 0;
+                    for (size_t j = 0; j < d; j++) {
+                        double e = double(a[j]) - ag.centroids[c * d + j];
+                        t += e * e;
+                    }
+                    return t;
+                };
+                double mine = dist(g);
+                for (size_t c = 0; c < G; c++) {
+                    EXPECT_LE(mine, dist(c) + 1e-4 * (1 + mine)) << "anchor " << ag.members[m];
+                }
+            }
+        }
+        AnchorGroups again;
+        again.build(anchors.data(), na, d, groups);
+        EXPECT_EQ(again.members, ag.members) << "deterministic";
+        EXPECT_EQ(again.centroids, ag.centroids);
+    }
+    AnchorGroups none;
+    none.build(anchors.data(), na, d, 0);
+    EXPECT_EQ(none.n_groups(), 0u);
+    none.build(anchors.data(), 0, d, 4);
+    EXPECT_EQ(none.n_groups(), 0u);
+}
+
+TEST(RoarGraph, GroupedSeedsGiveAnAnchorItsOwnListScoringFewerAnchors) {
+    // a pool of 256 anchors is more than 16 centroids and the members of
+    // the 4 nearest groups: the searches go through the groups. A query
+    // equal to an anchor is in its nearest centroid's group and nearest
+    // itself, so its own exact list seeds the beam
+    Data x = make_data(3000, kD, 2, 3000, 0, 1301);
+    auto g = built(x, "M=8,n_anchors=256,n_hubs=0,seed_anchors=256");
+    ASSERT_EQ(g->anchor_pivots.size(), 256u);
+    ASSERT_EQ(g->anchor_groups.n_groups(), 16u);
+    ASSERT_TRUE(g->seeds_by_group());
+    const idx_t k = 20;
+    double mean_scored = 0;
+    for (size_t a = 0; a < 256; a += 8) {
+        const float* q = g->anchor_queries.data() + a * kD;
+        SearchParametersTopK p;
+        p.efSearch = int(k);
+        std::vector<float> dist(k);
+        std::vector<idx_t> labels(k);
+        g->search(1, q, k, dist.data(), labels.data(), &p);
+        expect_exact_topk(q, x.keys.data(), kD, x.n, k, dist.data(), labels.data(),
+                          "anchor " + std::to_string(a));
+        size_t scored = g->anchors_scored(q);
+        EXPECT_GT(scored, 16u) << "the centroids and at least one group";
+        mean_scored += double(scored) / 32;
+        // a full beam scores every key and those anchors
+        std::vector<float> d1(k);
+        std::vector<idx_t> l1(k);
+        EXPECT_EQ(g->beam_search(q, k, int(x.n), d1.data(), l1.data()), size_t(x.n) + scored);
+    }
+    EXPECT_LT(mean_scored, 256.0) << "fewer than the flat pool";
+    // the groups are derived again on read: the same groups, the same answers
+    std::vector<uint8_t> buf;
+    write_index(g.get(), &buf);
+    auto copy_base = read_index(buf);
+    auto* copy = dynamic_cast<IndexRoarGraph*>(copy_base.get());
+    ASSERT_TRUE(copy);
+    EXPECT_EQ(copy->anchor_groups.members, g->anchor_groups.members);
+    EXPECT_EQ(copy->anchor_groups.offsets, g->anchor_groups.offsets);
+    EXPECT_EQ(copy->anchor_groups.centroids, g->anchor_groups.centroids);
+    std::vector<float> d1(5 * k), d2(5 * k);
+    std::vector<idx_t> l1(5 * k), l2(5 * k);
+    g->search(5, x.queries.data(), k, d1.data(), l1.data());
+    copy->search(5, x.queries.data(), k, d2.data(), l2.data());
+    EXPECT_EQ(l1, l2);
+    EXPECT_EQ(d1, d2);
 }
 
 // ---- 12. exact_topk_blocked -----------------------------------------------------------
