@@ -352,6 +352,14 @@ void AnchorGroups::clear() {
     members.clear();
 }
 
+void AnchorGroups::l2_to_centroids(const float* q, float* out) const {
+    size_t G = n_groups();
+    inner_products_scaled(q, centroids.data(), d, G, 1.0f, out);
+    for (size_t g = 0; g < G; g++) {
+        out[g] = sq_norms[g] - 2 * out[g];
+    }
+}
+
 void AnchorGroups::build(const float* anchors, size_t na, size_t dim, size_t n_groups) {
     clear();
     d = dim;
@@ -365,7 +373,7 @@ void AnchorGroups::build(const float* anchors, size_t na, size_t dim, size_t n_g
         std::copy(a, a + d, centroids.begin() + g * d);
     }
     std::vector<size_t> group(na);
-    std::vector<float> ip(G);
+    std::vector<float> dist(G);
     sq_norms.resize(G);
     auto assign = [&]() {
         for (size_t g = 0; g < G; g++) {
@@ -373,14 +381,8 @@ void AnchorGroups::build(const float* anchors, size_t na, size_t dim, size_t n_g
             inner_products_scaled(&centroids[g * d], &centroids[g * d], d, 1, 1.0f, &sq_norms[g]);
         }
         for (size_t a = 0; a < na; a++) { // the centroid nearest by L2, as searches score them
-            inner_products_scaled(anchors + a * d, centroids.data(), d, G, 1.0f, ip.data());
-            size_t best = 0;
-            for (size_t g = 1; g < G; g++) {
-                if (sq_norms[g] - 2 * ip[g] < sq_norms[best] - 2 * ip[best]) {
-                    best = g;
-                }
-            }
-            group[a] = best;
+            l2_to_centroids(anchors + a * d, dist.data());
+            group[a] = size_t(std::min_element(dist.begin(), dist.end()) - dist.begin());
         }
     };
     std::vector<double> sum(G * d);
@@ -451,10 +453,10 @@ size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds)
         const AnchorGroups& ag = anchor_groups;
         size_t G = ag.n_groups();
         s.anchor_scores.resize(G);
-        inner_products_scaled(q, ag.centroids.data(), size_t(d), G, 1.0f, s.anchor_scores.data());
+        ag.l2_to_centroids(q, s.anchor_scores.data());
         s.nearest.clear();
         for (size_t g = 0; g < G; g++) {
-            s.nearest.push_back({ag.sq_norms[g] - 2 * s.anchor_scores[g], int64_t(g)});
+            s.nearest.push_back({s.anchor_scores[g], int64_t(g)});
         }
         size_t probe = std::min(G, kAnchorGroupsProbed);
         std::partial_sort(s.nearest.begin(), s.nearest.begin() + probe, s.nearest.end());

@@ -50,6 +50,10 @@ struct AnchorGroups {
     size_t n_groups() const {
         return sq_norms.size();
     }
+    /** out[g] = |centroid_g|^2 - 2 <q, centroid_g>: the L2 to q up to
+     * |q|^2, the one measure of both the grouping and the searches (so an
+     * anchor's own group is the nearest to it). out: size n_groups. */
+    void l2_to_centroids(const float* q, float* out) const;
     /** Groups the na anchors (size na * d) into min(n_groups, na) groups;
      * n_groups = 0 or na = 0 leaves none. */
     void build(const float* anchors, size_t na, size_t d, size_t n_groups);
@@ -119,13 +123,13 @@ struct AnchorGroups {
  * of at most one anchor per 128 keys, spread over them; when the pool
  * would be larger than that, the anchors are grouped by k-means into
  * sqrt(n_anchors) groups and the search scores the centroids and the
- * members of the 4 nearest groups: at 128k keys ~160 anchors instead of
- * 1024, 0.6% of the keys read less for the same seeds). A query's top
+ * members of the 4 nearest groups: at 128k keys ~160 vectors instead of
+ * 1024, and 0.4% of the keys read less for the same recall). A query's top
  * keys are mostly in the lists of the prompt queries that resemble it,
  * which the projection has pruned to M per pivot; the seeds give them back
  * at the start. Scored by inner product; Selection::n_scanned counts the
- * vectors whose score was computed: keys (hubs and seeds included) and the
- * anchors of the pool. The visited marks are epoch-stamped per thread, so
+ * vectors whose score was computed: keys (hubs and seeds included), and
+ * the anchors and group centroids scored. The visited marks are epoch-stamped per thread, so
  * nothing is cleared between queries. attend = exact
  * softmax over the k keys found (their scores are reused); compose with
  * the static part, as the paper does: "Sink128,Window512,RoarGraph32"
