@@ -139,6 +139,7 @@ void GpuIndexKV::add_kv_impl(idx_t n, const float* keys, const float* values) {
 
 void GpuIndexKV::reset_impl() {
     storage.clear();
+    ntotal = 0; // reset_impl's contract (KVIndex::reset does not clear it)
 }
 
 void GpuIndexKV::reconstruct_impl(idx_t key, float* recons) const {
@@ -163,7 +164,8 @@ void GpuIndexKV::search_batch(
     const GpuResources& res = device();
     DeviceScope scope(res.device());
     cudaStream_t stream = res.stream();
-    const idx_t kk = std::min(k_search, ntotal);
+    const idx_t n_rows = storage.size; // ntotal, or fewer for eviction
+    const idx_t kk = std::min(k_search, n_rows);
     const gpu::KVHeadsView view = gpu::view_of(storage);
     const idx_t batch = rows_per_batch(n);
     std::vector<int32_t> ids;
@@ -171,20 +173,24 @@ void GpuIndexKV::search_batch(
     std::vector<idx_t> order(kk);
     for (idx_t i0 = 0; i0 < n; i0 += batch) {
         const idx_t nb = std::min(batch, n - i0);
-        gpu::DeviceScratch qd = gpu::upload(q + i0 * d, size_t(nb) * d, stream, "search: queries");
-        gpu::DeviceScratch ids_d(size_t(nb) * kk * sizeof(int32_t), stream);
-        gpu::DeviceScratch scores_d(size_t(nb) * kk * sizeof(float), stream);
-        gpu::with_workspace(stream, [&](gpu::Workspace& ws) {
-            gpu::topk_select(view, qd.as<float>(), int(nb), 0, ntotal, kk, ids_d.as<int32_t>(),
-                             scores_d.as<float>(), ws, stream);
-        });
-        ids.resize(size_t(nb) * kk);
-        scores.resize(size_t(nb) * kk);
-        gpu::download(ids.data(), ids_d.get(), ids.size(), stream, "search: ids");
-        gpu::download(scores.data(), scores_d.get(), scores.size(), stream, "search: scores");
-        res.synchronize("search");
-        // the device selects in id order; search answers by decreasing
-        // score, ties by smaller id (as the CPU indexes)
+        if (kk > 0) {
+            gpu::DeviceScratch qd =
+                    gpu::upload(q + i0 * d, size_t(nb) * d, stream, "search: queries");
+            gpu::DeviceScratch ids_d(size_t(nb) * kk * sizeof(int32_t), stream);
+            gpu::DeviceScratch scores_d(size_t(nb) * kk * sizeof(float), stream);
+            gpu::with_workspace(stream, [&](gpu::Workspace& ws) {
+                gpu::topk_select(view, qd.as<float>(), int(nb), 0, n_rows, kk,
+                                 ids_d.as<int32_t>(), scores_d.as<float>(), ws, stream);
+            });
+            ids.resize(size_t(nb) * kk);
+            scores.resize(size_t(nb) * kk);
+            gpu::download(ids.data(), ids_d.get(), ids.size(), stream, "search: ids");
+            gpu::download(scores.data(), scores_d.get(), scores.size(), stream, "search: scores");
+            res.synchronize("search");
+        }
+        // the device selects in row order; search answers by decreasing
+        // score, ties by smaller row (= smaller label: rows and labels
+        // increase together), as the CPU indexes
         for (idx_t i = 0; i < nb; i++) {
             const int32_t* row_ids = ids.data() + i * kk;
             const float* row_scores = scores.data() + i * kk;
@@ -198,11 +204,76 @@ void GpuIndexKV::search_batch(
             for (idx_t j = 0; j < k_search; j++) {
                 if (j < kk) {
                     dis[j] = row_scores[order[j]];
-                    lab[j] = row_ids[order[j]];
+                    lab[j] = label_of_row(row_ids[order[j]]);
                 } else { // padding as Faiss does for inner product
                     dis[j] = std::numeric_limits<float>::lowest();
                     lab[j] = -1;
                 }
+            }
+        }
+    }
+}
+
+void GpuIndexKV::search_among(
+        idx_t n,
+        const float* q,
+        const Selection* sel,
+        idx_t k_search,
+        float* distances,
+        idx_t* labels,
+        const std::vector<idx_t>* row_of_token) const {
+    const GpuResources& res = device();
+    DeviceScope scope(res.device());
+    cudaStream_t stream = res.stream();
+    constexpr idx_t kBatch = 1024; // queries scored at once
+    std::vector<size_t> order;
+    for (idx_t i0 = 0; i0 < n; i0 += kBatch) {
+        const idx_t nb = std::min(kBatch, n - i0);
+        size_t stride = 1;
+        for (idx_t i = 0; i < nb; i++) {
+            stride = std::max(stride, sel[i0 + i].size());
+        }
+        // one list of storage rows per query, scored by gpu::list_scores
+        std::vector<int32_t> ids(size_t(nb) * stride, 0), lens(nb);
+        for (idx_t i = 0; i < nb; i++) {
+            const Selection& s = sel[i0 + i];
+            lens[i] = int32_t(s.size());
+            for (size_t j = 0; j < s.size(); j++) {
+                ids[i * stride + j] =
+                        int32_t(row_of_token ? (*row_of_token)[s.ids[j]] : s.ids[j]);
+            }
+        }
+        gpu::DeviceScratch qd = gpu::upload(q + i0 * d, size_t(nb) * d, stream, "search: queries");
+        gpu::DeviceScratch idd = gpu::upload(ids.data(), ids.size(), stream, "search: ids");
+        gpu::DeviceScratch lend = gpu::upload(lens.data(), lens.size(), stream, "search: ids");
+        gpu::DeviceScratch sd(ids.size() * sizeof(float), stream);
+        gpu::TokenLists lists;
+        lists.ids = idd.as<int32_t>();
+        lists.lens = lend.as<int32_t>();
+        lists.stride = idx_t(stride);
+        lists.max_len = idx_t(stride);
+        lists.per_row = true;
+        gpu::list_scores(gpu::view_of(storage), qd.as<float>(), int(nb), lists, sd.as<float>(),
+                         stream);
+        std::vector<float> scores(ids.size());
+        gpu::download(scores.data(), sd.get(), scores.size(), stream, "search: scores");
+        res.synchronize("search");
+        for (idx_t i = 0; i < nb; i++) {
+            const Selection& s = sel[i0 + i];
+            const float* sc = scores.data() + i * stride;
+            order.resize(s.size());
+            std::iota(order.begin(), order.end(), size_t(0));
+            const size_t kk = std::min(size_t(k_search), s.size());
+            std::partial_sort(order.begin(), order.begin() + kk, order.end(),
+                              [&](size_t a, size_t b) {
+                                  return sc[a] > sc[b] || (sc[a] == sc[b] && s.ids[a] < s.ids[b]);
+                              });
+            float* dis = distances + (i0 + i) * k_search;
+            idx_t* lab = labels + (i0 + i) * k_search;
+            for (idx_t j = 0; j < k_search; j++) {
+                const bool has = size_t(j) < kk;
+                dis[j] = has ? sc[order[j]] : std::numeric_limits<float>::lowest();
+                lab[j] = has ? s.ids[order[j]] : -1;
             }
         }
     }

@@ -11,6 +11,7 @@
 
 #include "decode_attention.h"
 #include "device_memory.h"
+#include "twin_chain.h"
 
 namespace kvindex {
 
@@ -115,14 +116,7 @@ namespace {
 
 /// The IndexTopK of "TopK(Flat)" / "Sink<n>,Window<m>,TopK(Flat)", or nullptr.
 const IndexTopK* flat_topk_of(const KVIndex& cpu, idx_t* n_sink, idx_t* n_window) {
-    const KVIndex* inner = &cpu;
-    *n_sink = *n_window = 0;
-    if (auto sw = dynamic_cast<const IndexSinkWindow*>(&cpu)) {
-        *n_sink = sw->n_sink;
-        *n_window = sw->n_window;
-        inner = sw->inner.get();
-    }
-    auto t = dynamic_cast<const IndexTopK*>(inner);
+    const IndexTopK* t = static_chain_inner<IndexTopK>(cpu, n_sink, n_window);
     return t && t->retriever_string == "Flat" ? t : nullptr; // exact top-k only
 }
 

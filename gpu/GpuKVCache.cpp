@@ -79,6 +79,14 @@ GpuKVCache::GpuKVCache(
         // come with it; it holds no tokens
         std::unique_ptr<KVIndex> cpu = index_factory(d, cpu_string(l), d_value);
         std::unique_ptr<GpuIndexKV> gpu = index_cpu_to_gpu(resources, cpu.get());
+        FAISS_THROW_IF_NOT_FMT(
+                gpu->shares_layer_storage(),
+                "GpuKVCache: '%s' (layer %d) is answered by %s, which keeps per-head state "
+                "(buckets, tables or evicted positions): use KVCache with the GPU string, one "
+                "index per head",
+                cpu_string(l).c_str(),
+                l,
+                gpu->type_name());
         layers.emplace_back(resources->device(), n_kv_heads, d, gpu->d_value, gpu->kv_type);
         layer_index.push_back(std::move(gpu));
     }

@@ -11,7 +11,8 @@
 #include <type_traits>
 
 #include "gpu_error.h"
-#include "kernels/decode_attention.cuh"
+#include "launch_plan.cuh"
+#include "list_attention.cuh"
 #include "kernels/topk_select.cuh"
 
 namespace kvindex {
@@ -19,52 +20,8 @@ namespace gpu {
 
 namespace {
 
-/// Fewest tokens a slice reads: below this the merge costs more than the
-/// parallelism gains.
-constexpr int64_t kMinSliceTokens = 128;
 /// Fewest candidates a select chunk holds.
 constexpr int64_t kMinChunk = 2048;
-
-template <class T>
-struct TypeTag {
-    using type = T;
-};
-template <int D>
-using Dim = std::integral_constant<int, D>;
-
-/// Calls f(TypeTag<T>, Dim<D>) for the stored type and head dimension.
-template <class F>
-void with_type_and_dim(KVType type, int d, F&& f) {
-    auto by_dim = [&](auto tag) {
-        switch (d) {
-            case 64:
-                f(tag, Dim<64>{});
-                return;
-            case 128:
-                f(tag, Dim<128>{});
-                return;
-            case 256:
-                f(tag, Dim<256>{});
-                return;
-            default:
-                throw_gpu_error(
-                        "head dimension " + std::to_string(d) +
-                        " has no GPU kernel (supported: 64, 128, 256)");
-        }
-    };
-    switch (type) {
-        case KVType::f32:
-            by_dim(TypeTag<float>{});
-            return;
-        case KVType::bf16:
-            by_dim(TypeTag<__nv_bfloat16>{});
-            return;
-        case KVType::f16:
-            by_dim(TypeTag<__half>{});
-            return;
-    }
-    throw_gpu_error("unknown KV storage type " + std::to_string(int(type)));
-}
 
 int sm_count() {
     int dev = 0, n = 0;
@@ -74,75 +31,8 @@ int sm_count() {
     return n;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) {
-    return (a + b - 1) / b;
-}
-
-/// Query rows one block handles: the smallest of 1, 2, 4, 8 covering
-/// rows_per_head (tiles of 8 beyond).
-int rows_tile(int rows_per_head) {
-    int t = 1;
-    while (t < rows_per_head && t < 8) {
-        t *= 2;
-    }
-    return t;
-}
-
-/// How a list of n_tokens is cut into slices when `units` independent
-/// (head, row tile) pairs share the device.
-struct Slicing {
-    int n_splits = 0;
-    int64_t split_len = 0;
-};
-
-/** Cuts n_tokens into slices for `units` independent (head, row tile)
- * pairs: target_blocks blocks in all, no slice under min_len tokens, at
- * most max_splits. */
-Slicing slice(int64_t n_tokens, int64_t units, int64_t target_blocks, int64_t min_len,
-              int64_t max_splits) {
-    Slicing s;
-    if (n_tokens <= 0) {
-        return s;
-    }
-    int64_t want = ceil_div(std::max<int64_t>(target_blocks, 1), std::max<int64_t>(units, 1));
-    int64_t most = std::min(ceil_div(n_tokens, min_len), max_splits);
-    int64_t n = std::max<int64_t>(1, std::min(want, most));
-    s.split_len = ceil_div(n_tokens, n);
-    s.n_splits = int(ceil_div(n_tokens, s.split_len));
-    return s;
-}
-
-/// The most slices slice() can return for these tokens, whatever the device.
-int max_slices(int64_t n_tokens, int64_t min_len, int64_t max_splits) {
-    return n_tokens <= 0 ? 0 : int(std::min(ceil_div(n_tokens, min_len), max_splits));
-}
-
 /// Blocks per multiprocessor the slicing aims at (set_slices_per_sm).
 std::atomic<int> slices_per_sm{kDefaultSlicesPerSm};
-
-/// Blocks the slicing aims at on this device.
-int64_t target_blocks() {
-    return int64_t(sm_count()) * slices_per_sm.load();
-}
-
-template <class T, int D>
-void launch_dense_slices(const DecodeKernelArgs& a, int nq, dim3 grid, cudaStream_t stream) {
-    switch (nq) {
-        case 1:
-            dense_slices_kernel<T, D, 1><<<grid, kDecodeThreads, 0, stream>>>(a);
-            break;
-        case 2:
-            dense_slices_kernel<T, D, 2><<<grid, kDecodeThreads, 0, stream>>>(a);
-            break;
-        case 4:
-            dense_slices_kernel<T, D, 4><<<grid, kDecodeThreads, 0, stream>>>(a);
-            break;
-        default:
-            dense_slices_kernel<T, D, 8><<<grid, kDecodeThreads, 0, stream>>>(a);
-            break;
-    }
-    check_launch("dense_slices_kernel");
-}
 
 template <class T, int D>
 void launch_scores(
@@ -178,54 +68,11 @@ void launch_scores(
     check_launch("scores_kernel");
 }
 
-DecodeKernelArgs kernel_args(const KVHeadsView& kv, const float* q, int rows_per_head) {
-    DecodeKernelArgs a{};
-    a.keys = kv.keys;
-    a.values = kv.values;
-    a.head_stride = kv.head_stride;
-    a.q = q;
-    a.rows_per_head = rows_per_head;
-    a.q_scale = kLog2e / std::sqrt(float(kv.d));
-    return a;
-}
-
-void merge(const float* part_out, const float* part_lse, int total_splits, int64_t n_rows,
-           int d, float* out, float* lse, cudaStream_t stream) {
-    auto launch = [&](auto kernel) {
-        kernel<<<unsigned(n_rows), kMergeThreads, 0, stream>>>(part_out, part_lse, total_splits,
-                                                               out, lse);
-    };
-    switch (d) {
-        case 64:
-            launch(merge_slices_kernel<64>);
-            break;
-        case 128:
-            launch(merge_slices_kernel<128>);
-            break;
-        default:
-            launch(merge_slices_kernel<256>);
-            break;
-    }
-    check_launch("merge_slices_kernel");
-}
-
-void check_view(const KVHeadsView& kv, int rows_per_head, const char* what) {
-    if (!supported_head_dim(kv.d)) {
-        throw_gpu_error(std::string(what) + ": head dimension " + std::to_string(kv.d) +
-                        " has no GPU kernel (supported: 64, 128, 256)");
-    }
-    if (kv.n_heads < 1 || kv.n_heads > 65535 || rows_per_head < 1 ||
-        ceil_div(rows_per_head, 8) > 65535 || kv.n_tokens < 0 ||
-        kv.n_tokens > int64_t(INT32_MAX) || kv.head_stride < kv.n_tokens) {
-        throw_gpu_error(std::string(what) + ": invalid shape (heads " +
-                        std::to_string(kv.n_heads) + ", rows per head " +
-                        std::to_string(rows_per_head) + ", tokens " +
-                        std::to_string(kv.n_tokens) + ", head stride " +
-                        std::to_string(kv.head_stride) + ")");
-    }
-}
-
 } // namespace
+
+int64_t target_blocks() {
+    return int64_t(sm_count()) * slices_per_sm.load();
+}
 
 void set_slices_per_sm(int n) {
     if (n < 1 || n > 64) {
@@ -379,7 +226,6 @@ void topk_attention(
     // the static slices and the gathered ones share the merge: half its
     // slots each
     constexpr int64_t kHalf = kMaxSplits / 2;
-    constexpr int64_t kMinGather = 64;
     const int cap = max_slices(ranges.size(), kMinSliceTokens, kHalf) +
             max_slices(k, kMinGather, kHalf);
 
@@ -421,6 +267,48 @@ void topk_attention(
         check_launch("gather_slices_kernel");
     });
     merge(part_out, part_lse, total, n_rows, kv.d, out, lse, stream);
+}
+
+void list_attention(
+        const KVHeadsView& kv,
+        const float* q,
+        int rows_per_head,
+        int64_t n_sink,
+        int64_t n_window,
+        const TokenLists& lists,
+        float* out,
+        float* lse,
+        Workspace& ws,
+        cudaStream_t stream) {
+    list_attention_with<NoBias>(kv, q, rows_per_head, n_sink, n_window, lists, NoBias::Params(),
+                                out, lse, ws, stream);
+}
+
+void list_scores(
+        const KVHeadsView& kv,
+        const float* q,
+        int rows_per_head,
+        const TokenLists& lists,
+        float* scores,
+        cudaStream_t stream) {
+    check_view(kv, rows_per_head, "list_scores");
+    const int64_t n_rows = int64_t(kv.n_heads) * rows_per_head;
+    if (!lists.per_row || n_rows > 65535 || lists.stride < lists.max_len) {
+        throw_gpu_error("list_scores: needs per-row lists of stride >= their bound, at most "
+                        "65535 rows (" + std::to_string(n_rows) + ")");
+    }
+    if (lists.max_len == 0) {
+        return;
+    }
+    const unsigned bx = unsigned(std::min<int64_t>(ceil_div(lists.max_len, kDecodeWarps), 1024));
+    ListArgs la{lists.ids, lists.lens, lists.stride, 1};
+    with_type_and_dim(kv.type, kv.d, [&](auto tag, auto dim) {
+        using T = typename decltype(tag)::type;
+        constexpr int D = decltype(dim)::value;
+        list_scores_kernel<T, D><<<dim3(bx, unsigned(n_rows)), kDecodeThreads, 0, stream>>>(
+                static_cast<const T*>(kv.keys), kv.head_stride, q, rows_per_head, la, scores);
+        check_launch("list_scores_kernel");
+    });
 }
 
 } // namespace gpu

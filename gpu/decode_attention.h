@@ -124,5 +124,54 @@ void topk_select(
         Workspace& ws,
         cudaStream_t stream);
 
+/** Token lists on the device, for the methods that read a different set of
+ * tokens per query row or per KV head (IVF buckets, LSH samples), whose
+ * lengths only the device knows: list l holds lens[l] token rows of its
+ * head at ids + l * stride. Lists are per row (n_heads * rows_per_head
+ * lists, row r reads list r) or per head (n_heads lists, the rows of a head
+ * share its list, read once for all of them). */
+struct TokenLists {
+    const int32_t* ids = nullptr;  ///< [n_lists][stride] token rows within the head
+    const int32_t* lens = nullptr; ///< [n_lists] (device), each <= max_len
+    int64_t stride = 0;            ///< capacity of a list, >= max_len
+    int64_t max_len = 0;           ///< a host-side bound on every length, for slicing
+    bool per_row = false;          ///< one list per query row; false: one per head
+};
+
+/** Exact attention of each row over its list plus the static part (the
+ * first n_sink and last n_window tokens of its head, read once for the
+ * rows of the head), merged by lse: the attention of the sparse methods
+ * whose selection is a set (IVF buckets). A list must not repeat a token
+ * nor hold a static one.
+ *
+ * @param q    [n_heads][rows_per_head][d] float32
+ * @param out  [n_heads][rows_per_head][d] float32
+ * @param lse  [n_heads][rows_per_head] float32, natural log (-inf: nothing read)
+ */
+void list_attention(
+        const KVHeadsView& kv,
+        const float* q,
+        int rows_per_head,
+        int64_t n_sink,
+        int64_t n_window,
+        const TokenLists& lists,
+        float* out,
+        float* lse,
+        Workspace& ws,
+        cudaStream_t stream);
+
+/** <q_r, k_t> (unscaled) for every token of each row's list (per-row lists:
+ * search over a selection).
+ *
+ * @param scores  [n_rows][lists.stride] float32; entries past lens[r] untouched
+ */
+void list_scores(
+        const KVHeadsView& kv,
+        const float* q,
+        int rows_per_head,
+        const TokenLists& lists,
+        float* scores,
+        cudaStream_t stream);
+
 } // namespace gpu
 } // namespace kvindex

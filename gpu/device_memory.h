@@ -72,6 +72,25 @@ void download(T* host, const void* device, size_t n, cudaStream_t stream, const 
     }
 }
 
+/// A persistent device copy of n elements of T (cudaMalloc, freed by
+/// DeviceFree), for an index's arrays; synchronous. n = 0: empty.
+template <class T>
+DeviceArray device_copy(int device, const T* host, size_t n, const char* what) {
+    void* p = nullptr;
+    if (n > 0) {
+        check_cuda(cudaMalloc(&p, n * sizeof(T)), what);
+        DeviceArray a(p, DeviceFree{device});
+        check_cuda(cudaMemcpy(p, host, n * sizeof(T), cudaMemcpyHostToDevice), what);
+        return a;
+    }
+    return DeviceArray(nullptr, DeviceFree{device});
+}
+
+template <class T>
+DeviceArray device_copy(int device, const std::vector<T>& host, const char* what) {
+    return device_copy(device, host.data(), host.size(), what);
+}
+
 /// Runs f(Workspace&) once to size its scratch, then on that much memory.
 template <class F>
 void with_workspace(cudaStream_t stream, F&& f) {

@@ -70,11 +70,24 @@ struct DecodeKernelArgs {
     int64_t ids_per_row;
 };
 
+/// No additive term: plain softmax weights (every kernel but the samplers').
+struct NoBias {
+    struct Params {};
+    __device__ NoBias(const Params&, int64_t /*head*/, int64_t /*row*/) {}
+    __device__ float operator()(int64_t /*t*/, float /*s*/) const {
+        return 0.0f;
+    }
+};
+
 /** The online-softmax pass of one block over list positions [v0, v1) of
  * `token_at`, for NQ query rows (row pointers nullptr past the last row),
  * writing the slice's normalised output and base-2 lse to out_rows[qi] /
- * *lse_rows[qi]. Every thread of the block must call it. */
-template <typename T, int D, int NQ, typename TokenAt>
+ * *lse_rows[qi]. Every thread of the block must call it.
+ *
+ * `bias(t, s)` is added to the base-2 score s of token t before the
+ * softmax (an importance weight, -log2 u_t for a sampler); it is one term
+ * for every row, so a per-row bias needs NQ = 1. NoBias compiles away. */
+template <typename T, int D, int NQ, typename TokenAt, typename Bias = NoBias>
 __device__ __forceinline__ void attend_slice(
         const T* __restrict__ K,
         const T* __restrict__ V,
@@ -84,7 +97,8 @@ __device__ __forceinline__ void attend_slice(
         int64_t v1,
         TokenAt token_at,
         float* const (&out_rows)[NQ],
-        float* const (&lse_rows)[NQ]) {
+        float* const (&lse_rows)[NQ],
+        const Bias& bias = Bias(typename Bias::Params(), 0, 0)) {
     using L = RowLayout<T, D>;
     constexpr int EPL = L::EPL;
     constexpr int VPL = L::VPL;
@@ -131,12 +145,15 @@ __device__ __forceinline__ void attend_slice(
         // every load of the step first, then the arithmetic
         uint4 kr[U][VPL], vr[U][VPL];
         bool ok[U];
+        int64_t tok[U]; // read by the bias only (dead code for NoBias)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int64_t v = base + int64_t(u) * NS;
             ok[u] = v < v1;
+            tok[u] = 0;
             if (ok[u]) {
                 int64_t t = token_at(v);
+                tok[u] = t;
                 const T* kp = K + t * D;
                 const T* vp = V + t * D;
 #pragma unroll
@@ -169,7 +186,7 @@ __device__ __forceinline__ void attend_slice(
                 }
                 // all lanes shuffle (full mask), whatever ok says
                 p = row_sum<L::LPK>(p);
-                s[u][qi] = ok[u] ? p : kNegInf;
+                s[u][qi] = ok[u] ? p + bias(tok[u], p) : kNegInf;
             }
         }
         float w[U][NQ];
@@ -336,6 +353,90 @@ __global__ void __launch_bounds__(kDecodeThreads) gather_slices_kernel(DecodeKer
     float* lse_rows[1] = {args.part_lse + slot};
     TokenList list{args.ids + row * args.ids_per_row};
     attend_slice<T, D, 1>(K, V, q_rows, args.q_scale, v0, v1, list, out_rows, lse_rows);
+}
+
+/** Token lists read by list_slices_kernel: list l holds lens[l] token rows
+ * of its head at ids + l * stride. A list serves rows_per_list consecutive
+ * query rows (a KV head's rows_per_head when its rows share one list, 1 for
+ * one list per row); rows_per_list divides rows_per_head. */
+struct ListArgs {
+    const int32_t* ids;
+    const int32_t* lens;
+    int64_t stride;
+    int rows_per_list;
+};
+
+/** Slices of token lists whose lengths only the device knows: grid
+ * (n_splits, n_lists, ceil(rows_per_list / NQ)); slice `split` of list l
+ * reads positions [len * split / n_splits, len * (split + 1) / n_splits)
+ * for NQ of the list's rows, so that every list is cut into n_splits
+ * near-equal slices whatever its length (empty slices write lse = -inf).
+ * Bias (see attend_slice) is built per block from its params, head and
+ * first row. */
+template <typename T, int D, int NQ, typename Bias>
+__global__ void __launch_bounds__(kDecodeThreads) list_slices_kernel(
+        DecodeKernelArgs args, ListArgs lists, typename Bias::Params bias_params) {
+    const int split = blockIdx.x;
+    const int64_t list = blockIdx.y;
+    const int64_t first_row = list * lists.rows_per_list;
+    const int64_t head = first_row / args.rows_per_head;
+    const int64_t len = lists.lens[list];
+    const int64_t v0 = len * split / args.n_splits;
+    const int64_t v1 = len * (split + 1) / args.n_splits;
+    const T* K = static_cast<const T*>(args.keys) + head * args.head_stride * D;
+    const T* V = static_cast<const T*>(args.values) + head * args.head_stride * D;
+    const float* q_rows[NQ];
+    float* out_rows[NQ];
+    float* lse_rows[NQ];
+#pragma unroll
+    for (int qi = 0; qi < NQ; qi++) {
+        const int r = blockIdx.z * NQ + qi; // within the list
+        const bool valid = r < lists.rows_per_list;
+        const int64_t row = first_row + r;
+        const int64_t slot = row * args.total_splits + args.split_offset + split;
+        q_rows[qi] = valid ? args.q + row * D : nullptr;
+        out_rows[qi] = valid ? args.part_out + slot * D : nullptr;
+        lse_rows[qi] = valid ? args.part_lse + slot : nullptr;
+    }
+    const Bias bias(bias_params, head, first_row + blockIdx.z * NQ);
+    TokenList tokens{lists.ids + list * lists.stride};
+    attend_slice<T, D, NQ>(K, V, q_rows, args.q_scale, v0, v1, tokens, out_rows, lse_rows, bias);
+}
+
+/** <q_r, k_t> (unscaled) of every token of each row's list: grid (x,
+ * n_rows), one warp per token, the row's query in shared memory. For
+ * search over a selection, not a decode hot path. */
+template <typename T, int D>
+__global__ void __launch_bounds__(kDecodeThreads) list_scores_kernel(
+        const T* __restrict__ keys,
+        int64_t head_stride,
+        const float* __restrict__ q,
+        int rows_per_head,
+        ListArgs lists,
+        float* __restrict__ scores) {
+    __shared__ float qs[D];
+    const int64_t row = blockIdx.y;
+    const int64_t head = row / rows_per_head;
+    for (int j = threadIdx.x; j < D; j += kDecodeThreads) {
+        qs[j] = q[row * D + j];
+    }
+    __syncthreads();
+    const int32_t* ids = lists.ids + row * lists.stride;
+    const int64_t len = lists.lens[row];
+    const T* K = keys + head * head_stride * D;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int64_t v = int64_t(blockIdx.x) * kDecodeWarps + warp; v < len;
+         v += int64_t(gridDim.x) * kDecodeWarps) {
+        const T* k = K + int64_t(ids[v]) * D;
+        float p = 0.0f;
+        for (int j = lane; j < D; j += 32) {
+            p = fmaf(qs[j], to_float(k[j]), p);
+        }
+        p = row_sum<32>(p);
+        if (lane == 0) {
+            scores[row * lists.stride + v] = p;
+        }
+    }
 }
 
 /// Most slices a row may have (the merge keeps one weight per slice in

@@ -73,6 +73,17 @@ __device__ __forceinline__ void widen(uint4 raw, const __half*, float* out) {
     }
 }
 
+/// One stored element as float (scalar paths; the hot loops use widen).
+__device__ __forceinline__ float to_float(float x) {
+    return x;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+    return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_float(__half x) {
+    return __half2float(x);
+}
+
 /// Sum over the LPK lanes that share a row (all of them get the sum).
 template <int LPK>
 __device__ __forceinline__ float row_sum(float x) {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include <faiss/impl/FaissException.h>
 #include <gtest/gtest.h>
 
 #include <kvindex/IndexKVFlat.h>
@@ -179,6 +180,13 @@ TEST(GpuFlat, DecodeAppendsMatchCpu) {
             cpu->reconstruct_value(i, b.data());
             EXPECT_EQ(a, b) << i;
         }
+        // reset empties the index: a new sequence starts at token 0
+        gpu.reset();
+        EXPECT_EQ(gpu.ntotal, 0);
+        EXPECT_EQ(gpu.storage.size, 0);
+        gpu.add_kv(3, x.keys.data(), x.values.data());
+        EXPECT_EQ(gpu.ntotal, 3);
+        EXPECT_THROW(gpu.reconstruct(3, a.data()), faiss::FaissException);
     }
 }
 

@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <kvindex/KVIndex.h>
 #include <kvindex/gpu/GpuKVStorage.h>
@@ -40,8 +41,20 @@ struct GpuIndexKV : KVIndex {
     /// The CPU twin's chain, without the storage prefix.
     virtual std::string cpu_factory_string() const = 0;
 
-    /// The CPU twin with the same tokens, knobs and RoPE (index_gpu_to_cpu).
-    std::unique_ptr<KVIndex> to_cpu() const;
+    /** The CPU twin with the same tokens, knobs and RoPE (index_gpu_to_cpu).
+     * The default rebuilds the twin's chain from cpu_factory_string and
+     * adds the tokens in order; types with structures of their own
+     * (eviction, trained models, hash tables) override it. */
+    virtual std::unique_ptr<KVIndex> to_cpu() const;
+
+    /** Whether attend_heads answers from any storage of this type's shape:
+     * a GpuKVCache then holds each layer's heads in one storage and this
+     * index only for its knobs. Types with per-head state (buckets, hash
+     * tables, evicted positions) return false, and GpuKVCache refuses
+     * them (use KVCache with the GPU string: one index per head). */
+    virtual bool shares_layer_storage() const {
+        return true;
+    }
     /** Takes the tokens, the top-k budget, the estimator and the RoPE
      * record of `cpu`, its twin (index_cpu_to_gpu), into this empty index.
      * Throws when d, d_value or the storage type differ. */
@@ -89,7 +102,8 @@ struct GpuIndexKV : KVIndex {
     void reset_impl() override;
     void reconstruct_impl(idx_t key, float* recons) const override;
     void reconstruct_value_impl(idx_t key, float* value) const override;
-    /// Exact top-k over every token, on the device (both types' search).
+    /** Exact top-k over every stored row, on the device (the dense and
+     * top-k types' search), labels through label_of_row. */
     void search_batch(
             idx_t n,
             const float* q,
@@ -97,6 +111,27 @@ struct GpuIndexKV : KVIndex {
             float* distances,
             idx_t* labels,
             const faiss::SearchParameters* params) const override;
+    /// The label search reports for storage row `row` (default: the row,
+    /// as a token position; eviction maps rows to the positions kept).
+    virtual idx_t label_of_row(idx_t row) const {
+        return row;
+    }
+
+    /** The exact top-k among each query's selected tokens, scored on the
+     * device, larger score first, ties by smaller id, padded as Faiss
+     * pads: the search of the types whose CPU twin searches its own
+     * selection (sampled, probed).
+     * @param sel           size n, ids are token positions
+     * @param row_of_token  storage row of each token, nullptr: the same */
+    void search_among(
+            idx_t n,
+            const float* q,
+            const Selection* sel,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const std::vector<idx_t>* row_of_token) const;
+
     /// Queries up, attend_heads over this index's storage, outputs down.
     void attend_batch(
             idx_t n,
