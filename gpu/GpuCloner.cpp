@@ -5,7 +5,10 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/gpu/GpuIndexIVFAsym.h>
 #include <kvindex/gpu/GpuIndexKVFlat.h>
+#include <kvindex/gpu/GpuIndexLSHSample.h>
+#include <kvindex/gpu/GpuIndexProxyEvict.h>
 #include <kvindex/gpu/GpuIndexTopK.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/registry.h>
@@ -20,6 +23,12 @@ struct TwinTable {
             {"GpuIndexKVFlat", "Flat", GpuIndexKVFlat::accepts_cpu, GpuIndexKVFlat::from_cpu},
             {"GpuIndexTopK", "TopK(Flat), Sink<n>,Window<m>,TopK(Flat)", GpuIndexTopK::accepts_cpu,
              GpuIndexTopK::from_cpu},
+            {"GpuIndexProxyEvict", "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,Flat]",
+             GpuIndexProxyEvict::accepts_cpu, GpuIndexProxyEvict::from_cpu},
+            {"GpuIndexIVFAsym", "[Sink<n>,][Window<m>,]IVFAsym<C>[_Centroid|_CentroidRoPE|_Moment]",
+             GpuIndexIVFAsym::accepts_cpu, GpuIndexIVFAsym::from_cpu},
+            {"GpuIndexLSHSample", "[Sink<n>,][Window<m>,]LSHSample<K>x<L>",
+             GpuIndexLSHSample::accepts_cpu, GpuIndexLSHSample::from_cpu},
     };
 };
 
@@ -72,6 +81,24 @@ void register_gpu_index_types() {
                 {"GpuIndexTopK", fourcc("KGtk"), 1, "GPU,[Sink<n>,][Window<m>,]TopK(Flat)",
                  "exact top-k attention on the GPU with an exact sink and window, merged by lse",
                  nullptr, make_empty<GpuIndexTopK>});
+        register_index_type(
+                {"GpuIndexProxyEvict", fourcc("KGpe"), 1,
+                 "GPU,ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random]",
+                 "one-shot eviction at prefill: proxy scores on the GPU, the CPU policy's choice, "
+                 "dense attention over the kept tokens",
+                 nullptr, make_empty<GpuIndexProxyEvict>});
+        register_index_type(
+                {"GpuIndexIVFAsym", fourcc("KGia"), 1,
+                 "GPU,[Sink<n>,][Window<m>,]IVFAsym<C>[_Centroid|_CentroidRoPE|_Moment]",
+                 "SAAP's buckets on the GPU: keys sorted by bucket, the probe as batched "
+                 "products, one attention over the probed buckets and the static part",
+                 nullptr, make_empty<GpuIndexIVFAsym>});
+        register_index_type(
+                {"GpuIndexLSHSample", fourcc("KGls"), 1,
+                 "GPU,[Sink<n>,][Window<m>,]LSHSample<K>x<L>",
+                 "MagicPIG on the GPU: the query hashed, the CSR tables walked and the "
+                 "unbiased estimator over the sample, merged with the static part by lse",
+                 nullptr, make_empty<GpuIndexLSHSample>});
     });
 }
 

@@ -249,6 +249,12 @@ std::vector<double> max_pooled(const std::vector<double>& x, idx_t r) {
 } // namespace
 
 std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
+    return choose_kept(in, proxy_scores);
+}
+
+std::vector<idx_t> IndexProxyEvict::choose_kept(
+        const PrefillInput& in, const ProxyScorer& scorer) const {
+    FAISS_THROW_IF_NOT_MSG(scorer, "ProxyEvict::choose_kept: scorer is empty");
     idx_t n = in.n_tokens;
     EvictBudget b = budget_for(n);
     std::vector<char> taken(n, 0);
@@ -296,8 +302,8 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
                             sizeof(float) * d);
             }
         }
-        proxy_scores(in.keys, n, d, q.data(), in.n_query_heads, idx_t(pick.size()),
-                     pos.data(), in.first_position, policy == EvictPolicy::h2o, F.data());
+        scorer(in.keys, n, d, q.data(), in.n_query_heads, idx_t(pick.size()), pos.data(),
+               in.first_position, policy == EvictPolicy::h2o, F.data());
         if (pool > 1) {
             F = max_pooled(F, pool / 2);
         }

@@ -152,6 +152,10 @@ struct IndexIVFAsym : KVIndex {
      * lower bound (Jensen). Needs the moment probe. */
     void moment_log_masses(const float* q, float* log_masses) const;
 
+    /// Selection::n_scanned of one probe (the classifier's multiply-adds
+    /// / d, C centroids, ...; 0 untrained).
+    size_t probe_cost() const;
+
     /// Copies centroids and Q-model (and their RoPE) from a trained model.
     void set_trained(const std::vector<float>& centroids, const QModel& qmodel, const RopeParams& rope);
 
@@ -207,8 +211,6 @@ struct IndexIVFAsym : KVIndex {
     void oracle_bucket_masses(const float* q, float* masses) const;
     /// Where token `key` sits in its bucket.
     idx_t offset_in_bucket(idx_t key) const;
-    /// n_scanned of one probe.
-    size_t probe_cost() const;
     /** Adds keys [from, from + n) of bucket b (as stored) to its sums and
      * refreshes its mean and variance; from = 0 and n = size restarts it. */
     void add_moments(int32_t b, idx_t from, idx_t n);

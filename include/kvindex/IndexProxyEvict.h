@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,23 @@ void proxy_scores(
         idx_t first_pos,
         bool causal,
         double* scores);
+
+/** Computes the importance scores for IndexProxyEvict::choose_kept: the
+ * arguments and the result of proxy_scores (host arrays; every one of the
+ * n scores must be written), so that a caller may score elsewhere
+ * (GpuIndexProxyEvict scores on the device) while the budget, the proxy
+ * window and the choice stay the CPU code. */
+using ProxyScorer = std::function<void(
+        const float* keys,
+        idx_t n,
+        int d,
+        const float* queries,
+        int n_heads,
+        idx_t n_q,
+        const idx_t* q_pos,
+        idx_t first_pos,
+        bool causal,
+        double* scores)>;
 
 /** One-shot eviction at prefill (NaCl and the policies that fall out of it).
  *
@@ -140,8 +158,17 @@ struct IndexProxyEvict : KVIndex {
     EvictBudget budget_for(idx_t n) const;
 
     /** The kept positions (sorted) for a prompt, by this index's policy.
-     * Deterministic in (seed, stream). Exposed for tests and analysis. */
+     * Deterministic in (seed, stream). Exposed for tests and analysis.
+     * Reads the knobs only (never the tokens or the inner index). */
     std::vector<idx_t> choose_kept(const PrefillInput& input) const;
+
+    /** The same with the scores F computed by `scorer` instead of
+     * proxy_scores: called at most once, with the prompt's keys and the
+     * proxy queries this policy picked (head-major, their positions, the
+     * causal flag of H2O), for the policies that score (NaCl, H2O, TOVA)
+     * and only when the budget leaves tokens to choose by score. Equal
+     * scores give the same kept positions. */
+    std::vector<idx_t> choose_kept(const PrefillInput& input, const ProxyScorer& scorer) const;
 
     size_t memory_bytes() const override;
 

@@ -127,7 +127,8 @@ TEST(GpuKVCache, BadInputThrows) {
     KVINDEX_REQUIRE_GPU();
     EXPECT_THROW_MSG(GpuKVCache(2, 5, 2, kD, kD, "Flat"), "multiple");
     EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, 48, 48, "Flat"), "d=48");
-    EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, kD, kD, "LSHSample10x150"), "no GPU twin");
+    EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, kD, kD, "RoarGraph16"), "no GPU twin");
+    EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, kD, kD, "LSHSample10x150"), "per-head state");
     EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, kD, kD, "Flat", "Flat", {2}), "dense layer 2");
     GpuKVCache c(2, 4, 2, kD, kD, "Flat");
     auto q = gaussian(4, kD, 1);

@@ -39,7 +39,7 @@ TEST(GpuRegistry, RowsAreRegisteredOnce) {
 
 TEST(GpuFactory, ChainsWithoutTwinAreRefusedByName) {
     register_gpu_index_types();
-    EXPECT_THROW_MSG(index_factory(64, "GPU,LSHSample10x150"), "IndexLSHSample");
+    EXPECT_THROW_MSG(index_factory(64, "GPU,RoarGraph16"), "IndexRoarGraph");
     EXPECT_THROW_MSG(index_factory(64, "GPU,TopK(HNSW32)"), "no GPU twin");
     EXPECT_THROW_MSG(index_factory(64, "GPU"), "GPU");
     auto cpu = index_factory(64, "Sink4,Window8,RoarGraph16");
