@@ -69,6 +69,58 @@ def time_us(fn, reps, warmup=5):
     return statistics.median(times), times
 
 
+def cur_stream():
+    """The stream our kernels run on: the current one at call time (a
+    graph capture runs on a side stream)."""
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def time_graph_us(fn, reps, warmup=3):
+    """Median time of one replay of fn captured in a CUDA graph: the GPU
+    work of a step without the host's launch gaps (a decode loop that
+    replays a captured step, as serving stacks do, pays only this).
+    Returns (median, times) like time_us."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    torch.cuda.synchronize()
+    return time_us(graph.replay, reps)
+
+
+def kernel_profile(fn, iters=20, top=12):
+    """GPU time per call of fn, kernel by kernel (PyTorch's profiler, CUPTI:
+    it sees the kernels our library launches too): [(name, launches per
+    call, us per call)], largest first."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is None:
+            t = getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((e.key[:70], e.count / iters, t / iters))
+    rows.sort(key=lambda r: -r[2])
+    return rows[:top]
+
+
+def print_profile(title, rows):
+    print(f"  kernels of one {title} (GPU us per call):")
+    for name, calls, us in rows:
+        print(f"    {us:8.1f} us  x{calls:4.1f}  {name}")
+
+
 def copy_bandwidth(gib=2.0, reps=30):
     """Device-to-device copy: bytes read + bytes written per second."""
     n = int(gib * (1 << 30))
@@ -156,7 +208,7 @@ def bench_config(lib, n, h_kv, h_q, d, reps, copy_bps, check_ref):
     def dense():
         check(lib, lib.kvgpu_dense_attention(keys.data_ptr(), values.data_ptr(), n, n, h_kv, d,
                                              BF16, q.data_ptr(), g, out.data_ptr(),
-                                             lse.data_ptr(), ws.data_ptr(), ws_bytes, stream),
+                                             lse.data_ptr(), ws.data_ptr(), ws_bytes, cur_stream()),
               "dense")
 
     out.fill_(float("nan"))
@@ -164,6 +216,7 @@ def bench_config(lib, n, h_kv, h_q, d, reps, copy_bps, check_ref):
     torch.cuda.synchronize()
     assert torch.isfinite(out).all(), "dense output not fully written"
     t_dense, _ = time_us(dense, reps)
+    row["dense_graph_us"] = time_graph_us(dense, reps)[0]
     kv_bytes = 2 * h_kv * n * d * 2
     row["dense_us"] = t_dense
     row["dense_bytes"] = kv_bytes
@@ -201,13 +254,14 @@ def bench_config(lib, n, h_kv, h_q, d, reps, copy_bps, check_ref):
             check(lib, lib.kvgpu_topk_attention(keys.data_ptr(), values.data_ptr(), n, n, h_kv, d,
                                                 BF16, q.data_ptr(), g, n_sink, n_window, k,
                                                 tout.data_ptr(), tlse.data_ptr(), tws.data_ptr(),
-                                                tws_bytes, stream), "topk")
+                                                tws_bytes, cur_stream()), "topk")
 
         tout.fill_(float("nan"))
         topk()
         torch.cuda.synchronize()
         assert torch.isfinite(tout).all(), "top-k output not fully written"
         t_topk, _ = time_us(topk, reps)
+        row[label + "_graph_us"] = time_graph_us(topk, reps)[0]
         # what the method must read: every key once (scores), then the
         # values and keys of the selected and static tokens per row
         touched = h_kv * n * d * 2 + h_q * (k + n_sink + n_window) * 2 * d * 2
