@@ -8,7 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "gpu_error.h"
 #include "kernels/lsh_sample.cuh"
@@ -212,6 +215,32 @@ void run_sampler(const KVHeadsView& kv, const float* q, int rows_per_head, const
     }
 }
 
+/** The table over p of (K, L, m) on the current device
+ * (lsh_table_kernel), built on first use and kept for the process: 64 KB
+ * each, never freed (a device array freed at exit could outlive the
+ * context). The first build waits for its kernel, so that any stream may
+ * read it after; later calls only look it up (a CUDA graph captures
+ * calls after a warm-up has built it). */
+const float* inclusion_table(int K, int L, int m, cudaStream_t stream) {
+    static std::mutex mutex;
+    static std::map<std::tuple<int, int, int, int>, float*> tables;
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "lsh: the current device");
+    std::lock_guard<std::mutex> lock(mutex);
+    float*& t = tables[std::make_tuple(device, K, L, m)];
+    if (!t) {
+        float* p = nullptr;
+        check_cuda(cudaMalloc(reinterpret_cast<void**>(&p), (kLSHTableCells + 1) * sizeof(float)),
+                   "lsh: the inclusion table");
+        lsh_table_kernel<<<unsigned(kLSHTableCells + 1), kLSHTableThreads, 0, stream>>>(K, L, m,
+                                                                                         p);
+        check_launch("lsh_table_kernel");
+        check_cuda(cudaStreamSynchronize(stream), "lsh: building the inclusion table");
+        t = p;
+    }
+    return t;
+}
+
 LSHBias::Params bias_params(const KVHeadsView& kv, const LSHTables& t, int min_hits,
                             const SampleScratch& s) {
     LSHBias::Params p;
@@ -277,8 +306,11 @@ void lsh_attention(
     lists.lens = lens;
     lists.stride = tables.n_inner; // a token is sampled at most once
     lists.max_len = tables.n_inner;
-    const LSHBias::Params bias = bias_params(kv, tables, min_hits, s);
+    LSHBias::Params bias = bias_params(kv, tables, min_hits, s);
     if (!ws.counting()) {
+        // the attention reads u from the table (a key costs an acosf and
+        // two loads, not the binomial tail); select's u stays exact
+        bias.log2u_table = inclusion_table(tables.K, tables.L, min_hits, stream);
         run_sampler(kv, q, rows_per_head, tables, min_hits, s,
                     LSHListOut{ids, lens, tables.n_inner, tables.first_inner}, stream);
     }
@@ -333,7 +365,7 @@ void lsh_select(
 }
 
 void lsh_inclusion_eval(const float* c, int64_t n, int K, int L, int min_hits, float* u,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool from_table) {
     if (n < 0 || K < 1 || K > 16 || L < 1 || L > 4096 || min_hits < 0 || min_hits > L) {
         throw_gpu_error("lsh_inclusion_eval: n=" + std::to_string(n) + ", K=" +
                         std::to_string(K) + ", L=" + std::to_string(L) + ", min_hits=" +
@@ -343,7 +375,9 @@ void lsh_inclusion_eval(const float* c, int64_t n, int K, int L, int min_hits, f
         return;
     }
     const unsigned blocks = unsigned(std::min<int64_t>(ceil_div(n, 256), 4096));
-    lsh_inclusion_kernel<<<blocks, 256, 0, stream>>>(c, n, K, L, min_hits, u);
+    const float* table = from_table && min_hits > 0 ? inclusion_table(K, L, min_hits, stream)
+                                                    : nullptr;
+    lsh_inclusion_kernel<<<blocks, 256, 0, stream>>>(c, n, K, L, min_hits, table, u);
     check_launch("lsh_inclusion_kernel");
 }
 

@@ -62,8 +62,10 @@ struct LSHTables {
 /** MagicPIG's attention: for each query row, the first n_sink and last
  * n_window tokens of its head exactly, plus the inner tokens that collide
  * with it in at least min_hits of the L tables, weighted by 1 / u
- * (softmax(s_i - log u_i), u_i the exact inclusion probability of
- * lsh_inclusion), merged by lse; the lse estimates the log partition of
+ * (softmax(s_i - log u_i), u_i the inclusion probability, read from a
+ * table of log2 u over the angle built once per (K, L, min_hits) from
+ * lsh_inclusion: lsh_log2_inclusion_table), merged by lse; the lse
+ * estimates the log partition of
  * every token. min_hits = 0 is exact attention over every token. The
  * middle of kv must be [n_sink, n_tokens - n_window) = [first_inner,
  * first_inner + n_inner) whenever n_inner > 0.
@@ -107,10 +109,12 @@ void lsh_select(
         Workspace& ws,
         cudaStream_t stream);
 
-/** u[i] = the device's inclusion probability for cosine c[i] (the function
- * the estimator uses), for the tests: c, u are n floats. */
+/** u[i] = the device's inclusion probability for cosine c[i], for the
+ * tests: c, u are n floats. from_table = false: the binomial tail in float
+ * (lsh_inclusion: select's u); true: the table of log2 u over p that the
+ * attention's importance weights read (lsh_log2_inclusion_table). */
 void lsh_inclusion_eval(const float* c, int64_t n, int K, int L, int min_hits, float* u,
-                        cudaStream_t stream);
+                        cudaStream_t stream, bool from_table = false);
 
 } // namespace gpu
 } // namespace kvindex

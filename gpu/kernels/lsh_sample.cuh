@@ -85,6 +85,8 @@ __host__ __device__ inline float lsh_scaled(float e2, float x) {
  * to thousands) the scale 2^e2 carries the error of a large exponent:
  * ~1e-4 at L = 4096, m = 2000. The CPU's table is exact to 1e-7; the
  * sample, not this rounding, dominates the estimator's error. */
+__host__ __device__ inline float lsh_inclusion_of_p(float p, int K, int L, int m);
+
 __host__ __device__ inline float lsh_inclusion(float c, int K, int L, int m) {
     if (m <= 0) {
         return 1.0f;
@@ -93,7 +95,12 @@ __host__ __device__ inline float lsh_inclusion(float c, int K, int L, int m) {
         return kLSHMinInclusion;
     }
     c = fminf(1.0f, fmaxf(-1.0f, c)); // a NaN becomes 1 (fminf): u = 1, never a NaN weight
-    const float p = acosf(-c) * 0.318309886183790672f; // 1 - theta / pi
+    return lsh_inclusion_of_p(acosf(-c) * 0.318309886183790672f, K, L, m); // p = 1 - theta / pi
+}
+
+/// lsh_inclusion for a single-bit collision probability p = 1 - theta / pi
+/// in [0, 1], 1 <= m <= L.
+__host__ __device__ inline float lsh_inclusion_of_p(float p, int K, int L, int m) {
     if (p >= 1.0f) {
         return 1.0f;
     }
@@ -148,8 +155,90 @@ __host__ __device__ inline float lsh_inclusion(float c, int K, int L, int m) {
     return fminf(1.0f, fmaxf(kLSHMinInclusion, lsh_scaled(e2, upper)));
 }
 
+/// Cells of the table over p that the attention's bias reads.
+constexpr int kLSHTableCells = 16384;
+constexpr int kLSHTableThreads = 128;
+/// log2 of kLSHMinInclusion: the floor of log2 u.
+constexpr float kLSHLog2MinInclusion = -99.65784284662087f;
+
+/** The table of the inclusion probability over p = 1 - theta / pi, in the
+ * variable that is smooth on all of [0, 1]: g(p) = log2 u(p) - m K log2 p
+ * (u ~ C(L, m) p^(mK) as p -> 0, so g(0) = log2 C(L, m); the CPU's
+ * LSHInclusionTable shifts its far half the same way), at p_i = i / N, i =
+ * 0 .. N. u = P[Binomial(L, p^K) >= m] is summed from its terms in the log
+ * domain in double (lgamma; no floor, no cancellation): exact to double
+ * rounding. Grid (N + 1), block kLSHTableThreads; 1 <= m <= L. Built once
+ * per (device, K, L, m) (lsh_sample.cu). */
+__global__ void __launch_bounds__(kLSHTableThreads) lsh_table_kernel(int K, int L, int m,
+                                                                      float* g) {
+    __shared__ double red[kLSHTableThreads / 32];
+    const int i = blockIdx.x;
+    constexpr double kLn2 = 0.6931471805599453;
+    const double log_c = lgamma(L + 1.0);
+    if (i == 0 || i == kLSHTableCells) { // the limit at p = 0; u = 1 at p = 1
+        if (threadIdx.x == 0) {
+            g[i] = i == 0 ? float((log_c - lgamma(m + 1.0) - lgamma(L - m + 1.0)) / kLn2) : 0.0f;
+        }
+        return; // the whole block
+    }
+    const double p = double(i) / kLSHTableCells;
+    const double log_P = K * log(p), log_Q = log1p(-exp(log_P));
+    auto term = [&](int j) {
+        return log_c - lgamma(j + 1.0) - lgamma(L - j + 1.0) + j * log_P + (L - j) * log_Q;
+    };
+    // log-sum-exp of the terms j = m .. L: their max, then the sum
+    auto reduce = [&](double x, bool is_max) {
+        for (int off = 16; off > 0; off /= 2) {
+            const double y = __shfl_xor_sync(kFullMask, x, off);
+            x = is_max ? fmax(x, y) : x + y;
+        }
+        if (threadIdx.x % 32 == 0) {
+            red[threadIdx.x / 32] = x;
+        }
+        __syncthreads();
+        double r = red[0];
+        for (int w = 1; w < kLSHTableThreads / 32; w++) {
+            r = is_max ? fmax(r, red[w]) : r + red[w];
+        }
+        __syncthreads(); // red is rewritten by the next reduction
+        return r;
+    };
+    double mx = -INFINITY;
+    for (int j = m + int(threadIdx.x); j <= L; j += kLSHTableThreads) {
+        mx = fmax(mx, term(j));
+    }
+    mx = reduce(mx, true);
+    double sum = 0.0;
+    for (int j = m + int(threadIdx.x); j <= L; j += kLSHTableThreads) {
+        sum += exp(term(j) - mx);
+    }
+    sum = reduce(sum, false);
+    if (threadIdx.x == 0) {
+        g[i] = float((mx + log(sum)) / kLn2 - double(m) * K * log2(p));
+    }
+}
+
+/** log2 u for cosine c from the table: p = acos(-c) / pi, g interpolated
+ * linearly between the two nodes around p, plus m K log2 p, within
+ * [log2 of the floor, 0]. The interpolation of the smooth g is within
+ * 3.4e-6 (relative, in u) of the exact u over K in [1, 16], L up to 300,
+ * m in 1..3 (a double evaluation of both; worst at K = 1, L = 300); float
+ * rounding adds a few 1e-6. One acosf, one log2f, two loads and an fma per
+ * sampled key, where lsh_inclusion sums the binomial tail. */
+__device__ __forceinline__ float lsh_log2_inclusion_table(float c, const float* __restrict__ t,
+                                                          float mK) {
+    c = fminf(1.0f, fmaxf(-1.0f, c));
+    const float p = acosf(-c) * 0.318309886183790672f;
+    const float x = p * kLSHTableCells;
+    const int i = min(int(x), kLSHTableCells - 1);
+    const float a = __ldg(t + i), b = __ldg(t + i + 1);
+    const float v = fmaf(x - float(i), b - a, a) + mK * log2f(p); // p = 0: -inf, floored
+    return fmaxf(kLSHLog2MinInclusion, fminf(0.0f, v));
+}
+
 /** The score bias of the unbiased estimator for list_slices_kernel
- * (attend_slice): -log2 u_t, u_t = lsh_inclusion(cos(q, k_t - mean)),
+ * (attend_slice): -log2 u_t, u_t = lsh_inclusion(cos(q, k_t - mean)) (from
+ * the table when Params::log2u_table is set: the attention's path),
  * cos = (<q, k_t> - <q, mean>) / (|q| |k_t - mean|) from the base-2 score
  * s = q_scale <q, k_t> the kernel already has, so that a sampled key costs
  * no extra read but its norm. A zero norm gives cos 0, as on the CPU. */
@@ -162,12 +251,16 @@ struct LSHBias {
         int64_t first_inner = 0;       ///< token row of inner token 0
         float inv_q_scale = 1.0f;      ///< 1 / q_scale: s back to <q, k_t>
         int K = 1, L = 1, min_hits = 1;
+        /// the table over p (lsh_table_kernel) of (K, L, min_hits), or
+        /// nullptr: the binomial tail per key (lsh_inclusion)
+        const float* log2u_table = nullptr;
     };
 
     const float* norms;
     int64_t first_inner;
     float q_mean, q_norm, inv_q_scale;
     int K, L, min_hits;
+    const float* table;
 
     __device__ LSHBias(const Params& p, int64_t head, int64_t row)
             : norms(p.norms + head * p.norms_head_stride),
@@ -177,13 +270,15 @@ struct LSHBias {
               inv_q_scale(p.inv_q_scale),
               K(p.K),
               L(p.L),
-              min_hits(p.min_hits) {}
+              min_hits(p.min_hits),
+              table(p.log2u_table) {}
 
     /// t: a token row of the list (an inner token); s: its base-2 score.
     __device__ float operator()(int64_t t, float s) const {
         const float den = q_norm * norms[t - first_inner];
         const float c = den > 0.0f ? (s * inv_q_scale - q_mean) / den : 0.0f;
-        return -log2f(lsh_inclusion(c, K, L, min_hits));
+        return table ? -lsh_log2_inclusion_table(c, table, float(K * min_hits))
+                     : -log2f(lsh_inclusion(c, K, L, min_hits));
     }
 };
 
@@ -514,11 +609,14 @@ __global__ void __launch_bounds__(kFillWarps * 32) lsh_fill_kernel(
     }
 }
 
-/// u[i] = lsh_inclusion(c[i], K, L, m): the device function on an array (tests).
-__global__ void lsh_inclusion_kernel(const float* c, int64_t n, int K, int L, int m, float* u) {
+/// u[i] = lsh_inclusion(c[i], K, L, m), or from the table when `table` is
+/// not nullptr: the device functions on an array (tests).
+__global__ void lsh_inclusion_kernel(const float* c, int64_t n, int K, int L, int m,
+                                     const float* table, float* u) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x) {
-        u[i] = lsh_inclusion(c[i], K, L, m);
+        u[i] = table ? exp2f(lsh_log2_inclusion_table(c[i], table, float(K * m)))
+                     : lsh_inclusion(c[i], K, L, m);
     }
 }
 

@@ -305,6 +305,28 @@ TEST(GpuLSH, InclusionFunctionMatchesDoubleReference) {
                 }
                 if (m == 0) {
                     EXPECT_EQ(worst, 0.0); // u = 1 exactly
+                    continue;
+                }
+                // the table the attention reads (lsh_log2_inclusion_table):
+                // the same acosf, then the interpolation of the smooth
+                // g = log2 u - m K log2 p (3.4e-6 at worst over this grid,
+                // a double evaluation of both) and g + m K log2 p in float
+                // (|log2 u| <= 100: 1e-5 at most): the function's bound + 2e-5
+                gpu::lsh_inclusion_eval(c_d, n, K, L, m, u_d, stream, true);
+                ASSERT_EQ(cudaMemcpyAsync(u.data(), u_d, n * sizeof(float),
+                                          cudaMemcpyDeviceToHost, stream),
+                          cudaSuccess);
+                res()->synchronize("inclusion table");
+                for (int64_t i = 0; i < n; i++) {
+                    const double ref =
+                            lsh_inclusion_probability(std::acos(double(c[i])), K, L, m);
+                    ASSERT_TRUE(std::isfinite(u[i]) && u[i] > 0 && u[i] <= 1)
+                            << "table K=" << K << " L=" << L << " m=" << m << " c=" << c[i];
+                    if (ref >= 1e-25) { // clear of the floor
+                        ASSERT_LE(std::abs(u[i] / ref - 1), bound + 2e-5)
+                                << "table K=" << K << " L=" << L << " m=" << m << " c=" << c[i]
+                                << " device " << u[i] << " reference " << ref;
+                    }
                 }
             }
         }
