@@ -9,7 +9,6 @@
 #include <kvindex/IVFAsymTrainer.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/index_factory.h>
-#include <kvindex/parameters.h>
 
 #include "device_memory.h"
 #include "ivf_asym.h"
@@ -101,7 +100,7 @@ GpuIndexIVFAsym::GpuIndexIVFAsym(
         int d,
         const std::string& cpu_chain,
         KVType kv_type)
-        : GpuIndexKV(std::move(res), d, d, kv_type, "GpuIndexIVFAsym") {
+        : GpuIndexHostTwin(std::move(res), d, d, kv_type, "GpuIndexIVFAsym") {
     host = index_factory(d, std::string(kv_type_prefix(kv_type)) + cpu_chain, d);
     const IndexIVFAsym* ivf = ivf_of(*host, &n_sink, &n_window);
     FAISS_THROW_IF_NOT_FMT(
@@ -113,21 +112,8 @@ GpuIndexIVFAsym::GpuIndexIVFAsym(
 }
 
 const IndexIVFAsym& GpuIndexIVFAsym::ivf() const {
-    FAISS_THROW_IF_NOT_MSG(host, "GpuIndexIVFAsym: no twin (an index made empty for the reader)");
     idx_t s, w;
-    return *ivf_of(*host, &s, &w);
-}
-
-IndexIVFAsym& GpuIndexIVFAsym::ivf_mutable() {
-    return const_cast<IndexIVFAsym&>(ivf());
-}
-
-std::string GpuIndexIVFAsym::cpu_factory_string() const {
-    return host ? host->factory_string() : "IVFAsym1";
-}
-
-idx_t GpuIndexIVFAsym::top_k_budget() const {
-    return host ? host->top_k_budget() : 0;
+    return *ivf_of(twin(), &s, &w);
 }
 
 size_t GpuIndexIVFAsym::memory_bytes() const {
@@ -137,52 +123,6 @@ size_t GpuIndexIVFAsym::memory_bytes() const {
                 2 * (ivf().n_centroids + 1) * sizeof(int32_t);
     }
     return b + (slot_token_.capacity() + token_slot_.capacity()) * sizeof(idx_t);
-}
-
-std::unique_ptr<KVIndex> GpuIndexIVFAsym::to_cpu() const {
-    FAISS_THROW_IF_NOT_MSG(host, "GpuIndexIVFAsym: no twin (an index made empty for the reader)");
-    return clone_index(*host);
-}
-
-void GpuIndexIVFAsym::copy_knobs_to(KVIndex* cpu) const {
-    for (const ParameterInfo& p : index_parameter_info(host.get())) {
-        if (!p.prefill_time) {
-            set_index_parameter(cpu, p.name, get_index_parameter(host.get(), p.name));
-        }
-    }
-}
-
-// ---- parameters: the twin's ----------------------------------------------------
-
-std::vector<ParameterInfo> GpuIndexIVFAsym::parameter_info() const {
-    return host ? index_parameter_info(host.get()) : KVIndex::parameter_info();
-}
-
-bool GpuIndexIVFAsym::set_parameter(const std::string& name, double value) {
-    for (const ParameterInfo& p : parameter_info()) {
-        if (p.name == name) {
-            set_index_parameter(host.get(), name, value);
-            if (name == "k") {
-                k = idx_t(value);
-            }
-            return true;
-        }
-    }
-    return false;
-}
-
-bool GpuIndexIVFAsym::get_parameter(const std::string& name, double* value) const {
-    for (const ParameterInfo& p : parameter_info()) {
-        if (p.name == name) {
-            *value = get_index_parameter(host.get(), name);
-            return true;
-        }
-    }
-    return false;
-}
-
-void GpuIndexIVFAsym::set_stream(uint64_t s) {
-    host->set_stream(s);
 }
 
 int GpuIndexIVFAsym::adopt_trained(const KVIndex& trained) {

@@ -9,7 +9,6 @@
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
-#include <kvindex/parameters.h>
 
 #include "device_memory.h"
 #include "lsh_sample.h"
@@ -239,7 +238,7 @@ GpuIndexLSHSample::GpuIndexLSHSample(
         int d,
         const std::string& cpu_chain,
         KVType kv_type)
-        : GpuIndexKV(std::move(res), d, d, kv_type, "GpuIndexLSHSample") {
+        : GpuIndexHostTwin(std::move(res), d, d, kv_type, "GpuIndexLSHSample") {
     host = index_factory(d, std::string(kv_type_prefix(kv_type)) + cpu_chain, d);
     const IndexLSHSample* s = lsh_of(*host, &n_sink, &n_window);
     FAISS_THROW_IF_NOT_FMT(
@@ -253,13 +252,8 @@ GpuIndexLSHSample::GpuIndexLSHSample(
 }
 
 const IndexLSHSample& GpuIndexLSHSample::lsh() const {
-    FAISS_THROW_IF_NOT_MSG(host, "GpuIndexLSHSample: no twin (an index made empty for the reader)");
     idx_t s, w;
-    return *lsh_of(*host, &s, &w);
-}
-
-std::string GpuIndexLSHSample::cpu_factory_string() const {
-    return host ? host->factory_string() : "LSHSample10x150";
+    return *lsh_of(twin(), &s, &w);
 }
 
 size_t GpuIndexLSHSample::memory_bytes() const {
@@ -268,19 +262,6 @@ size_t GpuIndexLSHSample::memory_bytes() const {
         b += host->memory_bytes() + (dev_ ? dev_->bytes(lsh()) : 0);
     }
     return b;
-}
-
-std::unique_ptr<KVIndex> GpuIndexLSHSample::to_cpu() const {
-    FAISS_THROW_IF_NOT_MSG(host, "GpuIndexLSHSample: no twin (an index made empty for the reader)");
-    return clone_index(*host);
-}
-
-void GpuIndexLSHSample::copy_knobs_to(KVIndex* cpu) const {
-    for (const ParameterInfo& p : index_parameter_info(host.get())) {
-        if (!p.prefill_time) {
-            set_index_parameter(cpu, p.name, get_index_parameter(host.get(), p.name));
-        }
-    }
 }
 
 void GpuIndexLSHSample::set_seed(uint64_t seed) {
@@ -293,44 +274,12 @@ void GpuIndexLSHSample::set_seed(uint64_t seed) {
     dev_->upload_planes(lsh(), device().stream());
 }
 
-// ---- parameters: the twin's ----------------------------------------------------
-
-std::vector<ParameterInfo> GpuIndexLSHSample::parameter_info() const {
-    return host ? index_parameter_info(host.get()) : KVIndex::parameter_info();
-}
-
-bool GpuIndexLSHSample::set_parameter(const std::string& name, double value) {
-    if (!host) {
-        return KVIndex::set_parameter(name, value);
-    }
-    for (const ParameterInfo& p : parameter_info()) {
-        if (p.name == name) {
-            FAISS_THROW_IF_NOT_FMT(
-                    name != "max_sample" || value == 0,
-                    "GpuIndexLSHSample: max_sample=%g is not supported on the GPU (a capped "
-                    "sample is ranked by score, which the device path does not do): keep 0",
-                    value);
-            set_index_parameter(host.get(), name, value);
-            if (name == "k") {
-                k = idx_t(value);
-            }
-            return true;
-        }
-    }
-    return false;
-}
-
-bool GpuIndexLSHSample::get_parameter(const std::string& name, double* value) const {
-    if (!host) {
-        return KVIndex::get_parameter(name, value);
-    }
-    for (const ParameterInfo& p : parameter_info()) {
-        if (p.name == name) {
-            *value = get_index_parameter(host.get(), name);
-            return true;
-        }
-    }
-    return false;
+void GpuIndexLSHSample::check_device_knob(const std::string& name, double value) const {
+    FAISS_THROW_IF_NOT_FMT(
+            name != "max_sample" || value == 0,
+            "GpuIndexLSHSample: max_sample=%g is not supported on the GPU (a capped sample is "
+            "ranked by score, which the device path does not do): keep 0",
+            value);
 }
 
 int GpuIndexLSHSample::hits_for(const faiss::SearchParameters* params) const {

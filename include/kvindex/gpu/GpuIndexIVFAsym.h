@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <kvindex/IndexIVFAsym.h>
-#include <kvindex/gpu/GpuIndexKV.h>
+#include <kvindex/gpu/GpuIndexHostTwin.h>
 
 namespace kvindex {
 
@@ -15,9 +15,10 @@ namespace kvindex {
  * twin of "IVFAsym<C>[_Centroid|_CentroidRoPE|_Moment]", bare or with the
  * static part "Sink<n>,Window<m>,IVFAsym<C>...", as "GPU,<chain>".
  *
- * Where things live. The CPU twin chain is kept on the host (`host`): it
- * is the record of the index (io writes it, index_gpu_to_cpu copies it)
- * and does what runs once per token or per prompt, by the CPU code:
+ * Where things live. The CPU twin chain is kept on the host (`host`,
+ * GpuIndexHostTwin): it is the record of the index (io writes it,
+ * index_gpu_to_cpu copies it, knobs are its) and does what runs once per
+ * token or per prompt, by the CPU code:
  * training at prefill (k-means and the Q-model, or an adopted offline
  * model), bucket assignment, the moment probe's statistics. The device
  * holds what a decode step reads, laid out for it:
@@ -51,12 +52,7 @@ namespace kvindex {
  * reach it): nprobe, group_probe, var_weight, k; prefill-time: hidden,
  * train_iterations, min_distance, seed.
  */
-struct GpuIndexIVFAsym : GpuIndexKV {
-    idx_t n_sink = 0;   ///< first tokens attended exactly (the twin's wrapper)
-    idx_t n_window = 0; ///< last tokens attended exactly
-    /// the CPU twin: "IVFAsym<C>..." or "Sink<n>,Window<m>,IVFAsym<C>..."
-    std::unique_ptr<KVIndex> host;
-
+struct GpuIndexIVFAsym : GpuIndexHostTwin {
     /// An empty index of the twin `cpu_chain` (a factory string without
     /// "GPU,"); throws when the chain has no GPU twin.
     GpuIndexIVFAsym(std::shared_ptr<GpuResources> resources, int d, const std::string& cpu_chain,
@@ -68,19 +64,7 @@ struct GpuIndexIVFAsym : GpuIndexKV {
     const char* type_name() const override {
         return "GpuIndexIVFAsym";
     }
-    std::string cpu_factory_string() const override;
-    idx_t top_k_budget() const override;
     size_t memory_bytes() const override;
-    bool shares_layer_storage() const override {
-        return false;
-    }
-    std::unique_ptr<KVIndex> to_cpu() const override;
-    void copy_knobs_to(KVIndex* cpu) const override;
-
-    std::vector<ParameterInfo> parameter_info() const override;
-    bool set_parameter(const std::string& name, double value) override;
-    bool get_parameter(const std::string& name, double* value) const override;
-    void set_stream(uint64_t stream) override;
     int adopt_trained(const KVIndex& trained) override;
 
     /// The IndexIVFAsym of the twin chain.
@@ -140,7 +124,6 @@ struct GpuIndexIVFAsym : GpuIndexKV {
     std::vector<idx_t> token_slot_; ///< size ntotal: storage row of each token
     idx_t tail_begin_ = 0;          ///< first tail row
 
-    IndexIVFAsym& ivf_mutable();
     /// nprobe of a call: SearchParametersTopK::nprobe or the twin's.
     int nprobe_for(const faiss::SearchParameters* params) const;
     /** The buckets of n tokens arriving as tokens first .. first + n - 1,

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <kvindex/IndexLSHSample.h>
-#include <kvindex/gpu/GpuIndexKV.h>
+#include <kvindex/gpu/GpuIndexHostTwin.h>
 
 namespace kvindex {
 
@@ -16,8 +16,9 @@ namespace kvindex {
  * "Sink<n>,Window<m>,LSHSample<K>x<L>" (either count may be 0), as
  * "GPU,<chain>".
  *
- * Where things live. The CPU twin chain is kept on the host (`host`): it
- * is the record of the index (io writes it, index_gpu_to_cpu copies it),
+ * Where things live. The CPU twin chain is kept on the host (`host`,
+ * GpuIndexHostTwin): it is the record of the index (io writes it,
+ * index_gpu_to_cpu copies it, knobs are its),
  * and prefill, add_kv and reset go to it, so that the codes of the keys,
  * their norms, the centring mean and the CSR tables (main level, recent
  * level) are built by the CPU code, exactly the CPU's; MagicPIG itself
@@ -76,12 +77,7 @@ namespace kvindex {
  * the device path does not do. Per-head state: GpuKVCache refuses the type
  * (KVCache with the GPU string runs one index per head).
  */
-struct GpuIndexLSHSample : GpuIndexKV {
-    idx_t n_sink = 0;   ///< first tokens attended exactly (the twin's wrapper)
-    idx_t n_window = 0; ///< last tokens attended exactly
-    /// the CPU twin: "LSHSample<K>x<L>" or "Sink<n>,Window<m>,LSHSample<K>x<L>"
-    std::unique_ptr<KVIndex> host;
-
+struct GpuIndexLSHSample : GpuIndexHostTwin {
     /// An empty index of the twin `cpu_chain` (a factory string without
     /// "GPU,"); throws when the chain has no GPU twin.
     GpuIndexLSHSample(std::shared_ptr<GpuResources> resources, int d,
@@ -93,17 +89,7 @@ struct GpuIndexLSHSample : GpuIndexKV {
     const char* type_name() const override {
         return "GpuIndexLSHSample";
     }
-    std::string cpu_factory_string() const override;
     size_t memory_bytes() const override;
-    bool shares_layer_storage() const override {
-        return false;
-    }
-    std::unique_ptr<KVIndex> to_cpu() const override;
-    void copy_knobs_to(KVIndex* cpu) const override;
-
-    std::vector<ParameterInfo> parameter_info() const override;
-    bool set_parameter(const std::string& name, double value) override;
-    bool get_parameter(const std::string& name, double* value) const override;
 
     /// The IndexLSHSample of the twin chain (codes, tables, knobs).
     const IndexLSHSample& lsh() const;
@@ -130,6 +116,8 @@ struct GpuIndexLSHSample : GpuIndexKV {
             const KVIndex& cpu, std::shared_ptr<GpuResources> resources);
 
    protected:
+    /// max_sample != 0 is refused: the device path does not rank a capped sample.
+    void check_device_knob(const std::string& name, double value) const override;
     void prefill_impl(const PrefillInput& input) override;
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
     void reset_impl() override;
