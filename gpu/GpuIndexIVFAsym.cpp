@@ -48,48 +48,35 @@ struct GpuIndexIVFAsym::Device {
     std::vector<idx_t> moment_sizes; ///< moment probe: bucket sizes the statistics were sent for
     // layout
     DeviceArray begin, end;        ///< int32 [C + 1]: sorted runs
-    DeviceArray tail_bucket;       ///< int32 [tail_capacity]
-    idx_t tail_capacity = 0;
+    DeviceArray tail_bucket;       ///< int32 [tail_bytes / 4]
+    size_t tail_bytes = 0;
     idx_t tail_size = 0;
     idx_t sink_rows = 0;           ///< first rows: the sink at the last layout
     std::vector<idx_t> bucket_rows; ///< size C + 1: rows of each bucket (sorted + tail)
 
     size_t model_bytes = 0;
 
-    explicit Device(int device) : device(device) {}
+    Device(int device, cudaStream_t stream) : device(device), stream(stream) {}
 
     /// Room for `rows` tail buckets (capacity doubling; keeps the content).
     void reserve_tail(idx_t rows) {
-        if (rows <= tail_capacity) {
-            return;
-        }
-        const idx_t cap = std::max({rows, 2 * tail_capacity, idx_t(256)});
-        void* p = nullptr;
-        gpu::check_cuda(cudaMalloc(&p, size_t(cap) * sizeof(int32_t)), "GpuIndexIVFAsym: tail");
-        DeviceArray a(p, DeviceFree{device});
-        if (tail_size > 0) {
-            gpu::check_cuda(cudaMemcpy(p, tail_bucket.get(), size_t(tail_size) * sizeof(int32_t),
-                                       cudaMemcpyDeviceToDevice),
-                            "GpuIndexIVFAsym: moving the tail");
-        }
-        tail_bucket = std::move(a);
-        tail_capacity = cap;
+        gpu::grow(tail_bucket, tail_bytes, size_t(tail_size) * sizeof(int32_t),
+                  size_t(rows) * sizeof(int32_t), device, stream, "GpuIndexIVFAsym: tail");
     }
 
     void append_tail(const std::vector<int32_t>& buckets) {
         reserve_tail(tail_size + idx_t(buckets.size()));
-        if (!buckets.empty()) {
-            gpu::check_cuda(
-                    cudaMemcpy(static_cast<int32_t*>(tail_bucket.get()) + tail_size,
-                               buckets.data(), buckets.size() * sizeof(int32_t),
-                               cudaMemcpyHostToDevice),
-                    "GpuIndexIVFAsym: tail buckets");
-        }
+        gpu::upload_bytes(static_cast<int32_t*>(tail_bucket.get()) + tail_size, buckets.data(),
+                          buckets.size() * sizeof(int32_t), stream,
+                          "GpuIndexIVFAsym: tail buckets");
+        gpu::check_cuda(cudaStreamSynchronize(stream), "GpuIndexIVFAsym: tail buckets");
         tail_size += idx_t(buckets.size());
         for (int32_t b : buckets) {
             bucket_rows[b]++;
         }
     }
+
+    cudaStream_t stream; ///< the index's: uploads are ordered with its kernels
 };
 
 GpuIndexIVFAsym::GpuIndexIVFAsym() = default;
@@ -107,7 +94,7 @@ GpuIndexIVFAsym::GpuIndexIVFAsym(
             ivf, "GpuIndexIVFAsym: '%s' is not [Sink<n>,][Window<m>,]IVFAsym<C>[_probe]",
             cpu_chain.c_str());
     check_twin(*ivf);
-    dev_ = std::make_unique<Device>(resources->device());
+    dev_ = std::make_unique<Device>(resources->device(), resources->stream());
     rebuild_device();
 }
 
@@ -119,8 +106,7 @@ const IndexIVFAsym& GpuIndexIVFAsym::ivf() const {
 size_t GpuIndexIVFAsym::memory_bytes() const {
     size_t b = storage.memory_bytes() + (host ? host->memory_bytes() : 0);
     if (dev_ && host) {
-        b += dev_->model_bytes + size_t(dev_->tail_capacity) * sizeof(int32_t) +
-                2 * (ivf().n_centroids + 1) * sizeof(int32_t);
+        b += dev_->model_bytes + dev_->tail_bytes + 2 * (ivf().n_centroids + 1) * sizeof(int32_t);
     }
     return b + (slot_token_.capacity() + token_slot_.capacity()) * sizeof(idx_t);
 }
@@ -221,11 +207,11 @@ void GpuIndexIVFAsym::upload_model() {
             scale[j] = m.bn_gamma[j] / std::sqrt(m.bn_var[j] + m.bn_eps);
             shift[j] = m.bn_beta[j] - m.bn_mean[j] * scale[j];
         }
-        D.w1 = gpu::device_copy(dev, m.w1, "GpuIndexIVFAsym: Q-model");
-        D.bn_scale = gpu::device_copy(dev, scale, "GpuIndexIVFAsym: Q-model");
-        D.bn_shift = gpu::device_copy(dev, shift, "GpuIndexIVFAsym: Q-model");
-        D.w2 = gpu::device_copy(dev, m.w2, "GpuIndexIVFAsym: Q-model");
-        D.b2 = gpu::device_copy(dev, m.b2, "GpuIndexIVFAsym: Q-model");
+        D.w1 = gpu::device_copy(dev, m.w1, D.stream, "GpuIndexIVFAsym: Q-model");
+        D.bn_scale = gpu::device_copy(dev, scale, D.stream, "GpuIndexIVFAsym: Q-model");
+        D.bn_shift = gpu::device_copy(dev, shift, D.stream, "GpuIndexIVFAsym: Q-model");
+        D.w2 = gpu::device_copy(dev, m.w2, D.stream, "GpuIndexIVFAsym: Q-model");
+        D.b2 = gpu::device_copy(dev, m.b2, D.stream, "GpuIndexIVFAsym: Q-model");
         D.model.kind = gpu::IVFProbeKind::qmodel;
         D.model.hidden = m.hidden;
         D.model.w1 = static_cast<const float*>(D.w1.get());
@@ -240,8 +226,8 @@ void GpuIndexIVFAsym::upload_model() {
         D.model.kind = gpu::IVFProbeKind::moment;
         std::vector<float> zeros(size_t(C) * 2 * d, 0.0f);
         std::vector<float> empty(C, -std::numeric_limits<float>::infinity());
-        D.centroids = gpu::device_copy(dev, zeros, "GpuIndexIVFAsym: moments");
-        D.log_sizes = gpu::device_copy(dev, empty, "GpuIndexIVFAsym: moments");
+        D.centroids = gpu::device_copy(dev, zeros, D.stream, "GpuIndexIVFAsym: moments");
+        D.log_sizes = gpu::device_copy(dev, empty, D.stream, "GpuIndexIVFAsym: moments");
         D.model.centroids = static_cast<const float*>(D.centroids.get());
         D.model.log_sizes = static_cast<const float*>(D.log_sizes.get());
         D.moment_sizes.assign(C, 0);
@@ -252,7 +238,7 @@ void GpuIndexIVFAsym::upload_model() {
         // (the CPU side then routes by de-RoPEd centroids too)
         D.model.kind = v.probe == IVFAsymProbe::centroid_rope ? gpu::IVFProbeKind::centroid_rope
                                                               : gpu::IVFProbeKind::centroid;
-        D.centroids = gpu::device_copy(dev, v.centroids, "GpuIndexIVFAsym: centroids");
+        D.centroids = gpu::device_copy(dev, v.centroids, D.stream, "GpuIndexIVFAsym: centroids");
         D.model.centroids = static_cast<const float*>(D.centroids.get());
         D.model_bytes = v.centroids.size() * sizeof(float);
     }
@@ -280,12 +266,12 @@ void GpuIndexIVFAsym::refresh_moments() {
         }
         const float log_size = size > 0 ? std::log(float(size))
                                         : -std::numeric_limits<float>::infinity();
-        gpu::check_cuda(cudaMemcpy(static_cast<float*>(D.centroids.get()) + size_t(c) * 2 * d,
-                                   row.data(), row.size() * sizeof(float), cudaMemcpyHostToDevice),
-                        "GpuIndexIVFAsym: moments");
-        gpu::check_cuda(cudaMemcpy(static_cast<float*>(D.log_sizes.get()) + c, &log_size,
-                                   sizeof(float), cudaMemcpyHostToDevice),
-                        "GpuIndexIVFAsym: moments");
+        gpu::upload_bytes(static_cast<float*>(D.centroids.get()) + size_t(c) * 2 * d, row.data(),
+                          row.size() * sizeof(float), D.stream, "GpuIndexIVFAsym: moments");
+        gpu::upload_bytes(static_cast<float*>(D.log_sizes.get()) + c, &log_size, sizeof(float),
+                          D.stream, "GpuIndexIVFAsym: moments");
+        // row and log_size are rewritten by the next bucket
+        gpu::check_cuda(cudaStreamSynchronize(D.stream), "GpuIndexIVFAsym: moments");
         D.moment_sizes[c] = size;
     }
 }
@@ -298,7 +284,7 @@ void GpuIndexIVFAsym::rebuild_device() {
     storage.clear();
     slot_token_.clear();
     token_slot_.assign(host->ntotal, -1);
-    dev_ = std::make_unique<Device>(resources->device());
+    dev_ = std::make_unique<Device>(resources->device(), resources->stream());
     Device& D = *dev_;
     upload_model();
 
@@ -320,8 +306,8 @@ void GpuIndexIVFAsym::rebuild_device() {
         end[b] = int32_t(slot_token_.size());
         D.bucket_rows[b] = end[b] - begin[b];
     }
-    D.begin = gpu::device_copy(D.device, begin, "GpuIndexIVFAsym: buckets");
-    D.end = gpu::device_copy(D.device, end, "GpuIndexIVFAsym: buckets");
+    D.begin = gpu::device_copy(D.device, begin, D.stream, "GpuIndexIVFAsym: buckets");
+    D.end = gpu::device_copy(D.device, end, D.stream, "GpuIndexIVFAsym: buckets");
     tail_begin_ = idx_t(slot_token_.size());
     const idx_t window_first = D.sink_rows + v.ntotal;
     std::vector<float> wk;
@@ -454,7 +440,7 @@ void GpuIndexIVFAsym::attend_heads(
     layout.begin = static_cast<const int32_t*>(D.begin.get());
     layout.end = static_cast<const int32_t*>(D.end.get());
     layout.tail_bucket = static_cast<const int32_t*>(D.tail_bucket.get());
-    layout.tail_stride = D.tail_capacity;
+    layout.tail_stride = idx_t(D.tail_bytes / sizeof(int32_t));
     layout.tail_begin = tail_begin_;
     layout.tail_end = storage.size - w;
     gpu::IVFProbeModel model = D.model;

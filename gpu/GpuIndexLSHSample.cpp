@@ -32,40 +32,6 @@ void check_twin(const IndexLSHSample& s) {
             size_t(s.max_sample));
 }
 
-DeviceArray device_alloc(int device, size_t bytes, const char* what) {
-    void* p = nullptr;
-    if (bytes > 0) {
-        gpu::check_cuda(cudaMalloc(&p, bytes), what);
-    }
-    return DeviceArray(p, DeviceFree{device});
-}
-
-void upload_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream, const char* what) {
-    if (bytes > 0) {
-        gpu::check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), what);
-    }
-}
-
-/** Grows `array` (holding `used` bytes worth keeping) to at least `need`
- * bytes, by doubling; `capacity` in bytes. The stream is drained before
- * the old array is freed. */
-void grow(DeviceArray& array, size_t& capacity, size_t used, size_t need, int device,
-          cudaStream_t stream, const char* what) {
-    if (need <= capacity) {
-        return;
-    }
-    const size_t cap = std::max({need, 2 * capacity, size_t(4096)});
-    DeviceArray fresh = device_alloc(device, cap, what);
-    if (used > 0) {
-        gpu::check_cuda(cudaMemcpyAsync(fresh.get(), array.get(), used, cudaMemcpyDeviceToDevice,
-                                        stream),
-                        what);
-        gpu::check_cuda(cudaStreamSynchronize(stream), what);
-    }
-    array = std::move(fresh);
-    capacity = cap;
-}
-
 } // namespace
 
 /** The device mirror of the twin's sampler: what a decode step reads
@@ -114,9 +80,10 @@ struct GpuIndexLSHSample::Device {
     void upload_planes(const IndexLSHSample& s, cudaStream_t stream) {
         const size_t bytes = s.planes.size() * sizeof(float);
         if (!planes) {
-            planes = device_alloc(device, bytes, "GpuIndexLSHSample: hyperplanes");
+            planes = gpu::device_alloc(device, bytes, "GpuIndexLSHSample: hyperplanes");
         }
-        upload_bytes(planes.get(), s.planes.data(), bytes, stream, "GpuIndexLSHSample: hyperplanes");
+        gpu::upload_bytes(planes.get(), s.planes.data(), bytes, stream,
+                          "GpuIndexLSHSample: hyperplanes");
         gpu::check_cuda(cudaStreamSynchronize(stream), "GpuIndexLSHSample: hyperplanes");
     }
 
@@ -131,36 +98,39 @@ struct GpuIndexLSHSample::Device {
         const size_t table_bytes = size_t(L) * ((size_t(1) << s.K) + 1) * sizeof(uint32_t);
         if (!has_mean) { // fixed at the first add, never changes after
             if (!mean) {
-                mean = device_alloc(device, size_t(s.d) * sizeof(float), "GpuIndexLSHSample: mean");
+                mean = gpu::device_alloc(device, size_t(s.d) * sizeof(float),
+                                         "GpuIndexLSHSample: mean");
             }
-            upload_bytes(mean.get(), s.mean.data(), size_t(s.d) * sizeof(float), stream,
-                         "GpuIndexLSHSample: mean");
+            gpu::upload_bytes(mean.get(), s.mean.data(), size_t(s.d) * sizeof(float), stream,
+                              "GpuIndexLSHSample: mean");
             has_mean = true;
         }
         if (n > n_norms) { // norms only grow: append
-            grow(norms, norms_bytes, size_t(n_norms) * sizeof(float), size_t(n) * sizeof(float),
-                 device, stream, "GpuIndexLSHSample: norms");
-            upload_bytes(static_cast<float*>(norms.get()) + n_norms, s.norms.data() + n_norms,
-                         size_t(n - n_norms) * sizeof(float), stream, "GpuIndexLSHSample: norms");
+            gpu::grow(norms, norms_bytes, size_t(n_norms) * sizeof(float),
+                      size_t(n) * sizeof(float), device, stream, "GpuIndexLSHSample: norms");
+            gpu::upload_bytes(static_cast<float*>(norms.get()) + n_norms, s.norms.data() + n_norms,
+                              size_t(n - n_norms) * sizeof(float), stream,
+                              "GpuIndexLSHSample: norms");
             n_norms = n;
         }
         if (s.n_indexed != n_indexed) { // the main level was rebuilt
             if (!offsets) {
-                offsets = device_alloc(device, table_bytes, "GpuIndexLSHSample: bucket offsets");
+                offsets =
+                        gpu::device_alloc(device, table_bytes, "GpuIndexLSHSample: bucket offsets");
             }
-            upload_bytes(offsets.get(), s.offsets.data(), table_bytes, stream,
-                         "GpuIndexLSHSample: bucket offsets");
+            gpu::upload_bytes(offsets.get(), s.offsets.data(), table_bytes, stream,
+                              "GpuIndexLSHSample: bucket offsets");
             const size_t count = size_t(L) * s.n_indexed;
-            grow(ids, ids_bytes, 0, count * sizeof(int32_t), device, stream,
-                 "GpuIndexLSHSample: table ids");
+            gpu::grow(ids, ids_bytes, 0, count * sizeof(int32_t), device, stream,
+                      "GpuIndexLSHSample: table ids");
             if (s.ids16.empty()) { // uint32 ids < 2^31: the same bits as int32
-                upload_bytes(ids.get(), s.ids32.data(), count * sizeof(int32_t), stream,
-                             "GpuIndexLSHSample: table ids");
+                gpu::upload_bytes(ids.get(), s.ids32.data(), count * sizeof(int32_t), stream,
+                                  "GpuIndexLSHSample: table ids");
             } else {
                 // widened here; the upload completes before the vector dies
                 std::vector<int32_t> wide(s.ids16.begin(), s.ids16.end());
-                upload_bytes(ids.get(), wide.data(), count * sizeof(int32_t), stream,
-                             "GpuIndexLSHSample: table ids");
+                gpu::upload_bytes(ids.get(), wide.data(), count * sizeof(int32_t), stream,
+                                  "GpuIndexLSHSample: table ids");
                 gpu::check_cuda(cudaStreamSynchronize(stream), "GpuIndexLSHSample: table ids");
             }
             n_indexed = s.n_indexed;
@@ -170,16 +140,16 @@ struct GpuIndexLSHSample::Device {
             const idx_t n_rec = s.n_recent - s.n_indexed;
             if (n_rec > 0) {
                 if (!recent_offsets) {
-                    recent_offsets = device_alloc(device, table_bytes,
-                                                  "GpuIndexLSHSample: recent offsets");
+                    recent_offsets = gpu::device_alloc(device, table_bytes,
+                                                       "GpuIndexLSHSample: recent offsets");
                 }
-                upload_bytes(recent_offsets.get(), s.recent_offsets.data(), table_bytes, stream,
-                             "GpuIndexLSHSample: recent offsets");
+                gpu::upload_bytes(recent_offsets.get(), s.recent_offsets.data(), table_bytes,
+                                  stream, "GpuIndexLSHSample: recent offsets");
                 const size_t count = size_t(L) * n_rec;
-                grow(recent_ids, recent_bytes, 0, count * sizeof(int32_t), device, stream,
-                     "GpuIndexLSHSample: recent ids");
-                upload_bytes(recent_ids.get(), s.recent_ids.data(), count * sizeof(int32_t), stream,
-                             "GpuIndexLSHSample: recent ids");
+                gpu::grow(recent_ids, recent_bytes, 0, count * sizeof(int32_t), device, stream,
+                          "GpuIndexLSHSample: recent ids");
+                gpu::upload_bytes(recent_ids.get(), s.recent_ids.data(), count * sizeof(int32_t),
+                                  stream, "GpuIndexLSHSample: recent ids");
             }
             n_recent = s.n_recent;
         }
@@ -194,11 +164,12 @@ struct GpuIndexLSHSample::Device {
                                size_t(count), size_t(n_tail));
         if (count > n_tail) {
             const size_t row = size_t(L) * sizeof(uint16_t);
-            grow(tail_codes, tail_bytes, size_t(n_tail) * row, size_t(count) * row, device, stream,
-                 "GpuIndexLSHSample: tail codes");
-            upload_bytes(static_cast<uint16_t*>(tail_codes.get()) + size_t(n_tail) * L,
-                         s.codes.data() + size_t(begin + n_tail) * L, size_t(count - n_tail) * row,
-                         stream, "GpuIndexLSHSample: tail codes");
+            gpu::grow(tail_codes, tail_bytes, size_t(n_tail) * row, size_t(count) * row, device,
+                      stream, "GpuIndexLSHSample: tail codes");
+            gpu::upload_bytes(static_cast<uint16_t*>(tail_codes.get()) + size_t(n_tail) * L,
+                              s.codes.data() + size_t(begin + n_tail) * L,
+                              size_t(count - n_tail) * row, stream,
+                              "GpuIndexLSHSample: tail codes");
             n_tail = count;
         }
         gpu::check_cuda(cudaStreamSynchronize(stream), "GpuIndexLSHSample: uploading the tables");

@@ -7,6 +7,7 @@
 
 #include <kvindex/gpu/GpuResources.h>
 
+#include "device_memory.h"
 #include "gpu_error.h"
 
 namespace kvindex {
@@ -16,14 +17,6 @@ namespace {
 /// Smallest capacity a storage allocates: appends of single tokens should
 /// not reallocate for a while.
 constexpr idx_t kMinCapacity = 256;
-
-DeviceArray device_alloc(int device, size_t bytes, const char* what) {
-    void* p = nullptr;
-    if (bytes > 0) {
-        gpu::check_cuda(cudaMalloc(&p, bytes), what);
-    }
-    return DeviceArray(p, DeviceFree{device});
-}
 
 } // namespace
 
@@ -53,9 +46,10 @@ void GpuKVStorage::reserve(idx_t rows, cudaStream_t stream) {
     }
     DeviceScope scope(device);
     const size_t kb = key_row_bytes(), vb = value_row_bytes();
-    DeviceArray new_keys = device_alloc(device, size_t(n_heads) * rows * kb, "GpuKVStorage: keys");
+    DeviceArray new_keys =
+            gpu::device_alloc(device, size_t(n_heads) * rows * kb, "GpuKVStorage: keys");
     DeviceArray new_values =
-            device_alloc(device, size_t(n_heads) * rows * vb, "GpuKVStorage: values");
+            gpu::device_alloc(device, size_t(n_heads) * rows * vb, "GpuKVStorage: values");
     if (size > 0) {
         // every head's rows move to its new place in one 2-D copy
         gpu::check_cuda(cudaMemcpy2DAsync(new_keys.get(), rows * kb, keys.get(), capacity * kb,

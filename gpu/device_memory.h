@@ -4,6 +4,7 @@
 // stream-ordered pool, host <-> device copies of query and output arrays,
 // and the workspace protocol of decode_attention.h.
 
+#include <algorithm>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -72,23 +73,61 @@ void download(T* host, const void* device, size_t n, cudaStream_t stream, const 
     }
 }
 
-/// A persistent device copy of n elements of T (cudaMalloc, freed by
-/// DeviceFree), for an index's arrays; synchronous. n = 0: empty.
-template <class T>
-DeviceArray device_copy(int device, const T* host, size_t n, const char* what) {
+/// A persistent device array of `bytes` (cudaMalloc, freed by DeviceFree on
+/// its device): an index's arrays. 0 bytes: empty.
+inline DeviceArray device_alloc(int device, size_t bytes, const char* what) {
     void* p = nullptr;
-    if (n > 0) {
-        check_cuda(cudaMalloc(&p, n * sizeof(T)), what);
-        DeviceArray a(p, DeviceFree{device});
-        check_cuda(cudaMemcpy(p, host, n * sizeof(T), cudaMemcpyHostToDevice), what);
-        return a;
+    if (bytes > 0) {
+        check_cuda(cudaMalloc(&p, bytes), what);
     }
-    return DeviceArray(nullptr, DeviceFree{device});
+    return DeviceArray(p, DeviceFree{device});
+}
+
+/// Enqueues a host -> device copy on the index's stream (stream-ordered
+/// with the kernels that read it); the host buffer must live until the
+/// stream is synchronised.
+inline void upload_bytes(void* dst, const void* src, size_t bytes, cudaStream_t stream,
+                         const char* what) {
+    if (bytes > 0) {
+        check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), what);
+    }
+}
+
+/** Grows `array` (holding `used` bytes worth keeping) to at least `need`
+ * bytes, by doubling; `capacity` in bytes. The stream is drained before
+ * the old array is freed. */
+inline void grow(DeviceArray& array, size_t& capacity, size_t used, size_t need, int device,
+                 cudaStream_t stream, const char* what) {
+    if (need <= capacity) {
+        return;
+    }
+    const size_t cap = std::max({need, 2 * capacity, size_t(4096)});
+    DeviceArray fresh = device_alloc(device, cap, what);
+    if (used > 0) {
+        check_cuda(
+                cudaMemcpyAsync(fresh.get(), array.get(), used, cudaMemcpyDeviceToDevice, stream),
+                what);
+        check_cuda(cudaStreamSynchronize(stream), what);
+    }
+    array = std::move(fresh);
+    capacity = cap;
+}
+
+/// A persistent device copy of n elements of T, on the index's stream
+/// (waits for it: the host array may die on return). n = 0: empty.
+template <class T>
+DeviceArray device_copy(int device, const T* host, size_t n, cudaStream_t stream,
+                        const char* what) {
+    DeviceArray a = device_alloc(device, n * sizeof(T), what);
+    upload_bytes(a.get(), host, n * sizeof(T), stream, what);
+    check_cuda(cudaStreamSynchronize(stream), what);
+    return a;
 }
 
 template <class T>
-DeviceArray device_copy(int device, const std::vector<T>& host, const char* what) {
-    return device_copy(device, host.data(), host.size(), what);
+DeviceArray device_copy(int device, const std::vector<T>& host, cudaStream_t stream,
+                        const char* what) {
+    return device_copy(device, host.data(), host.size(), stream, what);
 }
 
 /// Runs f(Workspace&) once to size its scratch, then on that much memory.
