@@ -207,22 +207,16 @@ void topk_attention(
                         ", n_window " + std::to_string(n_window) + " or k " +
                         std::to_string(k));
     }
-    const int64_t n = kv.n_tokens;
-    const int64_t sink = std::min(n_sink, n);
-    const int64_t mid_end = std::max(sink, n - n_window);
-    const int64_t n_mid = mid_end - sink;
-    if (k >= n_mid) { // the budget covers the middle: every token, exactly
+    // the middle [sink, mid_end) between the static ranges
+    const TokenRanges ranges = static_ranges(kv.n_tokens, n_sink, n_window);
+    const int64_t sink = ranges.n0, mid_end = ranges.b1;
+    if (k >= mid_end - sink) { // the budget covers the middle: every token, exactly
         dense_attention(kv, q, rows_per_head, out, lse, ws, stream);
         return;
     }
     const int64_t n_rows = int64_t(kv.n_heads) * rows_per_head;
     const int nq = rows_tile(rows_per_head);
     const int64_t q_tiles = ceil_div(rows_per_head, nq);
-    TokenRanges ranges;
-    ranges.b0 = 0;
-    ranges.n0 = sink;
-    ranges.b1 = mid_end;
-    ranges.n1 = n - mid_end;
     // the static slices and the gathered ones share the merge: half its
     // slots each
     constexpr int64_t kHalf = kMaxSplits / 2;
