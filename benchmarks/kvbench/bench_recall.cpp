@@ -2,7 +2,7 @@
 // the prompt's queries, as a decode loop would), then a sweep of its search
 // knob, on the scaling benchmarks' synthetic head (mixed preset, d = 128).
 //
-//   ./build/benchmarks/bench_recall [--tokens 131072] [--queries 30] [--json FILE]
+//   ./build/benchmarks/bench_recall [--tokens 131072] [--queries 30] [--json FILE] [--overlap]
 //       [--index "RoarGraph32@efSearch=100,200,400" --index "TopK(HNSW16)@efSearch=..."]
 //
 // An index is STRING[@knob=v1,v2,...]: built once, then measured at each
@@ -150,6 +150,32 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
     measure(whole.get(), "prefill n + appended", 0, seconds_since(t0));
 }
 
+/** How alike the exact top-k of successive queries of each head kind are
+ * (queries i and i + 3 are the same query head, one position apart in its
+ * turn), and how many of each top-k are among the last `recent` keys: why a
+ * retriever that starts from what earlier queries found (seeds, anchors,
+ * a window) helps one kind and not another. */
+void print_overlap(const std::vector<std::vector<idx_t>>& truth, idx_t n, int k, idx_t recent) {
+    const char* kinds[3] = {"needle", "local", "flat"};
+    for (int c = 0; c < 3; c++) {
+        double shared = 0, in_recent = 0;
+        int pairs = 0, queries = 0;
+        for (size_t i = size_t(c); i < truth.size(); i += 3, queries++) {
+            for (idx_t id : truth[i]) {
+                in_recent += id >= n - recent;
+            }
+            if (i + 3 < truth.size()) {
+                for (idx_t id : truth[i]) {
+                    shared += std::binary_search(truth[i + 3].begin(), truth[i + 3].end(), id);
+                }
+                pairs++;
+            }
+        }
+        std::printf("%-6s heads: top-%d shared with the next query of the head %.1f, in the last %zd keys %.1f\n",
+                    kinds[c], k, pairs ? shared / pairs : 0.0, size_t(recent), queries ? in_recent / queries : 0.0);
+    }
+}
+
 struct Point {
     std::string index, knob;
     double kind_recall[3] = {0, 0, 0}; ///< needle, local, flat query heads
@@ -165,6 +191,7 @@ int run_bench(int argc, char** argv) {
     std::vector<std::string> specs;
     std::string json;
     int64_t n_append;
+    bool overlap = false;
     boost::program_options::options_description opts("bench_recall");
     opts.add_options()
             ("tokens", boost::program_options::value(&n)->default_value(131072), "context length")
@@ -172,7 +199,9 @@ int run_bench(int argc, char** argv) {
             ("index", boost::program_options::value(&specs), "STRING[@knob=v1,v2,...] (repeatable)")
             ("json", boost::program_options::value(&json), "write the points as JSON")
             ("append", boost::program_options::value(&n_append)->default_value(0),
-             "instead: prefill, append this many tokens one by one, recall at checkpoints");
+             "instead: prefill, append this many tokens one by one, recall at checkpoints")
+            ("overlap", boost::program_options::bool_switch(&overlap),
+             "also print how alike successive queries' exact top-k are, per head kind");
     boost::program_options::variables_map vm;
     if (!kvtools::parse_options(argc, argv, opts, vm)) {
         return 0;
@@ -208,6 +237,9 @@ int run_bench(int argc, char** argv) {
     }
     double dense_us = 1e6 * dense_s / n_queries;
     std::printf("tokens %zd, %d queries, dense %.1f us/query\n", size_t(n), n_queries, dense_us);
+    if (overlap) {
+        print_overlap(truth, n, k, 512);
+    }
     std::printf("%-28s %-14s %8s %20s %9s %10s %9s %8s %10s\n", "index", "knob", "recall",
                 "needle/local/flat", "read%", "us/query", "speedup", "build_s", "bytes/tok");
     std::vector<Point> points;
