@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k|multivalue]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k|multivalue|ruler8k2]...
 # (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -360,6 +360,29 @@ for what in "${@:-e2e needle trace}"; do
           --json "$RU/ruler_2k_multivalue_budgets.json" | tee "$RU/ruler_2k_multivalue_budgets.txt"
       .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/ruler_4k_multivalue.txt"
       .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/ruler_2k_multivalue_budgets.txt" ;;
+    ruler8k2)
+      # issue 16: 8k again with the current build: niah_single on 40 prompts
+      # (the first 20 are ruler8k's), passkey, niah_single with two more
+      # sampling seeds, multivalue; vt / cwe at 2k, and at 512 and 1024 tokens (whether the
+      # dense model can do them at all); the haystack is data/train
+      RU=benchmarks/results/ruler; mkdir -p "$RU"
+      .venv/bin/python benchmarks/scripts/python_doc_text.py --out data/train
+      $KVLLM ruler --context 8192 --samples 40 --seed 1 --tasks niah_single --index "Weighted|k=2%" \
+          --json "$RU/ruler_8k_single_n40.json" | tee "$RU/ruler_8k_single_n40.txt"
+      $KVLLM ruler --context 8192 --samples 20 --seed 1 --tasks passkey --index "Weighted|k=2%" \
+          --json "$RU/ruler_8k_passkey.json" | tee "$RU/ruler_8k_passkey.txt"
+      $KVLLM ruler --context 8192 --samples 20 --seed 1 --tasks niah_single \
+          --index "Weighted|k=2%,seed=2" --index "Weighted|k=2%,seed=3" \
+          --json "$RU/ruler_8k_single_seeds.json" | tee "$RU/ruler_8k_single_seeds.txt"
+      $KVLLM ruler --context 8192 --samples 20 --seed 1 --tasks niah_multivalue --index "Weighted|k=2%" \
+          --json "$RU/ruler_8k_multivalue.json" | tee "$RU/ruler_8k_multivalue.txt"
+      $KVLLM ruler --context 2048 --samples 20 --seed 1 --tasks vt,cwe --index "Weighted|k=2%" \
+          --json "$RU/ruler_2k_vt_cwe_weighted.json" | tee "$RU/ruler_2k_vt_cwe_weighted.txt"
+      $KVLLM ruler --context 512,1024 --samples 20 --seed 1 --tasks vt,cwe --index "Weighted|k=2%" \
+          --json "$RU/ruler_short_vt_cwe.json" | tee "$RU/ruler_short_vt_cwe.txt"
+      for f in ruler_8k_single_n40 ruler_8k_passkey ruler_8k_single_seeds ruler_8k_multivalue ruler_2k_vt_cwe_weighted ruler_short_vt_cwe; do
+        .venv/bin/python benchmarks/scripts/ruler_table.py --by-index "$RU/$f.txt"
+      done ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
   esac
 done
