@@ -277,6 +277,25 @@ def bench_config(lib, n, h_kv, h_q, d, reps, copy_bps, check_ref):
     return row
 
 
+def device_info():
+    """The device, driver and torch of the run, and the device-to-device copy
+    rate (the bandwidth figure every benchmark divides by), printed as the
+    run's header and returned for its JSON."""
+    props = torch.cuda.get_device_properties(0)
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True).stdout.strip()
+    except OSError:
+        driver = "?"
+    info = {"device": props.name, "multiprocessors": props.multi_processor_count,
+            "memory_gib": props.total_memory / (1 << 30), "driver": driver,
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda}
+    info["copy_bps"] = copy_bps = copy_bandwidth()
+    print(f"# {info['device']}, driver {driver}, torch {torch.__version__} (CUDA {torch.version.cuda})")
+    print(f"# device-to-device copy: {copy_bps / 1e12:.3f} TB/s (read + written)")
+    return info
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -291,19 +310,8 @@ def main():
     args = ap.parse_args()
 
     lib = load(args.lib)
-    props = torch.cuda.get_device_properties(0)
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True).stdout.strip()
-    except OSError:
-        driver = "?"
-    info = {"device": props.name, "multiprocessors": props.multi_processor_count,
-            "memory_gib": props.total_memory / (1 << 30), "driver": driver,
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda}
-    copy_bps = copy_bandwidth()
-    info["copy_bps"] = copy_bps
-    print(f"# {info['device']}, driver {driver}, torch {torch.__version__} (CUDA {torch.version.cuda})")
-    print(f"# device-to-device copy: {copy_bps / 1e12:.3f} TB/s (read + written)")
+    info = device_info()
+    copy_bps = info["copy_bps"]
     rows = []
     if args.sweep_slices:
         values = [int(v) for v in args.sweep_slices.split(",")]

@@ -29,14 +29,13 @@ import argparse
 import ctypes
 import json
 import math
-import subprocess
 import sys
 import time
 
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode import (BF16, check, copy_bandwidth, cur_stream, kernel_profile,  # noqa: E402
+from bench_decode import (BF16, check, cur_stream, device_info, kernel_profile,  # noqa: E402
                           load, print_profile, sdpa_timings, time_graph_us, time_us)
 
 N_SINK, N_WINDOW = 4, 64
@@ -294,19 +293,8 @@ def main():
 
     start = time.time()
     lib = load_lsh(args.lib)
-    props = torch.cuda.get_device_properties(0)
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True).stdout.strip()
-    except OSError:
-        driver = "?"
-    info = {"device": props.name, "multiprocessors": props.multi_processor_count,
-            "memory_gib": props.total_memory / (1 << 30), "driver": driver,
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda}
-    copy_bps = copy_bandwidth()
-    info["copy_bps"] = copy_bps
-    print(f"# {info['device']}, driver {driver}, torch {torch.__version__} (CUDA {torch.version.cuda})")
-    print(f"# device-to-device copy: {copy_bps / 1e12:.3f} TB/s (read + written)")
+    info = device_info()
+    copy_bps = info["copy_bps"]
     print(f"# LSH K x L = {args.K} x {args.L}, min_hits {args.min_hits}, Sink{N_SINK},Window{N_WINDOW}")
     rows, skipped = [], []
     for heads in args.heads.split(","):
