@@ -151,8 +151,8 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
 }
 
 /** How alike the exact top-k of successive queries of each head kind are
- * (queries i and i + 3 are the same query head, one position apart in its
- * turn), and how many of each top-k are among the last `recent` keys: why a
+ * (queries i and i + 3 are the same query head, three positions apart: the
+ * query heads take turns), and how many of each top-k are among the last `recent` keys: why a
  * retriever that starts from what earlier queries found (seeds, anchors,
  * a window) helps one kind and not another. */
 void print_overlap(const std::vector<std::vector<idx_t>>& truth, idx_t n, int k, idx_t recent) {
