@@ -363,10 +363,15 @@ PromptAnswers answer_prompt(
         int64_t question_start,
         int max_new,
         const IndexSet& set,
-        bool dense_baseline) {
-    if (int64_t(prompt.size()) > llm.cfg.n_ctx_train) {
-        throw std::invalid_argument("prompt of " + std::to_string(prompt.size()) +
-                                    " tokens exceeds the model's context of " + std::to_string(llm.cfg.n_ctx_train));
+        bool dense_baseline,
+        const std::vector<int>& reference) {
+    if (int64_t(prompt.size() + reference.size()) > llm.cfg.n_ctx_train) {
+        throw std::invalid_argument("prompt of " + std::to_string(prompt.size()) + " tokens and reference of " +
+                                    std::to_string(reference.size()) + " exceed the model's context of " +
+                                    std::to_string(llm.cfg.n_ctx_train));
+    }
+    if (prompt.empty()) {
+        throw std::invalid_argument("answer_prompt: empty prompt");
     }
     const int64_t n = int64_t(prompt.size()) - 1;
     PromptAnswers a;
@@ -382,14 +387,53 @@ PromptAnswers answer_prompt(
         r.text = tok.decode(r.tokens);
         return r;
     };
+    // the reference, teacher-forced: position t reads inputs[t] and predicts reference[t]
+    const int V = llm.cfg.n_vocab;
+    const int64_t m = int64_t(reference.size());
+    std::vector<int> inputs;
+    if (m > 0) {
+        inputs.push_back(prompt.back());
+        inputs.insert(inputs.end(), reference.begin(), reference.end() - 1);
+    }
+    std::vector<double> dense_log_p; // m * V, dense's log-softmax at each position
+    auto best = [V](const double* x) { return std::max_element(x, x + V) - x; };
+    auto read_reference = [&](kvindex::KVCache cache, ReferenceFit& fit) {
+        std::vector<float> logits(size_t(m) * V);
+        llm.decode(inputs.data(), m, cache, logits.data());
+        const bool is_dense = dense_log_p.empty();
+        if (is_dense) dense_log_p.resize(size_t(m) * V);
+        fit = ReferenceFit();
+        fit.n_tokens = m;
+        int agree = 0;
+        for (int64_t t = 0; t < m; t++) {
+            const float* row = logits.data() + t * V;
+            std::vector<double> lp = log_softmax(row, V);
+            double* dp = dense_log_p.data() + t * V;
+            if (is_dense) std::copy(lp.begin(), lp.end(), dp);
+            fit.log_prob += lp[reference[t]];
+            double kl = 0;
+            for (int i = 0; i < V; i++) kl += std::exp(dp[i]) * (dp[i] - lp[i]);
+            fit.kl_mean += std::max(kl, 0.0); // rounding can make an exact match slightly negative
+            agree += best(dp) == best(lp.data());
+        }
+        fit.kl_mean /= double(m);
+        fit.top1 = double(agree) / double(m);
+    };
     if (dense_baseline) {
         a.dense = decode(llm.make_cache(rec, "Flat"), "");
     }
+    if (m > 0) {
+        read_reference(llm.make_cache(rec, "Flat"), a.dense.reference);
+    }
     for (const kvindex::IndexSpec& spec : set.specs) {
         std::string params = kvindex::resolve_percentages(resolve_question(spec.params, n - question_start), n);
-        a.indexes.push_back(decode(llm.make_cache(rec, spec.factory, set.dense_index, set.dense_layers, params,
-                                                  set.trained.get()),
-                                   params));
+        auto cache = [&] {
+            return llm.make_cache(rec, spec.factory, set.dense_index, set.dense_layers, params, set.trained.get());
+        };
+        a.indexes.push_back(decode(cache(), params));
+        if (m > 0) {
+            read_reference(cache(), a.indexes.back().reference);
+        }
     }
     return a;
 }

@@ -173,10 +173,23 @@ struct IndexSet {
              const std::vector<int>& dense_layers, const std::string& trained_path);
 };
 
+/** A reference answer read teacher-forced after the prompt: how likely the
+ * model finds it, and how far each position's next-token distribution is
+ * from dense's. Measures fidelity where the greedy answers cannot: a model
+ * that rarely answers a task still assigns its right answer a likelihood,
+ * and sparse attention should not change it. */
+struct ReferenceFit {
+    int64_t n_tokens = 0;  ///< tokens of the reference
+    double log_prob = 0;   ///< sum over them of log p(token | prompt, the reference before it)
+    double kl_mean = 0;    ///< mean over the positions of KL(dense || this); 0 for dense
+    double top1 = 1;       ///< share of the positions where this and dense predict the same token
+};
+
 struct Answer {
     std::string params;      ///< the parameters as set (percentages and "question" resolved)
     std::vector<int> tokens; ///< generated ids (stop token included)
     std::string text;
+    ReferenceFit reference;  ///< when answer_prompt read a reference
 };
 
 struct PromptAnswers {
@@ -190,7 +203,11 @@ struct PromptAnswers {
  * which then decodes up to max_new tokens from a cache built from it.
  * Percentages of the parameters are of the n - 1 prefilled tokens;
  * "question" is the n - 1 - question_start question tokens among them (the
- * prompt's last token is decoded, not prefilled). */
+ * prompt's last token is decoded, not prefilled).
+ * With a non-empty `reference` (token ids), dense and every index also
+ * decode prompt.back() + reference[0, m - 1) from a fresh cache of the same
+ * prefill, and their Answer::reference gets the fit of the m reference
+ * tokens (dense's is computed even without the dense baseline). */
 PromptAnswers answer_prompt(
         const LlamaModel& llm,
         const BpeTokenizer& tok,
@@ -198,7 +215,8 @@ PromptAnswers answer_prompt(
         int64_t question_start,
         int max_new,
         const IndexSet& set,
-        bool dense_baseline);
+        bool dense_baseline,
+        const std::vector<int>& reference = {});
 
 struct NeedleConfig {
     std::vector<int64_t> contexts{2048, 4096, 8192};

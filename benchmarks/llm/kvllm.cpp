@@ -8,7 +8,7 @@
 //   kvllm trace      --text-file F --out DIR [--tokens N] [--n-ctx C] [--layers 0,5,..]
 //   kvllm e2e        --text-file F --context 2048,4096 --eval M --index S [--index S ...]
 //   kvllm needle     --context 2048 --depths 0.1,0.5,0.9 --index S [--index S ...]
-//   kvllm ruler      --context 2048,4096 --samples 20 --tasks niah_single,vt,cwe --index S [--index S ...]
+//   kvllm ruler      --context 2048,4096 --samples 20 --tasks niah_single,vt,cwe --index S [--index S ...] [--likelihood]
 //   kvllm train      --index "Sink1,Window63,IVFAsym64" --text-file F [--text-file F ...] --out FILE
 // e2e, needle, ruler: --trained FILE starts the IVFAsym indexes from kvllm train's models.
 // needle, ruler: a parameter "=question" (e.g. "ProxyEvict20|proxy_tokens=question")
@@ -295,7 +295,10 @@ int cmd_ruler(int argc, char** argv) {
              "tokens to generate (0: each task's, 12 for one number, 40-50 for lists)")
             ("haystack-file", po::value(&c.haystack_files),
              "haystack text of the niah and vt tasks (repeatable; default data/train/*.txt)")
-            ("json", po::value(&c.json_out), "write the summary, every case and the configuration as JSON");
+            ("json", po::value(&c.json_out), "write the summary, every case and the configuration as JSON")
+            ("likelihood", po::bool_switch(&c.likelihood),
+             "also read each prompt's reference answer teacher-forced: its log-likelihood under dense and each "
+             "index, KL and top-1 agreement (fidelity where the model rarely answers)");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     c.contexts = parse_list<int64_t>(contexts);

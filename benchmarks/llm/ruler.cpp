@@ -417,6 +417,13 @@ RulerSample cwe_sample(int64_t target_tokens, const TokenCounter& count, std::mt
     return s;
 }
 
+/// " a, b, c.": items as an answer lists them, each after `prefix`.
+std::string listed(const std::vector<std::string>& items, const std::string& prefix) {
+    std::string out;
+    for (size_t i = 0; i < items.size(); i++) out += (i ? ", " : " ") + prefix + items[i];
+    return out + ".";
+}
+
 } // namespace
 
 RulerSample make_ruler_sample(
@@ -447,6 +454,8 @@ RulerSample make_ruler_sample(
         throw unknown_task(task);
     }
     s.task = task;
+    // vt's names stand as "VAR ABCDE" in the text
+    s.reference = listed(s.expected, task == "vt" ? "VAR " : "");
     return s;
 }
 
@@ -504,11 +513,26 @@ void run_ruler(
     }
     const size_t NC = cfg.contexts.size(), NT = cfg.tasks.size(), NX = specs.size();
     // sums over the samples of one (context, task)
-    struct Tally {
-        double dense = 0;
-        std::vector<double> score, agree; ///< per index
+    struct IndexTally {
+        double score = 0, agree = 0;
+        // --likelihood: log p of the reference, its difference to dense's
+        // (and the square), KL and top-1 agreement
+        double ref_lp = 0, ref_delta = 0, ref_delta_sq = 0, ref_kl = 0, ref_top1 = 0;
+        IndexTally& operator+=(const IndexTally& o) {
+            score += o.score, agree += o.agree, ref_lp += o.ref_lp, ref_delta += o.ref_delta;
+            ref_delta_sq += o.ref_delta_sq, ref_kl += o.ref_kl, ref_top1 += o.ref_top1;
+            return *this;
+        }
+        IndexTally& operator/=(double n) {
+            score /= n, agree /= n, ref_lp /= n, ref_delta /= n, ref_delta_sq /= n, ref_kl /= n, ref_top1 /= n;
+            return *this;
+        }
     };
-    const Tally zero{0, std::vector<double>(NX), std::vector<double>(NX)};
+    struct Tally {
+        double dense = 0, ref_dense = 0; ///< dense's score and log p of the reference
+        std::vector<IndexTally> x;       ///< per index
+    };
+    const Tally zero{0, 0, std::vector<IndexTally>(NX)};
     std::vector<std::vector<Tally>> tally(NC, std::vector<Tally>(NT, zero));
     nlohmann::json cases = nlohmann::json::array();
     char line[1024];
@@ -518,8 +542,9 @@ void run_ruler(
                 const RulerSample s = make_ruler_sample(cfg.tasks[ti], cfg.contexts[ci], cfg.seed, si, haystack, count);
                 const std::vector<int> prompt = encode_pieces(tok, s.prompt);
                 const int64_t q0 = s.prompt.question_start();
+                const std::vector<int> reference = cfg.likelihood ? tok.encode(s.reference, false) : std::vector<int>();
                 const PromptAnswers a = answer_prompt(llm, tok, prompt, q0, cfg.max_new > 0 ? cfg.max_new : s.max_new,
-                                                      set, true);
+                                                      set, true, reference);
                 const double dense_score = ruler_score(a.dense.text, s.expected);
                 Tally& t = tally[ci][ti];
                 t.dense += dense_score;
@@ -531,6 +556,11 @@ void run_ruler(
                                     {"prefill_s", a.prefill_s},
                                     {"dense", {{"answer", a.dense.text}, {"score", dense_score}}}};
                 c["depth"] = s.depth >= 0 ? nlohmann::json(s.depth) : nlohmann::json(nullptr);
+                if (cfg.likelihood) {
+                    c["reference"] = {{"text", s.reference}, {"tokens", reference.size()}};
+                    c["dense"]["reference_log_prob"] = a.dense.reference.log_prob;
+                    t.ref_dense += a.dense.reference.log_prob;
+                }
                 auto print = [&](const std::string& label, double score, const char* agree, const std::string& text) {
                     std::snprintf(line, sizeof(line), "  %-15s ctx %5zu #%-3d %-44s %5.2f %-4s %s\n",
                                   s.task.c_str(), prompt.size(), si, label.c_str(), score, agree,
@@ -543,10 +573,22 @@ void run_ruler(
                     const Answer& r = a.indexes[xi];
                     const double score = ruler_score(r.text, s.expected);
                     const bool agree = same_answer(r.tokens, a.dense.tokens, tok);
-                    t.score[xi] += score;
-                    t.agree[xi] += agree;
+                    t.x[xi].score += score;
+                    t.x[xi].agree += agree;
                     results.push_back({{"index", specs[xi].str()}, {"params", r.params}, {"answer", r.text},
                                        {"score", score}, {"agree", agree}});
+                    if (cfg.likelihood) {
+                        const ReferenceFit& f = r.reference;
+                        const double delta = f.log_prob - a.dense.reference.log_prob;
+                        t.x[xi].ref_lp += f.log_prob;
+                        t.x[xi].ref_delta += delta;
+                        t.x[xi].ref_delta_sq += delta * delta;
+                        t.x[xi].ref_kl += f.kl_mean;
+                        t.x[xi].ref_top1 += f.top1;
+                        results.back()["reference_log_prob"] = f.log_prob;
+                        results.back()["reference_kl"] = f.kl_mean;
+                        results.back()["reference_top1"] = f.top1;
+                    }
                     print(specs[xi].str(), score, agree ? "same" : "diff", r.text);
                 }
                 out << std::flush;
@@ -566,39 +608,73 @@ void run_ruler(
     std::snprintf(line, sizeof(line), "%-16s %7s %6s  %-44s %6s %6s %6s\n", "task", "context", "dense", "index",
                   "score", "rel", "agree");
     out << line;
+    // the means over the samples of (context, task), and of task "all" (ti
+    // == NT): the tasks' means averaged (every task has cfg.samples samples:
+    // the mean of all)
+    auto mean_of = [&](size_t ci, size_t ti) {
+        const size_t t0 = ti < NT ? ti : 0, t1 = ti < NT ? ti + 1 : NT;
+        Tally m = zero;
+        for (size_t t = t0; t < t1; t++) {
+            const Tally& x = tally[ci][t];
+            m.dense += x.dense;
+            m.ref_dense += x.ref_dense;
+            for (size_t xi = 0; xi < NX; xi++) m.x[xi] += x.x[xi];
+        }
+        const double n = double(cfg.samples) * double(t1 - t0);
+        m.dense /= n;
+        m.ref_dense /= n;
+        for (IndexTally& x : m.x) x /= n;
+        return m;
+    };
+    auto task_name = [&](size_t ti) { return ti < NT ? cfg.tasks[ti] : std::string("all"); };
     nlohmann::json summary = nlohmann::json::array();
     for (size_t ci = 0; ci < NC; ci++) {
-        // the means of each task, then of task "all": the tasks' means
-        // averaged (every task has cfg.samples samples: the mean of all)
         for (size_t ti = 0; ti <= NT; ti++) {
-            const size_t t0 = ti < NT ? ti : 0, t1 = ti < NT ? ti + 1 : NT;
-            Tally m = zero;
-            for (size_t t = t0; t < t1; t++) {
-                m.dense += tally[ci][t].dense;
-                for (size_t xi = 0; xi < NX; xi++) {
-                    m.score[xi] += tally[ci][t].score[xi];
-                    m.agree[xi] += tally[ci][t].agree[xi];
-                }
-            }
-            const double n = double(cfg.samples) * double(t1 - t0);
-            m.dense /= n;
+            const Tally m = mean_of(ci, ti);
             for (size_t xi = 0; xi < NX; xi++) {
-                m.score[xi] /= n;
-                m.agree[xi] /= n;
-            }
-            const std::string task = ti < NT ? cfg.tasks[ti] : "all";
-            for (size_t xi = 0; xi < NX; xi++) {
+                const IndexTally& x = m.x[xi];
                 // no ratio where dense scored 0
-                const nlohmann::json rel = m.dense > 0 ? nlohmann::json(m.score[xi] / m.dense) : nlohmann::json();
+                const nlohmann::json rel = m.dense > 0 ? nlohmann::json(x.score / m.dense) : nlohmann::json();
                 char rel_s[32] = "-";
                 if (!rel.is_null()) std::snprintf(rel_s, sizeof(rel_s), "%.3f", rel.get<double>());
-                std::snprintf(line, sizeof(line), "%-16s %7lld %6.3f  %-44s %6.3f %6s %6.3f\n", task.c_str(),
-                              (long long)cfg.contexts[ci], m.dense, specs[xi].str().c_str(), m.score[xi], rel_s,
-                              m.agree[xi]);
+                std::snprintf(line, sizeof(line), "%-16s %7lld %6.3f  %-44s %6.3f %6s %6.3f\n", task_name(ti).c_str(),
+                              (long long)cfg.contexts[ci], m.dense, specs[xi].str().c_str(), x.score, rel_s,
+                              x.agree);
                 out << line;
-                summary.push_back({{"task", task}, {"context", cfg.contexts[ci]}, {"samples", cfg.samples},
-                                   {"dense", m.dense}, {"index", specs[xi].str()}, {"score", m.score[xi]},
-                                   {"relative", rel}, {"agreement", m.agree[xi]}});
+                summary.push_back({{"task", task_name(ti)}, {"context", cfg.contexts[ci]}, {"samples", cfg.samples},
+                                   {"dense", m.dense}, {"index", specs[xi].str()}, {"score", x.score},
+                                   {"relative", rel}, {"agreement", x.agree}});
+            }
+        }
+    }
+    if (cfg.likelihood) {
+        out << "\nreference answers read teacher-forced: log p of the whole reference (nats) under dense and the "
+               "index;\ndelta = index - dense (mean over the samples, +- its standard error); rel = exp(delta), the "
+               "index's\nlikelihood of the right answer relative to dense's (geometric mean); KL(dense || index) and "
+               "top-1\nagreement: means over the reference positions\n";
+        std::snprintf(line, sizeof(line), "%-16s %7s %8s  %-44s %8s %8s %7s %6s %9s %6s\n", "task", "context",
+                      "dense_lp", "index", "index_lp", "delta", "+-se", "rel", "KL", "top1");
+        out << line;
+        size_t row = 0;
+        for (size_t ci = 0; ci < NC; ci++) {
+            for (size_t ti = 0; ti <= NT; ti++) {
+                const Tally m = mean_of(ci, ti);
+                const double n = double(cfg.samples) * double(ti < NT ? 1 : NT);
+                for (size_t xi = 0; xi < NX; xi++, row++) {
+                    const IndexTally& x = m.x[xi];
+                    // standard error of the mean delta over the n samples
+                    const double var = std::max(0.0, x.ref_delta_sq - x.ref_delta * x.ref_delta);
+                    const double se = n > 1 ? std::sqrt(var / (n - 1)) : 0.0;
+                    const double rel = std::exp(x.ref_delta);
+                    std::snprintf(line, sizeof(line),
+                                  "%-16s %7lld %8.3f  %-44s %8.3f %+8.3f %7.3f %6.3f %9.2e %6.3f\n",
+                                  task_name(ti).c_str(), (long long)cfg.contexts[ci], m.ref_dense,
+                                  specs[xi].str().c_str(), x.ref_lp, x.ref_delta, se, rel, x.ref_kl, x.ref_top1);
+                    out << line;
+                    summary[row]["reference"] = {{"log_prob_dense", m.ref_dense}, {"log_prob", x.ref_lp},
+                                                 {"delta", x.ref_delta}, {"delta_se", se}, {"relative", rel},
+                                                 {"kl", x.ref_kl}, {"top1", x.ref_top1}};
+                }
             }
         }
     }
@@ -606,7 +682,8 @@ void run_ruler(
         nlohmann::json config = {{"contexts", cfg.contexts}, {"samples", cfg.samples}, {"tasks", cfg.tasks},
                                  {"seed", cfg.seed}, {"max_new", cfg.max_new}, {"indexes", cfg.indexes},
                                  {"dense_index", cfg.dense_index}, {"dense_layers", cfg.dense_layers},
-                                 {"trained", cfg.trained}, {"haystack_files", cfg.haystack_files}};
+                                 {"trained", cfg.trained}, {"haystack_files", cfg.haystack_files},
+                                 {"likelihood", cfg.likelihood}};
         write_json(cfg.json_out, {{"summary", summary}, {"cases", cases}, {"config", config}});
     }
 }

@@ -58,6 +58,9 @@ struct RulerSample {
     std::vector<std::string> expected; ///< strings the answer should contain
     double depth = -1;                 ///< niah_single, passkey: relative depth of the needle; else -1
     int max_new = 0;                   ///< tokens to generate by default
+    /// a right answer as the question's last words go on (" 12345.", " VAR
+    /// ABCDE, VAR FGHIJ, ..."): every expected string, in order
+    std::string reference;
 };
 
 /** Sample `index` of `task` at about target_tokens tokens (as counted by
@@ -87,6 +90,9 @@ struct RulerConfig {
     std::string trained;                 ///< as in E2eConfig
     std::vector<std::string> haystack_files; ///< recorded in the JSON
     std::string json_out;
+    /// also read each sample's reference teacher-forced (answer_prompt's
+    /// ReferenceFit) with dense and every index
+    bool likelihood = false;
 };
 
 /// Throws std::invalid_argument naming what is wrong with cfg (unknown
@@ -98,7 +104,12 @@ void check_ruler_config(const RulerConfig& cfg, int64_t n_ctx_train);
  * Prints one line per (prompt, index), then per task and context the
  * dense score and each index's score, score relative to dense and
  * agreement (the fraction of prompts where its generated tokens equal
- * dense's); task "all" averages the tasks. */
+ * dense's); task "all" averages the tasks. With cfg.likelihood, a second
+ * table: per task and context, the reference's log-likelihood under dense
+ * and under each index, their difference (its mean over the samples, with
+ * the standard error, and exp of it: the likelihood relative to dense),
+ * mean KL(dense || index) and top-1 agreement over the reference
+ * positions. */
 void run_ruler(
         const LlamaModel& llm,
         const BpeTokenizer& tok,

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <set>
@@ -303,6 +304,29 @@ TEST(Ruler, SameSeedSamePromptsOtherSeedOthers) {
     }
 }
 
+// The reference answer (what --likelihood reads) is a right answer: it holds
+// every expected string, in order, as the question's last words go on.
+TEST(Ruler, ReferenceIsARightAnswerListingTheExpectedStrings) {
+    for (const std::string& task : ruler_task_names()) {
+        for (int64_t i = 0; i < 3; i++) {
+            RulerSample s = sample(task, 1024, 1, i);
+            ASSERT_FALSE(s.reference.empty()) << task;
+            EXPECT_EQ(s.reference.front(), ' ') << task << ": continues the question's last word";
+            EXPECT_EQ(s.reference.back(), '.') << task;
+            EXPECT_EQ(ruler_score(s.reference, s.expected), 1.0) << task << ": " << s.reference;
+            size_t at = 0;
+            for (const std::string& e : s.expected) {
+                // vt's names stand as "VAR NAME" in the prompt, and so in the answer
+                const std::string as_written = task == "vt" ? "VAR " + e : e;
+                at = s.reference.find(as_written, at);
+                ASSERT_NE(at, std::string::npos) << task << ": " << as_written << " in order in " << s.reference;
+                EXPECT_NE(s.prompt.text().find(as_written), std::string::npos) << task << ": " << as_written;
+            }
+        }
+    }
+    EXPECT_EQ(sample("vt").reference.substr(0, 5), " VAR ");
+}
+
 TEST(Ruler, ScoreIsTheFractionOfExpectedStringsFound) {
     EXPECT_EQ(ruler_score(" 1234567.", {"1234567"}), 1.0);
     EXPECT_EQ(ruler_score(" 123456", {"1234567"}), 0.0);
@@ -399,6 +423,7 @@ TEST(RulerSmolLM2, TinyRunOfEveryTaskWithFlatAgreesWithDense) {
     c.samples = 1;
     c.max_new = 6;
     c.indexes = {"Flat"};
+    c.likelihood = true;
     c.json_out = testing::TempDir() + "ruler_tiny.json";
     std::ostringstream out;
     run_ruler(llm, tok, haystack_units(text), c, out);
@@ -411,6 +436,12 @@ TEST(RulerSmolLM2, TinyRunOfEveryTaskWithFlatAgreesWithDense) {
         ASSERT_EQ(cs["indexes"].size(), 1u);
         EXPECT_EQ(cs["indexes"][0]["answer"], cs["dense"]["answer"]) << cs["task"];
         EXPECT_TRUE(cs["indexes"][0]["agree"].get<bool>());
+        // the reference read teacher-forced: Flat's likelihood is dense's
+        EXPECT_GT(cs["reference"]["tokens"].get<int64_t>(), 0) << cs["task"];
+        EXPECT_LT(cs["dense"]["reference_log_prob"].get<double>(), 0.0) << cs["task"];
+        EXPECT_EQ(cs["indexes"][0]["reference_log_prob"], cs["dense"]["reference_log_prob"]) << cs["task"];
+        EXPECT_EQ(cs["indexes"][0]["reference_kl"].get<double>(), 0.0) << cs["task"];
+        EXPECT_EQ(cs["indexes"][0]["reference_top1"].get<double>(), 1.0) << cs["task"];
         for (const char* k : {"task", "context", "sample", "needle_tokens", "expected", "prefill_s", "depth"}) {
             EXPECT_TRUE(cs.contains(k)) << k;
         }
@@ -423,10 +454,66 @@ TEST(RulerSmolLM2, TinyRunOfEveryTaskWithFlatAgreesWithDense) {
         EXPECT_EQ(r["score"], r["dense"]);
         if (r["dense"].get<double>() > 0) EXPECT_EQ(r["relative"].get<double>(), 1.0);
         else EXPECT_TRUE(r["relative"].is_null());
+        const nlohmann::json& ref = r["reference"];
+        EXPECT_EQ(ref["log_prob"], ref["log_prob_dense"]) << r["task"];
+        EXPECT_EQ(ref["delta"].get<double>(), 0.0) << r["task"];
+        EXPECT_EQ(ref["relative"].get<double>(), 1.0) << r["task"];
+        EXPECT_EQ(ref["kl"].get<double>(), 0.0) << r["task"];
     }
+    EXPECT_TRUE(j["config"]["likelihood"].get<bool>());
+    EXPECT_NE(out.str().find("reference answers read teacher-forced"), std::string::npos);
     EXPECT_EQ(j["summary"].back()["task"], "all");
     EXPECT_EQ(j["config"]["tasks"], ruler_task_names());
     EXPECT_EQ(j["config"]["seed"], 1);
     EXPECT_EQ(j["config"]["max_new"], 6);
     EXPECT_NE(out.str().find("niah_single"), std::string::npos);
+}
+
+// The reference read teacher-forced (answer_prompt with a reference):
+// dense's log-likelihood is the one an exact prefill of prompt + reference
+// gives; Flat (dense's cache) fits it exactly; a top-4 cache does not.
+TEST(RulerSmolLM2, ReferenceLikelihoodIsThatOfAPrefillOfPromptAndReference) {
+    KVLLM_MODEL_OR_SKIP(path);
+    kvindex::ScopedBlasThreads one_blas_thread(1);
+    GgufFile file(path);
+    BpeTokenizer tok(file);
+    LlamaModel llm(file);
+    const RulerSample s = make_ruler_sample("passkey", 300, 1, 0, {}, token_counter(tok));
+    const std::vector<int> prompt = encode_pieces(tok, s.prompt);
+    const std::vector<int> reference = tok.encode(s.reference, false);
+    const IndexSet set({"Flat", "TopK(Flat)|k=4"}, "Flat", {}, "");
+    const PromptAnswers a =
+            answer_prompt(llm, tok, prompt, s.prompt.question_start(), 2, set, false, reference);
+
+    // independent: one causal prefill of prompt + reference; the rows of
+    // positions n - 1 .. n + m - 2 predict the m reference tokens
+    const int64_t n = int64_t(prompt.size()), m = int64_t(reference.size());
+    const int V = llm.cfg.n_vocab;
+    std::vector<int> all = prompt;
+    all.insert(all.end(), reference.begin(), reference.end());
+    std::vector<float> logits(size_t(m) * V);
+    llm.prefill(all.data(), n + m - 1, logits.data(), n - 1, nullptr, 0);
+    double expected = 0;
+    for (int64_t t = 0; t < m; t++) {
+        const float* row = logits.data() + t * V;
+        const double top = *std::max_element(row, row + V);
+        double z = 0;
+        for (int i = 0; i < V; i++) z += std::exp(double(row[i]) - top);
+        expected += double(row[reference[t]]) - top - std::log(z);
+    }
+    const ReferenceFit& dense = a.dense.reference;
+    EXPECT_EQ(dense.n_tokens, m);
+    EXPECT_NEAR(dense.log_prob, expected, 1e-3 * std::abs(expected) + 1e-3);
+    EXPECT_EQ(dense.kl_mean, 0.0);
+    EXPECT_EQ(dense.top1, 1.0);
+    ASSERT_EQ(a.indexes.size(), 2u);
+    const ReferenceFit& flat = a.indexes[0].reference;
+    EXPECT_EQ(flat.log_prob, dense.log_prob);
+    EXPECT_EQ(flat.kl_mean, 0.0);
+    EXPECT_EQ(flat.top1, 1.0);
+    const ReferenceFit& top4 = a.indexes[1].reference;
+    EXPECT_EQ(top4.n_tokens, m);
+    EXPECT_GT(top4.kl_mean, 0.0) << "4 keys of ~300 change the distributions";
+    EXPECT_NE(top4.log_prob, dense.log_prob);
+    EXPECT_LE(top4.log_prob, 0.0);
 }
