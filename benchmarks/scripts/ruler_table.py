@@ -5,8 +5,13 @@ counts the samples it finished; n says how many).
 
     python3 benchmarks/scripts/ruler_table.py benchmarks/results/ruler/ruler_2k_part*.txt
     python3 benchmarks/scripts/ruler_table.py --by-index LOG...   (a row per index)
+    python3 benchmarks/scripts/ruler_table.py --likelihood RUN.json...
+        (runs with --likelihood: per task and context, each index's likelihood
+        of the reference answer relative to dense's, exp(delta), with delta
+        +- its standard error, KL and top-1 agreement, from the JSON summary)
 """
 import collections
+import json
 import re
 import sys
 
@@ -65,6 +70,35 @@ def main(paths, by_index=False):
         md_all = sum(dense.values()) / max(len(dense), 1)
         print(f"| {t} | {len(dense)} | {md_all:.2f} | " + " | ".join(cells) + " |")
 
+def likelihood(paths):
+    """A row per (index, context), a column per task: exp(delta) (delta +-
+    se in nats, KL, top-1), from the summaries of --likelihood runs."""
+    rows = collections.OrderedDict()  # (index, context) -> {task: cell}
+    dense = collections.OrderedDict()  # (context) -> {task: dense log p}
+    tasks = []
+    for path in paths:
+        for r in json.load(open(path))["summary"]:
+            ref = r.get("reference")
+            if ref is None:
+                continue
+            if r["task"] not in tasks:
+                tasks.append(r["task"])
+            dense.setdefault(r["context"], {})[r["task"]] = f'{ref["log_prob_dense"]:.1f} (n = {r["samples"]})'
+            rows.setdefault((r["index"], r["context"]), {})[r["task"]] = (
+                f'{ref["relative"]:.2f} ({ref["delta"]:+.2f} ± {ref["delta_se"]:.2f}, '
+                f'{ref["kl"]:.3f}, {ref["top1"]:.2f})')
+    print("| index | context | " + " | ".join(tasks) + " |")
+    print("|---|---|" + "---|" * len(tasks))
+    for c, cells in dense.items():
+        print(f"| dense log p | {c} | " + " | ".join(cells.get(t, "–") for t in tasks) + " |")
+    for (i, c), cells in rows.items():
+        code = "`" + i.replace("|", "\\|") + "`"
+        print(f"| {code} | {c} | " + " | ".join(cells.get(t, "–") for t in tasks) + " |")
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main([a for a in args if a != "--by-index"], by_index="--by-index" in args)
+    if "--likelihood" in args:
+        likelihood([a for a in args if a != "--likelihood"])
+    else:
+        main([a for a in args if a != "--by-index"], by_index="--by-index" in args)
