@@ -18,14 +18,14 @@ namespace {
  * it the first decoded token reallocated and copied the whole prompt of
  * every head (kvllm e2e at 8k: ~720 MB copied and ~900 MB of fresh pages
  * in the first decode step, a fifth of its 32-token decode time). */
-void reserve_for(std::vector<uint8_t>& v, size_t need) {
+void reserve_for(RowBytes& v, size_t need) {
     if (need > v.capacity()) {
         v.reserve(std::max(need + need / 16, v.capacity() + v.capacity() / 4));
     }
 }
 
 /// Refuses stored 16-bit values with an all-ones exponent (inf / nan).
-void check_finite_stored(KVType t, const std::vector<uint8_t>& bytes, size_t dim,
+void check_finite_stored(KVType t, const RowBytes& bytes, size_t dim,
                          const char* what) {
     if (t == KVType::f32) {
         check_finite(reinterpret_cast<const float*>(bytes.data()),
@@ -132,7 +132,7 @@ void KVStorage::read(BufferReader& r, const char* what) {
             what,
             int(type));
     size_t es = kv_type_size(type);
-    for (std::vector<uint8_t>* v : {&keys, &values}) {
+    for (RowBytes* v : {&keys, &values}) {
         uint64_t n = r.value<uint64_t>(what);
         FAISS_THROW_IF_NOT_FMT(
                 n <= r.remaining() / es,

@@ -549,3 +549,40 @@ TEST(KVTypeIndexes, ForgedStorageTypeRefused) {
         EXPECT_ANY_THROW(read_index(bad)) << int(forged);
     }
 }
+
+// Large token arrays sit on 2 MiB-aligned blocks advised for huge pages; the
+// rows survive growth across the small / large boundary, and the front and
+// back trims, exactly (compared with the floats appended).
+TEST(KVStorage, LargeArraysAreHugePageAlignedAndKeepTheirRows) {
+    void* small = allocate_rows(100);
+    void* large = allocate_rows(kHugePageMinBytes + 1);
+    ASSERT_NE(small, nullptr);
+    ASSERT_NE(large, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(large) % kHugePageBytes, 0u);
+    std::memset(large, 1, kHugePageMinBytes + 1); // every byte is ours
+    free_rows(small);
+    free_rows(large);
+    free_rows(nullptr);
+
+    const size_t d = 64, dv = 32, per_key = d * sizeof(float);
+    const idx_t n = idx_t(kHugePageMinBytes / per_key) * 3 / 2; // crosses the threshold
+    std::vector<float> k = gaussian(size_t(n), d, 11), v = gaussian(size_t(n), dv, 12);
+    KVStorage s(d, dv, KVType::f32);
+    for (idx_t i0 = 0; i0 < n; i0 += 5000) {
+        idx_t m = std::min<idx_t>(5000, n - i0);
+        s.append(m, k.data() + i0 * d, v.data() + i0 * dv);
+    }
+    ASSERT_EQ(s.size(), n);
+    EXPECT_GE(s.keys.capacity(), kHugePageMinBytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(s.keys.data()) % kHugePageBytes, 0u);
+    EXPECT_EQ(std::memcmp(s.keys.data(), k.data(), size_t(n) * per_key), 0);
+    EXPECT_EQ(std::memcmp(s.values.data(), v.data(), size_t(n) * dv * sizeof(float)), 0);
+    s.erase_front(1000);
+    s.truncate(n - 2000);
+    ASSERT_EQ(s.size(), n - 2000);
+    std::vector<float> row(d);
+    for (idx_t i : {idx_t(0), n / 2, n - 2001}) {
+        s.key(i, row.data());
+        EXPECT_EQ(std::memcmp(row.data(), k.data() + (i + 1000) * d, per_key), 0) << i;
+    }
+}

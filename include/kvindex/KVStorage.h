@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <kvindex/KVIndex.h>
+#include <kvindex/impl/huge_pages.h>
 #include <kvindex/kv_type.h>
 
 namespace kvindex {
@@ -18,8 +19,8 @@ struct KVStorage {
     size_t d = 0;                   ///< key dimension
     size_t d_value = 0;             ///< value dimension
     KVType type = KVType::f32;      ///< element type of keys and values
-    std::vector<uint8_t> keys;      ///< size() * d elements of `type`
-    std::vector<uint8_t> values;    ///< size() * d_value elements of `type`
+    RowBytes keys;                  ///< size() * d elements of `type` (huge pages when large)
+    RowBytes values;                ///< size() * d_value elements of `type`
 
     KVStorage() = default;
     KVStorage(size_t d, size_t d_value, KVType type = KVType::f32)
