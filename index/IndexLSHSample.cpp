@@ -637,11 +637,16 @@ void IndexLSHSample::sample_one(
     hash(q, nullptr, qc.data());
     size_t B = size_t(1) << K;
     bool recent = n_recent > n_indexed;
-    // the buckets the query falls in, in both levels: the work is their size
+    // the buckets the query falls in, in both levels: the work is their size.
+    // The first line of each is asked for now: the walk's L bucket starts
+    // then miss together instead of one table after another.
     size_t total = 0;
     for (int l = 0; l < L; l++) {
         const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
         total += off[qc[l] + 1] - off[qc[l]];
+        size_t at = size_t(l) * n_indexed + off[qc[l]];
+        __builtin_prefetch(ids16.empty() ? static_cast<const void*>(ids32.data() + at)
+                                         : static_cast<const void*>(ids16.data() + at));
         if (recent) {
             const uint32_t* ro = recent_offsets.data() + size_t(l) * (B + 1);
             total += ro[qc[l] + 1] - ro[qc[l]];

@@ -145,8 +145,8 @@ struct IndexLSHSample : KVIndex {
 
     idx_t n_indexed = 0;               ///< tokens in the CSR tables; the rest are the tail
     std::vector<uint32_t> offsets;     ///< size L * (2^K + 1)
-    std::vector<uint16_t> ids16;       ///< size L * n_indexed when n_indexed <= 65536
-    std::vector<uint32_t> ids32;       ///< size L * n_indexed otherwise
+    std::vector<uint16_t, HugePageAllocator<uint16_t>> ids16; ///< size L * n_indexed when n_indexed <= 65536
+    std::vector<uint32_t, HugePageAllocator<uint32_t>> ids32; ///< size L * n_indexed otherwise
     /// tokens [n_indexed, n_recent) are in the tail's tables, the rest are scanned
     idx_t n_recent = 0;
     std::vector<uint32_t> recent_offsets; ///< size L * (2^K + 1) when n_recent > n_indexed
