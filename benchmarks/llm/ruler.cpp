@@ -489,10 +489,15 @@ void check_ruler_config(const RulerConfig& cfg, int64_t n_ctx_train) {
             throw unknown_task(t);
         }
     }
+    // --likelihood reads the reference after the prompt, in the same context
+    const int64_t room = cfg.likelihood ? kReferenceRoom : 0;
     for (int64_t c : cfg.contexts) {
-        if (c < 1 || c > n_ctx_train) {
-            throw std::invalid_argument("context " + std::to_string(c) + " outside [1, " +
-                                        std::to_string(n_ctx_train) + "] (the model's training context)");
+        if (c < 1 || c > n_ctx_train - room) {
+            throw std::invalid_argument(
+                    "context " + std::to_string(c) + " outside [1, " + std::to_string(n_ctx_train - room) +
+                    "] (the model's training context" +
+                    (room ? " less " + std::to_string(room) + " tokens for --likelihood's reference answer" : "") +
+                    ")");
         }
     }
 }
@@ -530,9 +535,10 @@ void run_ruler(
     };
     struct Tally {
         double dense = 0, ref_dense = 0; ///< dense's score and log p of the reference
+        double ref_tokens = 0;           ///< tokens of the reference
         std::vector<IndexTally> x;       ///< per index
     };
-    const Tally zero{0, 0, std::vector<IndexTally>(NX)};
+    const Tally zero{0, 0, 0, std::vector<IndexTally>(NX)};
     std::vector<std::vector<Tally>> tally(NC, std::vector<Tally>(NT, zero));
     nlohmann::json cases = nlohmann::json::array();
     char line[1024];
@@ -560,6 +566,7 @@ void run_ruler(
                     c["reference"] = {{"text", s.reference}, {"tokens", reference.size()}};
                     c["dense"]["reference_log_prob"] = a.dense.reference.log_prob;
                     t.ref_dense += a.dense.reference.log_prob;
+                    t.ref_tokens += double(reference.size());
                 }
                 auto print = [&](const std::string& label, double score, const char* agree, const std::string& text) {
                     std::snprintf(line, sizeof(line), "  %-15s ctx %5zu #%-3d %-44s %5.2f %-4s %s\n",
@@ -618,11 +625,13 @@ void run_ruler(
             const Tally& x = tally[ci][t];
             m.dense += x.dense;
             m.ref_dense += x.ref_dense;
+            m.ref_tokens += x.ref_tokens;
             for (size_t xi = 0; xi < NX; xi++) m.x[xi] += x.x[xi];
         }
         const double n = double(cfg.samples) * double(t1 - t0);
         m.dense /= n;
         m.ref_dense /= n;
+        m.ref_tokens /= n;
         for (IndexTally& x : m.x) x /= n;
         return m;
     };
@@ -650,10 +659,11 @@ void run_ruler(
     if (cfg.likelihood) {
         out << "\nreference answers read teacher-forced: log p of the whole reference (nats) under dense and the "
                "index;\ndelta = index - dense (mean over the samples, +- its standard error); rel = exp(delta), the "
-               "index's\nlikelihood of the right answer relative to dense's (geometric mean); KL(dense || index) and "
-               "top-1\nagreement: means over the reference positions\n";
-        std::snprintf(line, sizeof(line), "%-16s %7s %8s  %-44s %8s %8s %7s %6s %9s %6s\n", "task", "context",
-                      "dense_lp", "index", "index_lp", "delta", "+-se", "rel", "KL", "top1");
+               "index's\nlikelihood of the right answer relative to dense's (geometric mean); rel/tok = exp(delta / "
+               "tokens),\nthe same per token of the answer; KL(dense || index) and top-1 agreement: means over the "
+               "reference positions\n";
+        std::snprintf(line, sizeof(line), "%-16s %7s %8s  %-44s %8s %8s %7s %6s %7s %9s %6s\n", "task", "context",
+                      "dense_lp", "index", "index_lp", "delta", "+-se", "rel", "rel/tok", "KL", "top1");
         out << line;
         size_t row = 0;
         for (size_t ci = 0; ci < NC; ci++) {
@@ -665,14 +675,16 @@ void run_ruler(
                     // standard error of the mean delta over the n samples
                     const double var = std::max(0.0, x.ref_delta_sq - x.ref_delta * x.ref_delta);
                     const double se = n > 1 ? std::sqrt(var / (n - 1)) : 0.0;
-                    const double rel = std::exp(x.ref_delta);
+                    const double rel = std::exp(x.ref_delta), rel_token = std::exp(x.ref_delta / m.ref_tokens);
                     std::snprintf(line, sizeof(line),
-                                  "%-16s %7lld %8.3f  %-44s %8.3f %+8.3f %7.3f %6.3f %9.2e %6.3f\n",
+                                  "%-16s %7lld %8.3f  %-44s %8.3f %+8.3f %7.3f %6.3f %7.4f %9.2e %6.3f\n",
                                   task_name(ti).c_str(), (long long)cfg.contexts[ci], m.ref_dense,
-                                  specs[xi].str().c_str(), x.ref_lp, x.ref_delta, se, rel, x.ref_kl, x.ref_top1);
+                                  specs[xi].str().c_str(), x.ref_lp, x.ref_delta, se, rel, rel_token, x.ref_kl,
+                                  x.ref_top1);
                     out << line;
                     summary[row]["reference"] = {{"log_prob_dense", m.ref_dense}, {"log_prob", x.ref_lp},
                                                  {"delta", x.ref_delta}, {"delta_se", se}, {"relative", rel},
+                                                 {"tokens", m.ref_tokens}, {"relative_per_token", rel_token},
                                                  {"kl", x.ref_kl}, {"top1", x.ref_top1}};
                 }
             }

@@ -95,8 +95,13 @@ struct RulerConfig {
     bool likelihood = false;
 };
 
+/// Tokens a context leaves for the reference answer under --likelihood
+/// (the longest, vt's five names, is ~36 tokens).
+constexpr int64_t kReferenceRoom = 64;
+
 /// Throws std::invalid_argument naming what is wrong with cfg (unknown
-/// task, context outside [1, n_ctx_train], samples < 1, max_new < 0).
+/// task, context outside [1, n_ctx_train] (n_ctx_train - kReferenceRoom
+/// with likelihood), samples < 1, max_new < 0).
 void check_ruler_config(const RulerConfig& cfg, int64_t n_ctx_train);
 
 /** Runs every (context, task, sample): one dense prefill per prompt, then
@@ -107,7 +112,8 @@ void check_ruler_config(const RulerConfig& cfg, int64_t n_ctx_train);
  * dense's); task "all" averages the tasks. With cfg.likelihood, a second
  * table: per task and context, the reference's log-likelihood under dense
  * and under each index, their difference (its mean over the samples, with
- * the standard error, and exp of it: the likelihood relative to dense),
+ * the standard error, and exp of it: the likelihood relative to dense;
+ * and per token of the answer: exp(delta / tokens)),
  * mean KL(dense || index) and top-1 agreement over the reference
  * positions. */
 void run_ruler(

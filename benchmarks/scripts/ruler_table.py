@@ -7,11 +7,13 @@ counts the samples it finished; n says how many).
     python3 benchmarks/scripts/ruler_table.py --by-index LOG...   (a row per index)
     python3 benchmarks/scripts/ruler_table.py --likelihood RUN.json...
         (runs with --likelihood: per task and context, each index's likelihood
-        of the reference answer relative to dense's, exp(delta), with delta
-        +- its standard error, KL and top-1 agreement, from the JSON summary)
+        of the reference answer relative to dense's, per token of the answer
+        / whole answer, with delta +- its standard error, KL and top-1
+        agreement, from the JSON summary and cases)
 """
 import collections
 import json
+import math
 import re
 import sys
 
@@ -71,21 +73,31 @@ def main(paths, by_index=False):
         print(f"| {t} | {len(dense)} | {md_all:.2f} | " + " | ".join(cells) + " |")
 
 def likelihood(paths):
-    """A row per (index, context), a column per task: exp(delta) (delta +-
-    se in nats, KL, top-1), from the summaries of --likelihood runs."""
+    """A row per (index, context), a column per task: exp(delta / tokens) /
+    exp(delta) (delta +- se in nats, KL, top-1), from the summaries of
+    --likelihood runs."""
     rows = collections.OrderedDict()  # (index, context) -> {task: cell}
     dense = collections.OrderedDict()  # (context) -> {task: dense log p}
     tasks = []
     for path in paths:
-        for r in json.load(open(path))["summary"]:
+        run = json.load(open(path))
+        # mean reference tokens per (task, context), and per context for "all"
+        counts = collections.defaultdict(list)
+        for c in run["cases"]:
+            if "reference" in c:
+                counts[(c["task"], c["context"])].append(c["reference"]["tokens"])
+                counts[("all", c["context"])].append(c["reference"]["tokens"])
+        for r in run["summary"]:
             ref = r.get("reference")
             if ref is None:
                 continue
+            n_tok = counts[(r["task"], r["context"])]
+            per_token = math.exp(ref["delta"] * len(n_tok) / sum(n_tok))
             if r["task"] not in tasks:
                 tasks.append(r["task"])
             dense.setdefault(r["context"], {})[r["task"]] = f'{ref["log_prob_dense"]:.1f} (n = {r["samples"]})'
             rows.setdefault((r["index"], r["context"]), {})[r["task"]] = (
-                f'{ref["relative"]:.2f} ({ref["delta"]:+.2f} ± {ref["delta_se"]:.2f}, '
+                f'{per_token:.3f} / {ref["relative"]:.2f} ({ref["delta"]:+.2f} ± {ref["delta_se"]:.2f}, '
                 f'{ref["kl"]:.3f}, {ref["top1"]:.2f})')
     print("| index | context | " + " | ".join(tasks) + " |")
     print("|---|---|" + "---|" * len(tasks))

@@ -382,6 +382,16 @@ TEST(Ruler, BadTasksContextsAndCountsGetClearErrors) {
     c.contexts = {2048, 16384};
     EXPECT_NE(error_of([&] { check_ruler_config(c, 8192); }).find("context 16384 outside [1, 8192]"),
               std::string::npos);
+    // --likelihood reads the reference after the prompt: the context leaves room for it
+    c.contexts = {8192};
+    EXPECT_NO_THROW(check_ruler_config(c, 8192));
+    c.likelihood = true;
+    EXPECT_NE(error_of([&] { check_ruler_config(c, 8192); })
+                      .find("context 8192 outside [1, 8128] (the model's training context less 64 tokens for "
+                            "--likelihood's reference answer)"),
+              std::string::npos);
+    c.contexts = {8192 - kReferenceRoom};
+    EXPECT_NO_THROW(check_ruler_config(c, 8192));
 }
 
 // With the tokenizer: the pieces of every task tokenize as the whole text
@@ -402,6 +412,7 @@ TEST(RulerSmolLM2, PiecesTokenizeAsTheWholeText) {
         RulerSample s = make_ruler_sample(task, 1024, 1, 0, haystack, count);
         std::vector<int> ids = encode_pieces(tok, s.prompt);
         EXPECT_EQ(ids, tok.encode(s.prompt.text(), false)) << task;
+        EXPECT_LE(int64_t(tok.encode(s.reference, false).size()), kReferenceRoom) << task << ": " << s.reference;
         EXPECT_LE(int64_t(ids.size()), 1024) << task;
         EXPECT_GT(int64_t(ids.size()), 900) << task;
     }
@@ -458,6 +469,8 @@ TEST(RulerSmolLM2, TinyRunOfEveryTaskWithFlatAgreesWithDense) {
         EXPECT_EQ(ref["log_prob"], ref["log_prob_dense"]) << r["task"];
         EXPECT_EQ(ref["delta"].get<double>(), 0.0) << r["task"];
         EXPECT_EQ(ref["relative"].get<double>(), 1.0) << r["task"];
+        EXPECT_EQ(ref["relative_per_token"].get<double>(), 1.0) << r["task"];
+        EXPECT_GT(ref["tokens"].get<double>(), 0.0) << r["task"];
         EXPECT_EQ(ref["kl"].get<double>(), 0.0) << r["task"];
     }
     EXPECT_TRUE(j["config"]["likelihood"].get<bool>());
