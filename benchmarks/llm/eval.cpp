@@ -40,6 +40,16 @@ std::vector<double> log_softmax(const float* x, int n) {
     return out;
 }
 
+/// KL(p || q) of two log-distributions over n outcomes, clamped at 0
+/// (rounding can make an exact match slightly negative).
+double kl_divergence(const double* log_p, const double* log_q, int n) {
+    double kl = 0;
+    for (int i = 0; i < n; i++) {
+        kl += std::exp(log_p[i]) * (log_p[i] - log_q[i]);
+    }
+    return std::max(kl, 0.0);
+}
+
 int argmax(const float* x, int n) {
     return int(std::max_element(x, x + n) - x);
 }
@@ -230,11 +240,7 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
                 const float* ls_ = sparse.data() + t * V;
                 agree += argmax(ld, V) == argmax(ls_, V);
                 std::vector<double> pd = log_softmax(ld, V), ps = log_softmax(ls_, V);
-                double kl = 0;
-                for (int i = 0; i < V; i++) {
-                    kl += std::exp(pd[i]) * (pd[i] - ps[i]);
-                }
-                kl = std::max(kl, 0.0); // rounding can make an exact match slightly negative
+                const double kl = kl_divergence(pd.data(), ps.data(), V);
                 kl_sum += kl;
                 kl_max = std::max(kl_max, kl);
                 if (t + 1 < M) {
@@ -411,9 +417,7 @@ PromptAnswers answer_prompt(
             double* dp = dense_log_p.data() + t * V;
             if (is_dense) std::copy(lp.begin(), lp.end(), dp);
             fit.log_prob += lp[reference[t]];
-            double kl = 0;
-            for (int i = 0; i < V; i++) kl += std::exp(dp[i]) * (dp[i] - lp[i]);
-            fit.kl_mean += std::max(kl, 0.0); // rounding can make an exact match slightly negative
+            fit.kl_mean += kl_divergence(dp, lp.data(), V);
             agree += best(dp) == best(lp.data());
         }
         fit.kl_mean /= double(m);

@@ -520,16 +520,16 @@ void run_ruler(
     // sums over the samples of one (context, task)
     struct IndexTally {
         double score = 0, agree = 0;
-        // --likelihood: log p of the reference, its difference to dense's
-        // (and the square), KL and top-1 agreement
-        double ref_lp = 0, ref_delta = 0, ref_delta_sq = 0, ref_kl = 0, ref_top1 = 0;
+        // --likelihood: the difference of the reference's log p to dense's
+        // (and its square), KL and top-1 agreement
+        double ref_delta = 0, ref_delta_sq = 0, ref_kl = 0, ref_top1 = 0;
         IndexTally& operator+=(const IndexTally& o) {
-            score += o.score, agree += o.agree, ref_lp += o.ref_lp, ref_delta += o.ref_delta;
+            score += o.score, agree += o.agree, ref_delta += o.ref_delta;
             ref_delta_sq += o.ref_delta_sq, ref_kl += o.ref_kl, ref_top1 += o.ref_top1;
             return *this;
         }
         IndexTally& operator/=(double n) {
-            score /= n, agree /= n, ref_lp /= n, ref_delta /= n, ref_delta_sq /= n, ref_kl /= n, ref_top1 /= n;
+            score /= n, agree /= n, ref_delta /= n, ref_delta_sq /= n, ref_kl /= n, ref_top1 /= n;
             return *this;
         }
     };
@@ -587,7 +587,6 @@ void run_ruler(
                     if (cfg.likelihood) {
                         const ReferenceFit& f = r.reference;
                         const double delta = f.log_prob - a.dense.reference.log_prob;
-                        t.x[xi].ref_lp += f.log_prob;
                         t.x[xi].ref_delta += delta;
                         t.x[xi].ref_delta_sq += delta * delta;
                         t.x[xi].ref_kl += f.kl_mean;
@@ -675,14 +674,15 @@ void run_ruler(
                     // standard error of the mean delta over the n samples
                     const double var = std::max(0.0, x.ref_delta_sq - x.ref_delta * x.ref_delta);
                     const double se = n > 1 ? std::sqrt(var / (n - 1)) : 0.0;
+                    const double index_lp = m.ref_dense + x.ref_delta;
                     const double rel = std::exp(x.ref_delta), rel_token = std::exp(x.ref_delta / m.ref_tokens);
                     std::snprintf(line, sizeof(line),
                                   "%-16s %7lld %8.3f  %-44s %8.3f %+8.3f %7.3f %6.3f %7.4f %9.2e %6.3f\n",
                                   task_name(ti).c_str(), (long long)cfg.contexts[ci], m.ref_dense,
-                                  specs[xi].str().c_str(), x.ref_lp, x.ref_delta, se, rel, rel_token, x.ref_kl,
+                                  specs[xi].str().c_str(), index_lp, x.ref_delta, se, rel, rel_token, x.ref_kl,
                                   x.ref_top1);
                     out << line;
-                    summary[row]["reference"] = {{"log_prob_dense", m.ref_dense}, {"log_prob", x.ref_lp},
+                    summary[row]["reference"] = {{"log_prob_dense", m.ref_dense}, {"log_prob", index_lp},
                                                  {"delta", x.ref_delta}, {"delta_se", se}, {"relative", rel},
                                                  {"tokens", m.ref_tokens}, {"relative_per_token", rel_token},
                                                  {"kl", x.ref_kl}, {"top1", x.ref_top1}};
