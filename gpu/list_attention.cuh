@@ -44,6 +44,55 @@ void launch_list_slices(const DecodeKernelArgs& a, const ListArgs& lists,
     check_launch("list_slices_kernel");
 }
 
+template <class T, int D, class Bias, int NQS>
+void launch_static_and_lists_nqs(const DecodeKernelArgs& s, dim3 static_grid,
+                                 const DecodeKernelArgs& g, const ListArgs& lists,
+                                 const typename Bias::Params& bias, int nq_list, dim3 list_grid,
+                                 cudaStream_t stream) {
+    const unsigned blocks = static_grid.x * static_grid.y * static_grid.z +
+            list_grid.x * list_grid.y * list_grid.z;
+    if (nq_list == 1) {
+        static_and_list_slices_kernel<T, D, NQS, 1, Bias><<<blocks, kDecodeThreads, 0, stream>>>(
+                s, static_grid, g, lists, bias, list_grid);
+    } else if constexpr (std::is_same<Bias, NoBias>::value && NQS > 1) {
+        // a list shared by a head's rows: the static part's row tile
+        static_and_list_slices_kernel<T, D, NQS, NQS, Bias>
+                <<<blocks, kDecodeThreads, 0, stream>>>(s, static_grid, g, lists, bias, list_grid);
+    }
+    check_launch("static_and_list_slices_kernel");
+}
+
+/// The static part's slices and the lists' slices as one launch
+/// (static_and_list_slices_kernel): nq_list is 1 or nq_static.
+template <class T, int D, class Bias>
+void launch_static_and_lists(const DecodeKernelArgs& s, int nq_static, dim3 static_grid,
+                             const DecodeKernelArgs& g, const ListArgs& lists,
+                             const typename Bias::Params& bias, int nq_list, dim3 list_grid,
+                             cudaStream_t stream) {
+    if (nq_list != 1 && nq_list != nq_static) {
+        throw_gpu_error("list_attention: a list's row tile " + std::to_string(nq_list) +
+                        " is neither 1 nor the static part's " + std::to_string(nq_static));
+    }
+    switch (nq_static) {
+        case 1:
+            launch_static_and_lists_nqs<T, D, Bias, 1>(s, static_grid, g, lists, bias, nq_list,
+                                                       list_grid, stream);
+            break;
+        case 2:
+            launch_static_and_lists_nqs<T, D, Bias, 2>(s, static_grid, g, lists, bias, nq_list,
+                                                       list_grid, stream);
+            break;
+        case 4:
+            launch_static_and_lists_nqs<T, D, Bias, 4>(s, static_grid, g, lists, bias, nq_list,
+                                                       list_grid, stream);
+            break;
+        default:
+            launch_static_and_lists_nqs<T, D, Bias, 8>(s, static_grid, g, lists, bias, nq_list,
+                                                       list_grid, stream);
+            break;
+    }
+}
+
 /** list_attention with a score bias (attend_slice): a per-row bias needs
  * per-row lists. See decode_attention.h for the arguments. */
 template <class Bias>
@@ -102,23 +151,25 @@ void list_attention_with(
     with_type_and_dim(kv.type, kv.d, [&](auto tag, auto dim) {
         using T = typename decltype(tag)::type;
         constexpr int D = decltype(dim)::value;
-        if (st.n_splits > 0) {
-            DecodeKernelArgs s = a;
-            s.ranges = ranges;
-            s.split_len = st.split_len;
-            s.n_splits = st.n_splits;
-            s.split_offset = 0;
-            launch_dense_slices<T, D>(
-                    s, nq_static, dim3(st.n_splits, kv.n_heads, unsigned(static_tiles)), stream);
-        }
-        if (ls.n_splits > 0) {
-            DecodeKernelArgs g = a;
-            g.n_splits = ls.n_splits;
-            g.split_offset = st.n_splits;
-            ListArgs la{lists.ids, lists.lens, lists.stride, rows_per_list};
-            launch_list_slices<T, D, Bias>(
-                    g, la, bias, kPlain ? nq_list : 1,
-                    dim3(ls.n_splits, unsigned(n_lists), unsigned(list_tiles)), stream);
+        DecodeKernelArgs s = a;
+        s.ranges = ranges;
+        s.split_len = st.split_len;
+        s.n_splits = st.n_splits;
+        s.split_offset = 0;
+        const dim3 static_grid(st.n_splits, kv.n_heads, unsigned(static_tiles));
+        DecodeKernelArgs g = a;
+        g.n_splits = ls.n_splits;
+        g.split_offset = st.n_splits;
+        const ListArgs la{lists.ids, lists.lens, lists.stride, rows_per_list};
+        const dim3 list_grid(ls.n_splits, unsigned(n_lists), unsigned(list_tiles));
+        const int nq_l = kPlain ? nq_list : 1;
+        if (st.n_splits > 0 && ls.n_splits > 0) {
+            launch_static_and_lists<T, D, Bias>(s, nq_static, static_grid, g, la, bias, nq_l,
+                                                list_grid, stream);
+        } else if (st.n_splits > 0) {
+            launch_dense_slices<T, D>(s, nq_static, static_grid, stream);
+        } else if (ls.n_splits > 0) {
+            launch_list_slices<T, D, Bias>(g, la, bias, nq_l, list_grid, stream);
         }
     });
     merge(part_out, part_lse, total, n_rows, kv.d, out, lse, stream);

@@ -21,6 +21,7 @@
 // of token ids per row (the keys top-k selected).
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kv_vec.cuh"
 
@@ -71,22 +72,50 @@ struct DecodeKernelArgs {
 };
 
 /// No additive term: plain softmax weights (every kernel but the samplers').
+/// A bias is two calls: fetch(t) loads what token t's term needs (issued
+/// with the token's key and value loads, so that its latency hides under
+/// theirs), then bias(fetched, s) computes the term from it and the score.
 struct NoBias {
     struct Params {};
     __device__ NoBias(const Params&, int64_t /*head*/, int64_t /*row*/) {}
-    __device__ float operator()(int64_t /*t*/, float /*s*/) const {
+    __device__ float fetch(int64_t /*t*/) const {
+        return 0.0f;
+    }
+    __device__ float operator()(float /*fetched*/, float /*s*/) const {
         return 0.0f;
     }
 };
+
+/// What the warps of a block merge through (attend_slice).
+template <int NQ, int D>
+struct SliceMergeShared {
+    float m[kDecodeWarps][NQ];
+    float l[kDecodeWarps][NQ];
+    float acc[kDecodeWarps][NQ][D];
+};
+
+/// One SliceMergeShared per (NQ, D), whatever the token source, so that a
+/// kernel running attend_slice over two sources (the static part and the
+/// lists) holds it once.
+template <int NQ, int D>
+__device__ __forceinline__ SliceMergeShared<NQ, D>& slice_merge_shared() {
+    __shared__ SliceMergeShared<NQ, D> sm;
+    return sm;
+}
 
 /** The online-softmax pass of one block over list positions [v0, v1) of
  * `token_at`, for NQ query rows (row pointers nullptr past the last row),
  * writing the slice's normalised output and base-2 lse to out_rows[qi] /
  * *lse_rows[qi]. Every thread of the block must call it.
  *
- * `bias(t, s)` is added to the base-2 score s of token t before the
- * softmax (an importance weight, -log2 u_t for a sampler); it is one term
- * for every row, so a per-row bias needs NQ = 1. NoBias compiles away. */
+ * `bias(bias.fetch(t), s)` is added to the base-2 score s of token t
+ * before the softmax (an importance weight, -log2 u_t for a sampler); it
+ * is one term for every row, so a per-row bias needs NQ = 1. NoBias
+ * compiles away.
+ *
+ * A list's token ids are read one step ahead: each id load overlaps the
+ * step before instead of standing in front of the step's own key and
+ * value loads (a dependent chain per step otherwise). */
 template <typename T, int D, int NQ, typename TokenAt, typename Bias = NoBias>
 __device__ __forceinline__ void attend_slice(
         const T* __restrict__ K,
@@ -140,20 +169,35 @@ __device__ __forceinline__ void attend_slice(
     // count is the warp's, not the stream's): the shuffles of row_sum need
     // every lane of the warp, so a stream past the end idles along (ok =
     // false) instead of leaving the loop.
+    // a list's ids are read a step ahead; ranges are arithmetic (reading
+    // them ahead only costs registers: measured slower on dense)
+    constexpr bool kAhead = !std::is_same<TokenAt, TokenRanges>::value;
+    int64_t next_tok[U]; // the tokens of the next step (0 past v1)
+    auto read_tokens = [&](int64_t wbase) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t v = wbase + group + int64_t(u) * NS;
+            next_tok[u] = v < v1 ? token_at(v) : 0;
+        }
+    };
+    if constexpr (kAhead) {
+        read_tokens(v0 + warp * L::G);
+    }
     for (int64_t wbase = v0 + warp * L::G; wbase < v1; wbase += int64_t(NS) * U) {
         const int64_t base = wbase + group;
-        // every load of the step first, then the arithmetic
+        // every load of the step first (with the next step's tokens), then
+        // the arithmetic
         uint4 kr[U][VPL], vr[U][VPL];
         bool ok[U];
-        int64_t tok[U]; // read by the bias only (dead code for NoBias)
+        float fetched[U]; // the bias's loads (dead code for NoBias)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int64_t v = base + int64_t(u) * NS;
             ok[u] = v < v1;
-            tok[u] = 0;
+            fetched[u] = 0.0f;
             if (ok[u]) {
-                int64_t t = token_at(v);
-                tok[u] = t;
+                const int64_t t = kAhead ? next_tok[u] : token_at(v);
+                fetched[u] = bias.fetch(t);
                 const T* kp = K + t * D;
                 const T* vp = V + t * D;
 #pragma unroll
@@ -168,6 +212,9 @@ __device__ __forceinline__ void attend_slice(
                     vr[u][j] = make_uint4(0, 0, 0, 0);
                 }
             }
+        }
+        if constexpr (kAhead) {
+            read_tokens(wbase + int64_t(NS) * U);
         }
         float s[U][NQ];
 #pragma unroll
@@ -186,7 +233,7 @@ __device__ __forceinline__ void attend_slice(
                 }
                 // all lanes shuffle (full mask), whatever ok says
                 p = row_sum<L::LPK>(p);
-                s[u][qi] = ok[u] ? p + bias(tok[u], p) : kNegInf;
+                s[u][qi] = ok[u] ? p + bias(fetched[u], p) : kNegInf;
             }
         }
         float w[U][NQ];
@@ -253,9 +300,10 @@ __device__ __forceinline__ void attend_slice(
     }
 
     // then the warps of the block, through shared memory
-    __shared__ float sm_m[kDecodeWarps][NQ];
-    __shared__ float sm_l[kDecodeWarps][NQ];
-    __shared__ float sm_acc[kDecodeWarps][NQ][D];
+    SliceMergeShared<NQ, D>& sm = slice_merge_shared<NQ, D>();
+    auto& sm_m = sm.m;
+    auto& sm_l = sm.l;
+    auto& sm_acc = sm.acc;
     if (lane < L::LPK) {
 #pragma unroll
         for (int qi = 0; qi < NQ; qi++) {
@@ -310,12 +358,11 @@ __device__ __forceinline__ void attend_slice(
     }
 }
 
-/// Dense slices: grid (n_splits, n_heads, ceil(rows_per_head / NQ)); one
-/// block reads one slice of args.ranges once for NQ rows of its head.
+/// One block of dense_slices_kernel: slice `split` of args.ranges for the
+/// NQ rows of tile `tile` of head `head`.
 template <typename T, int D, int NQ>
-__global__ void __launch_bounds__(kDecodeThreads) dense_slices_kernel(DecodeKernelArgs args) {
-    const int split = blockIdx.x;
-    const int head = blockIdx.y;
+__device__ __forceinline__ void dense_slice_block(const DecodeKernelArgs& args, int split,
+                                                  int head, int tile) {
     const int64_t v0 = int64_t(split) * args.split_len;
     const int64_t v1 = min(v0 + args.split_len, args.ranges.size());
     const T* K = static_cast<const T*>(args.keys) + head * args.head_stride * D;
@@ -325,7 +372,7 @@ __global__ void __launch_bounds__(kDecodeThreads) dense_slices_kernel(DecodeKern
     float* lse_rows[NQ];
 #pragma unroll
     for (int qi = 0; qi < NQ; qi++) {
-        const int r = blockIdx.z * NQ + qi;
+        const int r = tile * NQ + qi;
         const bool valid = r < args.rows_per_head;
         const int64_t row = int64_t(head) * args.rows_per_head + r;
         const int64_t slot = row * args.total_splits + args.split_offset + split;
@@ -334,6 +381,13 @@ __global__ void __launch_bounds__(kDecodeThreads) dense_slices_kernel(DecodeKern
         lse_rows[qi] = valid ? args.part_lse + slot : nullptr;
     }
     attend_slice<T, D, NQ>(K, V, q_rows, args.q_scale, v0, v1, args.ranges, out_rows, lse_rows);
+}
+
+/// Dense slices: grid (n_splits, n_heads, ceil(rows_per_head / NQ)); one
+/// block reads one slice of args.ranges once for NQ rows of its head.
+template <typename T, int D, int NQ>
+__global__ void __launch_bounds__(kDecodeThreads) dense_slices_kernel(DecodeKernelArgs args) {
+    dense_slice_block<T, D, NQ>(args, blockIdx.x, blockIdx.y, blockIdx.z);
 }
 
 /// Gathered slices: grid (n_splits, n_rows); row r reads the tokens
@@ -366,18 +420,13 @@ struct ListArgs {
     int rows_per_list;
 };
 
-/** Slices of token lists whose lengths only the device knows: grid
- * (n_splits, n_lists, ceil(rows_per_list / NQ)); slice `split` of list l
- * reads positions [len * split / n_splits, len * (split + 1) / n_splits)
- * for NQ of the list's rows, so that every list is cut into n_splits
- * near-equal slices whatever its length (empty slices write lse = -inf).
- * Bias (see attend_slice) is built per block from its params, head and
- * first row. */
+/// One block of list_slices_kernel: slice `split` of list `list` for the
+/// NQ rows of tile `tile` of the list's rows.
 template <typename T, int D, int NQ, typename Bias>
-__global__ void __launch_bounds__(kDecodeThreads) list_slices_kernel(
-        DecodeKernelArgs args, ListArgs lists, typename Bias::Params bias_params) {
-    const int split = blockIdx.x;
-    const int64_t list = blockIdx.y;
+__device__ __forceinline__ void list_slice_block(const DecodeKernelArgs& args,
+                                                 const ListArgs& lists,
+                                                 const typename Bias::Params& bias_params,
+                                                 int split, int64_t list, int tile) {
     const int64_t first_row = list * lists.rows_per_list;
     const int64_t head = first_row / args.rows_per_head;
     const int64_t len = lists.lens[list];
@@ -390,7 +439,7 @@ __global__ void __launch_bounds__(kDecodeThreads) list_slices_kernel(
     float* lse_rows[NQ];
 #pragma unroll
     for (int qi = 0; qi < NQ; qi++) {
-        const int r = blockIdx.z * NQ + qi; // within the list
+        const int r = tile * NQ + qi; // within the list
         const bool valid = r < lists.rows_per_list;
         const int64_t row = first_row + r;
         const int64_t slot = row * args.total_splits + args.split_offset + split;
@@ -398,9 +447,52 @@ __global__ void __launch_bounds__(kDecodeThreads) list_slices_kernel(
         out_rows[qi] = valid ? args.part_out + slot * D : nullptr;
         lse_rows[qi] = valid ? args.part_lse + slot : nullptr;
     }
-    const Bias bias(bias_params, head, first_row + blockIdx.z * NQ);
+    const Bias bias(bias_params, head, first_row + tile * NQ);
     TokenList tokens{lists.ids + list * lists.stride};
     attend_slice<T, D, NQ>(K, V, q_rows, args.q_scale, v0, v1, tokens, out_rows, lse_rows, bias);
+}
+
+/** Slices of token lists whose lengths only the device knows: grid
+ * (n_splits, n_lists, ceil(rows_per_list / NQ)); slice `split` of list l
+ * reads positions [len * split / n_splits, len * (split + 1) / n_splits)
+ * for NQ of the list's rows, so that every list is cut into n_splits
+ * near-equal slices whatever its length (empty slices write lse = -inf).
+ * Bias (see attend_slice) is built per block from its params, head and
+ * first row. */
+template <typename T, int D, int NQ, typename Bias>
+__global__ void __launch_bounds__(kDecodeThreads) list_slices_kernel(
+        DecodeKernelArgs args, ListArgs lists, typename Bias::Params bias_params) {
+    list_slice_block<T, D, NQ, Bias>(args, lists, bias_params, blockIdx.x, blockIdx.y,
+                                     blockIdx.z);
+}
+
+/** dense_slices_kernel over the static part and list_slices_kernel over
+ * the lists in one launch, so that the two run side by side instead of
+ * one after the other (the static part of a sparse step is a short,
+ * fixed cost that would otherwise stand alone in front of the lists): a
+ * 1-D grid, first the blocks of dense_slices_kernel's grid `static_grid`
+ * (x fastest), then those of list_slices_kernel's grid `list_grid`. NQS
+ * and NQL are the two kernels' NQ. */
+template <typename T, int D, int NQS, int NQL, typename Bias>
+__global__ void __launch_bounds__(kDecodeThreads) static_and_list_slices_kernel(
+        DecodeKernelArgs static_args,
+        dim3 static_grid,
+        DecodeKernelArgs list_args,
+        ListArgs lists,
+        typename Bias::Params bias_params,
+        dim3 list_grid) {
+    int64_t b = blockIdx.x;
+    const int64_t n_static = int64_t(static_grid.x) * static_grid.y * static_grid.z;
+    if (b < n_static) { // the whole block: attend_slice's barriers are uniform
+        dense_slice_block<T, D, NQS>(static_args, int(b % static_grid.x),
+                                     int((b / static_grid.x) % static_grid.y),
+                                     int(b / (int64_t(static_grid.x) * static_grid.y)));
+        return;
+    }
+    b -= n_static;
+    list_slice_block<T, D, NQL, Bias>(list_args, lists, bias_params, int(b % list_grid.x),
+                                      (b / list_grid.x) % list_grid.y,
+                                      int(b / (int64_t(list_grid.x) * list_grid.y)));
 }
 
 /** <q_r, k_t> (unscaled) of every token of each row's list: grid (x,

@@ -237,11 +237,11 @@ __device__ __forceinline__ float lsh_log2_inclusion_table(float c, const float* 
 }
 
 /** The score bias of the unbiased estimator for list_slices_kernel
- * (attend_slice): -log2 u_t, u_t = lsh_inclusion(cos(q, k_t - mean)) (from
- * the table when Params::log2u_table is set: the attention's path),
- * cos = (<q, k_t> - <q, mean>) / (|q| |k_t - mean|) from the base-2 score
- * s = q_scale <q, k_t> the kernel already has, so that a sampled key costs
- * no extra read but its norm. A zero norm gives cos 0, as on the CPU. */
+ * (attend_slice): -log2 u_t, u_t the inclusion probability at cos(q, k_t -
+ * mean) read from Params::log2u_table (lsh_log2_inclusion_table), cos =
+ * (<q, k_t> - <q, mean>) / (|q| |k_t - mean|) from the base-2 score s =
+ * q_scale <q, k_t> the kernel already has, so that a sampled key costs no
+ * extra read but its norm. A zero norm gives cos 0, as on the CPU. */
 struct LSHBias {
     struct Params {
         const float* q_mean = nullptr; ///< [n_rows] <q, mean>
@@ -251,8 +251,8 @@ struct LSHBias {
         int64_t first_inner = 0;       ///< token row of inner token 0
         float inv_q_scale = 1.0f;      ///< 1 / q_scale: s back to <q, k_t>
         int K = 1, L = 1, min_hits = 1;
-        /// the table over p (lsh_table_kernel) of (K, L, min_hits), or
-        /// nullptr: the binomial tail per key (lsh_inclusion)
+        /// the table over p (lsh_table_kernel) of (K, L, min_hits); the
+        /// attention needs it (lsh_fill_kernel, select's exact u, does not)
         const float* log2u_table = nullptr;
     };
 
@@ -273,12 +273,16 @@ struct LSHBias {
               min_hits(p.min_hits),
               table(p.log2u_table) {}
 
-    /// t: a token row of the list (an inner token); s: its base-2 score.
-    __device__ float operator()(int64_t t, float s) const {
-        const float den = q_norm * norms[t - first_inner];
+    /// t: a token row of the list (an inner token): its norm.
+    __device__ float fetch(int64_t t) const {
+        return __ldg(norms + (t - first_inner));
+    }
+
+    /// norm: fetch(t); s: the token's base-2 score.
+    __device__ float operator()(float norm, float s) const {
+        const float den = q_norm * norm;
         const float c = den > 0.0f ? (s * inv_q_scale - q_mean) / den : 0.0f;
-        return table ? -lsh_log2_inclusion_table(c, table, float(K * min_hits))
-                     : -log2f(lsh_inclusion(c, K, L, min_hits));
+        return -lsh_log2_inclusion_table(c, table, float(K * min_hits));
     }
 };
 
