@@ -7,6 +7,7 @@
 #include "lsh_sample.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -102,21 +103,50 @@ SampleScratch take_scratch(Workspace& ws, int64_t n_rows, const LSHTables& t, in
 
 template <int D>
 void launch_hash(const LSHHashArgs& a, int nr, dim3 grid, cudaStream_t stream) {
+    const unsigned threads = unsigned(a.K) * 32; // a warp per bit
     switch (nr) {
         case 1:
-            lsh_hash_kernel<D, 1><<<grid, kHashWarps * 32, 0, stream>>>(a);
+            lsh_hash_kernel<D, 1><<<grid, threads, 0, stream>>>(a);
             break;
         case 2:
-            lsh_hash_kernel<D, 2><<<grid, kHashWarps * 32, 0, stream>>>(a);
+            lsh_hash_kernel<D, 2><<<grid, threads, 0, stream>>>(a);
             break;
         case 4:
-            lsh_hash_kernel<D, 4><<<grid, kHashWarps * 32, 0, stream>>>(a);
+            lsh_hash_kernel<D, 4><<<grid, threads, 0, stream>>>(a);
             break;
         default:
-            lsh_hash_kernel<D, 8><<<grid, kHashWarps * 32, 0, stream>>>(a);
+            lsh_hash_kernel<D, 8><<<grid, threads, 0, stream>>>(a);
             break;
     }
     check_launch("lsh_hash_kernel");
+}
+
+std::atomic<bool> shared_walk_enabled{true};
+
+/// The most words of a bitset one block of lsh_range_walk_kernel holds
+/// (16 KB: two bitsets stay under the default 48 KB of shared memory).
+constexpr int64_t kRangeWalkMaxWords = 4096;
+/// Blocks per row at least: a decode step has few rows, and a block's
+/// bound searches are a fixed cost that more blocks share out.
+constexpr int64_t kRangeWalkMinParts = 8;
+
+/** The words per block of lsh_range_walk_kernel for rows of `words` words,
+ * or 0 where it does not run: min_hits >= 3 (16-bit counters) or
+ * disabled (set_lsh_shared_walk). */
+int64_t range_walk_words(int mode, int64_t words) {
+    if (mode > 2 || !shared_walk_enabled.load(std::memory_order_relaxed)) {
+        return 0;
+    }
+    const int64_t parts = std::max(kRangeWalkMinParts, ceil_div(words, kRangeWalkMaxWords));
+    return std::max<int64_t>(1, ceil_div(words, parts));
+}
+
+template <int kMode>
+void launch_range_walk(const LSHWalkArgs& w, int64_t wpb, int64_t n_rows, cudaStream_t stream) {
+    const dim3 grid(unsigned(ceil_div(w.words, wpb)), unsigned(n_rows));
+    const size_t bytes = size_t(wpb) * kMode * sizeof(uint32_t);
+    lsh_range_walk_kernel<kMode><<<grid, kRangeWalkThreads, bytes, stream>>>(w, wpb);
+    check_launch("lsh_range_walk_kernel");
 }
 
 /** Hashes the queries and appends each row's sample to out (lens zeroed
@@ -144,8 +174,7 @@ void run_sampler(const KVHeadsView& kv, const float* q, int rows_per_head, const
     h.q_mean = s.q_mean;
     h.q_norm = s.q_norm;
     const int nr = rows_tile(int(std::min<int64_t>(h.rows_per_group, 8)));
-    const dim3 hash_grid(unsigned(ceil_div(t.L + 1, kHashWarps)),
-                         unsigned(n_rows / h.rows_per_group),
+    const dim3 hash_grid(unsigned(t.L + 1), unsigned(n_rows / h.rows_per_group),
                          unsigned(ceil_div(h.rows_per_group, nr)));
     switch (kv.d) {
         case 64:
@@ -161,10 +190,16 @@ void run_sampler(const KVHeadsView& kv, const float* q, int rows_per_head, const
 
     const int64_t n_levels = t.main.n_per_table + t.recent.n_per_table;
     if (n_levels > 0) {
-        const size_t bytes = size_t(n_rows) * s.words * sizeof(uint32_t);
-        for (uint32_t* p : {s.seen1, s.seen2, s.counts}) {
-            if (p) {
-                check_cuda(cudaMemsetAsync(p, 0, bytes, stream), "lsh: zeroing the collision counts");
+        // the bitsets in shared memory, split by token range over blocks,
+        // else (16-bit counters) in the scratch arrays, zeroed here
+        const int64_t wpb = range_walk_words(s.mode, s.words);
+        if (wpb == 0) {
+            const size_t bytes = size_t(n_rows) * s.words * sizeof(uint32_t);
+            for (uint32_t* p : {s.seen1, s.seen2, s.counts}) {
+                if (p) {
+                    check_cuda(cudaMemsetAsync(p, 0, bytes, stream),
+                               "lsh: zeroing the collision counts");
+                }
             }
         }
         LSHWalkArgs w;
@@ -182,20 +217,29 @@ void run_sampler(const KVHeadsView& kv, const float* q, int rows_per_head, const
         w.counts = s.counts;
         w.words = s.words;
         w.out = out;
-        // blocks of the recent level only when it holds tokens
-        const dim3 grid(unsigned(t.recent.n_per_table > 0 ? 2 * t.L : t.L), unsigned(n_rows));
-        switch (s.mode) {
-            case 1:
-                lsh_walk_kernel<1><<<grid, kWalkThreads, 0, stream>>>(w);
-                break;
-            case 2:
-                lsh_walk_kernel<2><<<grid, kWalkThreads, 0, stream>>>(w);
-                break;
-            default:
-                lsh_walk_kernel<3><<<grid, kWalkThreads, 0, stream>>>(w);
-                break;
+        if (wpb > 0) {
+            if (s.mode == 1) {
+                launch_range_walk<1>(w, wpb, n_rows, stream);
+            } else {
+                launch_range_walk<2>(w, wpb, n_rows, stream);
+            }
+        } else {
+            // blocks of the recent level only when it holds tokens
+            const dim3 grid(unsigned(t.recent.n_per_table > 0 ? 2 * t.L : t.L),
+                            unsigned(n_rows));
+            switch (s.mode) {
+                case 1:
+                    lsh_walk_kernel<1><<<grid, kWalkThreads, 0, stream>>>(w);
+                    break;
+                case 2:
+                    lsh_walk_kernel<2><<<grid, kWalkThreads, 0, stream>>>(w);
+                    break;
+                default:
+                    lsh_walk_kernel<3><<<grid, kWalkThreads, 0, stream>>>(w);
+                    break;
+            }
+            check_launch("lsh_walk_kernel");
         }
-        check_launch("lsh_walk_kernel");
     }
 
     if (t.n_tail() > 0) {
@@ -362,6 +406,10 @@ void lsh_select(
                 tables.n_inner, bias, scores, u);
         check_launch("lsh_fill_kernel");
     });
+}
+
+void set_lsh_shared_walk(bool enabled) {
+    shared_walk_enabled.store(enabled, std::memory_order_relaxed);
 }
 
 void lsh_inclusion_eval(const float* c, int64_t n, int K, int L, int min_hits, float* u,

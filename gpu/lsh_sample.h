@@ -109,6 +109,14 @@ void lsh_select(
         Workspace& ws,
         cudaStream_t stream);
 
+/** Whether the collision count of min_hits 1 and 2 runs with its bitsets
+ * in shared memory, split by token range over blocks
+ * (lsh_range_walk_kernel, the default), or with global bitsets
+ * (lsh_walk_kernel, what min_hits >= 3 always runs): the same sample
+ * either way, in another order. For the test that compares the two and
+ * for benchmarks; process-wide. */
+void set_lsh_shared_walk(bool enabled);
+
 /** u[i] = the device's inclusion probability for cosine c[i], for the
  * tests: c, u are n floats. from_table = false: the binomial tail in float
  * (lsh_inclusion: select's u); true: the table of log2 u over p that the

@@ -25,7 +25,8 @@
 //   tail_codes     head h at tail_codes + h * tail_head_stride: [n_tail][L]
 //                  uint16, the codes of inner tokens tail_begin .. in no level
 //   seen1, seen2   [n_rows][words] uint32 bitsets over the inner ids of the
-//                  levels (min_hits <= 2): hit at least once / twice
+//                  levels (min_hits <= 2): hit at least once / twice (the
+//                  global walk; the range walk holds them in shared memory)
 //   counts         [n_rows][words] uint32, two 16-bit collision counters per
 //                  word (min_hits >= 3; L <= 4096 cannot carry into the other half)
 //   list ids, lens [n_rows][stride] int32 token rows, [n_rows] int32: the
@@ -288,7 +289,8 @@ struct LSHBias {
 
 // ---- query hashing ----------------------------------------------------------
 
-constexpr int kHashWarps = 4;
+/// One warp per bit of a table: K <= 16 warps a block.
+constexpr int kHashMaxWarps = 16;
 
 struct LSHHashArgs {
     const float* q;
@@ -316,22 +318,20 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
-/** The L codes of each query row and its <q, mean>, |q|: grid
- * (ceil((L + 1) / kHashWarps), n_groups, ceil(rows_per_group / NR)), block
- * kHashWarps warps. Warp w of block x takes table l = x * kHashWarps + w
- * for NR rows of its group (the rows' elements in registers, D / 32 per
- * lane, each plane read once for the NR rows); the warp with l = L
- * computes <q, mean> and |q| instead. A warp with l > L leaves at once:
- * the exit is the whole warp's and the kernel has no block barrier. */
+/** The L codes of each query row and its <q, mean>, |q|: grid (L + 1,
+ * n_groups, ceil(rows_per_group / NR)), block K warps. Block x < L is
+ * table x: warp b computes bit b for NR rows of the group (the rows'
+ * elements in registers, D / 32 per lane, the plane read once for the NR
+ * rows), so the K plane reads of a table are in flight together instead
+ * of one after another; the bits meet in shared memory. Block x = L
+ * computes <q, mean> and |q|, row r by warp r % K. */
 template <int D, int NR>
-__global__ void __launch_bounds__(kHashWarps * 32) lsh_hash_kernel(LSHHashArgs a) {
+__global__ void __launch_bounds__(kHashMaxWarps * 32) lsh_hash_kernel(LSHHashArgs a) {
     constexpr int E = D / 32;
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int l = blockIdx.x * kHashWarps + warp;
-    if (l > a.L) {
-        return;
-    }
+    const int n_warps = blockDim.x / 32;
+    const int l = blockIdx.x;
     const int64_t group = blockIdx.y;
     int64_t rows[NR];
     bool valid[NR];
@@ -346,45 +346,47 @@ __global__ void __launch_bounds__(kHashWarps * 32) lsh_hash_kernel(LSHHashArgs a
             q[r][e] = valid[r] ? a.q[rows[r] * D + lane + 32 * e] : 0.0f;
         }
     }
-    // the head of the group (planes per head: groups are heads)
-    const int64_t group_head = a.planes_head_stride != 0 ? group : 0;
-    if (l < a.L) {
-        const float* planes = a.planes + group_head * a.planes_head_stride + int64_t(l) * a.K * D;
-        uint32_t code[NR];
+    if (l < a.L) { // the whole block: its barriers are uniform
+        __shared__ uint32_t codes[NR];
+        if (threadIdx.x < NR) {
+            codes[threadIdx.x] = 0;
+        }
+        __syncthreads();
+        // the head of the group (planes per head: groups are heads)
+        const int64_t group_head = a.planes_head_stride != 0 ? group : 0;
+        const float* plane = a.planes + group_head * a.planes_head_stride +
+                (int64_t(l) * a.K + warp) * D;
+        float pv[E];
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            pv[e] = plane[lane + 32 * e];
+        }
 #pragma unroll
         for (int r = 0; r < NR; r++) {
-            code[r] = 0;
-        }
-        for (int b = 0; b < a.K; b++) {
-            float pv[E];
+            float s = 0.0f;
 #pragma unroll
             for (int e = 0; e < E; e++) {
-                pv[e] = planes[int64_t(b) * D + lane + 32 * e];
+                s = fmaf(q[r][e], pv[e], s);
             }
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                float s = 0.0f;
-#pragma unroll
-                for (int e = 0; e < E; e++) {
-                    s = fmaf(q[r][e], pv[e], s);
-                }
-                s = warp_sum(s);
-                code[r] |= uint32_t(s > 0.0f) << b;
+            s = warp_sum(s);
+            if (lane == 0 && s > 0.0f) {
+                atomicOr(codes + r, 1u << warp);
             }
         }
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < NR; r++) {
-                if (valid[r]) {
-                    a.q_codes[rows[r] * a.L + l] = uint16_t(code[r]);
-                }
-            }
+        __syncthreads();
+        const int64_t in_group = int64_t(blockIdx.z) * NR + threadIdx.x;
+        if (threadIdx.x < NR && in_group < a.rows_per_group) {
+            a.q_codes[(group * a.rows_per_group + in_group) * a.L + l] =
+                    uint16_t(codes[threadIdx.x]);
         }
         return;
     }
     // l == L: <q, mean of the row's head> and |q|
 #pragma unroll
     for (int r = 0; r < NR; r++) {
+        if (r % n_warps != warp) {
+            continue; // the warp's, not a lane's: the shuffles below have all lanes
+        }
         // rows of a tile may span heads when the planes are shared
         const int64_t head = valid[r] ? rows[r] / a.rows_per_head : 0;
         const float* mean = a.mean + head * a.mean_head_stride;
@@ -506,6 +508,168 @@ __global__ void __launch_bounds__(kWalkThreads) lsh_walk_kernel(LSHWalkArgs a) {
         }
         if (emit) {
             lsh_append(a.out, row, id);
+        }
+    }
+}
+
+constexpr int kRangeWalkThreads = 1024;
+/// ids a lane loads before its first atomic (loads in flight per lane)
+constexpr int kRangeWalkUnroll = 4;
+/// buckets whose bounds are searched at once: one thread per bound
+constexpr int kRangeWalkChunk = kRangeWalkThreads / 2;
+
+/// First position in ids[b, e) (ascending) holding an id >= x, or e.
+__device__ __forceinline__ uint32_t lower_bound_ids(const int32_t* ids, uint32_t b, uint32_t e,
+                                                    int64_t x) {
+    uint32_t n = e - b;
+    while (n > 0) {
+        const uint32_t half = n / 2;
+        if (int64_t(__ldg(ids + b + half)) < x) {
+            b += half + 1;
+            n -= half + 1;
+        } else {
+            n = half;
+        }
+    }
+    return b;
+}
+
+/** The collision count of lsh_walk_kernel (kMode 1 and 2) with the
+ * bitsets in shared memory: grid (n_parts, n_rows), block
+ * kRangeWalkThreads, dynamic shared memory kMode * wpb words. Block p owns
+ * the inner tokens [p * 32 wpb, (p + 1) * 32 wpb) of its row: its seen1
+ * (then seen2 for kMode 2) bitsets over them live in its shared memory,
+ * so that every hit is a shared-memory atomic instead of one in L2. The
+ * ids of a bucket are ascending (IndexLSHSample::build_tables, both
+ * levels), so the block reads only the run of each bucket that falls in
+ * its tokens: the buckets (the L main tables, then the L recent ones when
+ * that level holds tokens) go by chunks of kRangeWalkChunk, one thread
+ * per bound searches it (lower_bound_ids), then one warp per bucket walks
+ * the run. The block then appends its tokens set in the final bitset
+ * (seen1 for min_hits 1, seen2 for 2) to the row's list, with one
+ * atomicAdd on the row's length. A token is appended exactly once, as in
+ * lsh_walk_kernel. */
+template <int kMode>
+__global__ void __launch_bounds__(kRangeWalkThreads) lsh_range_walk_kernel(LSHWalkArgs a,
+                                                                           int64_t wpb) {
+    static_assert(kMode == 1 || kMode == 2, "bitsets count one or two hits");
+    extern __shared__ uint32_t bits[]; // seen1 [wpb], then seen2 [wpb] (kMode 2)
+    __shared__ uint32_t run_begin[kRangeWalkChunk], run_end[kRangeWalkChunk];
+    uint32_t* seen1 = bits;
+    uint32_t* seen2 = bits + wpb;
+    const int64_t row = blockIdx.y;
+    const int64_t head = row / a.rows_per_head;
+    const int64_t lo = int64_t(blockIdx.x) * wpb * 32; // the block's inner tokens [lo, hi)
+    const int64_t hi = lo + wpb * 32;
+    for (int64_t i = threadIdx.x; i < kMode * wpb; i += kRangeWalkThreads) {
+        bits[i] = 0;
+    }
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int n_buckets = a.recent.n_per_table > 0 ? 2 * a.L : a.L;
+    for (int chunk = 0; chunk < n_buckets; chunk += kRangeWalkChunk) {
+        // the run of each bucket of the chunk inside [lo, hi): a thread a bound
+        const int c = int(threadIdx.x) / 2;
+        const int b = chunk + c;
+        if (b < n_buckets) {
+            const bool recent = b >= a.L;
+            const int l = recent ? b - a.L : b;
+            const LSHLevelArgs& level = recent ? a.recent : a.main;
+            // the level's ids: [first, first + n_per_table)
+            const int64_t first = recent ? a.main.n_per_table : 0;
+            uint32_t bound = 0;
+            if (level.n_per_table > 0) {
+                const uint32_t code = a.q_codes[row * a.L + l];
+                const uint32_t* off = level.offsets + head * level.offsets_head_stride +
+                        int64_t(l) * ((int64_t(1) << a.K) + 1);
+                const uint32_t b0 = off[code], b1 = off[code + 1];
+                const int64_t x = threadIdx.x % 2 == 0 ? lo : hi;
+                if (x <= first) {
+                    bound = b0; // every id of the level is >= x
+                } else if (x >= first + level.n_per_table) {
+                    bound = b1; // none is
+                } else {
+                    const int32_t* ids = level.ids + head * level.ids_head_stride +
+                            int64_t(l) * level.n_per_table;
+                    bound = lower_bound_ids(ids, b0, b1, x);
+                }
+            }
+            (threadIdx.x % 2 == 0 ? run_begin : run_end)[c] = bound;
+        }
+        __syncthreads(); // the runs (and, the first time, the zeroed bitsets)
+        const int n_chunk = min(kRangeWalkChunk, n_buckets - chunk);
+        for (int j = warp; j < n_chunk; j += kRangeWalkThreads / 32) {
+            const int b = chunk + j;
+            const bool recent = b >= a.L;
+            const int l = recent ? b - a.L : b;
+            const LSHLevelArgs& level = recent ? a.recent : a.main;
+            const int32_t* ids =
+                    level.ids + head * level.ids_head_stride + int64_t(l) * level.n_per_table;
+            const uint32_t e = run_end[j];
+            for (uint32_t i = run_begin[j] + lane; i < e; i += 32 * kRangeWalkUnroll) {
+                int64_t id[kRangeWalkUnroll];
+#pragma unroll
+                for (int u = 0; u < kRangeWalkUnroll; u++) {
+                    const uint32_t k = i + 32 * u;
+                    id[u] = k < e ? int64_t(__ldg(ids + k)) : -1;
+                }
+#pragma unroll
+                for (int u = 0; u < kRangeWalkUnroll; u++) {
+                    if (id[u] < 0) {
+                        continue;
+                    }
+                    const uint32_t t = uint32_t(id[u] - lo); // < 32 wpb
+                    const uint32_t bit = 1u << (t & 31u);
+                    const uint32_t old = atomicOr(seen1 + (t >> 5), bit);
+                    if (kMode == 2 && (old & bit)) {
+                        atomicOr(seen2 + (t >> 5), bit);
+                    }
+                }
+            }
+        }
+        __syncthreads(); // the runs are rewritten by the next chunk; the hits are in
+    }
+
+    // the block's tokens: count, reserve a run of the row's list, write
+    const uint32_t* final_bits = kMode == 2 ? seen2 : seen1;
+    const int64_t w0 = int64_t(blockIdx.x) * wpb;
+    const int64_t n_own = w0 < a.words ? min(wpb, a.words - w0) : 0;
+    __shared__ int block_count, block_base;
+    if (threadIdx.x == 0) {
+        block_count = 0;
+    }
+    __syncthreads();
+    int mine = 0;
+    for (int64_t w = threadIdx.x; w < n_own; w += kRangeWalkThreads) {
+        mine += __popc(final_bits[w]);
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) {
+        mine += __shfl_xor_sync(kFullMask, mine, off);
+    }
+    if (lane == 0 && mine > 0) {
+        atomicAdd(&block_count, mine);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        block_base = block_count > 0 ? atomicAdd(a.out.lens + row, block_count) : 0;
+        block_count = 0; // now the cursor into the block's run
+    }
+    __syncthreads();
+    int32_t* out = a.out.ids + row * a.out.stride;
+    for (int64_t w = threadIdx.x; w < n_own; w += kRangeWalkThreads) {
+        uint32_t word = final_bits[w];
+        if (word == 0) {
+            continue;
+        }
+        int64_t pos = block_base + atomicAdd(&block_count, __popc(word));
+        while (word) {
+            const int k = __ffs(int(word)) - 1;
+            word &= word - 1;
+            if (pos < a.out.stride) { // always true: each inner token is appended once
+                out[pos] = int32_t(a.out.first_inner + (w0 + w) * 32 + k);
+            }
+            pos++;
         }
     }
 }

@@ -426,6 +426,50 @@ TEST(GpuLSH, ManyRowsAndLongerContext) {
     compare_with_twin(*big, *index_cpu_to_gpu(res(), big.get()), y.queries.data(), 4, 1, "70k");
 }
 
+TEST(GpuLSH, SharedMemoryWalkSelectsWhatTheGlobalWalkSelects) {
+    KVINDEX_REQUIRE_GPU();
+    // min_hits 1 and 2 count collisions in shared memory, the tokens split
+    // by range over blocks that each search their run of every bucket
+    // (gpu::set_lsh_shared_walk); the global bitsets must give the same
+    // sample on the same device: contexts of fewer tokens than the blocks
+    // own words (some own none), a partial last word, ranges that cut
+    // buckets, and both levels after decode appends
+    const int d = 64;
+    const idx_t nq = 9;
+    int rows = 0;
+    // 4x300 with its recent level walks 600 buckets: two chunks of searches
+    for (const char* chain : {"Sink4,Window64,LSHSample6x40", "Sink4,Window64,LSHSample4x300"}) {
+        for (idx_t n : {idx_t(200), idx_t(4099), idx_t(40000)}) {
+            auto x = make_kv(n + 300, nq, d, 60 + int(n % 97), true);
+            auto cpu = index_factory(d, chain);
+            cpu->add_kv(n, x.keys.data(), x.values.data());
+            auto gpu = index_cpu_to_gpu(res(), cpu.get());
+            for (int phase = 0; phase < 2; phase++) {
+                if (phase == 1) { // appends: the code-by-code tail, then the recent level
+                    gpu->add_kv(300, x.keys.data() + n * d, x.values.data() + n * d);
+                }
+                for (int hits : {1, 2}) {
+                    SearchParametersLSH p;
+                    p.min_hits = hits;
+                    std::vector<Selection> by_shared(nq), by_global(nq);
+                    gpu->select(nq, x.queries.data(), by_shared.data(), &p);
+                    gpu::set_lsh_shared_walk(false);
+                    gpu->select(nq, x.queries.data(), by_global.data(), &p);
+                    gpu::set_lsh_shared_walk(true);
+                    for (idx_t i = 0; i < nq; i++) {
+                        EXPECT_EQ(by_shared[i].ids, by_global[i].ids)
+                                << chain << ", " << n << " tokens, phase " << phase
+                                << ", min_hits " << hits << ", row " << i;
+                        EXPECT_EQ(by_shared[i].inclusion, by_global[i].inclusion);
+                        rows += by_shared[i].size() > 0;
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_GE(rows, 2 * 3 * 2 * 2 * int(nq) / 2); // most rows sample something
+}
+
 TEST(GpuLSH, MinHitsZeroIsExactAttention) {
     KVINDEX_REQUIRE_GPU();
     const int d = 128;
