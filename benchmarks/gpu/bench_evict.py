@@ -20,6 +20,10 @@ of CUDA-event timings after a warm-up call. GFLOP/s counts 2 passes x
 "visible" counts only the key-query pairs a row sees) and 2 * rows * n * d
 for PyTorch's one matmul.
 
+Then one decode step of GpuIndexProxyEvict after eviction (--keep of the
+prompt kept, 32 query heads, bf16): the dense kernel over the kept tokens,
+which is what the index runs, beside the dense kernel and SDPA over all.
+
 Usage (on the GPU machine; needs only the driver and PyTorch):
     python3 benchmarks/gpu/bench_evict.py --lib build-device/dist/libkvindex_gpu_capi.so \\
         [--tokens 8192,32768,131072] [--json out.json]
@@ -34,7 +38,8 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode import check, load, time_us  # noqa: E402
+from bench_decode import (BF16, check, copy_bandwidth, cur_stream, load, sdpa_timings,  # noqa: E402
+                          time_graph_us, time_us)
 
 
 def load_evict(lib_path):
@@ -142,6 +147,59 @@ def bench(lib, method, n, d, n_heads, n_q, causal, budget_s, stream):
     return row
 
 
+def dense_step_us(lib, keys, values, q, reps):
+    """(eager, graph) us of one step of the dense kernel (GpuIndexKVFlat's)
+    over keys / values [h_kv][n][d] bf16 for q [h_kv][g][d] float32."""
+    h_kv, n, d = keys.shape
+    g = q.shape[1]
+    ws_bytes = lib.kvgpu_dense_workspace(n, h_kv, d, BF16, g)
+    check(lib, 0 if ws_bytes >= 0 else -1, "dense workspace")
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
+    out = torch.empty(h_kv, g, d, device="cuda")
+    lse = torch.empty(h_kv, g, device="cuda")
+
+    def step():
+        check(lib, lib.kvgpu_dense_attention(keys.data_ptr(), values.data_ptr(), n, n, h_kv, d,
+                                             BF16, q.data_ptr(), g, out.data_ptr(),
+                                             lse.data_ptr(), ws.data_ptr(), ws_bytes,
+                                             cur_stream()), "dense")
+
+    return time_us(step, reps)[0], time_graph_us(step, reps)[0]
+
+
+def decode_step(lib, n, keep, d, h_q, h_kv, reps, copy_bps):
+    """One decode step of GpuIndexProxyEvict after its prefill kept `keep` of
+    n tokens: the index stores only the kept tokens, compacted, and its
+    attend is the dense kernel over them (gpu/GpuIndexProxyEvict.cpp,
+    attend_heads), so the step is timed as that kernel over keep * n
+    tokens, beside the dense kernel and SDPA over all n on the same run."""
+    torch.manual_seed(n)
+    g = h_q // h_kv
+    n_keep = max(1, round(keep * n))
+    q = torch.randn(h_kv, g, d, device="cuda") * 1.5 - 0.5
+    row = {"tokens": n, "kept": n_keep, "q_heads": h_q, "kv_heads": h_kv, "d": d}
+    keys = (torch.randn(h_kv, n, d, device="cuda") + 0.5).to(torch.bfloat16)
+    values = torch.randn(h_kv, n, d, device="cuda").to(torch.bfloat16)
+    row["dense_us"], row["dense_graph_us"] = dense_step_us(lib, keys, values, q, reps)
+    q4 = q.reshape(1, h_q, 1, d).to(torch.bfloat16)
+    sd = sdpa_timings(q4, keys.unsqueeze(0), values.unsqueeze(0), g > 1, reps)
+    row["sdpa_us"] = min(v for v in sd.values() if isinstance(v, float))
+    kept_k, kept_v = keys[:, :n_keep].contiguous(), values[:, :n_keep].contiguous()
+    del keys, values
+    row["evict_us"], row["evict_graph_us"] = dense_step_us(lib, kept_k, kept_v, q, reps)
+    row["evict_bytes"] = 2 * h_kv * n_keep * d * 2
+    row["evict_of_copy"] = row["evict_bytes"] / (row["evict_graph_us"] * 1e-6) / copy_bps
+    del kept_k, kept_v
+    torch.cuda.empty_cache()
+    print(f"decode n={n:>8} heads {h_q}/{h_kv}, {100 * keep:.0f}% kept: evict step "
+          f"{row['evict_us']:8.1f} us (graph {row['evict_graph_us']:8.1f}) | dense "
+          f"{row['dense_us']:8.1f} us (graph {row['dense_graph_us']:8.1f}) | SDPA "
+          f"{row['sdpa_us']:8.1f} us | {row['dense_us'] / row['evict_us']:.2f}x dense, graph "
+          f"{row['dense_graph_us'] / row['evict_graph_us']:.2f}x | graph at "
+          f"{100 * row['evict_of_copy']:.0f}% of copy", flush=True)
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -153,6 +211,11 @@ def main():
                     help="skip H2O above 32k tokens when a call would take longer (predicted)")
     ap.add_argument("--budget-s", type=float, default=1.5,
                     help="time spent on the timed calls of one configuration and side")
+    ap.add_argument("--decode-tokens", default="32768,131072,1048576",
+                    help="contexts of the decode step after eviction ('' for none)")
+    ap.add_argument("--decode-heads", default="32/32", help="q_heads/kv_heads of the decode step")
+    ap.add_argument("--keep", type=float, default=0.2, help="share of the prompt kept")
+    ap.add_argument("--reps", type=int, default=30, help="timed decode steps")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -191,9 +254,17 @@ def main():
             if row["rel_err_max"] > 1e-4:
                 print(f"# WARNING: {method} n={n}: kvindex and PyTorch differ by "
                       f"{row['rel_err_max']:.1e} of the largest score")
+    decode = []
+    if args.decode_tokens:
+        copy_bps = copy_bandwidth()
+        info["copy_bps"] = copy_bps
+        print(f"# decode after eviction: device-to-device copy {copy_bps / 1e12:.3f} TB/s")
+        h_q, h_kv = (int(x) for x in args.decode_heads.split("/"))
+        for n in (int(t) for t in args.decode_tokens.split(",")):
+            decode.append(decode_step(lib, n, args.keep, args.d, h_q, h_kv, args.reps, copy_bps))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"info": info, "rows": rows}, f, indent=1)
+            json.dump({"info": info, "rows": rows, "decode": decode}, f, indent=1)
     return 0
 
 
