@@ -52,6 +52,27 @@ def check(lib, rc, what):
         raise RuntimeError(f"{what}: {lib.kvgpu_last_error().decode()}")
 
 
+def dense_step(lib, keys, values, q):
+    """One decode step of the dense kernel (GpuIndexKVFlat's) over keys /
+    values [h_kv][n][d] bf16 for q [h_kv][g][d] float32, on the current
+    stream: (step, out [h_kv][g][d], lse [h_kv][g]), step() launching it."""
+    h_kv, n, d = keys.shape
+    g = q.shape[1]
+    ws_bytes = lib.kvgpu_dense_workspace(n, h_kv, d, BF16, g)
+    check(lib, 0 if ws_bytes >= 0 else -1, "dense workspace")
+    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
+    out = torch.empty(h_kv, g, d, device="cuda")
+    lse = torch.empty(h_kv, g, device="cuda")
+
+    def step():
+        check(lib, lib.kvgpu_dense_attention(keys.data_ptr(), values.data_ptr(), n, n, h_kv, d,
+                                             BF16, q.data_ptr(), g, out.data_ptr(),
+                                             lse.data_ptr(), ws.data_ptr(), ws_bytes,
+                                             cur_stream()), "dense")
+
+    return step, out, lse
+
+
 def time_us(fn, reps, warmup=5):
     """Median time of fn() in microseconds, by CUDA events around each call."""
     for _ in range(warmup):
@@ -196,20 +217,10 @@ def bench_config(lib, n, h_kv, h_q, d, reps, copy_bps, check_ref):
     keys = (torch.randn(h_kv, n, d, device="cuda") + 0.5).to(torch.bfloat16)
     values = torch.randn(h_kv, n, d, device="cuda").to(torch.bfloat16)
     q = torch.randn(h_kv, g, d, device="cuda") * 1.5 - 0.5
-    out = torch.empty(h_kv, g, d, device="cuda")
-    lse = torch.empty(h_kv, g, device="cuda")
     row = {"tokens": n, "kv_heads": h_kv, "q_heads": h_q, "d": d, "dtype": "bf16"}
 
     # dense (GpuIndexKVFlat's kernel)
-    ws_bytes = lib.kvgpu_dense_workspace(n, h_kv, d, BF16, g)
-    check(lib, 0 if ws_bytes >= 0 else -1, "dense workspace")
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
-
-    def dense():
-        check(lib, lib.kvgpu_dense_attention(keys.data_ptr(), values.data_ptr(), n, n, h_kv, d,
-                                             BF16, q.data_ptr(), g, out.data_ptr(),
-                                             lse.data_ptr(), ws.data_ptr(), ws_bytes, cur_stream()),
-              "dense")
+    dense, out, lse = dense_step(lib, keys, values, q)
 
     out.fill_(float("nan"))
     dense()
@@ -272,7 +283,7 @@ def bench_config(lib, n, h_kv, h_q, d, reps, copy_bps, check_ref):
         row[label + "_speedup_vs_dense"] = t_dense / t_topk
         row[label + "_err_vs_dense"] = ((tout - out).norm() / out.norm()).item()
         del tws
-    del keys, values, ws
+    del keys, values, dense
     torch.cuda.empty_cache()
     return row
 

@@ -38,7 +38,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode import (BF16, check, copy_bandwidth, cur_stream, load, sdpa_timings,  # noqa: E402
+from bench_decode import (check, copy_bandwidth, dense_step, load, sdpa_timings,  # noqa: E402
                           time_graph_us, time_us)
 
 
@@ -150,20 +150,7 @@ def bench(lib, method, n, d, n_heads, n_q, causal, budget_s, stream):
 def dense_step_us(lib, keys, values, q, reps):
     """(eager, graph) us of one step of the dense kernel (GpuIndexKVFlat's)
     over keys / values [h_kv][n][d] bf16 for q [h_kv][g][d] float32."""
-    h_kv, n, d = keys.shape
-    g = q.shape[1]
-    ws_bytes = lib.kvgpu_dense_workspace(n, h_kv, d, BF16, g)
-    check(lib, 0 if ws_bytes >= 0 else -1, "dense workspace")
-    ws = torch.empty(max(ws_bytes, 1), dtype=torch.uint8, device="cuda")
-    out = torch.empty(h_kv, g, d, device="cuda")
-    lse = torch.empty(h_kv, g, device="cuda")
-
-    def step():
-        check(lib, lib.kvgpu_dense_attention(keys.data_ptr(), values.data_ptr(), n, n, h_kv, d,
-                                             BF16, q.data_ptr(), g, out.data_ptr(),
-                                             lse.data_ptr(), ws.data_ptr(), ws_bytes,
-                                             cur_stream()), "dense")
-
+    step = dense_step(lib, keys, values, q)[0]
     return time_us(step, reps)[0], time_graph_us(step, reps)[0]
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode import (BF16, check, copy_bandwidth, cur_stream, kernel_profile,  # noqa: E402
+from bench_decode import (BF16, check, copy_bandwidth, cur_stream, dense_step, kernel_profile,  # noqa: E402
                           load, print_profile, sdpa_timings, time_graph_us, time_us)
 
 QMODEL, CENTROID = 0, 1  # gpu::IVFProbeKind
@@ -108,16 +108,7 @@ def bench_config(lib, n, h_kv, h_q, d, reps, copy_bps, C, nprobe, hidden, n_sink
     kv_bytes = 2 * h_kv * n * d * 2
 
     # dense on the same tensors (GpuIndexKVFlat's kernel)
-    dws = lib.kvgpu_dense_workspace(n, h_kv, d, BF16, g)
-    dwsb = torch.empty(max(dws, 1), dtype=torch.uint8, device="cuda")
-    dout = torch.empty_like(out)
-    dlse = torch.empty_like(lse)
-
-    def dense():
-        check(lib, lib.kvgpu_dense_attention(keys.data_ptr(), values.data_ptr(), n, n, h_kv, d,
-                                             BF16, q.data_ptr(), g, dout.data_ptr(),
-                                             dlse.data_ptr(), dwsb.data_ptr(), dws, cur_stream()),
-              "dense")
+    dense = dense_step(lib, keys, values, q)[0]
 
     t_dense, _ = time_us(dense, reps)
     row["dense_us"] = t_dense
@@ -216,7 +207,7 @@ def bench_config(lib, n, h_kv, h_q, d, reps, copy_bps, C, nprobe, hidden, n_sink
                 errs.append(((iout[hh] - ref).norm() / ref.norm()).item())
             row[label + "_err_vs_fp32"] = max(errs)
         del wsb
-    del keys, values, dwsb
+    del keys, values, dense
     torch.cuda.empty_cache()
     return row
 

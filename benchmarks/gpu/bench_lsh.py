@@ -35,7 +35,7 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode import (BF16, check, cur_stream, device_info, kernel_profile,  # noqa: E402
+from bench_decode import (BF16, check, cur_stream, dense_step, device_info, kernel_profile,  # noqa: E402
                           load, print_profile, sdpa_timings, time_graph_us, time_us)
 
 N_SINK, N_WINDOW = 4, 64
@@ -135,18 +135,7 @@ def bench_config(lib, n, h_kv, h_q, d, K, L, min_hits, reps, copy_bps, seed, pro
            "min_hits": min_hits, "n_sink": N_SINK, "n_window": N_WINDOW, "table_build_s": build_s}
 
     # dense (GpuIndexKVFlat's kernel) on the same tensors
-    dws_bytes = lib.kvgpu_dense_workspace(n, h_kv, d, BF16, g)
-    check(lib, 0 if dws_bytes >= 0 else -1, "dense workspace")
-    dws = torch.empty(max(dws_bytes, 1), dtype=torch.uint8, device="cuda")
-    dout = torch.empty(h_kv, g, d, device="cuda")
-    dlse = torch.empty(h_kv, g, device="cuda")
-
-    def dense():
-        check(lib, lib.kvgpu_dense_attention(keys.data_ptr(), values.data_ptr(), n, n, h_kv, d,
-                                             BF16, q.data_ptr(), g, dout.data_ptr(),
-                                             dlse.data_ptr(), dws.data_ptr(), dws_bytes,
-                                             cur_stream()),
-              "dense")
+    dense, dout, dlse = dense_step(lib, keys, values, q)
 
     # the tables' arguments, shared by attention and select
     tables = [K, L, min_hits, planes.data_ptr(), 0, mean.data_ptr(), d, norms.data_ptr(), m,
@@ -253,7 +242,7 @@ def bench_config(lib, n, h_kv, h_q, d, K, L, min_hits, reps, copy_bps, seed, pro
     row["lse_err_vs_estimator_fp32"] = (lse - ref_lse).abs().max().item()
     row["err_vs_dense"] = ((out - dout).norm() / dout.norm()).item()
     row["lse_err_vs_dense_mean"] = (lse - dlse).abs().mean().item()
-    del keys, values, ids, offsets, ws, dws, sws, s_ids, s_u
+    del keys, values, ids, offsets, ws, dense, sws, s_ids, s_u
     torch.cuda.empty_cache()
     return row
 
