@@ -121,6 +121,7 @@ void launch_hash(const LSHHashArgs& a, int nr, dim3 grid, cudaStream_t stream) {
     check_launch("lsh_hash_kernel");
 }
 
+/// set_lsh_shared_walk's switch (process-wide; read at each launch).
 std::atomic<bool> shared_walk_enabled{true};
 
 /// The most words of a bitset one block of lsh_range_walk_kernel holds
