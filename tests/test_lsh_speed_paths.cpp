@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include <faiss/impl/FaissException.h>
@@ -12,6 +13,7 @@
 #include <kvindex/IndexLSHSample.h>
 
 #include "reference.h"
+#include "simd_levels.h"
 
 using namespace kvindex;
 
@@ -61,6 +63,50 @@ TEST(LSHSpeedPaths, InclusionTableMatchesExactWithinStatedBound) {
     EXPECT_THROW(LSHInclusionTable(17, 10, 2), faiss::FaissException);
     EXPECT_THROW(LSHInclusionTable(4, 10, 11), faiss::FaissException);
 }
+
+class LSHTableBatch : public kvtest::SimdLevelTest {};
+
+// The batched lookup the attend uses (8 double lanes at the avx512 level)
+// against the exact formula within the table's bound plus a float's
+// rounding of log u, and within one float step of the scalar lookup.
+TEST_P(LSHTableBatch, MatchesExactAndScalarLookup) {
+    std::vector<double> c;
+    for (int i = 0; i <= 4000; i++) {
+        c.push_back(std::cos(M_PI * i / 4000.0));
+    }
+    for (double e = 1e-300; e < 0.1; e *= 7.3) { // both ends, r and s tiny
+        c.push_back(1 - e);
+        c.push_back(-1 + e);
+    }
+    for (double x : {-1.0, -0.0, 0.0, 1.0, -1.5, 1.5, -1e-300, 1e-300}) {
+        c.push_back(x);
+    }
+    const double floor = LSHInclusionTable::kMinInclusion;
+    for (auto [K, L, m] : {std::tuple{10, 150, 2}, {8, 75, 1}, {16, 300, 3}, {3, 10, 2}}) {
+        auto tab = LSHInclusionTable::get(K, L, m);
+        // every length up to 17 (the lanes' remainders), then the grid
+        for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(9), size_t(17), c.size()}) {
+            std::vector<float> got(n + 1, 123.0f);
+            tab->log_inclusion(c.data(), n, got.data());
+            EXPECT_EQ(got[n], 123.0f) << "wrote past n=" << n;
+            for (size_t t = 0; t < n; t++) {
+                double cc = std::max(-1.0, std::min(1.0, c[t]));
+                double u = std::max(lsh_inclusion_probability(std::acos(cc), K, L, m), floor);
+                double exact = std::log(u);
+                ASSERT_LE(std::fabs(got[t] - exact),
+                          LSHInclusionTable::kMaxLogError + std::fabs(exact) * 0x1p-23 + 1e-30)
+                        << "K=" << K << " L=" << L << " m=" << m << " c=" << c[t];
+                float scalar = float(tab->log_inclusion(c[t]));
+                ASSERT_LE(std::fabs(got[t] - scalar), std::fabs(scalar) * 0x1p-23 + 1e-30)
+                        << "K=" << K << " L=" << L << " m=" << m << " c=" << c[t];
+                ASSERT_LE(got[t], 0.0f);
+                ASSERT_GE(got[t], float(std::log(floor)) * (1 + 0x1p-23));
+            }
+        }
+    }
+}
+
+KVTEST_AT_EVERY_SIMD_LEVEL(LSHTableBatch);
 
 TEST(LSHSpeedPaths, SelectionIsSortedAndEqualsBruteForceAcrossTailLevels) {
     const int d = 16;

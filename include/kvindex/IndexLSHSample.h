@@ -66,6 +66,11 @@ class LSHInclusionTable {
 
     /// log u for cos(theta) = c (clamped to [-1, 1]); >= log(kMinInclusion).
     double log_inclusion(double c) const;
+    /** out[t] = float(log_inclusion(c[t])) for t < n (c, out: size n): eight
+     * lanes at a time where the CPU runs SimdLevel::avx512, the same
+     * arithmetic (with fused multiply-adds: within a float's rounding of
+     * the scalar value), one value at a time elsewhere. */
+    void log_inclusion(const double* c, size_t n, float* out) const;
     /// u = exp(log_inclusion(c)).
     double inclusion(double c) const;
 
@@ -94,8 +99,9 @@ class LSHInclusionTable {
     double mk_ = 0;         ///< m * K
     double log_floor_ = 0;  ///< log(kMinInclusion)
     double max_err_ = 0;
-    std::vector<double> near_; ///< 4 coefficients per cell, c >= 0
-    std::vector<double> far_;  ///< 4 coefficients per cell, c < 0
+    /// 4 coefficients per cell, size 8 * n_: the n_ cells of c >= 0 (in
+    /// s = sin(theta / 2)), then the n_ cells of c < 0 (in r = cos(theta / 2))
+    std::vector<double> coef_;
 };
 
 /** MagicPIG's LSH sampling with the unbiased attention estimator ("MagicPIG:
