@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k|multivalue|ruler8k2|likelihood]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k|multivalue|ruler8k2|likelihood|likelihood_hybrid]...
 # (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -400,6 +400,14 @@ for what in "${@:-e2e needle trace}"; do
       done
       .venv/bin/python benchmarks/scripts/ruler_table.py --likelihood "$RU"/likelihood_2k.json \
           "$RU"/likelihood_4096.json "$RU"/likelihood_8128.json ;;
+    likelihood_hybrid)
+      # issue 16: the hybrid (exact top 1% + a weighted sample of 1% of the
+      # rest) on the same vt / cwe prompts as likelihood's 2k run
+      RU=benchmarks/results/ruler; mkdir -p "$RU"
+      .venv/bin/python benchmarks/scripts/python_doc_text.py --out data/train
+      $KVLLM ruler --context 2048 --samples 40 --seed 1 --tasks vt,cwe --likelihood \
+          --index "Hybrid(TopK(Flat),Weighted)|k=1%,sample=1%" \
+          --json "$RU/likelihood_2k_hybrid.json" | tee "$RU/likelihood_2k_hybrid.txt" ;;
     *) echo "unknown part $what" >&2; exit 2 ;;
   esac
 done
