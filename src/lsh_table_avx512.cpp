@@ -6,8 +6,8 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstring>
+#include <initializer_list>
 
 #include "lsh_table_kernel.h"
 
