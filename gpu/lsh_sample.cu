@@ -68,6 +68,27 @@ void check_tables(const KVHeadsView& kv, int rows_per_head, const LSHTables& t, 
     }
 }
 
+/// set_lsh_shared_walk's switch (process-wide; take_scratch reads it once per call).
+std::atomic<bool> shared_walk_enabled{true};
+
+/// The most words of a bitset one block of lsh_range_walk_kernel holds
+/// (16 KB: two bitsets stay under the default 48 KB of shared memory).
+constexpr int64_t kRangeWalkMaxWords = 4096;
+/// Blocks per row at least: a decode step has few rows, and a block's
+/// bound searches are a fixed cost that more blocks share out.
+constexpr int64_t kRangeWalkMinParts = 8;
+
+/** The words per block of lsh_range_walk_kernel for rows of `words` words,
+ * or 0 where it does not run: min_hits >= 3 (16-bit counters) or
+ * disabled (set_lsh_shared_walk). */
+int64_t range_walk_words(int mode, int64_t words) {
+    if (mode > 2 || !shared_walk_enabled.load(std::memory_order_relaxed)) {
+        return 0;
+    }
+    const int64_t parts = std::max(kRangeWalkMinParts, ceil_div(words, kRangeWalkMaxWords));
+    return std::max<int64_t>(1, ceil_div(words, parts));
+}
+
 /// The sampler's scratch, carved from a Workspace (the same takes while
 /// counting and for real).
 struct SampleScratch {
@@ -79,6 +100,10 @@ struct SampleScratch {
     uint32_t* counts = nullptr;  ///< [n_rows][words] (min_hits >= 3)
     int64_t words = 0;
     int mode = 0;                ///< 1, 2: bitsets; 3: 16-bit counters
+    /// words per block of lsh_range_walk_kernel, whose bitsets live in
+    /// shared memory (seen1 and seen2 are then not taken); 0: the walk
+    /// runs on the arrays above
+    int64_t range_wpb = 0;
 };
 
 SampleScratch take_scratch(Workspace& ws, int64_t n_rows, const LSHTables& t, int min_hits) {
@@ -90,9 +115,14 @@ SampleScratch take_scratch(Workspace& ws, int64_t n_rows, const LSHTables& t, in
     s.mode = std::min(min_hits, 3);
     if (s.mode <= 2) {
         s.words = (n_levels + 31) / 32;
-        s.seen1 = ws.take<uint32_t>(size_t(n_rows) * s.words);
-        if (s.mode == 2) {
-            s.seen2 = ws.take<uint32_t>(size_t(n_rows) * s.words);
+        // read once here, so that counting and the run agree even if
+        // set_lsh_shared_walk is called between them
+        s.range_wpb = range_walk_words(s.mode, s.words);
+        if (s.range_wpb == 0) {
+            s.seen1 = ws.take<uint32_t>(size_t(n_rows) * s.words);
+            if (s.mode == 2) {
+                s.seen2 = ws.take<uint32_t>(size_t(n_rows) * s.words);
+            }
         }
     } else {
         s.words = (n_levels + 1) / 2;
@@ -119,27 +149,6 @@ void launch_hash(const LSHHashArgs& a, int nr, dim3 grid, cudaStream_t stream) {
             break;
     }
     check_launch("lsh_hash_kernel");
-}
-
-/// set_lsh_shared_walk's switch (process-wide; read at each launch).
-std::atomic<bool> shared_walk_enabled{true};
-
-/// The most words of a bitset one block of lsh_range_walk_kernel holds
-/// (16 KB: two bitsets stay under the default 48 KB of shared memory).
-constexpr int64_t kRangeWalkMaxWords = 4096;
-/// Blocks per row at least: a decode step has few rows, and a block's
-/// bound searches are a fixed cost that more blocks share out.
-constexpr int64_t kRangeWalkMinParts = 8;
-
-/** The words per block of lsh_range_walk_kernel for rows of `words` words,
- * or 0 where it does not run: min_hits >= 3 (16-bit counters) or
- * disabled (set_lsh_shared_walk). */
-int64_t range_walk_words(int mode, int64_t words) {
-    if (mode > 2 || !shared_walk_enabled.load(std::memory_order_relaxed)) {
-        return 0;
-    }
-    const int64_t parts = std::max(kRangeWalkMinParts, ceil_div(words, kRangeWalkMaxWords));
-    return std::max<int64_t>(1, ceil_div(words, parts));
 }
 
 template <int kMode>
@@ -193,7 +202,7 @@ void run_sampler(const KVHeadsView& kv, const float* q, int rows_per_head, const
     if (n_levels > 0) {
         // the bitsets in shared memory, split by token range over blocks,
         // else (16-bit counters) in the scratch arrays, zeroed here
-        const int64_t wpb = range_walk_words(s.mode, s.words);
+        const int64_t wpb = s.range_wpb;
         if (wpb == 0) {
             const size_t bytes = size_t(n_rows) * s.words * sizeof(uint32_t);
             for (uint32_t* p : {s.seen1, s.seen2, s.counts}) {

@@ -4,7 +4,9 @@
 # as one self-contained executable (static Faiss, OpenBLAS with its Fortran
 # runtime, libgomp, libstdc++, libgcc and the CUDA runtime) and the
 # benchmarks' kernel library (libkvindex_gpu_capi.so, CUDA and C++ runtimes
-# inside). Needs the CUDA toolkit here. Output: build-device/dist/, then
+# inside). Needs the CUDA toolkit here. Output: build-device/dist/ and its
+# archive build-device/dist.tar.xz (rewritten on every build, so that the
+# archive that travels is never an older build's), then
 #   build-device/dist/kvindex_gpu_tests
 #   python3 benchmarks/gpu/bench_decode.py --lib build-device/dist/libkvindex_gpu_capi.so
 # on the GPU machine (scripts/run_device.sh runs both).
@@ -20,6 +22,7 @@ cmake --build "$BUILD_DIR" -j "$(nproc)" --target kvindex_gpu_tests kvindex_gpu_
 mkdir -p "$BUILD_DIR/dist"
 cp "$BUILD_DIR/tests/gpu/kvindex_gpu_tests" "$BUILD_DIR/gpu/libkvindex_gpu_capi.so" "$BUILD_DIR/dist/"
 strip "$BUILD_DIR/dist/kvindex_gpu_tests" "$BUILD_DIR/dist/libkvindex_gpu_capi.so"
+tar cJf "$BUILD_DIR/dist.tar.xz" -C "$BUILD_DIR" dist
 # what they still load: the C library and the kernel's loader, nothing else
 for f in "$BUILD_DIR"/dist/*; do
   echo "$f:"; ldd "$f" | sed 's/^/  /'

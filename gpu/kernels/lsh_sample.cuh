@@ -414,6 +414,15 @@ struct LSHLevelArgs {
     const int32_t* ids;
     int64_t ids_head_stride;
     int64_t n_per_table; ///< ids per table; 0: the level is empty
+
+    /// Table l's 2^K + 1 bucket starts for head `head`.
+    __device__ const uint32_t* table_offsets(int64_t head, int l, int K) const {
+        return offsets + head * offsets_head_stride + int64_t(l) * ((int64_t(1) << K) + 1);
+    }
+    /// Table l's ids for head `head`, sorted by bucket: [n_per_table].
+    __device__ const int32_t* table_ids(int64_t head, int l) const {
+        return ids + head * ids_head_stride + int64_t(l) * n_per_table;
+    }
 };
 
 /// The rows' lists the sampler appends to.
@@ -454,6 +463,16 @@ struct LSHWalkArgs {
     uint32_t* counts; ///< [n_rows][words] (mode 3)
     int64_t words;    ///< words per row of the array the mode uses
     LSHListOut out;
+
+    /// The level of walked bucket b: the main level's L tables, then the
+    /// recent level's.
+    __device__ LSHLevelArgs level_of(int b) const {
+        return b >= L ? recent : main;
+    }
+    /// The table of walked bucket b within its level.
+    __device__ int table_of(int b) const {
+        return b >= L ? b - L : b;
+    }
 };
 
 /** Walks the query's bucket of one table in one level for one row: grid
@@ -471,19 +490,17 @@ constexpr int kWalkThreads = 128;
 
 template <int kMode>
 __global__ void __launch_bounds__(kWalkThreads) lsh_walk_kernel(LSHWalkArgs a) {
-    const bool recent = int(blockIdx.x) >= a.L;
-    const int l = recent ? int(blockIdx.x) - a.L : int(blockIdx.x);
-    const LSHLevelArgs level = recent ? a.recent : a.main;
+    const int l = a.table_of(int(blockIdx.x));
+    const LSHLevelArgs level = a.level_of(int(blockIdx.x));
     if (level.n_per_table == 0) {
         return; // the whole block: no barrier follows
     }
     const int64_t row = blockIdx.y;
     const int64_t head = row / a.rows_per_head;
     const uint32_t code = a.q_codes[row * a.L + l];
-    const uint32_t* off = level.offsets + head * level.offsets_head_stride +
-            int64_t(l) * ((int64_t(1) << a.K) + 1);
+    const uint32_t* off = level.table_offsets(head, l, a.K);
     const int64_t b0 = off[code], b1 = off[code + 1];
-    const int32_t* ids = level.ids + head * level.ids_head_stride + int64_t(l) * level.n_per_table;
+    const int32_t* ids = level.table_ids(head, l);
     uint32_t* seen1 = a.seen1 ? a.seen1 + row * a.words : nullptr;
     uint32_t* seen2 = a.seen2 ? a.seen2 + row * a.words : nullptr;
     uint32_t* counts = a.counts ? a.counts + row * a.words : nullptr;
@@ -572,16 +589,14 @@ __global__ void __launch_bounds__(kRangeWalkThreads) lsh_range_walk_kernel(LSHWa
         const int c = int(threadIdx.x) / 2;
         const int b = chunk + c;
         if (b < n_buckets) {
-            const bool recent = b >= a.L;
-            const int l = recent ? b - a.L : b;
-            const LSHLevelArgs& level = recent ? a.recent : a.main;
+            const int l = a.table_of(b);
+            const LSHLevelArgs level = a.level_of(b);
             // the level's ids: [first, first + n_per_table)
-            const int64_t first = recent ? a.main.n_per_table : 0;
+            const int64_t first = b >= a.L ? a.main.n_per_table : 0;
             uint32_t bound = 0;
             if (level.n_per_table > 0) {
                 const uint32_t code = a.q_codes[row * a.L + l];
-                const uint32_t* off = level.offsets + head * level.offsets_head_stride +
-                        int64_t(l) * ((int64_t(1) << a.K) + 1);
+                const uint32_t* off = level.table_offsets(head, l, a.K);
                 const uint32_t b0 = off[code], b1 = off[code + 1];
                 const int64_t x = threadIdx.x % 2 == 0 ? lo : hi;
                 if (x <= first) {
@@ -589,9 +604,7 @@ __global__ void __launch_bounds__(kRangeWalkThreads) lsh_range_walk_kernel(LSHWa
                 } else if (x >= first + level.n_per_table) {
                     bound = b1; // none is
                 } else {
-                    const int32_t* ids = level.ids + head * level.ids_head_stride +
-                            int64_t(l) * level.n_per_table;
-                    bound = lower_bound_ids(ids, b0, b1, x);
+                    bound = lower_bound_ids(level.table_ids(head, l), b0, b1, x);
                 }
             }
             (threadIdx.x % 2 == 0 ? run_begin : run_end)[c] = bound;
@@ -600,11 +613,7 @@ __global__ void __launch_bounds__(kRangeWalkThreads) lsh_range_walk_kernel(LSHWa
         const int n_chunk = min(kRangeWalkChunk, n_buckets - chunk);
         for (int j = warp; j < n_chunk; j += kRangeWalkThreads / 32) {
             const int b = chunk + j;
-            const bool recent = b >= a.L;
-            const int l = recent ? b - a.L : b;
-            const LSHLevelArgs& level = recent ? a.recent : a.main;
-            const int32_t* ids =
-                    level.ids + head * level.ids_head_stride + int64_t(l) * level.n_per_table;
+            const int32_t* ids = a.level_of(b).table_ids(head, a.table_of(b));
             const uint32_t e = run_end[j];
             for (uint32_t i = run_begin[j] + lane; i < e; i += 32 * kRangeWalkUnroll) {
                 int64_t id[kRangeWalkUnroll];
