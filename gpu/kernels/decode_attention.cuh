@@ -466,6 +466,13 @@ __global__ void __launch_bounds__(kDecodeThreads) list_slices_kernel(
                                      blockIdx.z);
 }
 
+/// The coordinates of block b of a grid whose blocks are counted x fastest.
+struct GridCoords {
+    int64_t x, y, z;
+    __device__ GridCoords(int64_t b, dim3 grid)
+            : x(b % grid.x), y((b / grid.x) % grid.y), z(b / (int64_t(grid.x) * grid.y)) {}
+};
+
 /** dense_slices_kernel over the static part and list_slices_kernel over
  * the lists in one launch, so that the two run side by side instead of
  * one after the other (the static part of a sparse step is a short,
@@ -481,18 +488,15 @@ __global__ void __launch_bounds__(kDecodeThreads) static_and_list_slices_kernel(
         ListArgs lists,
         typename Bias::Params bias_params,
         dim3 list_grid) {
-    int64_t b = blockIdx.x;
+    const int64_t b = blockIdx.x;
     const int64_t n_static = int64_t(static_grid.x) * static_grid.y * static_grid.z;
     if (b < n_static) { // the whole block: attend_slice's barriers are uniform
-        dense_slice_block<T, D, NQS>(static_args, int(b % static_grid.x),
-                                     int((b / static_grid.x) % static_grid.y),
-                                     int(b / (int64_t(static_grid.x) * static_grid.y)));
+        const GridCoords c(b, static_grid);
+        dense_slice_block<T, D, NQS>(static_args, int(c.x), int(c.y), int(c.z));
         return;
     }
-    b -= n_static;
-    list_slice_block<T, D, NQL, Bias>(list_args, lists, bias_params, int(b % list_grid.x),
-                                      (b / list_grid.x) % list_grid.y,
-                                      int(b / (int64_t(list_grid.x) * list_grid.y)));
+    const GridCoords c(b - n_static, list_grid);
+    list_slice_block<T, D, NQL, Bias>(list_args, lists, bias_params, int(c.x), c.y, int(c.z));
 }
 
 /** <q_r, k_t> (unscaled) of every token of each row's list: grid (x,
