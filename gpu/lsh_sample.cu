@@ -201,7 +201,8 @@ void run_sampler(const KVHeadsView& kv, const float* q, int rows_per_head, const
     const int64_t n_levels = t.main.n_per_table + t.recent.n_per_table;
     if (n_levels > 0) {
         // the bitsets in shared memory, split by token range over blocks,
-        // else (16-bit counters) in the scratch arrays, zeroed here
+        // else (16-bit counters, or the shared walk switched off) in the
+        // scratch arrays, zeroed here
         const int64_t wpb = s.range_wpb;
         if (wpb == 0) {
             const size_t bytes = size_t(n_rows) * s.words * sizeof(uint32_t);
