@@ -63,6 +63,7 @@ struct BeamScratch {
     std::vector<int64_t> ids;
     std::vector<float> scores;
     std::vector<float> row; ///< a key as floats
+    std::vector<float> code_query; ///< the query's side of KeyCodes8 scores
     // the anchor choice of a search
     std::vector<int32_t> seeds;
     std::vector<int64_t> anchor_ids;
@@ -133,6 +134,9 @@ std::unique_ptr<KVIndex> IndexRoarGraph::from_factory(FactoryChain& chain) {
 
 void IndexRoarGraph::append_tokens(idx_t n, const float* keys, const float* values) {
     storage.append(n, keys, values);
+    if (walk_bits == 8) {
+        walk_codes.append(storage);
+    }
     idx_t n1 = storage.size();
     neighbors.resize(size_t(n1) * max_degree(), -1);
     degrees.resize(n1, 0);
@@ -174,6 +178,7 @@ idx_t medoid(const KVStorage& storage, idx_t n) {
 void IndexRoarGraph::drop_tokens_from(idx_t n0) {
     ntotal = n0;
     storage.truncate(n0);
+    walk_codes.truncate(size_t(n0));
     neighbors.resize(size_t(n0) * max_degree());
     degrees.resize(n0);
     int R = max_degree();
@@ -317,6 +322,22 @@ struct InnerProductScore {
     void operator()(const int64_t* ids, size_t m, float* out) const {
         prefetch_key_rows(rows, ids, m);
         inner_products_by_ids(q, rows, ids, m, 1.0f, out);
+    }
+};
+
+/// Scores by the keys' 8-bit codes: qs and base from KeyCodes8::prepare.
+struct CodeScore {
+    const KeyCodes8& codes;
+    const float* qs;
+    float base;
+    void operator()(const int64_t* ids, size_t m, float* out) const {
+        for (size_t i = 0; i < m; i++) {
+            const char* p = reinterpret_cast<const char*>(codes.code(size_t(ids[i])));
+            for (size_t off = 0; off < codes.d; off += 64) {
+                __builtin_prefetch(p + off);
+            }
+        }
+        codes.scores(qs, base, ids, m, out);
     }
 };
 
@@ -501,8 +522,27 @@ size_t IndexRoarGraph::beam_search(
         BeamScratch& s = beam_scratch();
         size_t L = size_t(std::min<idx_t>(std::max<idx_t>(beam, k), ntotal));
         size_t anchors_read = anchor_seeds(q, s.seeds);
-        scanned = walk(*this, L, hubs, s.seeds, s, InnerProductScore{q, storage.key_rows()}) +
-                anchors_read;
+        InnerProductScore exact{q, storage.key_rows()};
+        if (walk_bits == 8) {
+            s.code_query.resize(size_t(d));
+            float base = walk_codes.prepare(q, s.code_query.data());
+            size_t coded = walk(*this, L, hubs, s.seeds, s,
+                                CodeScore{walk_codes, s.code_query.data(), base});
+            // the codes ordered the walk; the stored keys order the answer
+            s.ids.clear();
+            for (const Candidate& c : s.beam) {
+                s.ids.push_back(c.id);
+            }
+            s.scores.resize(s.ids.size());
+            exact(s.ids.data(), s.ids.size(), s.scores.data());
+            for (size_t j = 0; j < s.beam.size(); j++) {
+                s.beam[j].score = s.scores[j];
+            }
+            std::sort(s.beam.begin(), s.beam.end(), ranks_before);
+            scanned = keys_read(s.beam.size(), coded) + anchors_read;
+        } else {
+            scanned = walk(*this, L, hubs, s.seeds, s, exact) + anchors_read;
+        }
         found = std::min(s.beam.size(), size_t(k));
         for (size_t j = 0; j < found; j++) {
             distances[j] = s.beam[j].score;
@@ -514,6 +554,11 @@ size_t IndexRoarGraph::beam_search(
         labels[j] = -1;
     }
     return scanned;
+}
+
+size_t IndexRoarGraph::keys_read(size_t rows_scored, size_t codes_scored) const {
+    size_t row = storage.key_bytes(), code = size_t(d); // one byte per dimension
+    return rows_scored + (codes_scored * code + row - 1) / row;
 }
 
 int IndexRoarGraph::beam_for(const faiss::SearchParameters* params, idx_t k) const {
@@ -989,6 +1034,13 @@ void IndexRoarGraph::index_anchors() {
                         size_t(std::lround(std::sqrt(double(na)))));
 }
 
+void IndexRoarGraph::index_codes() {
+    walk_codes.clear();
+    if (walk_bits == 8) {
+        walk_codes.train(storage);
+    }
+}
+
 std::vector<int32_t> IndexRoarGraph::anchor_pivots_of(const float* key, idx_t x) const {
     idx_t na = idx_t(anchor_pivots.size());
     std::vector<float> s(na);
@@ -1023,6 +1075,7 @@ void IndexRoarGraph::reset_impl() {
     anchor_lists.clear();
     anchor_sq_norms.clear();
     anchor_groups.clear();
+    walk_codes.clear();
     n_prompt = 0;
     entry_point = -1;
     n_train_queries = 0;
@@ -1040,7 +1093,7 @@ size_t IndexRoarGraph::memory_bytes() const {
             (anchor_pivots.size() + anchor_lists.size()) * sizeof(int32_t) +
             (anchor_groups.centroids.size() + anchor_groups.sq_norms.size()) * sizeof(float) +
             anchor_groups.offsets.size() * sizeof(size_t) +
-            anchor_groups.members.size() * sizeof(int64_t);
+            anchor_groups.members.size() * sizeof(int64_t) + walk_codes.memory_bytes();
 }
 
 // ---- parameters ----------------------------------------------------------------
@@ -1056,6 +1109,7 @@ std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
     info.push_back({"n_anchors", true, "training queries kept to link decode-time keys (0: none), >= 0"});
     info.push_back({"recent_queries", true, "the last positions of every query head always in the training queries, >= 0"});
     info.push_back({"seed_anchors", false, "the anchors nearest the query whose lists seed the search (0: none), >= 0"});
+    info.push_back({"walk_bits", false, "0: the search scores the stored keys; 8: it walks on 8-bit codes of the keys and scores its beam again on them"});
     info.push_back({"seed", true, "seed of the training sample (with the per-head stream), >= 0"});
     return info;
 }
@@ -1078,6 +1132,16 @@ bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
                 is_count(value) && value <= 1e6,
                 "parameter seed_anchors=%g must be an integer in 0..1000000", value);
         seed_anchors = int(value);
+        return true;
+    }
+    if (name == "walk_bits") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || value == 8,
+                "parameter walk_bits=%g must be 0 (the stored keys) or 8 (8-bit codes)", value);
+        if (int(value) != walk_bits) {
+            walk_bits = int(value);
+            index_codes();
+        }
         return true;
     }
     if (name == "n_hubs") {
@@ -1143,6 +1207,8 @@ bool IndexRoarGraph::get_parameter(const std::string& name, double* value) const
         *value = double(recent_queries);
     } else if (name == "seed_anchors") {
         *value = seed_anchors;
+    } else if (name == "walk_bits") {
+        *value = walk_bits;
     } else {
         return KVIndex::get_parameter(name, value);
     }
@@ -1177,9 +1243,14 @@ void IndexRoarGraph::write_fields(BufferWriter& w) const {
     w.value<int64_t>(recent_queries);
     w.value<int32_t>(seed_anchors);
     w.vector(anchor_lists);
+    // record version 3
+    w.value<int32_t>(walk_bits);
     storage.write(w);
     w.vector(degrees);
     w.vector(neighbors); // the in-degrees are counted from the edges
+    if (walk_bits == 8) {
+        walk_codes.write(w); // the ranges: the codes of appended keys depend on them
+    }
 }
 
 void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
@@ -1209,18 +1280,20 @@ void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
         seed_anchors = 0;
         anchor_lists.clear();
     }
+    walk_bits = version >= 3 ? r.value<int32_t>("walk_bits") : 0;
     FAISS_THROW_IF_NOT_FMT(
             M >= 2 && M <= kMaxM && Nq >= 1 && build_L >= 1 && max_train_queries >= 1 &&
                     efSearch >= 1 && n_train_queries >= 0 && n_hubs >= -1 && n_anchors >= 0 &&
-                    recent_queries >= 0 && seed_anchors >= 0,
+                    recent_queries >= 0 && seed_anchors >= 0 && (walk_bits == 0 || walk_bits == 8),
             "read_index: invalid RoarGraph parameters M=%d Nq=%d build_L=%d efSearch=%d "
-            "recent_queries=%zd seed_anchors=%d",
+            "recent_queries=%zd seed_anchors=%d walk_bits=%d",
             M,
             Nq,
             build_L,
             efSearch,
             size_t(recent_queries),
-            seed_anchors);
+            seed_anchors,
+            walk_bits);
     storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "RoarGraph storage");
     degrees = r.vector<uint16_t>("RoarGraph degrees");
@@ -1228,6 +1301,10 @@ void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
     check_graph(); // before the edges are followed
     count_in_degrees();
     index_anchors();
+    walk_codes.clear();
+    if (walk_bits == 8) {
+        walk_codes.read(r, storage, "RoarGraph key code ranges");
+    }
 }
 
 void IndexRoarGraph::check_graph() const {
@@ -1309,6 +1386,19 @@ void IndexRoarGraph::check_invariants() const {
     }
     FAISS_THROW_IF_NOT_MSG(
             counted == in_degrees, "IndexRoarGraph: in-degrees disagree with the edges");
+    const KeyCodes8& wc = walk_codes;
+    FAISS_THROW_IF_NOT_FMT(
+            walk_bits == 0 ? wc.size() == 0 && wc.vmin.empty()
+                           : walk_bits == 8 && wc.size() == size_t(ntotal) &&
+                            wc.vmin.size() == size_t(d) && wc.step.size() == size_t(d) &&
+                            wc.n_trained <= size_t(ntotal),
+            "IndexRoarGraph: %zd key codes for %zd keys, ranges of %zd dimensions "
+            "(walk_bits=%d, d=%d)",
+            wc.size(),
+            size_t(ntotal),
+            wc.vmin.size(),
+            walk_bits,
+            d);
 }
 
 } // namespace kvindex

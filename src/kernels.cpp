@@ -148,6 +148,17 @@ void inner_products_by_ids(
     f32_kernels().inner_products_by_ids(q, x, d, ids, n, scale, s);
 }
 
+void inner_products_by_ids(
+        const float* q,
+        const uint8_t* codes,
+        size_t d,
+        const int64_t* ids,
+        size_t n,
+        float scale,
+        float* s) {
+    kernels().inner_products_u8_by_ids(q, codes, d, ids, n, scale, s);
+}
+
 float softmax_inplace(float* s, const float* bias, size_t n) {
     return kernels().softmax_inplace(s, bias, n);
 }

@@ -100,6 +100,23 @@ inline vf load(const f16_t* p) {
     return bitcast<vf>(bits | sign);
 #endif
 }
+/// W 8-bit codes (unsigned), widened to floats 0..255.
+inline vf load(const uint8_t* p) {
+#if KVINDEX_SIMD_BYTES == 64
+    // one vpmovzxbd and one vcvtdq2ps
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+    typedef uint8_t vb __attribute__((vector_size(W)));
+    vb b;
+    std::memcpy(&b, p, sizeof(b));
+    return __builtin_convertvector(b, vf);
+#endif
+}
+using kvindex::to_float; // the stored types' (kv_type.h), beside this one
+inline float to_float(uint8_t c) {
+    return float(c);
+}
+
 inline void store(float* p, vf v) {
     std::memcpy(p, &v, sizeof(v));
 }
@@ -486,6 +503,7 @@ constexpr RowKernels row_kernels() {
 const KernelTable table = {
         softmax_inplace,
         {row_kernels<float>(), row_kernels<bf16_t>(), row_kernels<f16_t>()},
+        inner_products_by_ids_t<uint8_t>,
 };
 
 } // namespace KVINDEX_SIMD_NS

@@ -31,6 +31,9 @@ struct RowKernels {
 struct KernelTable {
     float (*softmax_inplace)(float*, const float*, size_t);
     RowKernels rows[kNumKVTypes]; ///< indexed by KVType
+    /// gathered rows of 8-bit codes (KeyCodes8): the RowKernels entry for uint8_t
+    void (*inner_products_u8_by_ids)(
+            const float*, const void*, size_t, const int64_t*, size_t, float, float*);
 };
 
 namespace simd_generic {

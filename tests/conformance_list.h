@@ -74,6 +74,8 @@ inline const ConformanceCase kConformance[] = {
         // every key scored, values read for a sample in proportion to the weights
         {"Weighted", "k=7,seed=5", "k=1000000"},
         {"Sink2,Window8,Hybrid(TopK(Flat),Weighted)", "k=7,sample=5", "k=1000000"},
+        // the graph walked on 8-bit codes of its bfloat16 keys
+        {"BF16,RoarGraph8", "k=7,efSearch=20,walk_bits=8", "k=1000000"},
 };
 
 } // namespace kvtest

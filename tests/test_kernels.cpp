@@ -55,6 +55,33 @@ TEST_P(KernelsTest, InnerProductsMatchReference) {
     }
 }
 
+TEST_P(KernelsTest, CodeInnerProductsMatchReference) {
+    for (size_t d : kDims) {
+        for (size_t n : kCounts) {
+            std::vector<uint8_t> codes(n * d);
+            for (size_t i = 0; i < codes.size(); i++) {
+                codes[i] = uint8_t((i * 2654435761u) >> 24); // every byte value, 0 and 255 too
+            }
+            auto q = gaussian(1, d, 7 + d);
+            std::vector<int64_t> ids(n);
+            for (size_t i = 0; i < n; i++) {
+                ids[i] = int64_t((i * 7919) % n);
+            }
+            std::vector<float> s(n);
+            inner_products_by_ids(q.data(), codes.data(), d, ids.data(), n, 0.5f, s.data());
+            for (size_t i = 0; i < n; i++) {
+                double ref = 0;
+                for (size_t j = 0; j < d; j++) {
+                    ref += double(q[j]) * codes[size_t(ids[i]) * d + j];
+                }
+                // float accumulation over d terms of magnitude ~255
+                double tol = 255 * (1e-5 * std::sqrt(double(d)) + 1e-6);
+                EXPECT_NEAR(s[i], 0.5 * ref, tol) << d << " " << n << " " << i;
+            }
+        }
+    }
+}
+
 TEST_P(KernelsTest, SoftmaxMatchesReferenceAndIsStable) {
     for (size_t n : kCounts) {
         for (float magnitude : {1.0f, 100.0f, 1e4f}) {

@@ -22,6 +22,8 @@
 
 #include <kvindex/IndexRoarGraph.h>
 #include <kvindex/IndexTopK.h>
+#include <kvindex/KeyCodes8.h>
+#include <kvindex/impl/io.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
@@ -849,7 +851,7 @@ TEST(RoarGraph, Parameters) {
         EXPECT_FALSE(p.doc.empty()) << p.name;
     }
     for (const char* n : {"k", "efSearch", "M", "Nq", "build_L", "max_train_queries", "seed",
-                          "recent_queries", "seed_anchors"}) {
+                          "recent_queries", "seed_anchors", "walk_bits"}) {
         EXPECT_TRUE(names.count(n)) << n;
     }
     // bad values throw, naming the knob, and leave it as it was
@@ -1191,6 +1193,222 @@ TEST(RoarGraph, ExactTopkBlockedMatchesReference) {
 }
 
 // ---- 13. bad input and small indexes ---------------------------------------------------
+
+// ---- walking on 8-bit codes (walk_bits = 8) ---------------------------------
+
+TEST(RoarGraph, KeyCodesDecodeWithinHalfAStep) {
+    Data x = make_data(1500, kD, 1, 0, 40, 1210, /*n_extra=*/1600);
+    KVStorage st(kD, kD);
+    st.append(x.n, x.keys.data(), x.values.data());
+    KeyCodes8 c;
+    c.train(st);
+    ASSERT_EQ(c.size(), size_t(x.n));
+    EXPECT_EQ(c.n_trained, size_t(x.n));
+    auto decoded_error = [&](size_t i, size_t j) {
+        return std::fabs(double(c.vmin[j]) + double(c.step[j]) * c.code(i)[j] - x.keys[i * kD + j]);
+    };
+    auto expect_in_half_a_step = [&](size_t i0, size_t i1, const char* what) {
+        for (size_t i = i0; i < i1; i++) {
+            for (size_t j = 0; j < size_t(kD); j++) {
+                // half a step, and the float rounding of x - vmin and of its quotient
+                ASSERT_LE(decoded_error(i, j), c.step[j] * (0.5 + 1e-4) + 1e-6)
+                        << what << " key " << i << " dim " << j;
+            }
+        }
+    };
+    expect_in_half_a_step(0, size_t(x.n), "prompt");
+    // the codes' scores are within the stated bound of the exact ones
+    std::vector<int64_t> ids(size_t(x.n));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::vector<float> qs(kD), sc(size_t(x.n));
+    for (idx_t t = 0; t < x.n_test; t++) {
+        const float* q = x.test.data() + t * kD;
+        float base = c.prepare(q, qs.data());
+        c.scores(qs.data(), base, ids.data(), ids.size(), sc.data());
+        double bound = c.score_bound(q);
+        std::vector<double> ref = ref_scores(q, x.keys.data(), kD, x.n);
+        for (idx_t i = 0; i < x.n; i++) {
+            ASSERT_LE(std::fabs(sc[i] - ref[i]), bound * (1 + 1e-3) + 1e-3) << "query " << t << " key " << i;
+        }
+    }
+    // appended keys: the same ranges, out-of-range values clamped to 0 or 255
+    std::vector<uint8_t> before = c.codes;
+    std::vector<float> far(2 * kD, 0.0f);
+    far[0] = c.vmin[0] - 100;  // below the range
+    far[kD + 1] = c.vmin[1] + c.step[1] * 255 + 100; // above
+    st.append(2, far.data(), far.data());
+    c.append(st);
+    ASSERT_EQ(c.size(), size_t(x.n) + 2);
+    EXPECT_EQ(c.n_trained, size_t(x.n)) << "not retrained: the keys did not double";
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), c.codes.begin()));
+    EXPECT_EQ(c.code(size_t(x.n))[0], 0);
+    EXPECT_EQ(c.code(size_t(x.n) + 1)[1], 255);
+    c.truncate(size_t(x.n));
+    st.truncate(x.n);
+    EXPECT_EQ(c.codes, before);
+    // past twice the keys trained on, the ranges are taken again from all
+    st.append(x.n_extra, x.keys.data() + x.n * kD, x.values.data() + x.n * kD);
+    c.append(st);
+    EXPECT_EQ(c.n_trained, size_t(x.n_all()));
+    ASSERT_EQ(c.size(), size_t(x.n_all()));
+    expect_in_half_a_step(0, size_t(x.n_all()), "retrained");
+    // io: the ranges; the codes follow from them
+    std::vector<uint8_t> buf;
+    BufferWriter w(&buf);
+    c.write(w);
+    KeyCodes8 r;
+    BufferReader rd(buf.data(), buf.size());
+    r.read(rd, st, "codes");
+    EXPECT_EQ(r.codes, c.codes);
+    EXPECT_EQ(r.n_trained, c.n_trained);
+    KVStorage other(kD + 1, kD);
+    BufferReader rd2(buf.data(), buf.size());
+    EXPECT_THROW_MSG(r.read(rd2, other, "codes"), "codes");
+    KeyCodes8 bad = c;
+    bad.step[3] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<uint8_t> buf2;
+    BufferWriter w2(&buf2);
+    bad.write(w2);
+    BufferReader rd3(buf2.data(), buf2.size());
+    EXPECT_THROW_MSG(r.read(rd3, st, "codes"), "codes");
+    BufferReader rd4(buf.data(), buf.size() - 3); // truncated
+    EXPECT_THROW(r.read(rd4, st, "codes"), faiss::FaissException);
+}
+
+TEST(RoarGraph, WalkOnCodesIsExactAtFullBeamAndReadsAQuarter) {
+    Data x = make_data(2500, kD, 2, 2500, 60, 1220);
+    auto g = built(x, "walk_bits=8");
+    ASSERT_EQ(g->walk_codes.size(), size_t(x.n));
+    EXPECT_NO_THROW(g->check_invariants());
+    for (idx_t k : {1, 10, 100}) {
+        std::vector<float> dist;
+        std::vector<idx_t> labels;
+        search_all(*g, x, k, int(x.n), dist, labels);
+        for (idx_t i = 0; i < x.n_test; i++) {
+            // every key is in the beam, scored again on its stored row
+            expect_exact_topk(x.test.data() + i * x.d, x.keys.data(), x.d, x.n, k,
+                              dist.data() + i * k, labels.data() + i * k,
+                              "k=" + std::to_string(k) + " query " + std::to_string(i));
+        }
+        std::vector<float> d1(k);
+        std::vector<idx_t> l1(k);
+        size_t scanned = g->beam_search(x.test.data(), k, int(x.n), d1.data(), l1.data());
+        // n codes of a quarter of a float32 key, then the n keys of the beam
+        EXPECT_EQ(scanned, size_t(x.n) + (size_t(x.n) + 3) / 4 + g->anchors_scored(x.test.data()));
+    }
+    EXPECT_EQ(g->keys_read(10, 7), 10u + 2u); // 7 codes of d bytes: 1.75 keys of 4d, rounded up
+}
+
+TEST(RoarGraph, WalkOnCodesKeepsRecallAndReadsLess) {
+    Data x = make_data(3000, kD, 2, 3000, 200, 1230);
+    auto g = built(x);
+    idx_t k = 10;
+    std::vector<std::vector<double>> s(x.n_test);
+    std::vector<std::vector<idx_t>> ref(x.n_test);
+    for (idx_t i = 0; i < x.n_test; i++) {
+        s[i] = ref_scores(x.test.data() + i * kD, x.keys.data(), kD, x.n);
+        ref[i] = kvtest::ref_topk(x.test.data() + i * kD, x.keys.data(), kD, x.n, k);
+    }
+    auto measure = [&](int ef, double* read) {
+        std::vector<float> dist;
+        std::vector<idx_t> labels;
+        search_all(*g, x, k, ef, dist, labels);
+        double recall = 0;
+        *read = 0;
+        std::vector<float> d1(k);
+        std::vector<idx_t> l1(k);
+        for (idx_t i = 0; i < x.n_test; i++) {
+            recall += recall_of(labels.data() + i * k, k, s[i], ref[i]);
+            *read += double(g->beam_search(x.test.data() + i * kD, k, ef, d1.data(), l1.data()));
+        }
+        return recall / double(x.n_test);
+    };
+    std::vector<int> efs = {int(k), int(4 * k), int(8 * k)};
+    std::vector<double> stored(efs.size()), stored_read(efs.size());
+    for (size_t e = 0; e < efs.size(); e++) {
+        stored[e] = measure(efs[e], &stored_read[e]);
+    }
+    set_index_parameters(g.get(), "walk_bits=8"); // codes made for the keys there
+    ASSERT_EQ(g->walk_codes.size(), size_t(x.n));
+    double prev = 0;
+    for (size_t e = 0; e < efs.size(); e++) {
+        double read;
+        double coded = measure(efs[e], &read);
+        std::printf("[ RoarGraph ] efSearch %d: recall@%d %.4f on the keys (%.0f read), %.4f on codes (%.0f)\n",
+                    efs[e], int(k), stored[e], stored_read[e] / x.n_test, coded, read / x.n_test);
+        // the codes move a score by at most half a step per dimension: the
+        // walk takes nearly the same path, and the answer is rescored
+        EXPECT_GE(coded, stored[e] - 0.02) << "efSearch " << efs[e];
+        EXPECT_LT(read, 0.5 * stored_read[e]) << "efSearch " << efs[e];
+        EXPECT_GE(coded, prev) << "efSearch " << efs[e];
+        prev = coded;
+    }
+    EXPECT_GE(prev, 0.9);
+    // back to the stored keys: the codes are dropped, the answers as before
+    set_index_parameters(g.get(), "walk_bits=0");
+    EXPECT_EQ(g->walk_codes.size(), 0u);
+    double read;
+    EXPECT_EQ(measure(efs[0], &read), stored[0]);
+}
+
+TEST(RoarGraph, WalkOnCodesRoundTripsWithAppends) {
+    Data x = make_data(1500, kD, 2, 1500, 30, 1240, /*n_extra=*/1700);
+    auto g = built(x, "walk_bits=8,efSearch=40");
+    EXPECT_EQ(get_index_parameter(g.get(), "walk_bits"), 8.0);
+    g->add_kv(50, x.keys.data() + x.n * kD, x.values.data() + x.n * kD);
+    EXPECT_NO_THROW(g->check_invariants());
+    std::vector<uint8_t> buf;
+    write_index(g.get(), &buf);
+    auto copy = read_index(buf);
+    auto* c = dynamic_cast<IndexRoarGraph*>(copy.get());
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->walk_bits, 8);
+    EXPECT_EQ(c->walk_codes.codes, g->walk_codes.codes) << "the appended keys' codes use the prefill's ranges";
+    auto same_answers = [&](const std::string& what) {
+        idx_t nq = x.n_test, k = 10;
+        std::vector<float> d1(nq * k), d2(nq * k);
+        std::vector<idx_t> i1(nq * k), i2(nq * k);
+        g->search(nq, x.test.data(), k, d1.data(), i1.data());
+        c->search(nq, x.test.data(), k, d2.data(), i2.data());
+        EXPECT_EQ(i1, i2) << what;
+        EXPECT_EQ(d1, d2) << what;
+    };
+    same_answers("read back");
+    // appends past twice the prompt retrain the ranges on both alike
+    for (idx_t i = x.n + 50; i < x.n_all(); i += 550) {
+        idx_t m = std::min<idx_t>(550, x.n_all() - i);
+        g->add_kv(m, x.keys.data() + i * kD, x.values.data() + i * kD);
+        c->add_kv(m, x.keys.data() + i * kD, x.values.data() + i * kD);
+    }
+    EXPECT_EQ(g->walk_codes.n_trained, size_t(x.n_all()));
+    EXPECT_EQ(c->walk_codes.codes, g->walk_codes.codes);
+    EXPECT_NO_THROW(c->check_invariants());
+    same_answers("after appends");
+    std::vector<uint8_t> b1, b2;
+    write_index(g.get(), &b1);
+    write_index(c, &b2);
+    EXPECT_EQ(b1, b2);
+    // forged: ranges of another dimension, or a walk_bits the reader refuses
+    auto forged = [&](const char* what, auto&& change) {
+        SCOPED_TRACE(what);
+        auto again = read_index(b1);
+        auto* f = dynamic_cast<IndexRoarGraph*>(again.get());
+        change(*f);
+        EXPECT_THROW(f->check_invariants(), faiss::FaissException);
+        std::vector<uint8_t> out;
+        write_index(f, &out);
+        EXPECT_THROW(read_index(out), faiss::FaissException);
+    };
+    forged("code ranges of d - 1", [](IndexRoarGraph& f) {
+        f.walk_codes.vmin.pop_back();
+        f.walk_codes.step.pop_back();
+    });
+    forged("walk_bits = 4", [](IndexRoarGraph& f) { f.walk_bits = 4; });
+    // the knob: 0 or 8, nothing else
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "walk_bits=4"), "walk_bits");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "walk_bits=-8"), "walk_bits");
+    EXPECT_EQ(g->walk_bits, 8);
+}
 
 TEST(RoarGraph, BadInputAndPadding) {
     Data x = make_data(50, kD, 2, 50, 3, 1500);

@@ -44,6 +44,17 @@ void inner_products_by_ids(
         float scale,
         float* s);
 
+/** s[i] = scale * <q, c_{ids[i]}>, gathered rows of 8-bit codes (stride
+ * d), each code read as the float 0..255 (KeyCodes8 scores keys by it). */
+void inner_products_by_ids(
+        const float* q,
+        const uint8_t* codes,
+        size_t d,
+        const int64_t* ids,
+        size_t n,
+        float scale,
+        float* s);
+
 /** In place s[i] <- exp(s[i] - bias[i] - m) / Z with m the max, Z the sum;
  * bias may be nullptr (0). Returns log sum_i exp(s[i] - bias[i]),
  * -infinity when n == 0.

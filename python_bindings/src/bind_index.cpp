@@ -491,8 +491,10 @@ rule, reverse edges), links the keys no query list reached, and keeps every
 key reachable; decode-time tokens are linked as they arrive. search / attend
 walk it best-first with a beam of max(efSearch, k), seeded with the exact
 lists of the prompt queries nearest the query, and attend exactly over the k
-keys found. Compose with the static part: "Sink128,Window512,RoarGraph32".
-Factory string: "RoarGraph<M>". Knobs: k, efSearch, seed_anchors;
+keys found. walk_bits=8 walks on 8-bit codes of the keys (a quarter of
+float32's bytes) and scores the whole beam again on the stored keys.
+Compose with the static part: "Sink128,Window512,RoarGraph32".
+Factory string: "RoarGraph<M>". Knobs: k, efSearch, seed_anchors, walk_bits;
 prefill-time: M, Nq, build_L, max_train_queries, recent_queries, n_hubs,
 n_anchors, seed.)doc")
             .def(py::init([](int d, int M, py::object d_value, const std::string& kv_type) {
@@ -504,6 +506,8 @@ n_anchors, seed.)doc")
             .def_readonly("Nq", &kvindex::IndexRoarGraph::Nq, "exact neighbours per training query")
             .def_readonly("build_L", &kvindex::IndexRoarGraph::build_L, "beam of the linking searches")
             .def_readonly("efSearch", &kvindex::IndexRoarGraph::efSearch, "beam of the searches")
+            .def_readonly("walk_bits", &kvindex::IndexRoarGraph::walk_bits,
+                          "0: the walk scores the stored keys; 8: their 8-bit codes")
             .def_readonly("max_train_queries", &kvindex::IndexRoarGraph::max_train_queries,
                           "training queries at most")
             .def_readonly("n_train_queries", &kvindex::IndexRoarGraph::n_train_queries,
