@@ -293,26 +293,36 @@ TEST(RoarGraph, BeamOfAllKeysIsExact) {
         auto g = built(x);
         ASSERT_EQ(g->ntotal, x.n);
         ASSERT_EQ(bfs_reachable(*g), x.n); // the premise: a connected graph
-        for (idx_t k : {1, 10, 100}) {
-            std::vector<float> dist;
-            std::vector<idx_t> labels;
-            search_all(*g, x, k, int(x.n), dist, labels);
-            for (idx_t i = 0; i < x.n_test; i++) {
-                expect_exact_topk(x.test.data() + i * x.d, x.keys.data(), x.d, x.n, k,
-                                  dist.data() + i * k, labels.data() + i * k,
-                                  "k=" + std::to_string(k) + " query " + std::to_string(i));
+        // walking on the stored keys, then on 8-bit codes: every key is in
+        // the beam, and with codes the beam is scored again on the keys
+        for (int bits : {0, 8}) {
+            set_index_parameters(g.get(), "walk_bits=" + std::to_string(bits));
+            ASSERT_EQ(g->walk_codes.size(), bits ? size_t(x.n) : 0u);
+            for (idx_t k : {1, 10, 100}) {
+                SCOPED_TRACE("walk_bits=" + std::to_string(bits) + " k=" + std::to_string(k));
+                std::vector<float> dist;
+                std::vector<idx_t> labels;
+                search_all(*g, x, k, int(x.n), dist, labels);
+                for (idx_t i = 0; i < x.n_test; i++) {
+                    expect_exact_topk(x.test.data() + i * x.d, x.keys.data(), x.d, x.n, k,
+                                      dist.data() + i * k, labels.data() + i * k,
+                                      "query " + std::to_string(i));
+                }
+                // beam_search itself, one query: every key scored, and the
+                // anchors; with codes n codes of a quarter of a float32 key first
+                std::vector<float> d1(k);
+                std::vector<idx_t> l1(k);
+                size_t scanned = g->beam_search(x.test.data(), k, int(x.n), d1.data(), l1.data());
+                EXPECT_GT(g->anchors_scored(x.test.data()), 0u) << "the seeds are part of the exact search";
+                size_t codes = bits ? (size_t(x.n) + 3) / 4 : 0;
+                EXPECT_EQ(scanned, size_t(x.n) + codes + g->anchors_scored(x.test.data()));
+                EXPECT_TRUE(std::equal(l1.begin(), l1.end(), labels.begin()));
+                EXPECT_TRUE(std::equal(d1.begin(), d1.end(), dist.begin()));
             }
-            // beam_search itself, one query: every key scored
-            std::vector<float> d1(k);
-            std::vector<idx_t> l1(k);
-            size_t scanned = g->beam_search(x.test.data(), k, int(x.n), d1.data(), l1.data());
-            EXPECT_GT(g->anchors_scored(x.test.data()), 0u) << "the seeds are part of the exact search";
-            EXPECT_EQ(scanned, size_t(x.n) + g->anchors_scored(x.test.data()))
-                    << "every key, and the anchors";
-            EXPECT_TRUE(std::equal(l1.begin(), l1.end(), labels.begin()));
-            EXPECT_TRUE(std::equal(d1.begin(), d1.end(), dist.begin()));
         }
     }
+    auto g = roar(kD);
+    EXPECT_EQ(g->keys_read(10, 7), 10u + 2u); // 7 codes of d bytes: 1.75 keys of 4d, rounded up
 }
 
 // ---- 2. recall grows with the beam ------------------------------------------
@@ -1273,30 +1283,6 @@ TEST(RoarGraph, KeyCodesDecodeWithinHalfAStep) {
     EXPECT_THROW_MSG(r.read(rd3, st, "codes"), "codes");
     BufferReader rd4(buf.data(), buf.size() - 3); // truncated
     EXPECT_THROW(r.read(rd4, st, "codes"), faiss::FaissException);
-}
-
-TEST(RoarGraph, WalkOnCodesIsExactAtFullBeamAndReadsAQuarter) {
-    Data x = make_data(2500, kD, 2, 2500, 60, 1220);
-    auto g = built(x, "walk_bits=8");
-    ASSERT_EQ(g->walk_codes.size(), size_t(x.n));
-    EXPECT_NO_THROW(g->check_invariants());
-    for (idx_t k : {1, 10, 100}) {
-        std::vector<float> dist;
-        std::vector<idx_t> labels;
-        search_all(*g, x, k, int(x.n), dist, labels);
-        for (idx_t i = 0; i < x.n_test; i++) {
-            // every key is in the beam, scored again on its stored row
-            expect_exact_topk(x.test.data() + i * x.d, x.keys.data(), x.d, x.n, k,
-                              dist.data() + i * k, labels.data() + i * k,
-                              "k=" + std::to_string(k) + " query " + std::to_string(i));
-        }
-        std::vector<float> d1(k);
-        std::vector<idx_t> l1(k);
-        size_t scanned = g->beam_search(x.test.data(), k, int(x.n), d1.data(), l1.data());
-        // n codes of a quarter of a float32 key, then the n keys of the beam
-        EXPECT_EQ(scanned, size_t(x.n) + (size_t(x.n) + 3) / 4 + g->anchors_scored(x.test.data()));
-    }
-    EXPECT_EQ(g->keys_read(10, 7), 10u + 2u); // 7 codes of d bytes: 1.75 keys of 4d, rounded up
 }
 
 TEST(RoarGraph, WalkOnCodesKeepsRecallAndReadsLess) {

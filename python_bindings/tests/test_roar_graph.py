@@ -71,3 +71,22 @@ def test_appends_stay_reachable_and_m_is_refused_after_prefill():
     assert index.count_reachable() == 1200
     with pytest.raises(RuntimeError, match="prefill-time"):
         kvindex.set_index_parameters(index, "M=16")
+
+
+def test_walk_on_codes_is_exact_at_full_beam_and_reads_less():
+    keys, values, queries, test = ood_prompt()
+    index = kvindex.index_factory(keys.shape[1], "RoarGraph8")
+    index.prefill(keys, values, queries=queries)
+    n, k = keys.shape[0], 10
+    before = [s.n_scanned for s in index.select(test, params={"efSearch": 40, "k": k})]
+    kvindex.set_index_parameters(index, "walk_bits=8")
+    assert index.walk_bits == 8
+    # every key in the beam, scored again on the stored keys: exact
+    _, exact = index.search(test, k, params={"efSearch": n})
+    np.testing.assert_array_equal(exact, numpy_topk(test, keys, k))
+    after = [s.n_scanned for s in index.select(test, params={"efSearch": 40, "k": k})]
+    # a code is a quarter of a float32 key's bytes; the 40 keys of the beam
+    # are read again: about the same walk reads well under 60%
+    assert sum(after) < 0.6 * sum(before)
+    with pytest.raises(RuntimeError, match="walk_bits"):
+        kvindex.set_index_parameters(index, "walk_bits=4")
