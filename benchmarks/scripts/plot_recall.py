@@ -2,7 +2,7 @@
 """Recall@k vs keys read, from bench_recall or kvbench JSON files.
 
     .venv/bin/python benchmarks/scripts/plot_recall.py OUT.png run.json [run2.json ...] \
-        [--reference NAME=FILE]
+        [--reference NAME=FILE] [--drop FILE:INDEX]
 
 One line per index of each file (its sweep of efSearch / nprobe; single
 points for indexes without a sweep). bench_recall files: x = keys the
@@ -12,7 +12,8 @@ one index string per point, "STRING|knobs" grouped by STRING): x =
 kvbench's touched fraction (vectors read, retrieval and attention, over
 2(p + 1)), y = recall@k. --reference adds a line from a text file of
 "scanned_percent recall" rows (e.g. the official RoarGraph build measured
-on the same keys and queries).
+on the same keys and queries). --drop leaves out the line of one index
+of one file (an older curve of an index a newer file measures again).
 """
 import json
 import sys
@@ -25,12 +26,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main(argv):
-    refs, paths = [], []
+    refs, paths, drops = [], [], set()
     args = iter(argv[1:])
     for a in args:
         if a == "--reference":
             name, path = next(args).split("=", 1)
             refs.append((name, path))
+        elif a == "--drop":
+            drops.add(tuple(next(args).split(":", 1)))
         else:
             paths.append(a)
     if len(paths) < 2:
@@ -56,6 +59,8 @@ def main(argv):
                 lines.setdefault(p["index"], []).append((100 * p["scanned"], p["recall"]))
             suffix = f" ({run['tokens'] // 1024}k)" if len(runs) > 1 else ""
         for name, pts in lines.items():
+            if (path, name) in drops:
+                continue
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
                     label=name + suffix)
