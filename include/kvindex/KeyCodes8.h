@@ -17,10 +17,12 @@ namespace kvindex {
  * Key x is coded c_j = round((x_j - vmin_j) / step_j), clamped to 0..255,
  * and read back as vmin_j + step_j c_j: within step_j / 2 of x_j for
  * every value inside the range, so a score is within
- * sum_j |q_j| step_j / 2 of <q, x> (score_bound). Derived from the keys,
- * never written: the ranges are those of the keys when they were last
- * trained, and the keys appended later are clamped to them until the
- * keys have doubled and the codes are trained again (append). */
+ * sum_j |q_j| step_j / 2 of <q, x> (score_bound). The ranges are those of
+ * the keys when they were last trained; the keys appended later are
+ * clamped to them until the keys have doubled and the codes are trained
+ * again (append). The codes are derived from the keys and never written;
+ * the ranges are (write), so that a copy read back codes the keys, the
+ * appended ones too, as the original did. */
 struct KeyCodes8 {
     size_t d = 0;
     std::vector<float> vmin;     ///< size d: lowest value of each dimension
