@@ -18,6 +18,7 @@ fi
   --index "Sink4,Window64,TopK(IVF128,Flat)" \
   --index "Sink4,Window64,LSHSample10x150" \
   --index "RoarGraph32" \
+  --index "RoarGraph32|walk_bits=8" \
   --index "Sink128,Window512,RoarGraph32" \
   --index ProxyEvict20 \
   --index Weighted \
