@@ -167,6 +167,18 @@ void expect_exact_topk(
 
 /** recall@k of labels against the reference, counting as found any id whose
  * reference score reaches the k-th best (within 1e-6 relative: ties). */
+/// For every test query of x: its reference scores over the prompt keys
+/// and their top-k (s, ref: one row per test query).
+void test_truth(const Data& x, idx_t k, std::vector<std::vector<double>>& s,
+                std::vector<std::vector<idx_t>>& ref) {
+    s.assign(x.n_test, {});
+    ref.assign(x.n_test, {});
+    for (idx_t i = 0; i < x.n_test; i++) {
+        s[i] = ref_scores(x.test.data() + i * x.d, x.keys.data(), x.d, x.n);
+        ref[i] = kvtest::ref_topk(x.test.data() + i * x.d, x.keys.data(), x.d, x.n, k);
+    }
+}
+
 double recall_of(const idx_t* labels, idx_t k, const std::vector<double>& s, const std::vector<idx_t>& ref) {
     double thr = s[ref.back()], tol = 1e-6 * std::max(1.0, std::fabs(thr));
     std::set<idx_t> seen;
@@ -331,12 +343,9 @@ TEST(RoarGraph, RecallNonDecreasingInEfSearchAndOneAtFullBeam) {
     Data x = make_data(3000, kD, 2, 3000, 200, 200);
     auto g = built(x);
     idx_t k = 10;
-    std::vector<std::vector<double>> s(x.n_test);
-    std::vector<std::vector<idx_t>> ref(x.n_test);
-    for (idx_t i = 0; i < x.n_test; i++) {
-        s[i] = ref_scores(x.test.data() + i * kD, x.keys.data(), kD, x.n);
-        ref[i] = kvtest::ref_topk(x.test.data() + i * kD, x.keys.data(), kD, x.n, k);
-    }
+    std::vector<std::vector<double>> s;
+    std::vector<std::vector<idx_t>> ref;
+    test_truth(x, k, s, ref);
     std::vector<int> efs = {int(k), int(2 * k), int(4 * k), int(8 * k), int(x.n)};
     std::vector<double> mean(efs.size(), 0.0);
     std::vector<std::vector<double>> per(efs.size(), std::vector<double>(x.n_test));
@@ -1289,12 +1298,9 @@ TEST(RoarGraph, WalkOnCodesKeepsRecallAndReadsLess) {
     Data x = make_data(3000, kD, 2, 3000, 200, 1230);
     auto g = built(x);
     idx_t k = 10;
-    std::vector<std::vector<double>> s(x.n_test);
-    std::vector<std::vector<idx_t>> ref(x.n_test);
-    for (idx_t i = 0; i < x.n_test; i++) {
-        s[i] = ref_scores(x.test.data() + i * kD, x.keys.data(), kD, x.n);
-        ref[i] = kvtest::ref_topk(x.test.data() + i * kD, x.keys.data(), kD, x.n, k);
-    }
+    std::vector<std::vector<double>> s;
+    std::vector<std::vector<idx_t>> ref;
+    test_truth(x, k, s, ref);
     auto measure = [&](int ef, double* read) {
         std::vector<float> dist;
         std::vector<idx_t> labels;
