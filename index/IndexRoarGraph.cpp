@@ -93,14 +93,18 @@ BeamScratch& beam_scratch() {
     return s;
 }
 
-inline void prefetch_key_rows(const KVRows& rows, const int64_t* ids, size_t n) {
-    size_t bytes = rows.row_bytes();
+/// Prefetches every cache line of rows ids[0, n) of `row_bytes` bytes from base.
+inline void prefetch_rows_by_ids(const void* base, size_t row_bytes, const int64_t* ids, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        const char* p = static_cast<const char*>(rows.from(size_t(ids[i])).data);
-        for (size_t off = 0; off < bytes; off += 64) {
+        const char* p = static_cast<const char*>(base) + size_t(ids[i]) * row_bytes;
+        for (size_t off = 0; off < row_bytes; off += 64) {
             __builtin_prefetch(p + off);
         }
     }
+}
+
+inline void prefetch_key_rows(const KVRows& rows, const int64_t* ids, size_t n) {
+    prefetch_rows_by_ids(rows.data, rows.row_bytes(), ids, n);
 }
 
 } // namespace
@@ -331,12 +335,7 @@ struct CodeScore {
     const float* qs;
     float base;
     void operator()(const int64_t* ids, size_t m, float* out) const {
-        for (size_t i = 0; i < m; i++) {
-            const char* p = reinterpret_cast<const char*>(codes.code(size_t(ids[i])));
-            for (size_t off = 0; off < codes.d; off += 64) {
-                __builtin_prefetch(p + off);
-            }
-        }
+        prefetch_rows_by_ids(codes.codes.data(), codes.d, ids, m); // d bytes a code
         codes.scores(qs, base, ids, m, out);
     }
 };

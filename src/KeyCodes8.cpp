@@ -15,22 +15,20 @@ namespace kvindex {
 void KeyCodes8::train(const KVStorage& keys) {
     d = keys.d;
     size_t n = size_t(keys.size());
-    vmin.assign(d, 0.0f);
+    vmin.assign(d, 0.0f); // no keys: range [0, 0]
     step.assign(d, 0.0f);
-    std::vector<float> vmax(d, std::numeric_limits<float>::lowest());
-    std::fill(vmin.begin(), vmin.end(), std::numeric_limits<float>::max());
-    std::vector<float> x(d);
-    for (size_t i = 0; i < n; i++) {
-        keys.key(idx_t(i), x.data());
-        for (size_t j = 0; j < d; j++) {
-            vmin[j] = std::min(vmin[j], x[j]);
-            vmax[j] = std::max(vmax[j], x[j]);
+    if (n > 0) {
+        std::vector<float> vmax(d, std::numeric_limits<float>::lowest());
+        std::fill(vmin.begin(), vmin.end(), std::numeric_limits<float>::max());
+        std::vector<float> x(d);
+        for (size_t i = 0; i < n; i++) {
+            keys.key(idx_t(i), x.data());
+            for (size_t j = 0; j < d; j++) {
+                vmin[j] = std::min(vmin[j], x[j]);
+                vmax[j] = std::max(vmax[j], x[j]);
+            }
         }
-    }
-    for (size_t j = 0; j < d; j++) {
-        if (n == 0) {
-            vmin[j] = 0;
-        } else {
+        for (size_t j = 0; j < d; j++) {
             step[j] = (vmax[j] - vmin[j]) / 255.0f;
         }
     }

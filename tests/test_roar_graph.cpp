@@ -22,9 +22,9 @@
 
 #include <kvindex/IndexRoarGraph.h>
 #include <kvindex/IndexTopK.h>
+#include <kvindex/IndexSinkWindow.h>
 #include <kvindex/KeyCodes8.h>
 #include <kvindex/impl/io.h>
-#include <kvindex/IndexSinkWindow.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
@@ -165,8 +165,6 @@ void expect_exact_topk(
     }
 }
 
-/** recall@k of labels against the reference, counting as found any id whose
- * reference score reaches the k-th best (within 1e-6 relative: ties). */
 /// For every test query of x: its reference scores over the prompt keys
 /// and their top-k (s, ref: one row per test query).
 void test_truth(const Data& x, idx_t k, std::vector<std::vector<double>>& s,
@@ -179,6 +177,8 @@ void test_truth(const Data& x, idx_t k, std::vector<std::vector<double>>& s,
     }
 }
 
+/** recall@k of labels against the reference, counting as found any id whose
+ * reference score reaches the k-th best (within 1e-6 relative: ties). */
 double recall_of(const idx_t* labels, idx_t k, const std::vector<double>& s, const std::vector<idx_t>& ref) {
     double thr = s[ref.back()], tol = 1e-6 * std::max(1.0, std::fabs(thr));
     std::set<idx_t> seen;
@@ -1211,8 +1211,6 @@ TEST(RoarGraph, ExactTopkBlockedMatchesReference) {
     }
 }
 
-// ---- 13. bad input and small indexes ---------------------------------------------------
-
 // ---- walking on 8-bit codes (walk_bits = 8) ---------------------------------
 
 TEST(RoarGraph, KeyCodesDecodeWithinHalfAStep) {
@@ -1401,6 +1399,8 @@ TEST(RoarGraph, WalkOnCodesRoundTripsWithAppends) {
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "walk_bits=-8"), "walk_bits");
     EXPECT_EQ(g->walk_bits, 8);
 }
+
+// ---- 13. bad input and small indexes ---------------------------------------------------
 
 TEST(RoarGraph, BadInputAndPadding) {
     Data x = make_data(50, kD, 2, 50, 3, 1500);
