@@ -25,6 +25,7 @@ namespace {
 
 constexpr int kMaxM = 512;          // degree bound 2M fits the uint16 degrees
 constexpr idx_t kLinkBatch = 1024;  // keys searched in parallel per link step
+constexpr int64_t kMaxBeam = 1000000000; // efSearch's range
 constexpr int kMaxRepairRounds = 16;
 constexpr idx_t kCheckEvery = 1024; // appended tokens between reachability checks
 constexpr idx_t kKeysPerHub = 256;  // default hubs: 1 per 256 prompt keys
@@ -231,6 +232,7 @@ void IndexRoarGraph::add_kv_impl(idx_t n, const float* keys, const float* values
         if (lost || n > kLinkBatch || (n0 + n) / kCheckEvery != n0 / kCheckEvery) {
             repair_reachability();
         }
+        update_anchor_lists(n0);
     } catch (...) {
         drop_tokens_from(n0);
         throw;
@@ -436,12 +438,29 @@ void AnchorGroups::build(const float* anchors, size_t na, size_t dim, size_t n_g
     }
 }
 
-size_t IndexRoarGraph::anchor_pool() const {
+size_t IndexRoarGraph::learned_anchors() const {
+    return decode_anchors > 0 ? size_t(std::min<idx_t>(n_learned, decode_anchors)) : 0;
+}
+
+size_t IndexRoarGraph::anchor_list_width() const {
     size_t na = anchor_pivots.size();
+    return na > 0 ? anchor_lists.size() / na : size_t(Nq);
+}
+
+size_t IndexRoarGraph::anchor_pool() const {
+    size_t na = prompt_anchors();
     if (seed_anchors <= 0 || na == 0 || anchor_lists.empty()) {
         return 0; // off, or read from a record without the lists
     }
     return std::min(na, size_t(std::max<idx_t>(seed_anchors, ntotal / kKeysPerSeedAnchor)));
+}
+
+size_t IndexRoarGraph::recent_anchors_scored() const {
+    if (seed_anchors <= 0) {
+        return 0;
+    }
+    return std::min(learned_anchors(),
+                    size_t(std::max<idx_t>(seed_anchors, ntotal / kKeysPerSeedAnchor)));
 }
 
 bool IndexRoarGraph::seeds_by_group() const {
@@ -449,7 +468,7 @@ bool IndexRoarGraph::seeds_by_group() const {
     if (G == 0) {
         return false;
     }
-    size_t probed = std::min(G, kAnchorGroupsProbed) * anchor_pivots.size() / G;
+    size_t probed = std::min(G, kAnchorGroupsProbed) * prompt_anchors() / G;
     return G + probed < anchor_pool();
 }
 
@@ -460,15 +479,17 @@ size_t IndexRoarGraph::anchors_scored(const float* q) const {
 
 size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds) const {
     seeds.clear();
-    size_t pool = anchor_pool();
-    if (pool == 0) {
+    size_t pool = anchor_pool(), recent = recent_anchors_scored();
+    if (pool == 0 && recent == 0) {
         return 0;
     }
     BeamScratch& s = beam_scratch();
-    size_t na = anchor_pivots.size();
+    size_t na = prompt_anchors();
     size_t scored = 0;
     s.anchor_ids.clear();
-    if (seeds_by_group()) {
+    if (pool == 0) {
+        // the prompt left no anchors: the learned ones alone
+    } else if (seeds_by_group()) {
         // the members of the groups whose centroids are nearest q
         const AnchorGroups& ag = anchor_groups;
         size_t G = ag.n_groups();
@@ -493,11 +514,16 @@ size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds)
             s.anchor_ids.push_back(int64_t(a * na / pool));
         }
     }
+    // the most recent decode queries, newest first
+    for (size_t t = 0; t < recent; t++) {
+        size_t slot = size_t((n_learned - 1 - idx_t(t)) % decode_anchors);
+        s.anchor_ids.push_back(int64_t(na + slot));
+    }
     scored += s.anchor_ids.size();
     s.nearest.clear();
     add_l2_scores(q, anchor_queries.data(), anchor_sq_norms.data(), size_t(d), s.anchor_ids,
                   s.anchor_scores, s.nearest);
-    size_t width = anchor_lists.size() / na; // Nq of the build
+    size_t width = anchor_list_width();
     size_t take = std::min({s.nearest.size(), size_t(seed_anchors),
                             size_t(std::max<idx_t>(1, ntotal / kKeysPerSeedList))});
     std::partial_sort(s.nearest.begin(), s.nearest.begin() + take, s.nearest.end());
@@ -1028,9 +1054,12 @@ void IndexRoarGraph::index_anchors() {
         anchor_sq_norms[a] = 0;
         inner_products_scaled(x, KVRows(x, size_t(d)), 1, 1.0f, &anchor_sq_norms[a]);
     }
-    // sqrt(na) groups: the centroids and the groups probed cost about the same
-    anchor_groups.build(anchor_queries.data(), na, size_t(d),
-                        size_t(std::lround(std::sqrt(double(na)))));
+    // the prompt's anchors in sqrt(np) groups (the centroids and the groups
+    // probed cost about the same); the learned ones change every step and
+    // are scored apart
+    size_t np = prompt_anchors();
+    anchor_groups.build(anchor_queries.data(), np, size_t(d),
+                        size_t(std::lround(std::sqrt(double(np)))));
 }
 
 void IndexRoarGraph::index_codes() {
@@ -1062,6 +1091,93 @@ std::vector<int32_t> IndexRoarGraph::anchor_pivots_of(const float* key, idx_t x)
     return out;
 }
 
+void IndexRoarGraph::update_anchor_lists(idx_t n0) {
+    size_t na = anchor_pivots.size(), width = anchor_list_width();
+    if (na == 0 || width == 0) {
+        return;
+    }
+    // everything allocated first: a failure leaves the lists as they were
+    std::vector<float> x(d), s(na), list_scores(width);
+    std::vector<int64_t> list_ids(width);
+    for (idx_t key = n0; key < ntotal; key++) {
+        storage.key(key, x.data());
+        inner_products_scaled(x.data(), anchor_queries.data(), d, na, 1.0f, s.data());
+        for (size_t a = 0; a < na; a++) {
+            int32_t* list = anchor_lists.data() + a * width;
+            bool full = list[width - 1] >= 0;
+            if (full && s[a] < anchor_thresholds[a]) {
+                continue; // below the list's bar
+            }
+            size_t len = full ? width : size_t(std::find(list, list + width, -1) - list);
+            // the list's scores (the keys' order), then key's place after
+            // every key of at least its score
+            const float* q = anchor_queries.data() + a * d;
+            std::copy(list, list + len, list_ids.begin());
+            inner_products_by_ids(q, storage.key_rows(), list_ids.data(), len, 1.0f,
+                                  list_scores.data());
+            size_t pos = 0;
+            while (pos < len && list_scores[pos] >= s[a]) {
+                pos++;
+            }
+            if (pos == width) {
+                continue; // a tie with the bar, after every listed key
+            }
+            size_t kept = std::min(len + 1, width);
+            std::copy_backward(list + pos, list + kept - 1, list + kept);
+            list[pos] = int32_t(key);
+            anchor_thresholds[a] = pos == kept - 1 ? s[a] : list_scores[kept - 2];
+            anchor_pivots[a] = list[0];
+        }
+    }
+}
+
+void IndexRoarGraph::add_queries_impl(idx_t n, const float* queries) {
+    size_t width = anchor_list_width();
+    if (decode_anchors <= 0 || ntotal == 0 || width == 0) {
+        return; // none kept, nothing to search, or a version-1 record (no lists)
+    }
+    // only the last decode_anchors would stay in the ring
+    idx_t first = std::max<idx_t>(0, n - decode_anchors), m = n - first;
+    std::vector<float> scores(size_t(m) * width);
+    std::vector<idx_t> ids(size_t(m) * width);
+    SearchParametersTopK learning; // the learning beam: later searches start from these lists
+    learning.efSearch = learn_efSearch > 0 ? learn_efSearch
+                                           : int(std::min<int64_t>(2 * int64_t(efSearch), kMaxBeam));
+    int beam = beam_for(&learning, idx_t(width));
+    // searched in parallel on the index as it was before the call, kept in
+    // order: the anchors do not depend on the thread count
+    parallel_for(m, [&](idx_t i) {
+        beam_search(queries + size_t(first + i) * d, idx_t(width), beam,
+                    scores.data() + size_t(i) * width, ids.data() + size_t(i) * width);
+    });
+    for (idx_t i = 0; i < m; i++) {
+        keep_decode_anchor(queries + size_t(first + i) * d, ids.data() + size_t(i) * width,
+                           scores.data() + size_t(i) * width);
+    }
+}
+
+void IndexRoarGraph::keep_decode_anchor(const float* q, const idx_t* ids, const float* scores) {
+    size_t width = anchor_list_width();
+    size_t slot = prompt_anchors() + size_t(n_learned % decode_anchors);
+    if (slot == anchor_pivots.size()) { // the ring is not full yet
+        anchor_queries.resize((slot + 1) * d);
+        anchor_sq_norms.resize(slot + 1);
+        anchor_thresholds.resize(slot + 1);
+        anchor_pivots.resize(slot + 1);
+        anchor_lists.resize((slot + 1) * width);
+    }
+    std::copy(q, q + d, anchor_queries.begin() + slot * d);
+    inner_products_scaled(q, KVRows(q, size_t(d)), 1, 1.0f, &anchor_sq_norms[slot]);
+    size_t found = 0;
+    for (size_t j = 0; j < width; j++) {
+        anchor_lists[slot * width + j] = int32_t(ids[j]);
+        found += ids[j] >= 0;
+    }
+    anchor_pivots[slot] = int32_t(ids[0]); // a non-empty index finds a key
+    anchor_thresholds[slot] = scores[found - 1];
+    n_learned++;
+}
+
 void IndexRoarGraph::reset_impl() {
     storage.clear();
     neighbors.clear();
@@ -1075,6 +1191,7 @@ void IndexRoarGraph::reset_impl() {
     anchor_sq_norms.clear();
     anchor_groups.clear();
     walk_codes.clear();
+    n_learned = 0;
     n_prompt = 0;
     entry_point = -1;
     n_train_queries = 0;
@@ -1109,6 +1226,8 @@ std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
     info.push_back({"recent_queries", true, "the last positions of every query head always in the training queries, >= 0"});
     info.push_back({"seed_anchors", false, "the anchors nearest the query whose lists seed the search (0: none), >= 0"});
     info.push_back({"walk_bits", false, "0: the search scores the stored keys; 8: it walks on 8-bit codes of the keys and scores its beam again on them"});
+    info.push_back({"learn_efSearch", false, "beam of the searches that learn decode queries (add_queries), >= 0; 0: twice efSearch"});
+    info.push_back({"decode_anchors", false, "decode queries (add_queries) kept as anchors, the most recent; 0: none; setting it drops those learned"});
     info.push_back({"seed", true, "seed of the training sample (with the per-head stream), >= 0"});
     return info;
 }
@@ -1140,6 +1259,30 @@ bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
         if (int(value) != walk_bits) {
             walk_bits = int(value);
             index_codes();
+        }
+        return true;
+    }
+    if (name == "learn_efSearch") {
+        FAISS_THROW_IF_NOT_FMT(
+                is_count(value) && value <= kMaxBeam,
+                "parameter learn_efSearch=%g must be an integer in 0..1e9 (0: twice efSearch)",
+                value);
+        learn_efSearch = int(value);
+        return true;
+    }
+    if (name == "decode_anchors") {
+        FAISS_THROW_IF_NOT_FMT(
+                is_count(value) && value <= 1e6,
+                "parameter decode_anchors=%g must be an integer in 0..1000000", value);
+        if (int(value) != decode_anchors) { // the ring's slots change: start it again
+            size_t np = prompt_anchors(), width = anchor_list_width();
+            anchor_queries.resize(np * d);
+            anchor_sq_norms.resize(np);
+            anchor_thresholds.resize(np);
+            anchor_pivots.resize(np);
+            anchor_lists.resize(anchor_lists.empty() ? 0 : np * width);
+            n_learned = 0;
+            decode_anchors = int(value);
         }
         return true;
     }
@@ -1208,6 +1351,10 @@ bool IndexRoarGraph::get_parameter(const std::string& name, double* value) const
         *value = seed_anchors;
     } else if (name == "walk_bits") {
         *value = walk_bits;
+    } else if (name == "decode_anchors") {
+        *value = decode_anchors;
+    } else if (name == "learn_efSearch") {
+        *value = learn_efSearch;
     } else {
         return KVIndex::get_parameter(name, value);
     }
@@ -1250,6 +1397,10 @@ void IndexRoarGraph::write_fields(BufferWriter& w) const {
     if (walk_bits == 8) {
         walk_codes.write(w); // the ranges: the codes of appended keys depend on them
     }
+    // record version 4
+    w.value<int32_t>(decode_anchors);
+    w.value<int32_t>(learn_efSearch);
+    w.value<int64_t>(n_learned);
 }
 
 void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
@@ -1297,13 +1448,23 @@ void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
     storage.read(r, "RoarGraph storage");
     degrees = r.vector<uint16_t>("RoarGraph degrees");
     neighbors = r.vector<int32_t>("RoarGraph edges");
-    check_graph(); // before the edges are followed
-    count_in_degrees();
-    index_anchors();
     walk_codes.clear();
     if (walk_bits == 8) {
         walk_codes.read(r, storage, "RoarGraph key code ranges");
     }
+    if (version >= 4) {
+        decode_anchors = r.value<int32_t>("decode_anchors");
+        learn_efSearch = r.value<int32_t>("learn_efSearch");
+        n_learned = r.value<int64_t>("n_learned");
+    } else {
+        IndexRoarGraph defaults;
+        decode_anchors = defaults.decode_anchors;
+        learn_efSearch = defaults.learn_efSearch;
+        n_learned = 0;
+    }
+    check_graph(); // before the edges are followed
+    count_in_degrees();
+    index_anchors();
 }
 
 void IndexRoarGraph::check_graph() const {
@@ -1352,6 +1513,17 @@ void IndexRoarGraph::check_graph() const {
             anchor_lists.size(),
             na,
             size_t(n));
+    FAISS_THROW_IF_NOT_FMT(
+            decode_anchors >= 0 && decode_anchors <= 1000000 && learn_efSearch >= 0 &&
+                    n_learned >= 0 &&
+                    learned_anchors() <= na && (learned_anchors() == 0 || !anchor_lists.empty()),
+            "IndexRoarGraph: %zd decode queries learned (ring of decode_anchors=%d, "
+            "learn_efSearch=%d) disagree with %zd anchors%s",
+            size_t(n_learned),
+            decode_anchors,
+            learn_efSearch,
+            na,
+            anchor_lists.empty() ? " without lists" : "");
     check_finite(anchor_queries.data(), idx_t(na), size_t(d), "IndexRoarGraph: anchor queries");
     check_finite(anchor_thresholds.data(), idx_t(na), 1, "IndexRoarGraph: anchor thresholds");
     for (idx_t i = 0; i < n; i++) {

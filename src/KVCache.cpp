@@ -195,6 +195,21 @@ void KVCache::attend(
     });
 }
 
+void KVCache::add_queries(int layer, idx_t n, const float* q) {
+    index(layer, 0);
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::add_queries: n=%zd must be >= 0", size_t(n));
+    if (n == 0) {
+        return;
+    }
+    check_not_null(q, "KVCache::add_queries: queries");
+    // checked before any head learns, as append does
+    check_finite(q, idx_t(n_q_heads) * n, size_t(d), "KVCache::add_queries: queries");
+    idx_t g = group_size(); // the group's queries are contiguous, as in attend
+    parallel_for(n_kv_heads, [&](idx_t h) {
+        index(layer, int(h))->add_queries(g * n, q + h * g * n * d);
+    });
+}
+
 int KVCache::adopt_trained(const KVCache& trained) {
     FAISS_THROW_IF_NOT_FMT(
             trained.n_layers == n_layers && trained.n_kv_heads == n_kv_heads &&

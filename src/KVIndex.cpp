@@ -95,6 +95,24 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     ntotal += n;
 }
 
+void KVIndex::add_queries(idx_t n, const float* queries) {
+    WriteScope scope(*this, "add_queries");
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "add_queries: n=%zd must be >= 0", size_t(n));
+    if (n == 0) {
+        return;
+    }
+    FAISS_THROW_IF_NOT_FMT(d > 0, "add_queries: index has invalid dimension d=%d", d);
+    check_not_null(queries, "add_queries: queries");
+    check_finite(queries, n, d, "add_queries: queries");
+    add_queries_impl(n, queries);
+}
+
+void KVIndex::add_queries_impl(idx_t n, const float* queries) {
+    for (KVIndex* c : mutable_children()) {
+        c->add_queries(n, queries);
+    }
+}
+
 void KVIndex::check_prefill(const PrefillInput& in) const {
     FAISS_THROW_IF_NOT_FMT(
             ntotal == 0,

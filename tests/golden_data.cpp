@@ -30,8 +30,11 @@ std::unique_ptr<kvindex::KVIndex> build_golden_index(
     in.rope.theta = 500000.0;
     in.rope.style = kvindex::RopeStyle::interleaved;
     index->prefill(in);
+    // each decode step's query heads, learnt once answered (RoarGraph's anchors)
+    std::vector<float> decode_queries = kvtest::gaussian(kGroup * kDecode, kDim, 15, 1.5f);
     for (idx_t i = kPrefill; i < n; i++) {
         index->add_kv(1, keys.data() + i * kDim, values.data() + i * kDimValue);
+        index->add_queries(kGroup, decode_queries.data() + (i - kPrefill) * kGroup * kDim);
     }
     if (!knobs.empty()) {
         kvindex::set_index_parameters(index.get(), knobs);

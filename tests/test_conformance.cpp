@@ -57,6 +57,14 @@ struct Sequence {
     std::vector<float> values = kvtest::gaussian(kPrompt + kAppends, kDv, 102);
     std::vector<float> prefill_q = kvtest::gaussian(kGroup * kPrompt, kD, 103, 1.5f);
     std::vector<float> q = kvtest::gaussian(kQ, kD, 104, 2.0f);
+    /// the group's queries of each decode step, kGroup a step
+    std::vector<float> decode_q = kvtest::gaussian(kGroup * kAppends, kD, 105, 1.5f);
+
+    /// Decode step i (>= kPrompt): its token, then its queries once answered.
+    void decode_step(KVIndex* index, idx_t i) const {
+        index->add_kv(1, keys.data() + i * kD, values.data() + i * kDv);
+        index->add_queries(kGroup, decode_q.data() + (i - kPrompt) * kGroup * kD);
+    }
 
     PrefillInput prefill_input(idx_t n) const {
         PrefillInput in;
@@ -85,7 +93,8 @@ std::vector<float> stored(KVType t, const std::vector<float>& x) {
 }
 
 /// Prefill of the prompt (queries of a group of kGroup heads), then
-/// n_appends decode appends, with `params` set before prefill.
+/// n_appends decode steps (token, then queries), with `params` set before
+/// prefill.
 std::unique_ptr<KVIndex> build(const ConformanceCase& c, const char* params, idx_t n_appends) {
     const Sequence& s = sequence();
     auto index = index_factory(kD, c.factory, kDv);
@@ -98,7 +107,7 @@ std::unique_ptr<KVIndex> build(const ConformanceCase& c, const char* params, idx
     in.queries = pq.data();
     index->prefill(in);
     for (idx_t i = kPrompt; i < kPrompt + n_appends; i++) {
-        index->add_kv(1, s.keys.data() + i * kD, s.values.data() + i * kDv);
+        s.decode_step(index.get(), i);
     }
     return index;
 }
@@ -405,7 +414,10 @@ TEST_P(Conformance, NonFiniteInputThrowsAndChangesNothing) {
         EXPECT_THROW_MSG(index->attend(kQ, q.data(), out.data(), nullptr), "non-finite");
         EXPECT_THROW_MSG(index->search(kQ, q.data(), kSearchK, dis.data(), lab.data()), "non-finite");
         EXPECT_THROW_MSG(index->select(kQ, q.data(), sel.data()), "non-finite");
+        EXPECT_THROW_MSG(index->add_queries(kQ, q.data()), "add_queries: queries");
     }
+    EXPECT_THROW_MSG(index->add_queries(1, nullptr), "add_queries: queries");
+    EXPECT_THROW_MSG(index->add_queries(-1, s.q.data()), "add_queries: n=");
     EXPECT_EQ(index->ntotal, n0);
     expect_identical(before, answers(index.get(), s.q), "after refused input");
 
@@ -528,7 +540,7 @@ TEST_P(Conformance, DecodeAppends) {
     std::vector<float> keys = stored(index->kv_type, s.keys);
     std::vector<float> values = stored(index->kv_type, s.values);
     for (idx_t i = kPrompt; i < kPrompt + kAppends; i++) {
-        index->add_kv(1, s.keys.data() + i * kD, s.values.data() + i * kDv);
+        s.decode_step(index.get(), i);
         ASSERT_EQ(index->ntotal, i + 1);
         ASSERT_NO_THROW(index->check_invariants()) << "after token " << i;
         // generated tokens are always kept, whatever the type evicts
@@ -552,7 +564,7 @@ TEST_P(Conformance, FullBudgetIsExactWhileDecoding) {
     auto index = build(c, c.exact_params, 0);
     expect_exact(index.get(), kPrompt, "after prefill");
     for (idx_t i = kPrompt; i < kPrompt + kAppends; i++) {
-        index->add_kv(1, s.keys.data() + i * kD, s.values.data() + i * kDv);
+        s.decode_step(index.get(), i);
         if (i % 10 == 0 || i + 1 == kPrompt + kAppends) {
             expect_exact(index.get(), i + 1, "after token " + std::to_string(i));
         }
@@ -617,6 +629,7 @@ TEST_P(Conformance, WritesOverlappingOtherCallsAreRefused) {
     {
         ReadScope running(*index, "a concurrent attend");
         EXPECT_THROW_MSG(index->add_kv(1, key, value), "add_kv: refused, 1 const calls");
+        EXPECT_THROW_MSG(index->add_queries(1, s.q.data()), "add_queries: refused");
         EXPECT_THROW_MSG(index->reset(), "reset: refused");
         EXPECT_THROW_MSG(index->prefill(s.prefill_input(4)), "prefill: refused");
         EXPECT_THROW_MSG(set_index_parameters(index.get(), "k=5"), "refused");
@@ -635,6 +648,7 @@ TEST_P(Conformance, WritesOverlappingOtherCallsAreRefused) {
         EXPECT_THROW_MSG(index->reconstruct(0, key_out.data()), "reconstruct: refused");
         EXPECT_THROW_MSG(write_index(index.get(), &buf), "write_index: refused");
         EXPECT_THROW_MSG(index->add_kv(1, key, value), "another write");
+        EXPECT_THROW_MSG(index->add_queries(1, s.q.data()), "another write");
     }
     // every refusal left the index as it was, and it works again
     EXPECT_EQ(index->ntotal, n0);

@@ -3,6 +3,7 @@
 // knob, on the scaling benchmarks' synthetic head (mixed preset, d = 128).
 //
 //   ./build/benchmarks/bench_recall [--tokens 131072] [--queries 30] [--json FILE] [--overlap]
+//       [--append 4096 [--learn]]
 //       [--index "RoarGraph32@efSearch=100,200,400" --index "TopK(HNSW16)@efSearch=..."]
 //
 // An index is STRING[@knob=v1,v2,...]: built once, then measured at each
@@ -90,8 +91,10 @@ PrefillInput prompt_of(const TraceLayer& layer, size_t n_tokens, int64_t m, int 
  * and at checkpoints measure recall@k of the evaluation queries over the
  * keys held, the share of the appended keys in their top-k that is found,
  * and the keys scanned; beside it, the same index prefilled with all
- * n + n_append tokens at once. */
-void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_queries, int d, int k) {
+ * n + n_append tokens at once. learn: after each token, the group's
+ * queries at its position go to add_queries, as a decode step's would. */
+void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_queries, int d, int k,
+                 bool learn) {
     const int group = 3;
     kvbench::ScalingHead head = kvbench::scaling_head(n + n_append, n_queries, d);
     const TraceLayer& layer = head.layer;
@@ -137,12 +140,21 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
     prefill(index.get(), n);
     measure(index.get(), "prefill n", 0, seconds_since(t0));
     int64_t done = 0;
+    std::vector<float> step_queries(size_t(group) * d);
     for (int64_t stop : {n_append / 4, n_append / 2, n_append}) {
         auto ta = Clock::now();
         for (; done < stop; done++) {
             index->add_kv(1, layer.keys.data() + (n + done) * d, layer.values.data() + (n + done) * d);
+            if (learn) {
+                for (int h = 0; h < group; h++) {
+                    const float* q = layer.queries.data() + (size_t(h) * n_tokens + size_t(n + done)) * d;
+                    std::copy(q, q + d, step_queries.begin() + size_t(h) * d);
+                }
+                index->add_queries(group, step_queries.data());
+            }
         }
-        measure(index.get(), "then appended", done, seconds_since(ta));
+        measure(index.get(), learn ? "then appended, learnt" : "then appended", done,
+                seconds_since(ta));
     }
     auto whole = index_factory(d, spec);
     t0 = Clock::now();
@@ -191,7 +203,7 @@ int run_bench(int argc, char** argv) {
     std::vector<std::string> specs;
     std::string json;
     int64_t n_append;
-    bool overlap = false;
+    bool overlap = false, learn = false;
     boost::program_options::options_description opts("bench_recall");
     opts.add_options()
             ("tokens", boost::program_options::value(&n)->default_value(131072), "context length")
@@ -200,6 +212,8 @@ int run_bench(int argc, char** argv) {
             ("json", boost::program_options::value(&json), "write the points as JSON")
             ("append", boost::program_options::value(&n_append)->default_value(0),
              "instead: prefill, append this many tokens one by one, recall at checkpoints")
+            ("learn", boost::program_options::bool_switch(&learn),
+             "with --append: each appended token's queries go to add_queries after it")
             ("overlap", boost::program_options::bool_switch(&overlap),
              "also print how alike successive queries' exact top-k are, per head kind");
     boost::program_options::variables_map vm;
@@ -216,7 +230,7 @@ int run_bench(int argc, char** argv) {
     }
     if (n_append > 0) {
         for (const std::string& spec : specs) {
-            run_appends(spec, n, n_append, n_queries, d, k);
+            run_appends(spec, n, n_append, n_queries, d, k, learn);
         }
         return 0;
     }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <kvindex/IndexIVFAsym.h>
 #include <kvindex/blas_threads.h>
@@ -63,6 +64,15 @@ void check_tokens(const int* tokens, int64_t n, int n_vocab) {
             throw std::out_of_range("token " + std::to_string(tokens[i]) + " at " + std::to_string(i) +
                                     " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
         }
+    }
+}
+
+/// A decode step's queries, once answered, to the indexes that learn from
+/// them (KVCache::add_queries); the GPU cache's indexes do not.
+template <class Cache>
+void learn_queries(Cache& cache, int layer, const float* q) {
+    if constexpr (std::is_same_v<Cache, kvindex::KVCache>) {
+        cache.add_queries(layer, 1, q);
     }
 }
 
@@ -329,6 +339,7 @@ void LlamaModel::decode(const int* tokens, int64_t n, Cache& cache, float* logit
         for (int64_t t = 0; t < n; t++) {
             cache.append(l, 1, k.data() + t * KVH * hd, v.data() + t * KVH * hd);
             cache.attend(l, 1, q.data() + t * H * hd, att.data() + t * H * hd, nullptr);
+            learn_queries(cache, l, q.data() + t * H * hd);
         }
         w.wo.matmul(att.data(), n, x.data(), true);
         mlp_block(w, n, x.data());

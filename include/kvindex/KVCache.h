@@ -91,6 +91,13 @@ struct KVCache {
             float* lse,
             const faiss::SearchParameters* params = nullptr) const;
 
+    /** Hands n queries per query head of one layer, already answered by
+     * attend (same layout), to the indexes that learn from them
+     * (KVIndex::add_queries): each KV head gets its group's g * n queries.
+     * @param q    size n_q_heads * n * d
+     */
+    void add_queries(int layer, idx_t n, const float* q);
+
     /** Takes the offline-trained models of `trained` (a cache read with
      * read_cache, e.g. what `kvllm train` wrote) into the indexes of every
      * sparse layer (those not in dense_layers), before their prefill:

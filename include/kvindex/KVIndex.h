@@ -160,7 +160,7 @@ struct AccessCount {
  * Thread safety. Const calls (search, select, attend, reconstruct,
  * reconstruct_value, write_index) may run concurrently on one index, from
  * any number of threads, and give the same answers as run one by one.
- * Writes (add_kv, prefill, reset, set_index_parameter(s)) must not overlap
+ * Writes (add_kv, add_queries, prefill, reset, set_index_parameter(s)) must not overlap
  * any other call on the same index: a write that finds calls running, or a
  * call that finds a write running, is refused with an exception that says
  * which, and changes nothing. Assigning public fields (k, estimator, ...)
@@ -210,6 +210,20 @@ struct KVIndex : faiss::Index {
      * (prefill_impl). May be called on an empty index only.
      */
     void prefill(const PrefillInput& input);
+
+    /** Queries of decode steps, given after their tokens were added (a
+     * decode step appends its token, attends, then hands its queries
+     * here). An index that learns from the queries it serves keeps them
+     * (IndexRoarGraph: the recent ones as anchors, so that the next
+     * queries start where these found their keys); the default hands them
+     * to the children, and a leaf without such use ignores them. A write,
+     * like add_kv: the search is const and runs in parallel, so what a
+     * search found cannot be kept by the search itself.
+     *
+     * @param queries  size n * d: any number of query heads' queries of the
+     *                 GQA group, in any order
+     */
+    void add_queries(idx_t n, const float* queries);
 
     /// Removes every token (a new sequence); the knobs stay.
     void reset() final;
@@ -380,6 +394,10 @@ struct KVIndex : faiss::Index {
     /// prefill's core; query-aware types override it (calling check_prefill
     /// first). The default checks and appends the tokens.
     virtual void prefill_impl(const PrefillInput& input);
+
+    /// add_queries' core (n > 0, queries finite): the default hands them to
+    /// every child.
+    virtual void add_queries_impl(idx_t n, const float* queries);
 
     /// reset's core: drop every token, keep the knobs.
     virtual void reset_impl() = 0;

@@ -140,6 +140,17 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                  },
                  py::arg("layer"), py::arg("keys"), py::arg("values"),
                  "appends n tokens to every KV head of a layer: keys (n_kv_heads, n, d)")
+            .def("add_queries",
+                 [](KVCache& c, int layer, py::handle queries) {
+                     check_layer(c, layer);
+                     FloatArray q = as_float_array(queries, "q");
+                     check_shape(q, {c.n_q_heads, "n", c.d}, "q");
+                     py::gil_scoped_release release;
+                     c.add_queries(layer, q.shape(1), q.data());
+                 },
+                 py::arg("layer"), py::arg("q"),
+                 "a decode step's queries (n_q_heads, n, d), after attend, to the indexes that learn "
+                 "from them (KVIndex.add_queries)")
             .def("attend", &attend, py::arg("layer"), py::arg("q"), py::arg("params") = py::none(),
                  "out, lse = cache.attend(layer, q): q (n_q_heads, n, d) -> (n_q_heads, n, d_value), (n_q_heads, n)")
             .def("memory_bytes", &KVCache::memory_bytes)

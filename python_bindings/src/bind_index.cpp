@@ -367,6 +367,15 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
                  },
                  py::arg("keys"), py::arg("values"),
                  "Appends n tokens (ids ntotal .. ntotal + n - 1): keys (n, d), values (n, d_value).")
+            .def("add_queries",
+                 [](KVIndex& self, py::handle q) {
+                     FloatArray qa = queries_of(self, q);
+                     py::gil_scoped_release release;
+                     self.add_queries(qa.shape(0), qa.data());
+                 },
+                 py::arg("queries"),
+                 "Decode queries (n, d), after they were answered, for the types that learn from them "
+                 "(RoarGraph keeps the recent ones as anchors); the others ignore them.")
             .def("prefill", &prefill, py::arg("keys"), py::arg("values"), py::arg("queries") = py::none(),
                  py::arg("query_positions") = py::none(), py::arg("rope_theta") = 10000.0,
                  py::arg("rope_style") = "half", py::arg("first_position") = 0,
@@ -514,6 +523,12 @@ n_anchors, seed.)doc")
                           "training queries the last prefill used")
             .def_readonly("entry_point", &kvindex::IndexRoarGraph::entry_point,
                           "start of every search (-1 when empty)")
+            .def_readonly("decode_anchors", &kvindex::IndexRoarGraph::decode_anchors,
+                          "decode queries (add_queries) kept as anchors, the most recent")
+            .def_readonly("n_learned", &kvindex::IndexRoarGraph::n_learned,
+                          "decode queries learnt since the prefill")
+            .def_property_readonly("learned_anchors", &kvindex::IndexRoarGraph::learned_anchors,
+                                   "decode queries held as anchors: min(n_learned, decode_anchors)")
             .def_property_readonly("hubs", [](const kvindex::IndexRoarGraph& g) { return to_numpy(g.hubs); },
                                    "int32: the extra entry points of every search")
             .def_property_readonly("degrees", [](const kvindex::IndexRoarGraph& g) { return to_numpy(g.degrees); },

@@ -90,3 +90,31 @@ def test_walk_on_codes_is_exact_at_full_beam_and_reads_less():
     assert sum(after) < 0.6 * sum(before)
     with pytest.raises(RuntimeError, match="walk_bits"):
         kvindex.set_index_parameters(index, "walk_bits=4")
+
+
+def test_decode_queries_are_learnt_through_index_and_cache():
+    keys, values, queries, test = ood_prompt(n=800)
+    d = keys.shape[1]
+    index = kvindex.index_factory(d, "RoarGraph8|decode_anchors=16")
+    index.prefill(keys[:700], values[:700], queries=queries[:, :700])
+    for t in range(700, 740):  # a decode step: its token, then its query
+        index.add_kv(keys[t:t + 1], values[t:t + 1])
+        index.add_queries(test[t - 700:t - 699])
+    assert index.n_learned == 40 and index.learned_anchors == 16 and index.decode_anchors == 16
+    _, full = index.search(test, 10, params={"efSearch": 740})
+    np.testing.assert_array_equal(full, numpy_topk(test, keys[:740], 10))
+    with pytest.raises(ValueError, match="q"):
+        index.add_queries(np.zeros((2, d + 1), np.float32))
+    bad = test[:2].copy()
+    bad[1, 3] = np.nan
+    with pytest.raises(RuntimeError, match="add_queries: queries"):
+        index.add_queries(bad)
+    assert index.n_learned == 40
+    # a KVCache: each KV head learns its group's queries
+    cache = kvindex.KVCache(1, 4, 2, d, "RoarGraph8")
+    kv = np.stack([keys[:700], keys[:700]])
+    vv = np.stack([values[:700], values[:700]])
+    qq = np.concatenate([queries[:, :700], queries[:, :700]])
+    cache.prefill(0, kv, vv, queries=qq)
+    cache.add_queries(0, test[:4].reshape(4, 1, d))
+    assert [cache.index(0, h).n_learned for h in range(2)] == [2, 2]
