@@ -122,9 +122,10 @@ struct AnchorGroups {
  * anchor's list stays the exact top-Nq of every key held (tested).
  *
  * Decode queries (add_queries, after their step was answered) are
- * learned: each one's beam search gives its list, best key and bar, and
- * it is kept as an anchor in a ring of the decode_anchors most recent ones
- * after the prompt's anchors. Decode queries resemble the decode queries
+ * learned: each one's beam search (learn_efSearch, wider than a search's:
+ * these lists seed the next searches) gives its list, best key and bar,
+ * and it is kept as an anchor in a ring of the decode_anchors most recent
+ * ones after the prompt's anchors. One learnt query costs about one search. Decode queries resemble the decode queries
  * just before them more than any prompt query, so a search is seeded by
  * the nearest of those too, and an appended key that enters a recent
  * query's list is linked with its pivot. Searches score the ring's most
