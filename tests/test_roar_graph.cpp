@@ -293,6 +293,27 @@ void search_all(
     index.search(x.n_test, x.test.data(), k, dist.data(), labels.data(), &p);
 }
 
+/** A copy of `record` changed by change(IndexRoarGraph&) fails its
+ * invariants, and written again it is refused when read (naming
+ * `message` when one is given). */
+template <class Change>
+void expect_forged_refused(const std::vector<uint8_t>& record, const char* what, Change&& change,
+                           const char* message = nullptr) {
+    SCOPED_TRACE(what);
+    auto again = read_index(record);
+    auto* f = dynamic_cast<IndexRoarGraph*>(again.get());
+    ASSERT_TRUE(f);
+    change(*f);
+    EXPECT_THROW(f->check_invariants(), faiss::FaissException);
+    std::vector<uint8_t> out;
+    write_index(f, &out);
+    if (message) {
+        EXPECT_THROW_MSG(read_index(out), message);
+    } else {
+        EXPECT_THROW(read_index(out), faiss::FaissException);
+    }
+}
+
 } // namespace
 
 // ---- 1. a beam as wide as the index is exact --------------------------------
@@ -1382,16 +1403,7 @@ TEST(RoarGraph, WalkOnCodesRoundTripsWithAppends) {
     write_index(c, &b2);
     EXPECT_EQ(b1, b2);
     // forged: ranges of another dimension, or a walk_bits the reader refuses
-    auto forged = [&](const char* what, auto&& change) {
-        SCOPED_TRACE(what);
-        auto again = read_index(b1);
-        auto* f = dynamic_cast<IndexRoarGraph*>(again.get());
-        change(*f);
-        EXPECT_THROW(f->check_invariants(), faiss::FaissException);
-        std::vector<uint8_t> out;
-        write_index(f, &out);
-        EXPECT_THROW(read_index(out), faiss::FaissException);
-    };
+    auto forged = [&](const char* what, auto&& change) { expect_forged_refused(b1, what, change); };
     forged("code ranges of d - 1", [](IndexRoarGraph& f) {
         f.walk_codes.vmin.pop_back();
         f.walk_codes.step.pop_back();
@@ -1597,14 +1609,7 @@ TEST(RoarGraph, LearntAnchorsRoundTripAndGoOnAlike) {
     same("after 50 more steps");
     // forged: more learnt than anchors, a negative ring or beam
     auto forged = [&](const char* what, auto&& change) {
-        SCOPED_TRACE(what);
-        auto again = read_index(buf);
-        auto* f = dynamic_cast<IndexRoarGraph*>(again.get());
-        change(*f);
-        EXPECT_THROW(f->check_invariants(), faiss::FaissException);
-        std::vector<uint8_t> out;
-        write_index(f, &out);
-        EXPECT_THROW_MSG(read_index(out), "decode queries learned");
+        expect_forged_refused(buf, what, change, "decode queries learned");
     };
     forged("a ring larger than the anchors", [](IndexRoarGraph& f) {
         f.decode_anchors = int(f.anchor_pivots.size()) + 1;
