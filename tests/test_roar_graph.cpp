@@ -1572,7 +1572,7 @@ TEST(RoarGraph, LearntDecodeQueriesFindTheAppendedKeysTheyAttendTo) {
 }
 
 TEST(RoarGraph, LearntAnchorsRoundTripAndGoOnAlike) {
-    Data x = make_data(1500, kD, 2, 1500, 400, 1305, /*n_extra=*/300);
+    Data x = make_data(1500, kD, 2, 1500, 600, 1305, /*n_extra=*/300); // 500 learnt, 50 searched
     auto g = built(x, "decode_anchors=64,efSearch=30,walk_bits=8");
     for (idx_t i = x.n; i < x.n + 250; i++) { // the ring wraps (500 queries, 64 slots)
         g->add_kv(1, x.keys.data() + i * kD, x.values.data() + i * kD);
