@@ -3,7 +3,7 @@
 // knob, on the scaling benchmarks' synthetic head (mixed preset, d = 128).
 //
 //   ./build/benchmarks/bench_recall [--tokens 131072] [--queries 30] [--json FILE] [--overlap]
-//       [--append 4096 [--learn]]
+//       [--append 4096 [--learn] [--eval-next]]
 //       [--index "RoarGraph32@efSearch=100,200,400" --index "TopK(HNSW16)@efSearch=..."]
 //
 // An index is STRING[@knob=v1,v2,...]: built once, then measured at each
@@ -92,9 +92,12 @@ PrefillInput prompt_of(const TraceLayer& layer, size_t n_tokens, int64_t m, int 
  * keys held, the share of the appended keys in their top-k that is found,
  * and the keys scanned; beside it, the same index prefilled with all
  * n + n_append tokens at once. learn: after each token, the group's
- * queries at its position go to add_queries, as a decode step's would. */
+ * queries at its position go to add_queries, as a decode step's would.
+ * eval_next: the evaluation queries of a checkpoint are those of the
+ * n_queries positions after the tokens held (the next decode steps'),
+ * instead of those after all n + n_append. */
 void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_queries, int d, int k,
-                 bool learn) {
+                 bool learn, bool eval_next) {
     const int group = 3;
     kvbench::ScalingHead head = kvbench::scaling_head(n + n_append, n_queries, d);
     const TraceLayer& layer = head.layer;
@@ -110,10 +113,14 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
         SearchParametersKV counting;
         counting.count_scanned = true;
         for (int i = 0; i < n_queries; i++) {
-            std::vector<idx_t> truth = exact_topk_ids(head.queries[i], layer.keys.data(), d, held, k);
+            // query heads in turn, as scaling_head takes them
+            const float* q = eval_next
+                    ? layer.queries.data() + (size_t(i % group) * n_tokens + size_t(held) + i) * d
+                    : head.queries[i];
+            std::vector<idx_t> truth = exact_topk_ids(q, layer.keys.data(), d, held, k);
             std::vector<float> dis(k);
             std::vector<idx_t> ids(k);
-            index->search(1, head.queries[i], k, dis.data(), ids.data());
+            index->search(1, q, k, dis.data(), ids.data());
             std::sort(ids.begin(), ids.end());
             for (idx_t id : truth) {
                 bool hit = std::binary_search(ids.begin(), ids.end(), id);
@@ -124,7 +131,7 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
                 }
             }
             Selection sel;
-            index->select(1, head.queries[i], &sel, &counting);
+            index->select(1, q, &sel, &counting);
             scanned += double(sel.n_scanned + sel.size());
         }
         std::printf("%-28s %-22s %9zd %9zd %8.3f %8.3f (%5zd) %8.2f%% %10.1f\n", spec.c_str(), what,
@@ -203,7 +210,7 @@ int run_bench(int argc, char** argv) {
     std::vector<std::string> specs;
     std::string json;
     int64_t n_append;
-    bool overlap = false, learn = false;
+    bool overlap = false, learn = false, eval_next = false;
     boost::program_options::options_description opts("bench_recall");
     opts.add_options()
             ("tokens", boost::program_options::value(&n)->default_value(131072), "context length")
@@ -214,6 +221,9 @@ int run_bench(int argc, char** argv) {
              "instead: prefill, append this many tokens one by one, recall at checkpoints")
             ("learn", boost::program_options::bool_switch(&learn),
              "with --append: each appended token's queries go to add_queries after it")
+            ("eval-next", boost::program_options::bool_switch(&eval_next),
+             "with --append: a checkpoint's evaluation queries are the next positions' (default: "
+             "those after all appended tokens)")
             ("overlap", boost::program_options::bool_switch(&overlap),
              "also print how alike successive queries' exact top-k are, per head kind");
     boost::program_options::variables_map vm;
@@ -230,7 +240,7 @@ int run_bench(int argc, char** argv) {
     }
     if (n_append > 0) {
         for (const std::string& spec : specs) {
-            run_appends(spec, n, n_append, n_queries, d, k, learn);
+            run_appends(spec, n, n_append, n_queries, d, k, learn, eval_next);
         }
         return 0;
     }
