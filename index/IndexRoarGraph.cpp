@@ -1018,10 +1018,7 @@ void IndexRoarGraph::choose_anchors(
         idx_t n_lists) {
     // evenly spread over the (sorted) sample: every head and position range
     idx_t na = std::min(n_anchors, n_lists);
-    anchor_queries.resize(size_t(na) * d);
-    anchor_pivots.resize(na);
-    anchor_thresholds.resize(na);
-    anchor_lists.resize(size_t(na) * Nq);
+    resize_anchors(size_t(na), size_t(Nq));
     std::vector<float> k(d);
     for (idx_t a = 0; a < na; a++) {
         idx_t src = a * n_lists / na;
@@ -1044,6 +1041,14 @@ void IndexRoarGraph::choose_anchors(
         anchor_thresholds[a] = t; // the score of its Nq-th key
     }
     index_anchors();
+}
+
+void IndexRoarGraph::resize_anchors(size_t na, size_t width) {
+    anchor_queries.resize(na * d);
+    anchor_sq_norms.resize(na);
+    anchor_thresholds.resize(na);
+    anchor_pivots.resize(na);
+    anchor_lists.resize(na * width);
 }
 
 void IndexRoarGraph::index_anchors() {
@@ -1160,11 +1165,7 @@ void IndexRoarGraph::keep_decode_anchor(const float* q, const idx_t* ids, const 
     size_t width = anchor_list_width();
     size_t slot = prompt_anchors() + size_t(n_learned % decode_anchors);
     if (slot == anchor_pivots.size()) { // the ring is not full yet
-        anchor_queries.resize((slot + 1) * d);
-        anchor_sq_norms.resize(slot + 1);
-        anchor_thresholds.resize(slot + 1);
-        anchor_pivots.resize(slot + 1);
-        anchor_lists.resize((slot + 1) * width);
+        resize_anchors(slot + 1, width);
     }
     std::copy(q, q + d, anchor_queries.begin() + slot * d);
     inner_products_scaled(q, KVRows(q, size_t(d)), 1, 1.0f, &anchor_sq_norms[slot]);
@@ -1275,12 +1276,7 @@ bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
                 is_count(value) && value <= 1e6,
                 "parameter decode_anchors=%g must be an integer in 0..1000000", value);
         if (int(value) != decode_anchors) { // the ring's slots change: start it again
-            size_t np = prompt_anchors(), width = anchor_list_width();
-            anchor_queries.resize(np * d);
-            anchor_sq_norms.resize(np);
-            anchor_thresholds.resize(np);
-            anchor_pivots.resize(np);
-            anchor_lists.resize(anchor_lists.empty() ? 0 : np * width);
+            resize_anchors(prompt_anchors(), anchor_list_width()); // 0 wide without lists
             n_learned = 0;
             decode_anchors = int(value);
         }

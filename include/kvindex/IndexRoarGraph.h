@@ -376,6 +376,8 @@ struct IndexRoarGraph : KVIndex {
     size_t recent_anchors_scored() const;
     /// The flat pool: anchors a search would score without groups.
     size_t anchor_pool() const;
+    /// The five anchor arrays sized for na anchors with lists of `width`.
+    void resize_anchors(size_t na, size_t width);
     /// anchor_sq_norms and anchor_groups from anchor_queries.
     void index_anchors();
     /// walk_codes from the keys (walk_bits = 8), or none.
