@@ -6,6 +6,7 @@
 #include <kvindex/IndexRoarGraph.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include <faiss/impl/FaissAssert.h>
@@ -25,10 +26,54 @@ struct Scored {
     idx_t id;
 };
 
-// heap order: the worst kept on top (smaller score, then larger id)
+// best first: larger score, then smaller id
 inline bool better(const Scored& a, const Scored& b) {
     return a.score > b.score || (a.score == b.score && a.id < b.id);
 }
+
+/** The k best of a stream of scored keys fed in ascending id order.
+ * Candidates pile up in a buffer and are cut back to the k best by
+ * nth_element when it holds 2k: linear in the keys whatever their order,
+ * where a heap pays a log k replacement for each key that improves on the
+ * k-th (every recent key, when the scores grow along the context as an
+ * attention query's do). Once k are kept, a key must beat the k-th score
+ * strictly: its id is larger than every kept one, so a tie loses. */
+class RunningTopK {
+  public:
+    explicit RunningTopK(size_t k) : k_(k) {
+        kept_.reserve(2 * k);
+    }
+    void offer(const float* s, size_t n, idx_t id0) {
+        for (size_t j = 0; j < n; j++) {
+            if (s[j] > bar_) {
+                kept_.push_back({s[j], id0 + idx_t(j)});
+                if (kept_.size() == 2 * k_) {
+                    cut();
+                }
+            }
+        }
+    }
+    /// The k best, best first, into out (size k_out >= k, -1 padded).
+    void write(idx_t* out, size_t k_out) {
+        if (kept_.size() > k_) {
+            cut();
+        }
+        std::sort(kept_.begin(), kept_.end(), better);
+        for (size_t j = 0; j < k_out; j++) {
+            out[j] = j < kept_.size() ? kept_[j].id : -1;
+        }
+    }
+
+  private:
+    void cut() {
+        std::nth_element(kept_.begin(), kept_.begin() + (k_ - 1), kept_.end(), better);
+        kept_.resize(k_);
+        bar_ = kept_[k_ - 1].score;
+    }
+    size_t k_;
+    std::vector<Scored> kept_;
+    float bar_ = -std::numeric_limits<float>::infinity();
+};
 
 } // namespace
 
@@ -56,38 +101,17 @@ void exact_topk_blocked(
         idx_t q0 = b * kQueryBlock;
         int nq = int(std::min(kQueryBlock, n_queries - q0));
         std::vector<float> scores(size_t(nq) * kKeyBlock);
-        std::vector<std::vector<Scored>> heaps(nq);
-        for (auto& h : heaps) {
-            h.reserve(kk);
-        }
+        std::vector<RunningTopK> best(nq, RunningTopK(kk));
         for (idx_t k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
             int nk = int(std::min(kKeyBlock, n_keys - k0));
             // scores (row-major nq x nk) = queries_block * keys_block^T
             gemm_abt(nq, nk, d, queries + q0 * d, d, keys + k0 * d, d, scores.data(), nk);
             for (int i = 0; i < nq; i++) {
-                std::vector<Scored>& h = heaps[i];
-                const float* s = scores.data() + size_t(i) * nk;
-                for (int j = 0; j < nk; j++) {
-                    Scored c{s[j], k0 + j};
-                    if (h.size() < kk) {
-                        h.push_back(c);
-                        std::push_heap(h.begin(), h.end(), better);
-                    } else if (c.score > h.front().score) {
-                        // ids ascend: an equal score is never better
-                        std::pop_heap(h.begin(), h.end(), better);
-                        h.back() = c;
-                        std::push_heap(h.begin(), h.end(), better);
-                    }
-                }
+                best[i].offer(scores.data() + size_t(i) * nk, size_t(nk), k0);
             }
         }
         for (int i = 0; i < nq; i++) {
-            std::vector<Scored>& h = heaps[i];
-            std::sort(h.begin(), h.end(), better);
-            idx_t* row = out + (q0 + i) * n_neighbors;
-            for (int j = 0; j < n_neighbors; j++) {
-                row[j] = size_t(j) < h.size() ? h[j].id : -1;
-            }
+            best[i].write(out + (q0 + i) * n_neighbors, size_t(n_neighbors));
         }
     });
 }

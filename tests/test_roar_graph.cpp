@@ -1209,6 +1209,29 @@ TEST(RoarGraph, ExactTopkBlockedMatchesReference) {
         }
         EXPECT_LE(swaps, c.n_queries * c.n_neighbors / 1000 + 2);
     }
+    // scores rising along the keys (as an attention query's along the
+    // context), over several key and query blocks: every key improves on the
+    // running k-th best, so the selection is cut back many times per block
+    {
+        int d = 8;
+        idx_t n = 9000, nq = 70;
+        int nn = 100;
+        std::vector<float> keys(n * d, 0.0f), queries(nq * d, 0.0f);
+        for (idx_t i = 0; i < n; i++) {
+            keys[i * d] = float(i % 4500); // ids i and i + 4500 tie: the smaller first
+            keys[i * d + 1] = float(i % 7);
+        }
+        for (idx_t i = 0; i < nq; i++) {
+            queries[i * d] = 1.0f;
+            queries[i * d + 1] = float(i % 3) - 1.0f; // rising, or rising with a ripple
+        }
+        std::vector<idx_t> out(nq * nn);
+        exact_topk_blocked(keys.data(), n, d, queries.data(), nq, nn, out.data());
+        for (idx_t i = 0; i < nq; i++) {
+            auto ref = kvtest::ref_topk(queries.data() + i * d, keys.data(), d, n, nn);
+            EXPECT_TRUE(std::equal(ref.begin(), ref.end(), out.begin() + i * nn)) << "rising, query " << i;
+        }
+    }
     // ties, exactly: small integers multiply and add exactly in float, so
     // every summation order gives the same score; duplicate rows and equal
     // scores must come smaller id first
