@@ -31,21 +31,24 @@ inline bool better(const Scored& a, const Scored& b) {
     return a.score > b.score || (a.score == b.score && a.id < b.id);
 }
 
-/** The k best of a stream of scored keys fed in ascending id order.
+/** The k best of a stream of scored keys fed in descending id order.
  * Candidates pile up in a buffer and are cut back to the k best by
  * nth_element when it holds 2k: linear in the keys whatever their order,
  * where a heap pays a log k replacement for each key that improves on the
- * k-th (every recent key, when the scores grow along the context as an
- * attention query's do). Once k are kept, a key must beat the k-th score
- * strictly: its id is larger than every kept one, so a tie loses. */
+ * k-th. The keys come last first because an attention query's scores grow
+ * along the context (RoPE, recency): the recent keys set a high bar at
+ * once and most older ones fall below it, instead of each recent key
+ * improving on the one before. Once k are kept, a key must reach the k-th
+ * score: its id is smaller than every kept one, so it wins a tie. */
 class RunningTopK {
   public:
     explicit RunningTopK(size_t k) : k_(k) {
         kept_.reserve(2 * k);
     }
+    /// Scores s[j] of keys id0 + j, j < n, offered from the last.
     void offer(const float* s, size_t n, idx_t id0) {
-        for (size_t j = 0; j < n; j++) {
-            if (s[j] > bar_) {
+        for (size_t j = n; j-- > 0;) {
+            if (s[j] >= bar_) {
                 kept_.push_back({s[j], id0 + idx_t(j)});
                 if (kept_.size() == 2 * k_) {
                     cut();
@@ -102,7 +105,9 @@ void exact_topk_blocked(
         int nq = int(std::min(kQueryBlock, n_queries - q0));
         std::vector<float> scores(size_t(nq) * kKeyBlock);
         std::vector<RunningTopK> best(nq, RunningTopK(kk));
-        for (idx_t k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+        // the blocks last first (RunningTopK)
+        for (idx_t kb = (n_keys + kKeyBlock - 1) / kKeyBlock; kb-- > 0;) {
+            idx_t k0 = kb * kKeyBlock;
             int nk = int(std::min(kKeyBlock, n_keys - k0));
             // scores (row-major nq x nk) = queries_block * keys_block^T
             gemm_abt(nq, nk, d, queries + q0 * d, d, keys + k0 * d, d, scores.data(), nk);
