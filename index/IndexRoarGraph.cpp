@@ -28,7 +28,9 @@ constexpr idx_t kLinkBatch = 1024;  // keys searched in parallel per link step
 constexpr int64_t kMaxBeam = 1000000000; // efSearch's range
 constexpr int kMaxRepairRounds = 16;
 constexpr idx_t kCheckEvery = 1024; // appended tokens between reachability checks
-constexpr idx_t kKeysPerHub = 256;  // default hubs: 1 per 256 prompt keys
+constexpr idx_t kKeysPerHub = 256;
+constexpr idx_t kLearnScanBlock = 1024;  // keys scanned for every query of a task while in L2
+constexpr idx_t kLearnScanQueries = 8;   // queries sharing one scan of the keys  // default hubs: 1 per 256 prompt keys
 // a search scores at most one anchor per 128 keys (and at least
 // seed_anchors) to pick its seeds, and takes the lists of at most one
 // anchor per 4096 keys: <= 0.8% and <= 2.4% (Nq = 100) of the keys read,
@@ -1136,6 +1138,26 @@ void IndexRoarGraph::update_anchor_lists(idx_t n0) {
     }
 }
 
+void IndexRoarGraph::scan_lists(
+        const float* q, idx_t m, size_t width, float* scores, idx_t* ids) const {
+    std::vector<size_t> filled(m, 0);
+    static_assert(sizeof(idx_t) == sizeof(int64_t), "the heap's ids are idx_t");
+    auto heap_ids = reinterpret_cast<int64_t*>(ids);
+    for (idx_t k0 = 0; k0 < ntotal; k0 += kLearnScanBlock) {
+        size_t nk = size_t(std::min(kLearnScanBlock, ntotal - k0));
+        KVRows block = storage.key_rows().from(size_t(k0));
+        for (idx_t i = 0; i < m; i++) {
+            topk_inner_products(q + size_t(i) * d, block, nk, nullptr, k0, width,
+                                scores + size_t(i) * width, heap_ids + size_t(i) * width,
+                                &filled[i]);
+        }
+    }
+    for (idx_t i = 0; i < m; i++) {
+        topk_heap_sort(scores + size_t(i) * width, heap_ids + size_t(i) * width, filled[i]);
+        std::fill(ids + size_t(i) * width + filled[i], ids + size_t(i + 1) * width, idx_t(-1));
+    }
+}
+
 void IndexRoarGraph::add_queries_impl(idx_t n, const float* queries) {
     size_t width = anchor_list_width();
     if (decode_anchors <= 0 || ntotal == 0 || width == 0) {
@@ -1145,16 +1167,28 @@ void IndexRoarGraph::add_queries_impl(idx_t n, const float* queries) {
     idx_t first = std::max<idx_t>(0, n - decode_anchors), m = n - first;
     std::vector<float> scores(size_t(m) * width);
     std::vector<idx_t> ids(size_t(m) * width);
-    SearchParametersTopK learning; // the learning beam: later searches start from these lists
-    learning.efSearch = learn_efSearch > 0 ? learn_efSearch
-                                           : int(std::min<int64_t>(2 * int64_t(efSearch), kMaxBeam));
-    int beam = beam_for(&learning, idx_t(width));
-    // searched in parallel on the index as it was before the call, kept in
+    // listed in parallel on the index as it was before the call, kept in
     // order: the anchors do not depend on the thread count
-    parallel_for(m, [&](idx_t i) {
-        beam_search(queries + size_t(first + i) * d, idx_t(width), beam,
-                    scores.data() + size_t(i) * width, ids.data() + size_t(i) * width);
-    });
+    if (ntotal <= learn_scan_keys) {
+        // few keys: one pass over them for a task's queries costs less than
+        // their beams (and the lists are exact)
+        idx_t n_tasks = (m + kLearnScanQueries - 1) / kLearnScanQueries;
+        parallel_for(n_tasks, [&](idx_t t) {
+            idx_t i0 = t * kLearnScanQueries, i1 = std::min(m, i0 + kLearnScanQueries);
+            scan_lists(queries + size_t(first + i0) * d, i1 - i0, width,
+                       scores.data() + size_t(i0) * width, ids.data() + size_t(i0) * width);
+        });
+    } else {
+        SearchParametersTopK learning; // the learning beam: later searches start from these lists
+        learning.efSearch = learn_efSearch > 0
+                ? learn_efSearch
+                : int(std::min<int64_t>(2 * int64_t(efSearch), kMaxBeam));
+        int beam = beam_for(&learning, idx_t(width));
+        parallel_for(m, [&](idx_t i) {
+            beam_search(queries + size_t(first + i) * d, idx_t(width), beam,
+                        scores.data() + size_t(i) * width, ids.data() + size_t(i) * width);
+        });
+    }
     for (idx_t i = 0; i < m; i++) {
         keep_decode_anchor(queries + size_t(first + i) * d, ids.data() + size_t(i) * width,
                            scores.data() + size_t(i) * width);
@@ -1228,6 +1262,7 @@ std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
     info.push_back({"seed_anchors", false, "the anchors nearest the query whose lists seed the search (0: none), >= 0"});
     info.push_back({"walk_bits", false, "0: the search scores the stored keys; 8: it walks on 8-bit codes of the keys and scores its beam again on them"});
     info.push_back({"learn_efSearch", false, "beam of the searches that learn decode queries (add_queries), >= 0; 0: twice efSearch"});
+    info.push_back({"learn_scan_keys", false, "add_queries lists a decode query by an exact scan of the keys while the index holds at most this many, by a beam of learn_efSearch above; >= 0"});
     info.push_back({"decode_anchors", false, "decode queries (add_queries) kept as anchors, the most recent; 0: none; setting it drops those learned"});
     info.push_back({"seed", true, "seed of the training sample (with the per-head stream), >= 0"});
     return info;
@@ -1261,6 +1296,10 @@ bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
             walk_bits = int(value);
             index_codes();
         }
+        return true;
+    }
+    if (name == "learn_scan_keys") {
+        learn_scan_keys = idx_t(count_parameter(name, value));
         return true;
     }
     if (name == "learn_efSearch") {
@@ -1351,6 +1390,8 @@ bool IndexRoarGraph::get_parameter(const std::string& name, double* value) const
         *value = decode_anchors;
     } else if (name == "learn_efSearch") {
         *value = learn_efSearch;
+    } else if (name == "learn_scan_keys") {
+        *value = double(learn_scan_keys);
     } else {
         return KVIndex::get_parameter(name, value);
     }
@@ -1397,6 +1438,8 @@ void IndexRoarGraph::write_fields(BufferWriter& w) const {
     w.value<int32_t>(decode_anchors);
     w.value<int32_t>(learn_efSearch);
     w.value<int64_t>(n_learned);
+    // record version 5
+    w.value<int64_t>(learn_scan_keys);
 }
 
 void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
@@ -1458,6 +1501,8 @@ void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
         learn_efSearch = defaults.learn_efSearch;
         n_learned = 0;
     }
+    // older records learn as they did: by the beam alone
+    learn_scan_keys = version >= 5 ? r.value<int64_t>("learn_scan_keys") : 0;
     check_graph(); // before the edges are followed
     count_in_degrees();
     index_anchors();
@@ -1511,13 +1556,14 @@ void IndexRoarGraph::check_graph() const {
             size_t(n));
     FAISS_THROW_IF_NOT_FMT(
             decode_anchors >= 0 && decode_anchors <= 1000000 && learn_efSearch >= 0 &&
-                    n_learned >= 0 &&
+                    learn_scan_keys >= 0 && n_learned >= 0 &&
                     learned_anchors() <= na && (learned_anchors() == 0 || !anchor_lists.empty()),
             "IndexRoarGraph: %zd decode queries learned (ring of decode_anchors=%d, "
-            "learn_efSearch=%d) disagree with %zd anchors%s",
+            "learn_efSearch=%d, learn_scan_keys=%zd) disagree with %zd anchors%s",
             size_t(n_learned),
             decode_anchors,
             learn_efSearch,
+            size_t(learn_scan_keys),
             na,
             anchor_lists.empty() ? " without lists" : "");
     check_finite(anchor_queries.data(), idx_t(na), size_t(d), "IndexRoarGraph: anchor queries");

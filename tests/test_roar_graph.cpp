@@ -1478,7 +1478,7 @@ TEST(RoarGraph, PromptAnchorListsStayExactOverAppends) {
 
 TEST(RoarGraph, DecodeQueriesAreKeptInARingOfRecentAnchors) {
     Data x = make_data(1200, kD, 2, 1200, 10, 1302);
-    auto g = built(x, "decode_anchors=4,efSearch=20");
+    auto g = built(x, "decode_anchors=4,efSearch=20,learn_scan_keys=0"); // by the beam
     size_t np = g->prompt_anchors(), width = g->anchor_list_width();
     ASSERT_GT(np, 0u);
     EXPECT_EQ(g->learned_anchors(), 0u);
@@ -1590,8 +1590,10 @@ TEST(RoarGraph, LearntDecodeQueriesFindTheAppendedKeysTheyAttendTo) {
     }
     std::printf("[ RoarGraph ] 1500 drifted appends, recall@10 at efSearch 40: %.4f without the "
                 "decode queries, %.4f with them learnt\n", got[0], got[1]);
-    // Measured (seeded): 0.811 and 0.849; with the drift 5 or 8 instead of
-    // 3: 0.866 / 0.894 and 0.928 / 0.965
+    // Measured (seeded): 0.811 and 0.857 (the lists scanned up to 4096
+    // keys, learn_scan_keys, then by the beam; 0.849 all by the beam, 0.898
+    // all scanned); by the beam with the drift 5 or 8 instead of 3: 0.866 /
+    // 0.894 and 0.928 / 0.965
     EXPECT_GE(got[1], got[0] + 0.02);
 }
 
@@ -1642,6 +1644,7 @@ TEST(RoarGraph, LearntAnchorsRoundTripAndGoOnAlike) {
     forged("negative n_learned", [](IndexRoarGraph& f) { f.n_learned = -1; });
     forged("negative decode_anchors", [](IndexRoarGraph& f) { f.decode_anchors = -2; });
     forged("negative learn_efSearch", [](IndexRoarGraph& f) { f.learn_efSearch = -1; });
+    forged("negative learn_scan_keys", [](IndexRoarGraph& f) { f.learn_scan_keys = -1; });
     // the knobs
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "decode_anchors=-1"), "decode_anchors");
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "decode_anchors=2.5"), "decode_anchors");
@@ -1649,6 +1652,63 @@ TEST(RoarGraph, LearntAnchorsRoundTripAndGoOnAlike) {
     set_index_parameters(g.get(), "learn_efSearch=77");
     EXPECT_EQ(get_index_parameter(g.get(), "learn_efSearch"), 77.0);
     EXPECT_EQ(get_index_parameter(g.get(), "decode_anchors"), 64.0);
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "learn_scan_keys=-1"), "learn_scan_keys");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "learn_scan_keys=0.5"), "learn_scan_keys");
+    set_index_parameters(g.get(), "learn_scan_keys=123");
+    EXPECT_EQ(get_index_parameter(g.get(), "learn_scan_keys"), 123.0);
+    std::vector<uint8_t> b2;
+    write_index(g.get(), &b2);
+    auto c2 = read_index(b2);
+    EXPECT_EQ(dynamic_cast<IndexRoarGraph&>(*c2).learn_scan_keys, 123);
+}
+
+/** Below learn_scan_keys keys a decode query's list is the exact top of
+ * every key held when it is learnt (one scan shared by the call's
+ * queries); above, the learning beam's, as in the ring test. */
+TEST(RoarGraph, DecodeListsAreScannedExactlyBelowLearnScanKeys) {
+    Data x = make_data(1500, kD, 2, 1500, 100, 1307, /*n_extra=*/40);
+    auto g = built(x, "decode_anchors=128,efSearch=20");
+    ASSERT_GE(g->learn_scan_keys, x.n_all()) << "the default scans at this size";
+    size_t np = g->prompt_anchors(), width = g->anchor_list_width();
+    idx_t swaps = 0;
+    for (idx_t t = 0; t < 30; t++) { // a step: its token, then its 3 query heads
+        idx_t held = x.n + t + 1;
+        g->add_kv(1, x.keys.data() + (held - 1) * kD, x.values.data() + (held - 1) * kD);
+        g->add_queries(3, x.test.data() + t * 3 * kD);
+        for (idx_t h = 0; h < 3; h++) {
+            SCOPED_TRACE("step " + std::to_string(t) + " head " + std::to_string(h));
+            const float* q = x.test.data() + (t * 3 + h) * kD;
+            size_t slot = np + size_t(t * 3 + h);
+            auto sc = ref_scores(q, x.keys.data(), kD, held);
+            auto ref = kvtest::ref_topk(q, x.keys.data(), kD, held, idx_t(width));
+            const int32_t* list = g->anchor_lists.data() + slot * width;
+            for (size_t j = 0; j < width; j++) {
+                ASSERT_GE(list[j], 0);
+                if (list[j] != ref[j]) { // only float rounding may swap two keys
+                    swaps++;
+                    EXPECT_NEAR(sc[list[j]], sc[ref[j]], 1e-5 * std::max(1.0, std::fabs(sc[ref[j]])));
+                }
+            }
+            EXPECT_EQ(g->anchor_pivots[slot], list[0]);
+            double bar = sc[list[width - 1]];
+            EXPECT_NEAR(g->anchor_thresholds[slot], bar, 1e-4 * std::max(1.0, std::fabs(bar)));
+        }
+    }
+    EXPECT_LE(swaps, 5);
+    // above the threshold: the beam's list (learn_efSearch = 0: twice efSearch)
+    set_index_parameters(g.get(), "learn_scan_keys=" + std::to_string(g->ntotal - 1));
+    const float* q = x.test.data() + 90 * kD;
+    SearchParametersTopK learning;
+    learning.efSearch = 40;
+    std::vector<float> dis(width);
+    std::vector<idx_t> ids(width);
+    g->search(1, q, idx_t(width), dis.data(), ids.data(), &learning);
+    g->add_queries(1, q);
+    size_t slot = np + 90;
+    for (size_t j = 0; j < width; j++) {
+        EXPECT_EQ(g->anchor_lists[slot * width + j], int32_t(ids[j])) << "beam, rank " << j;
+    }
+    EXPECT_NO_THROW(g->check_invariants());
 }
 
 TEST(RoarGraph, KVCacheHandsEachHeadItsGroupsQueries) {

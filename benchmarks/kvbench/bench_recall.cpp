@@ -106,7 +106,8 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
         std::vector<float> queries;
         index->prefill(prompt_of(layer, n_tokens, m, group, d, queries));
     };
-    auto measure = [&](const KVIndex* index, const char* what, int64_t appended, double seconds) {
+    auto measure = [&](const KVIndex* index, const char* what, int64_t appended, double seconds,
+                       double learn_us) {
         idx_t held = index->ntotal;
         double recall = 0, scanned = 0;
         int64_t app_true = 0, app_found = 0;
@@ -134,22 +135,25 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
             index->select(1, q, &sel, &counting);
             scanned += double(sel.n_scanned + sel.size());
         }
-        std::printf("%-28s %-22s %9zd %9zd %8.3f %8.3f (%5zd) %8.2f%% %10.1f\n", spec.c_str(), what,
-                    size_t(held), size_t(appended), recall / (double(k) * n_queries),
+        std::printf("%-28s %-22s %9zd %9zd %8.3f %8.3f (%5zd) %8.2f%% %10.1f %10.1f\n", spec.c_str(),
+                    what, size_t(held), size_t(appended), recall / (double(k) * n_queries),
                     app_true ? double(app_found) / app_true : 0.0, size_t(app_true),
-                    100 * scanned / (double(held) * n_queries), seconds);
+                    100 * scanned / (double(held) * n_queries), seconds, learn_us);
         std::fflush(stdout);
     };
-    std::printf("%-28s %-22s %9s %9s %8s %16s %9s %10s\n", "index", "build", "keys", "appended",
-                "recall", "appended_found", "read%", "seconds");
+    // learn_us: add_queries' time per query learnt, since the last checkpoint
+    std::printf("%-28s %-22s %9s %9s %8s %16s %9s %10s %10s\n", "index", "build", "keys",
+                "appended", "recall", "appended_found", "read%", "seconds", "learn_us");
     auto index = index_factory(d, spec);
     auto t0 = Clock::now();
     prefill(index.get(), n);
-    measure(index.get(), "prefill n", 0, seconds_since(t0));
+    measure(index.get(), "prefill n", 0, seconds_since(t0), 0);
     int64_t done = 0;
     std::vector<float> step_queries(size_t(group) * d);
     for (int64_t stop : {n_append / 4, n_append / 2, n_append}) {
         auto ta = Clock::now();
+        double learn_seconds = 0;
+        int64_t from = done;
         for (; done < stop; done++) {
             index->add_kv(1, layer.keys.data() + (n + done) * d, layer.values.data() + (n + done) * d);
             if (learn) {
@@ -157,16 +161,19 @@ void run_appends(const std::string& spec, int64_t n, int64_t n_append, int n_que
                     const float* q = layer.queries.data() + (size_t(h) * n_tokens + size_t(n + done)) * d;
                     std::copy(q, q + d, step_queries.begin() + size_t(h) * d);
                 }
+                auto tl = Clock::now();
                 index->add_queries(group, step_queries.data());
+                learn_seconds += seconds_since(tl);
             }
         }
+        double learnt = double(done - from) * group;
         measure(index.get(), learn ? "then appended, learnt" : "then appended", done,
-                seconds_since(ta));
+                seconds_since(ta), learnt > 0 && learn ? 1e6 * learn_seconds / learnt : 0);
     }
     auto whole = index_factory(d, spec);
     t0 = Clock::now();
     prefill(whole.get(), n + n_append);
-    measure(whole.get(), "prefill n + appended", 0, seconds_since(t0));
+    measure(whole.get(), "prefill n + appended", 0, seconds_since(t0), 0);
 }
 
 /** How alike the exact top-k of successive queries of each head kind are

@@ -123,7 +123,8 @@ struct AnchorGroups {
  *
  * Decode queries (add_queries, after their step was answered) are
  * learned: each one's beam search (learn_efSearch, wider than a search's:
- * these lists seed the next searches) gives its list, best key and bar,
+ * these lists seed the next searches), or below learn_scan_keys keys an
+ * exact scan shared by the call's queries, gives its list, best key and bar,
  * and it is kept as an anchor in a ring of the decode_anchors most recent
  * ones after the prompt's anchors. One learnt query costs about one search. Decode queries resemble the decode queries
  * just before them more than any prompt query, so a search is seeded by
@@ -168,7 +169,7 @@ struct AnchorGroups {
  * Per call: SearchParametersTopK (IndexTopK.h), whose efSearch is the
  * beam width of graph retrievers, HNSW's and this one's alike.
  * Factory string: "RoarGraph<M>". Knobs: k, efSearch, seed_anchors,
- * walk_bits, decode_anchors, learn_efSearch; prefill-time: M, Nq, build_L, max_train_queries,
+ * walk_bits, decode_anchors, learn_efSearch, learn_scan_keys; prefill-time: M, Nq, build_L, max_train_queries,
  * recent_queries, n_hubs, n_anchors, seed. Record version 2 adds
  * recent_queries, seed_anchors and the anchors' lists; a version-1 record
  * reads with seed_anchors = 0 (no lists), searches as it did and learns
@@ -176,6 +177,8 @@ struct AnchorGroups {
  * codes' ranges; older records read with walk_bits = 0. Version 4 adds
  * decode_anchors, learn_efSearch and n_learned (the learned anchors are among the
  * anchors); older records read with the default ring and none learned.
+ * Version 5 adds learn_scan_keys; older records read with 0 (they learn
+ * by the beam, as they did).
  */
 struct IndexRoarGraph : KVIndex {
     int M = 32;                      ///< out-degree of the projection; degree bound 2M
@@ -201,6 +204,14 @@ struct IndexRoarGraph : KVIndex {
     /// (their lists seed every later search: synthetic 128k, 4096 steps,
     /// recall 0.908 / 0.929 / 0.938 with 1 / 2 / 4 times efSearch)
     int learn_efSearch = 0;
+    /// while the index holds at most this many keys, a decode query's list
+    /// is the exact top-Nq of a scan of the keys (scan_lists, one pass
+    /// shared by the call's queries: a GQA group) instead of a beam search.
+    /// Where the keys come from DRAM the scan costs ~13 ns a key and a
+    /// query, the beam ~60-75 µs: SmolLM2, 30 layers x 3 KV heads, learning
+    /// costs 12 ms a token at 2k keys scanned against 17 by the beam, 26
+    /// at 8k against 20. 0: always the beam
+    idx_t learn_scan_keys = 4096;
     /// decode queries learned since the prefill; the next one goes to ring
     /// slot n_learned % decode_anchors
     idx_t n_learned = 0;
@@ -365,6 +376,11 @@ struct IndexRoarGraph : KVIndex {
     /// The lists of the seed_anchors anchors nearest q, in `seeds`;
     /// returns the anchors and centroids scored.
     size_t anchor_seeds(const float* q, std::vector<int32_t>& seeds) const;
+    /** The exact lists of m queries (q: size m * d): the top width keys
+     * of each (scores, ids: size m * width, best first, -1 padded), in one
+     * pass over the keys, a block of them scored for every query while it
+     * sits in cache. */
+    void scan_lists(const float* q, idx_t m, size_t width, float* scores, idx_t* ids) const;
     /** Keeps decode query q as an anchor in the ring: its list (ids,
      * scores: size anchor_list_width(), best first, -1 padded, from its
      * search), pivot and bar. */

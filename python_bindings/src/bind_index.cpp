@@ -503,7 +503,8 @@ lists of the prompt queries nearest the query, and attend exactly over the k
 keys found. walk_bits=8 walks on 8-bit codes of the keys (a quarter of
 float32's bytes) and scores the whole beam again on the stored keys.
 Compose with the static part: "Sink128,Window512,RoarGraph32".
-Factory string: "RoarGraph<M>". Knobs: k, efSearch, seed_anchors, walk_bits;
+Factory string: "RoarGraph<M>". Knobs: k, efSearch, seed_anchors, walk_bits,
+decode_anchors, learn_efSearch, learn_scan_keys;
 prefill-time: M, Nq, build_L, max_train_queries, recent_queries, n_hubs,
 n_anchors, seed.)doc")
             .def(py::init([](int d, int M, py::object d_value, const std::string& kv_type) {
@@ -525,6 +526,9 @@ n_anchors, seed.)doc")
                           "start of every search (-1 when empty)")
             .def_readonly("decode_anchors", &kvindex::IndexRoarGraph::decode_anchors,
                           "decode queries (add_queries) kept as anchors, the most recent")
+            .def_readonly("learn_scan_keys", &kvindex::IndexRoarGraph::learn_scan_keys,
+                          "add_queries lists a decode query by an exact scan while the index "
+                          "holds at most this many keys (by a beam search above)")
             .def_readonly("n_learned", &kvindex::IndexRoarGraph::n_learned,
                           "decode queries learnt since the prefill")
             .def_property_readonly("learned_anchors", &kvindex::IndexRoarGraph::learned_anchors,

@@ -101,6 +101,10 @@ def test_decode_queries_are_learnt_through_index_and_cache():
         index.add_kv(keys[t:t + 1], values[t:t + 1])
         index.add_queries(test[t - 700:t - 699])
     assert index.n_learned == 40 and index.learned_anchors == 16 and index.decode_anchors == 16
+    # 740 keys: below learn_scan_keys, the lists were scanned exactly
+    assert index.learn_scan_keys == 4096
+    kvindex.set_index_parameters(index, "learn_scan_keys=0")  # by the beam from now on
+    assert index.learn_scan_keys == 0
     _, full = index.search(test, 10, params={"efSearch": 740})
     np.testing.assert_array_equal(full, numpy_topk(test, keys[:740], 10))
     with pytest.raises(ValueError, match="q"):
