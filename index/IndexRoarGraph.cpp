@@ -1051,6 +1051,7 @@ void IndexRoarGraph::resize_anchors(size_t na, size_t width) {
     anchor_thresholds.resize(na);
     anchor_pivots.resize(na);
     anchor_lists.resize(na * width);
+    anchor_list_scores.resize(na * width);
 }
 
 void IndexRoarGraph::index_anchors() {
@@ -1061,12 +1062,37 @@ void IndexRoarGraph::index_anchors() {
         anchor_sq_norms[a] = 0;
         inner_products_scaled(x, KVRows(x, size_t(d)), 1, 1.0f, &anchor_sq_norms[a]);
     }
+    score_anchor_lists();
     // the prompt's anchors in sqrt(np) groups (the centroids and the groups
     // probed cost about the same); the learned ones change every step and
     // are scored apart
     size_t np = prompt_anchors();
     anchor_groups.build(anchor_queries.data(), np, size_t(d),
                         size_t(std::lround(std::sqrt(double(np)))));
+}
+
+float IndexRoarGraph::anchor_score(size_t a, idx_t key) const {
+    // one row at a time: a batch kernel may round a row by its place in
+    // the batch, and a list must order the same keys the same way on
+    // every path (learn, append, read)
+    int64_t id = key;
+    float s;
+    inner_products_by_ids(anchor_queries.data() + a * d, storage.key_rows(), &id, 1, 1.0f, &s);
+    return s;
+}
+
+void IndexRoarGraph::list_scores_of(size_t a, const int32_t* list, float* scores) const {
+    for (size_t j = 0, width = anchor_list_width(); j < width; j++) {
+        scores[j] = list[j] >= 0 ? anchor_score(a, list[j]) : -std::numeric_limits<float>::infinity();
+    }
+}
+
+void IndexRoarGraph::score_anchor_lists() {
+    size_t na = anchor_pivots.size(), width = anchor_lists.empty() ? 0 : anchor_list_width();
+    anchor_list_scores.resize(na * width);
+    for (size_t a = 0; a < na && width > 0; a++) {
+        list_scores_of(a, anchor_lists.data() + a * width, anchor_list_scores.data() + a * width);
+    }
 }
 
 void IndexRoarGraph::index_codes() {
@@ -1104,26 +1130,22 @@ void IndexRoarGraph::update_anchor_lists(idx_t n0) {
         return;
     }
     // everything allocated first: a failure leaves the lists as they were
-    std::vector<float> x(d), s(na), list_scores(width);
-    std::vector<int64_t> list_ids(width);
+    std::vector<float> x(d), s(na);
     for (idx_t key = n0; key < ntotal; key++) {
         storage.key(key, x.data());
         inner_products_scaled(x.data(), anchor_queries.data(), d, na, 1.0f, s.data());
         for (size_t a = 0; a < na; a++) {
             int32_t* list = anchor_lists.data() + a * width;
+            float* scores = anchor_list_scores.data() + a * width;
             bool full = list[width - 1] >= 0;
             if (full && s[a] < anchor_thresholds[a]) {
                 continue; // below the list's bar
             }
             size_t len = full ? width : size_t(std::find(list, list + width, -1) - list);
-            // the list's scores (the keys' order), then key's place after
-            // every key of at least its score
-            const float* q = anchor_queries.data() + a * d;
-            std::copy(list, list + len, list_ids.begin());
-            inner_products_by_ids(q, storage.key_rows(), list_ids.data(), len, 1.0f,
-                                  list_scores.data());
+            // key's place: after every listed key of at least its score
+            float sa = anchor_score(a, key);
             size_t pos = 0;
-            while (pos < len && list_scores[pos] >= s[a]) {
+            while (pos < len && scores[pos] >= sa) {
                 pos++;
             }
             if (pos == width) {
@@ -1131,8 +1153,10 @@ void IndexRoarGraph::update_anchor_lists(idx_t n0) {
             }
             size_t kept = std::min(len + 1, width);
             std::copy_backward(list + pos, list + kept - 1, list + kept);
+            std::copy_backward(scores + pos, scores + kept - 1, scores + kept);
             list[pos] = int32_t(key);
-            anchor_thresholds[a] = pos == kept - 1 ? s[a] : list_scores[kept - 2];
+            scores[pos] = sa;
+            anchor_thresholds[a] = scores[kept - 1];
             anchor_pivots[a] = list[0];
         }
     }
@@ -1208,6 +1232,7 @@ void IndexRoarGraph::keep_decode_anchor(const float* q, const idx_t* ids, const 
         anchor_lists[slot * width + j] = int32_t(ids[j]);
         found += ids[j] >= 0;
     }
+    list_scores_of(slot, anchor_lists.data() + slot * width, anchor_list_scores.data() + slot * width);
     anchor_pivots[slot] = int32_t(ids[0]); // a non-empty index finds a key
     anchor_thresholds[slot] = scores[found - 1];
     n_learned++;
@@ -1223,6 +1248,7 @@ void IndexRoarGraph::reset_impl() {
     anchor_thresholds.clear();
     anchor_pivots.clear();
     anchor_lists.clear();
+    anchor_list_scores.clear();
     anchor_sq_norms.clear();
     anchor_groups.clear();
     walk_codes.clear();
@@ -1240,7 +1266,8 @@ size_t IndexRoarGraph::graph_bytes() const {
 size_t IndexRoarGraph::memory_bytes() const {
     return storage.memory_bytes() + graph_bytes() + in_degrees.size() * sizeof(uint32_t) +
             hubs.size() * sizeof(int32_t) +
-            (anchor_queries.size() + anchor_thresholds.size() + anchor_sq_norms.size()) * sizeof(float) +
+            (anchor_queries.size() + anchor_thresholds.size() + anchor_sq_norms.size() +
+             anchor_list_scores.size()) * sizeof(float) +
             (anchor_pivots.size() + anchor_lists.size()) * sizeof(int32_t) +
             (anchor_groups.centroids.size() + anchor_groups.sq_norms.size()) * sizeof(float) +
             anchor_groups.offsets.size() * sizeof(size_t) +

@@ -1453,6 +1453,11 @@ TEST(RoarGraph, PromptAnchorListsStayExactOverAppends) {
     size_t na = g->prompt_anchors(), width = g->anchor_list_width();
     ASSERT_EQ(na, 64u);
     ASSERT_EQ(width, size_t(g->Nq));
+    std::vector<uint8_t> buf;
+    write_index(g.get(), &buf);
+    auto read = read_index(buf);
+    const auto& copy = dynamic_cast<const IndexRoarGraph&>(*read);
+    ASSERT_EQ(copy.anchor_list_scores.size(), na * width);
     idx_t appended_listed = 0;
     for (size_t a = 0; a < na; a++) {
         SCOPED_TRACE("anchor " + std::to_string(a));
@@ -1466,6 +1471,9 @@ TEST(RoarGraph, PromptAnchorListsStayExactOverAppends) {
             EXPECT_TRUE(seen.insert(list[j]).second) << "id " << list[j] << " twice";
             double sr = sc[ref[j]], tol = 1e-5 * std::max(1.0, std::fabs(sr));
             EXPECT_NEAR(sc[list[j]], sr, tol) << "rank " << j << ": id " << list[j] << " for " << ref[j];
+            // the scores kept beside the list, and those a read computes
+            EXPECT_NEAR(g->anchor_list_scores[a * width + j], sc[list[j]], tol) << "rank " << j;
+            EXPECT_EQ(g->anchor_list_scores[a * width + j], copy.anchor_list_scores[a * width + j]);
             appended_listed += list[j] >= x.n;
         }
         EXPECT_EQ(g->anchor_pivots[a], list[0]);

@@ -236,6 +236,11 @@ struct IndexRoarGraph : KVIndex {
     /// size n_anchor * Nq (Nq of the build), or empty: each anchor's exact
     /// list, best first, -1 padded (the seeds of the searches)
     std::vector<int32_t> anchor_lists;
+    /// size n_anchor * Nq, as anchor_lists: the listed keys' scores, so that
+    /// an appended key finds its place without scoring the list again
+    /// (derived: scored at prefill and read, kept at learn and append; not
+    /// written)
+    std::vector<float> anchor_list_scores;
     /// size n_anchor: |anchor|^2 (counted from anchor_queries, not written)
     std::vector<float> anchor_sq_norms;
     /// the anchors by k-means group (derived from anchor_queries, not written)
@@ -392,7 +397,13 @@ struct IndexRoarGraph : KVIndex {
     size_t recent_anchors_scored() const;
     /// The flat pool: anchors a search would score without groups.
     size_t anchor_pool() const;
-    /// The five anchor arrays sized for na anchors with lists of `width`.
+    /// anchor_list_scores from the lists and the stored keys.
+    void score_anchor_lists();
+    /// <anchor a, key>, computed the same way on every path.
+    float anchor_score(size_t a, idx_t key) const;
+    /// The scores of anchor a's list (size anchor_list_width()), -inf padded.
+    void list_scores_of(size_t a, const int32_t* list, float* scores) const;
+    /// The anchor arrays sized for na anchors with lists of `width`.
     void resize_anchors(size_t na, size_t width);
     /// anchor_sq_norms and anchor_groups from anchor_queries.
     void index_anchors();
