@@ -28,9 +28,9 @@ constexpr idx_t kLinkBatch = 1024;  // keys searched in parallel per link step
 constexpr int64_t kMaxBeam = 1000000000; // efSearch's range
 constexpr int kMaxRepairRounds = 16;
 constexpr idx_t kCheckEvery = 1024; // appended tokens between reachability checks
-constexpr idx_t kKeysPerHub = 256;
-constexpr idx_t kLearnScanBlock = 1024;  // keys scanned for every query of a task while in L2
-constexpr idx_t kLearnScanQueries = 8;   // queries sharing one scan of the keys  // default hubs: 1 per 256 prompt keys
+constexpr idx_t kKeysPerHub = 256;  // default hubs: 1 per 256 prompt keys
+constexpr idx_t kLearnScanBlock = 1024; // keys scored for every query of a task while in L2
+constexpr idx_t kLearnScanQueries = 8;  // learnt queries sharing one scan of the keys
 // a search scores at most one anchor per 128 keys (and at least
 // seed_anchors) to pick its seeds, and takes the lists of at most one
 // anchor per 4096 keys: <= 0.8% and <= 2.4% (Nq = 100) of the keys read,
