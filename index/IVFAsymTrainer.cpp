@@ -114,7 +114,7 @@ void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
     FAISS_THROW_IF_NOT_MSG(
             !has_rope_ || in.rope == rope,
             "IVFAsymTrainer::add_prompt: every prompt must have the same RoPE parameters");
-    check_finite(in.keys, in.n_tokens, d, "IVFAsymTrainer::add_prompt: keys");
+    check_input(in.keys, in.n_tokens, d, "IVFAsymTrainer::add_prompt: keys");
     rope = in.rope;
     has_rope_ = true;
     report.n_prompts++;
@@ -135,7 +135,7 @@ void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
     p.first_position = in.first_position;
     p.keys.assign(in.keys, in.keys + size_t(in.n_tokens) * d);
     if (in.n_queries > 0 && in.queries) {
-        check_finite(in.queries, in.n_queries * in.n_query_heads, d, "IVFAsymTrainer::add_prompt: queries");
+        check_input(in.queries, in.n_queries * in.n_query_heads, d, "IVFAsymTrainer::add_prompt: queries");
         idx_t end = in.first_position + in.n_tokens;
         const idx_t first_far = std::max(params.n_sink, in.first_position);
         std::vector<std::pair<int, idx_t>> eligible; // (head, query)

@@ -180,12 +180,28 @@ std::unique_ptr<KVIndex> IndexHybrid::from_factory(FactoryChain& chain) {
             !parts.at_end() && !parts.peek().empty(),
             "index_factory: '%s': the heavy index is missing",
             e.c_str());
-    std::unique_ptr<KVIndex> heavy = parts.parse_next();
+    // each part is one element (the grammar's `inner`): a wrapper would take
+    // the tail as its inner index, and its printed string would not say
+    // where the heavy part ends ("Hybrid(ProxyEvict20,Flat,Uniform)")
+    auto one_element = [&](const char* part) {
+        const size_t start = parts.position();
+        const std::string first = parts.peek();
+        std::unique_ptr<KVIndex> index = parts.parse_next();
+        FAISS_THROW_IF_NOT_FMT(
+                parts.position() == start + 1,
+                "index_factory: '%s': the %s index must be one element (Hybrid(<inner>,<inner>)); "
+                "'%s' wraps what follows it",
+                e.c_str(),
+                part,
+                first.c_str());
+        return index;
+    };
+    std::unique_ptr<KVIndex> heavy = one_element("heavy");
     FAISS_THROW_IF_NOT_FMT(
             !parts.at_end() && !parts.peek().empty(),
             "index_factory: '%s': the tail index is missing (Hybrid(<heavy>,<tail>))",
             e.c_str());
-    std::unique_ptr<KVIndex> tail = parts.parse_next();
+    std::unique_ptr<KVIndex> tail = one_element("tail");
     FAISS_THROW_IF_NOT_FMT(
             parts.at_end(),
             "index_factory: '%s': '%s' follows the tail (Hybrid takes two indexes)",
@@ -356,7 +372,7 @@ size_t IndexHybrid::memory_bytes() const {
 
 std::vector<ParameterInfo> IndexHybrid::parameter_info() const {
     return {{"sample", false,
-             "tail budget, its k (tokens a uniform tail draws), >= 0; 0: no tail"},
+             "tail budget, its k (tokens a uniform tail draws), >= 0; 0: no tail; -1: the tail's own k (default)"},
             {"epsilon", true,
              "relative error target of a uniform tail: > 0 sets its sample per head at prefill, 0: off"},
             {"budget", true,
@@ -369,7 +385,8 @@ std::vector<ParameterInfo> IndexHybrid::parameter_info() const {
 
 bool IndexHybrid::set_parameter(const std::string& name, double value) {
     if (name == "sample") {
-        sample = idx_t(count_parameter(name, value));
+        // -1 (the default, which get_parameter reports): the tail's own k
+        sample = value == -1 ? -1 : idx_t(count_parameter(name, value));
     } else if (name == "epsilon") {
         FAISS_THROW_IF_NOT_FMT(
                 value >= 0 && value <= 1e6, "parameter epsilon=%g must be >= 0", value);

@@ -782,8 +782,12 @@ void IndexLSHSample::sample_one(
     std::vector<double>& cosines = sc.cosines;
     cosines.resize(m);
     for (size_t t = 0; t < m; t++) {
-        double den = qn * norms[sel.ids[t]];
-        cosines[t] = den > 0 ? (dots[t] - qm) / den : 0.0;
+        // a zero vector hashes to all-zero codes: against a zero query a
+        // zero (centred) key collides in every table (u = 1), against any
+        // other vector in half the bits (the angle of orthogonal vectors)
+        double kn = norms[sel.ids[t]];
+        double den = qn * kn;
+        cosines[t] = den > 0 ? (dots[t] - qm) / den : (qn == 0 && kn == 0 ? 1.0 : 0.0);
     }
     log_u.resize(m);
     table_for(hits)->log_inclusion(cosines.data(), m, log_u.data());

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -91,11 +93,25 @@ IndexProxyEvict::IndexProxyEvict() : KVIndex(0, 0) {}
 namespace {
 
 const std::pair<const char*, EvictPolicy> kPolicyNames[] = {
-        {"", EvictPolicy::nacl},
         {"H2O", EvictPolicy::h2o},
         {"TOVA", EvictPolicy::tova},
         {"StreamingLLM", EvictPolicy::streaming},
         {"Random", EvictPolicy::random}};
+
+/// Smallest keep percent: below it every prompt keeps its one token anyway,
+/// and the percent prints as a plain decimal of a few digits.
+constexpr double kMinKeepPercent = 1e-6;
+
+/// Whether s is a plain decimal: digits, optionally '.' and more digits.
+bool is_plain_decimal(const std::string& s) {
+    size_t dot = s.find('.');
+    std::string whole = s.substr(0, dot);
+    std::string frac = dot == std::string::npos ? "1" : s.substr(dot + 1);
+    auto digits = [](const std::string& t) {
+        return !t.empty() && t.find_first_not_of("0123456789") == std::string::npos;
+    };
+    return digits(whole) && digits(frac);
+}
 
 /// "ProxyEvict<P>[_Policy]": stores the policy and percent, returns true.
 bool parse_proxy_evict(const std::string& s, EvictPolicy* policy, double* percent) {
@@ -106,11 +122,15 @@ bool parse_proxy_evict(const std::string& s, EvictPolicy* policy, double* percen
     size_t us = s.find('_');
     std::string num = s.substr(
             head.size(), us == std::string::npos ? std::string::npos : us - head.size());
-    if (num.empty() || num.size() > 8 || num.find_first_not_of("0123456789.") != std::string::npos) {
+    if (num.size() > 32 || !is_plain_decimal(num)) {
         return false;
     }
-    *percent = std::stod(num);
-    std::string name = us == std::string::npos ? "" : s.substr(us + 1);
+    *percent = std::strtod(num.c_str(), nullptr);
+    if (us == std::string::npos) {
+        *policy = EvictPolicy::nacl;
+        return true;
+    }
+    const std::string name = s.substr(us + 1);
     for (auto& [n, p] : kPolicyNames) {
         if (name == n) {
             *policy = p;
@@ -118,6 +138,20 @@ bool parse_proxy_evict(const std::string& s, EvictPolicy* policy, double* percen
         }
     }
     return false;
+}
+
+/// The shortest plain decimal that reads back as `percent` exactly (the
+/// factory string must rebuild the same budget; "%g" would round it or
+/// print an exponent the parser refuses).
+std::string percent_text(double percent) {
+    char buf[64];
+    for (int decimals = 0; decimals <= 30; decimals++) {
+        std::snprintf(buf, sizeof(buf), "%.*f", decimals, percent);
+        if (std::strtod(buf, nullptr) == percent) {
+            break;
+        }
+    }
+    return buf;
 }
 
 } // namespace
@@ -138,9 +172,7 @@ std::unique_ptr<KVIndex> IndexProxyEvict::from_factory(FactoryChain& chain) {
 }
 
 std::string IndexProxyEvict::factory_string() const {
-    char pct[32];
-    std::snprintf(pct, sizeof(pct), "%g", keep_percent);
-    std::string s = std::string("ProxyEvict") + pct;
+    std::string s = "ProxyEvict" + percent_text(keep_percent);
     if (policy != EvictPolicy::nacl) {
         s += std::string("_") + evict_policy_name(policy);
     }
@@ -158,10 +190,26 @@ IndexProxyEvict::IndexProxyEvict(
           inner(std::move(inner_index)) {
     FAISS_THROW_IF_NOT_MSG(inner, "IndexProxyEvict: inner index missing (nullptr)");
     FAISS_THROW_IF_NOT_FMT(
-            keep_percent > 0 && keep_percent <= 100,
-            "IndexProxyEvict: keep percent %g not in (0, 100]",
+            keep_percent >= kMinKeepPercent && keep_percent <= 100,
+            "IndexProxyEvict: keep percent %g not in [1e-6, 100]",
             keep_percent);
     FAISS_THROW_IF_NOT_MSG(inner->ntotal == 0, "IndexProxyEvict: inner index must be empty");
+    // the kept tokens reach the inner index as consecutive rows, so a type
+    // that reads a key's position from its row would undo RoPE at the wrong
+    // positions and route silently worse
+    std::vector<const KVIndex*> chain = {inner.get()};
+    while (!chain.empty()) {
+        const KVIndex* index = chain.back();
+        chain.pop_back();
+        FAISS_THROW_IF_NOT_FMT(
+                !index->needs_contiguous_positions(),
+                "IndexProxyEvict: %s cannot follow eviction: it takes a key's position "
+                "from its row, and the kept tokens are not contiguous",
+                index->factory_string().c_str());
+        for (const KVIndex* child : index->children()) {
+            chain.push_back(child);
+        }
+    }
 }
 
 void IndexProxyEvict::check_scoring_knobs(const char* where) const {
@@ -291,9 +339,9 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
         }
         FAISS_THROW_IF_NOT_FMT(
                 !pick.empty(),
-                "ProxyEvict%g_%s: prefill has no queries at positions [%zd, %zd) to "
+                "%s: prefill has no queries at positions [%zd, %zd) to "
                 "score the prompt with",
-                keep_percent, evict_policy_name(policy), size_t(from), size_t(end));
+                factory_string().c_str(), size_t(from), size_t(end));
         std::vector<float> q(size_t(in.n_query_heads) * pick.size() * d);
         for (int h = 0; h < in.n_query_heads; h++) {
             for (size_t i = 0; i < pick.size(); i++) {
@@ -443,10 +491,10 @@ size_t IndexProxyEvict::memory_bytes() const {
 
 std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
-    info.push_back({"budget", true, "tokens kept at prefill, > 0 (overrides the percent of the string)"});
-    info.push_back({"protect", true, "NaCl: sinks + recent tokens kept, percent of the prompt"});
-    info.push_back({"proxy_keep", true, "NaCl: tokens kept by proxy score, percent of the prompt"});
-    info.push_back({"proxy_window", true, "NaCl: proxy queries beyond the protected ones, percent of the prompt"});
+    info.push_back({"budget", true, "tokens kept at prefill, > 0 (overrides the percent of the string); 0 = the percent (default)"});
+    info.push_back({"protect", true, "NaCl: sinks + recent tokens kept, percent of the prompt; -1 = Table 4 (default)"});
+    info.push_back({"proxy_keep", true, "NaCl: tokens kept by proxy score, percent of the prompt; -1 = Table 4 (default)"});
+    info.push_back({"proxy_window", true, "NaCl: proxy queries beyond the protected ones, percent of the prompt; -1 = Table 4 (default)"});
     info.push_back({"proxy_tokens", true,
                     "NaCl: proxy queries = the last N prompt positions (the question), tokens, "
                     "integer >= 0, clamped to the prompt; 0 = the proxy_window percent (default); "
@@ -494,8 +542,9 @@ bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
         return true;
     }
     if (name == "budget" || name == "n_sink" || name == "seed") {
+        // budget=0 is the default, "off": back to the percent of the string
         FAISS_THROW_IF_NOT_FMT(
-                is_positive_integer(value) || (name != "budget" && value == 0),
+                is_positive_integer(value) || value == 0,
                 "parameter %s=%g must be a non-negative integer",
                 name.c_str(),
                 value);
@@ -515,9 +564,10 @@ bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
     if (!pct) {
         return KVIndex::set_parameter(name, value);
     }
+    // -1 (the default, which get_parameter reports) restores Table 4's value
     FAISS_THROW_IF_NOT_FMT(
-            value >= 0 && value <= 100,
-            "parameter %s=%g must be a percent in [0, 100]",
+            value == -1 || (value >= 0 && value <= 100),
+            "parameter %s=%g must be a percent in [0, 100], or -1 for Table 4's value",
             name.c_str(),
             value);
     *pct = value;
@@ -593,7 +643,8 @@ void IndexProxyEvict::check_invariants() const {
                 (i == 0 || positions[i] > positions[i - 1]);
     }
     FAISS_THROW_IF_NOT_MSG(
-            keep_percent > 0 && keep_percent <= 100 && budget_tokens >= 0 && n_sink >= 0 &&
+            keep_percent >= kMinKeepPercent && keep_percent <= 100 && budget_tokens >= 0 &&
+                    n_sink >= 0 &&
                     sorted && idx_t(positions.size()) == inner->ntotal,
             "IndexProxyEvict: record inconsistent (budget, kept positions)");
 }

@@ -98,6 +98,21 @@ std::unique_ptr<KVIndex> IndexTopK::from_factory(FactoryChain& chain) {
             chain.kv_type);
 }
 
+namespace {
+
+/// Faiss keeps the HNSW level generator's state in memory only, so an index
+/// read back would draw other levels than the original for the tokens added
+/// after it. Seeding the generator from the count of keys held before each
+/// add makes the levels a function of the tokens, the same in both. (Faiss
+/// seeds a new HNSW with 12345: the first add draws the levels it did.)
+void reseed_hnsw_levels(faiss::Index* retriever) {
+    if (auto* hnsw = dynamic_cast<faiss::IndexHNSW*>(retriever)) {
+        hnsw->hnsw.rng = faiss::RandomGenerator(int64_t(12345) + hnsw->ntotal);
+    }
+}
+
+} // namespace
+
 void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
     storage.append(n, keys, values);
     try {
@@ -109,6 +124,7 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
                 storage.to_float(storage.size() - n, n, &stored, nullptr);
                 keys = stored.data();
             }
+            reseed_hnsw_levels(retriever.get());
             retriever->add(n, keys);
             return;
         }
@@ -133,6 +149,7 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         retriever->train(n_sample, sample.data());
         std::vector<float> all;
         storage.to_float(0, nt, &all, nullptr);
+        reseed_hnsw_levels(retriever.get());
         retriever->add(nt, all.data());
     } catch (const std::exception& e) {
         // keep the index consistent: the tokens of this call are not added,
@@ -160,11 +177,17 @@ void IndexTopK::search_batch(
                     q + i * d, storage.key_rows(), ntotal, k, distances + i * k, labels + i * k);
         });
     };
+    const auto* p = dynamic_cast<const SearchParametersTopK*>(params);
+    // the per-call knobs are checked as set_index_parameters checks them,
+    // whether or not the retriever is trained yet: never ignored or clamped
+    FAISS_THROW_IF_NOT_FMT(
+            !p || p->efSearch >= 0,
+            "search: efSearch=%d must be >= 1 (0: the index's own)",
+            p ? p->efSearch : 0);
     if (!retriever->is_trained) {
         scan_storage(); // too few keys to train yet
         return;
     }
-    const auto* p = dynamic_cast<const SearchParametersTopK*>(params);
     faiss::SearchParametersIVF ivf_params;
     const faiss::SearchParameters* rp = nullptr;
     if (p && p->nprobe > 0) {
@@ -172,6 +195,11 @@ void IndexTopK::search_batch(
         FAISS_THROW_IF_NOT_FMT(
                 ivf, "search: nprobe does not apply to retriever %s",
                 retriever_string.c_str());
+        FAISS_THROW_IF_NOT_FMT(
+                p->nprobe <= ivf->nlist,
+                "search: nprobe=%zd must be in [1, nlist=%zd] (0: the index's own)",
+                p->nprobe,
+                ivf->nlist);
         ivf_params.nprobe = p->nprobe;
         rp = &ivf_params;
     }
@@ -387,9 +415,17 @@ std::vector<ParameterInfo> IndexTopK::parameter_info() const {
 }
 
 bool IndexTopK::set_parameter(const std::string& name, double value) {
-    if (name == "nprobe" || name == "efSearch") {
-        set_retriever_parameter(name, value); // throws if not this retriever's
+    const bool is_ivf = faiss::ivflib::try_extract_index_ivf(retriever.get()) != nullptr;
+    const bool is_hnsw = dynamic_cast<const faiss::IndexHNSW*>(retriever.get()) != nullptr;
+    if ((name == "nprobe" && is_ivf) || (name == "efSearch" && is_hnsw)) {
+        set_retriever_parameter(name, value);
         return true;
+    }
+    if (name == "nprobe" || name == "efSearch") {
+        // not this retriever's knob: another index of the chain may have it
+        // ("Choose(TopK(IVF64,Flat);TopK(Flat))|nprobe=8"); if none does,
+        // set_index_parameter names it as unknown
+        return false;
     }
     return KVIndex::set_parameter(name, value);
 }

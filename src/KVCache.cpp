@@ -114,7 +114,7 @@ void KVCache::prefill(
     check_tokens(n, keys, values, "KVCache::prefill");
     if (n_queries > 0) {
         check_not_null(queries, "KVCache::prefill: queries");
-        check_finite(queries, n_q_heads * n_queries, d, "KVCache::prefill: queries");
+        check_input(queries, n_q_heads * n_queries, d, "KVCache::prefill: queries");
     }
     int g = group_size();
     try {
@@ -151,8 +151,8 @@ void KVCache::check_tokens(idx_t n, const float* keys, const float* values, cons
     std::string w(what);
     check_not_null(keys, (w + ": keys").c_str());
     check_not_null(values, (w + ": values").c_str());
-    check_finite(keys, n_kv_heads * n, d, (w + ": keys").c_str());
-    check_finite(values, n_kv_heads * n, d_value, (w + ": values").c_str());
+    check_input(keys, n_kv_heads * n, d, (w + ": keys").c_str());
+    check_input(values, n_kv_heads * n, d_value, (w + ": values").c_str());
 }
 
 void KVCache::append(int layer, idx_t n, const float* keys, const float* values) {
@@ -203,7 +203,7 @@ void KVCache::add_queries(int layer, idx_t n, const float* q) {
     }
     check_not_null(q, "KVCache::add_queries: queries");
     // checked before any head learns, as append does
-    check_finite(q, idx_t(n_q_heads) * n, size_t(d), "KVCache::add_queries: queries");
+    check_input(q, idx_t(n_q_heads) * n, size_t(d), "KVCache::add_queries: queries");
     idx_t g = group_size(); // the group's queries are contiguous, as in attend
     parallel_for(n_kv_heads, [&](idx_t h) {
         index(layer, int(h))->add_queries(g * n, q + h * g * n * d);

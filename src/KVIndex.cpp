@@ -87,8 +87,8 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
             d_value);
     check_not_null(keys, "add_kv: keys");
     check_not_null(values, "add_kv: values");
-    check_finite(keys, n, d, "add_kv: keys");
-    check_finite(values, n, d_value, "add_kv: values");
+    check_input(keys, n, d, "add_kv: keys");
+    check_input(values, n, d_value, "add_kv: values");
     check_kv_type_fits(kv_type, keys, size_t(n) * d, d, "add_kv: keys");
     check_kv_type_fits(kv_type, values, size_t(n) * d_value, d_value, "add_kv: values");
     add_kv_impl(n, keys, values);
@@ -103,7 +103,7 @@ void KVIndex::add_queries(idx_t n, const float* queries) {
     }
     FAISS_THROW_IF_NOT_FMT(d > 0, "add_queries: index has invalid dimension d=%d", d);
     check_not_null(queries, "add_queries: queries");
-    check_finite(queries, n, d, "add_queries: queries");
+    check_input(queries, n, d, "add_queries: queries");
     add_queries_impl(n, queries);
 }
 
@@ -139,8 +139,8 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
     if (in.n_tokens > 0) {
         check_not_null(in.keys, "prefill: keys");
         check_not_null(in.values, "prefill: values");
-        check_finite(in.keys, in.n_tokens, d, "prefill: keys");
-        check_finite(in.values, in.n_tokens, d_value, "prefill: values");
+        check_input(in.keys, in.n_tokens, d, "prefill: keys");
+        check_input(in.values, in.n_tokens, d_value, "prefill: values");
         check_kv_type_fits(kv_type, in.keys, size_t(in.n_tokens) * d, d, "prefill: keys");
         check_kv_type_fits(kv_type, in.values, size_t(in.n_tokens) * d_value, d_value, "prefill: values");
     }
@@ -152,7 +152,7 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
                 "prefill: n_query_heads=%d must be >= 1",
                 in.n_query_heads);
         check_not_null(in.queries, "prefill: queries");
-        check_finite(in.queries, in.n_queries * in.n_query_heads, d, "prefill: queries");
+        check_input(in.queries, in.n_queries * in.n_query_heads, d, "prefill: queries");
         if (in.query_positions) {
             for (idx_t i = 0; i < in.n_queries; i++) {
                 FAISS_THROW_IF_NOT_FMT(
@@ -227,7 +227,7 @@ void KVIndex::check_query_args(idx_t n, const float* q, const char* what) const 
         return;
     }
     check_not_null(q, what);
-    check_finite(q, n, d, what);
+    check_input(q, n, d, what);
 }
 
 float KVIndex::score_scale() const {

@@ -20,6 +20,22 @@ void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what
     }
 }
 
+void check_input(const float* x, idx_t n_rows, size_t row_dim, const char* what) {
+    size_t n = size_t(n_rows) * row_dim;
+    for (size_t i = 0; i < n; i++) {
+        if (!(std::fabs(x[i]) <= kMaxInputMagnitude)) { // also NaN
+            FAISS_THROW_FMT(
+                    "%s: %s value %g at row %zd, column %zd%s",
+                    what,
+                    std::isfinite(x[i]) ? "too large a" : "non-finite",
+                    double(x[i]),
+                    i / row_dim,
+                    i % row_dim,
+                    std::isfinite(x[i]) ? " (|x| must be <= 1e12, kMaxInputMagnitude)" : "");
+        }
+    }
+}
+
 bool is_positive_integer(double x) {
     return x >= 1 && x <= 9007199254740992.0 && x == std::floor(x);
 }

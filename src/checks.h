@@ -11,6 +11,10 @@ namespace kvindex {
 /// Throws "<what>: non-finite value <v> at row r, column c" for NaN / Inf.
 void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what);
 
+/// check_finite, and |x| <= kMaxInputMagnitude (KVIndex.h): the check of
+/// every key, value and query given to the library.
+void check_input(const float* x, idx_t n_rows, size_t row_dim, const char* what);
+
 /// Whether x is an integer in [1, 2^53], checked before any conversion
 /// (converting inf or 1e300 to an integer is undefined behaviour).
 bool is_positive_integer(double x);

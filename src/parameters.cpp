@@ -103,18 +103,69 @@ void collect_info(const KVIndex* index, std::vector<ParameterInfo>& out) {
     }
 }
 
+/// The values a parameter has on each index of a chain that has it, to be
+/// set back when setting parameters fails part-way (a value one candidate
+/// of a Choose accepts and the next refuses).
+struct ParameterSnapshot {
+    struct Entry {
+        KVIndex* index;
+        std::string name;
+        double value;
+    };
+    std::vector<Entry> entries;
+
+    void take(KVIndex* index, const std::string& name) {
+        double value;
+        if (index->get_parameter(name, &value)) {
+            entries.push_back({index, name, value});
+        }
+        for (KVIndex* child : index->mutable_children()) {
+            take(child, name);
+        }
+    }
+
+    /// Sets every recorded value back, newest first; a value an index
+    /// reports but does not take (read-only) is skipped.
+    void restore() noexcept {
+        for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
+            try {
+                e->index->set_parameter(e->name, e->value);
+            } catch (...) {
+            }
+        }
+    }
+};
+
+/// Sets each (name, value) in order, all or nothing.
+void set_all(KVIndex* index, const std::vector<std::pair<std::string, double>>& items) {
+    FAISS_THROW_IF_NOT_MSG(index, "set_index_parameter: index is nullptr");
+    ParameterSnapshot before;
+    for (const auto& item : items) {
+        before.take(index, item.first);
+    }
+    try {
+        for (const auto& [name, value] : items) {
+            FAISS_THROW_IF_NOT_FMT(
+                    set_in_chain(index, name, value),
+                    "unknown parameter '%s' for index %s",
+                    name.c_str(),
+                    index_factory_string(index).c_str());
+        }
+    } catch (...) {
+        before.restore();
+        throw;
+    }
+}
+
 } // namespace
 
 void set_index_parameter(KVIndex* index, const std::string& name, double value) {
-    FAISS_THROW_IF_NOT_MSG(index, "set_index_parameter: index is nullptr");
-    FAISS_THROW_IF_NOT_FMT(
-            set_in_chain(index, name, value),
-            "unknown parameter '%s' for index %s",
-            name.c_str(),
-            index_factory_string(index).c_str());
+    set_all(index, {{name, value}});
 }
 
 void set_index_parameters(KVIndex* index, const std::string& description) {
+    // every item is parsed before any is set
+    std::vector<std::pair<std::string, double>> items;
     for_each_item(description, [&](const std::string& name, const std::string& text) {
         double value;
         FAISS_THROW_IF_NOT_FMT(
@@ -128,8 +179,9 @@ void set_index_parameters(KVIndex* index, const std::string& description) {
                 "parameter '%s': value '%s' is not a decimal number",
                 name.c_str(),
                 text.c_str());
-        set_index_parameter(index, name, value);
+        items.emplace_back(name, value);
     });
+    set_all(index, items);
 }
 
 double get_index_parameter(const KVIndex* index, const std::string& name) {
@@ -181,9 +233,11 @@ std::string resolve_percentages(const std::string& params, idx_t n_context) {
                     "parameter '%s=%s': a percentage must be in (0, 100]",
                     name.c_str(),
                     text.c_str());
+            // above 2^53 the share would not convert back to an integer
             FAISS_THROW_IF_NOT_FMT(
-                    n_context > 0,
-                    "parameter '%s=%s': a percentage needs a context length, got %zd",
+                    n_context > 0 && n_context <= (idx_t(1) << 53),
+                    "parameter '%s=%s': a percentage needs a context length in [1, 2^53], "
+                    "got %zd",
                     name.c_str(),
                     text.c_str(),
                     size_t(n_context));

@@ -99,6 +99,29 @@ TEST(BadInput, NonFiniteKeysValues) {
     }
 }
 
+TEST(BadInput, HugeFiniteKeysAreRefusedBeforeKMeans) {
+    // finite keys whose squared distances overflow float made Faiss's
+    // k-means abort the process; they are refused at the boundary instead
+    for (const char* s : {"TopK(IVF2,Flat)", "Sink4,Window8,TopK(IVF16,Flat)", "IVFAsym4"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(kDim, s);
+        std::vector<float> keys = kvtest::gaussian(300, kDim, 11);
+        std::vector<float> values = kvtest::gaussian(300, kDim, 12);
+        for (int i = 0; i < 8; i++) {
+            keys[i * kDim] = 3e38f;
+        }
+        EXPECT_THROW_MSG(index->add_kv(300, keys.data(), values.data()), "kMaxInputMagnitude");
+        PrefillInput in;
+        in.n_tokens = 300;
+        in.keys = keys.data();
+        in.values = values.data();
+        EXPECT_THROW_MSG(index->prefill(in), "row 0, column 0");
+        EXPECT_EQ(index->ntotal, 0);
+        keys[0] = -kMaxInputMagnitude * 1.5f;
+        EXPECT_THROW_MSG(index->prefill(in), "must be <= 1e12");
+    }
+}
+
 TEST(BadInput, NonFiniteQueries) {
     for (const char* s : kTypes) {
         SCOPED_TRACE(s);
@@ -520,4 +543,23 @@ TEST(BadInput, EfSearchOutOfRangeIsRefused) {
     std::vector<uint8_t> buf;
     write_index(index.get(), &buf);
     EXPECT_EQ(get_index_parameter(read_index(buf).get(), "efSearch"), 1048576.0);
+}
+
+TEST(BadInput, PerCallKnobsAreCheckedLikeTheIndexKnobs) {
+    // a negative efSearch was ignored and an nprobe above nlist clamped,
+    // where set_index_parameters refuses both
+    std::vector<float> q = kvtest::gaussian(1, kDim, 3), out(kDim);
+    for (const char* s : {"TopK(HNSW8)", "TopK(IVF4,Flat)"}) {
+        SCOPED_TRACE(s);
+        auto index = filled(s, 300);
+        SearchParametersTopK per_call;
+        per_call.efSearch = -5;
+        EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr, &per_call), "efSearch=-5");
+    }
+    auto ivf = filled("TopK(IVF4,Flat)", 300);
+    SearchParametersTopK per_call;
+    per_call.nprobe = 1000;
+    EXPECT_THROW_MSG(ivf->attend(1, q.data(), out.data(), nullptr, &per_call), "nlist=4");
+    per_call.nprobe = 4; // all lists: exact
+    EXPECT_NO_THROW(ivf->attend(1, q.data(), out.data(), nullptr, &per_call));
 }

@@ -228,6 +228,39 @@ void PrintTo(const ConformanceCase& c, std::ostream* os) {
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, Conformance, testing::ValuesIn(kvtest::kConformance), param_name);
 
+TEST_P(Conformance, InputsAtTheMagnitudeBoundGiveFiniteAnswers) {
+    // keys, values and queries as large as accepted (kMaxInputMagnitude;
+    // fp16's largest for FP16 storage) train, search and attend without an
+    // overflow: well-formed, finite answers, and no abort in Faiss's k-means
+    const ConformanceCase& c = GetParam();
+    const Sequence& s = sequence();
+    auto index = index_factory(kD, c.factory, kDv);
+    const float stored_bound = index->kv_type == KVType::f16 ? 65504.0f : kMaxInputMagnitude;
+    // x scaled so that its largest |x_i| is `to` (|x_i| / max rounds to <= 1)
+    auto scaled = [](std::vector<float> x, float to) {
+        float mx = 0;
+        for (float v : x) {
+            mx = std::max(mx, std::fabs(v));
+        }
+        for (float& v : x) {
+            v = v / mx * to;
+        }
+        return x;
+    };
+    std::vector<float> k = scaled(s.keys, stored_bound), v = scaled(s.values, stored_bound);
+    std::vector<float> pq = scaled(
+            std::vector<float>(s.prefill_q.begin(), s.prefill_q.begin() + kGroup * kPrompt * kD),
+            kMaxInputMagnitude);
+    std::vector<float> q = scaled(s.q, kMaxInputMagnitude);
+    PrefillInput in = s.prefill_input(kPrompt);
+    in.keys = k.data();
+    in.values = v.data();
+    in.queries = pq.data();
+    index->prefill(in);
+    index->add_kv(kAppends, k.data() + kPrompt * kD, v.data() + kPrompt * kDv);
+    expect_well_formed(index.get(), answers(index.get(), q), "at the magnitude bound");
+}
+
 TEST_P(Conformance, FactoryRoundTrip) {
     const ConformanceCase& c = GetParam();
     auto index = index_factory(kD, c.factory, kDv);
@@ -399,21 +432,24 @@ TEST_P(Conformance, NonFiniteInputThrowsAndChangesNothing) {
     auto index = build(c, "", 5);
     Answers before = answers(index.get(), s.q);
     idx_t n0 = index->ntotal;
-    for (float bad : {kNaN, kInf, -kInf}) {
+    // finite values above kMaxInputMagnitude are refused the same way: their
+    // scores or k-means distances would overflow float
+    for (float bad : {kNaN, kInf, -kInf, 2e12f, -3e38f}) {
+        const char* why = std::isfinite(bad) ? "kMaxInputMagnitude" : "non-finite";
         std::vector<float> k(3 * kD, 0.5f), v(3 * kDv, 0.5f);
         k[kD + 3] = bad;
-        EXPECT_THROW_MSG(index->add_kv(3, k.data(), v.data()), "non-finite");
+        EXPECT_THROW_MSG(index->add_kv(3, k.data(), v.data()), why);
         k[kD + 3] = 0.5f;
         v[2 * kDv + 1] = bad;
-        EXPECT_THROW_MSG(index->add_kv(3, k.data(), v.data()), "non-finite");
+        EXPECT_THROW_MSG(index->add_kv(3, k.data(), v.data()), why);
         std::vector<float> q = s.q;
         q[(kQ - 1) * kD + 2] = bad; // in the last query, not the first
         std::vector<float> out(kQ * kDv), dis(kQ * kSearchK);
         std::vector<idx_t> lab(kQ * kSearchK);
         std::vector<Selection> sel(kQ);
-        EXPECT_THROW_MSG(index->attend(kQ, q.data(), out.data(), nullptr), "non-finite");
-        EXPECT_THROW_MSG(index->search(kQ, q.data(), kSearchK, dis.data(), lab.data()), "non-finite");
-        EXPECT_THROW_MSG(index->select(kQ, q.data(), sel.data()), "non-finite");
+        EXPECT_THROW_MSG(index->attend(kQ, q.data(), out.data(), nullptr), why);
+        EXPECT_THROW_MSG(index->search(kQ, q.data(), kSearchK, dis.data(), lab.data()), why);
+        EXPECT_THROW_MSG(index->select(kQ, q.data(), sel.data()), why);
         EXPECT_THROW_MSG(index->add_queries(kQ, q.data()), "add_queries: queries");
     }
     EXPECT_THROW_MSG(index->add_queries(1, nullptr), "add_queries: queries");

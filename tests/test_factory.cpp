@@ -1,6 +1,7 @@
 // Factory strings (index_factory.h) and the "k=..,nprobe=.." parameter
 // strings (parameters.h): round trips, dynamic types, and the errors.
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -247,6 +248,52 @@ TEST(Factory, ParametersErrors) {
     EXPECT_EQ(t->k, 100);
 }
 
+TEST(Factory, ParametersGoToTheIndexesThatHaveThem) {
+    // a TopK whose retriever lacks the knob does not stop it reaching the
+    // candidate that has it (parameters.h: "each name goes to every index of
+    // the chain that has it")
+    auto choose = index_factory(kDim, "Choose(TopK(IVF4,Flat);TopK(Flat);TopK(HNSW8))");
+    set_index_parameters(choose.get(), "nprobe=2,efSearch=24");
+    EXPECT_EQ(get_index_parameter(choose.get(), "nprobe"), 2.0);
+    EXPECT_EQ(get_index_parameter(choose.get(), "efSearch"), 24.0);
+    auto hybrid = index_factory(kDim, "Hybrid(TopK(IVF4,Flat),Uniform)");
+    EXPECT_NO_THROW(set_index_parameters(hybrid.get(), "nprobe=3"));
+    EXPECT_EQ(get_index_parameter(hybrid.get(), "nprobe"), 3.0);
+    // and a chain where nobody has it still names it
+    EXPECT_THROW_MSG(
+            set_index_parameters(index_factory(kDim, "TopK(Flat)").get(), "nprobe=2"),
+            "unknown parameter 'nprobe'");
+}
+
+TEST(Factory, ParametersAreSetAllOrNothing) {
+    // nprobe=8 suits the first candidate (nlist 16), not the second (nlist 4)
+    auto choose = index_factory(kDim, "Choose(TopK(IVF16,Flat);TopK(IVF4,Flat))");
+    set_index_parameters(choose.get(), "k=11,nprobe=3");
+    auto nprobes = [&]() {
+        std::vector<size_t> out;
+        for (const KVIndex* c : choose->children()) {
+            auto t = dynamic_cast<const IndexTopK*>(c);
+            out.push_back(faiss::ivflib::extract_index_ivf(t->retriever.get())->nprobe);
+        }
+        return out;
+    };
+    ASSERT_EQ(nprobes(), (std::vector<size_t>{3, 3}));
+    EXPECT_THROW_MSG(set_index_parameters(choose.get(), "nprobe=8"), "nprobe=8");
+    EXPECT_EQ(nprobes(), (std::vector<size_t>{3, 3}));
+    // an item that fails puts back the items before it
+    EXPECT_THROW_MSG(set_index_parameters(choose.get(), "k=20,nprobe=8"), "nprobe=8");
+    EXPECT_EQ(get_index_parameter(choose.get(), "k"), 11.0);
+    EXPECT_THROW_MSG(set_index_parameters(choose.get(), "k=20,foo=1"), "'foo'");
+    EXPECT_EQ(get_index_parameter(choose.get(), "k"), 11.0);
+    // and an item that does not parse is found before anything is set
+    EXPECT_THROW_MSG(set_index_parameters(choose.get(), "k=20,nprobe"), "'nprobe'");
+    EXPECT_EQ(get_index_parameter(choose.get(), "k"), 11.0);
+    EXPECT_EQ(nprobes(), (std::vector<size_t>{3, 3}));
+    set_index_parameters(choose.get(), "k=20,nprobe=4");
+    EXPECT_EQ(get_index_parameter(choose.get(), "k"), 20.0);
+    EXPECT_EQ(nprobes(), (std::vector<size_t>{4, 4}));
+}
+
 TEST(Factory, ParametersAreParsedStrictly) {
     auto ivf = index_factory(kDim, "TopK(IVF16,Flat)");
     // what strtod would take but a parameter string should not
@@ -256,4 +303,14 @@ TEST(Factory, ParametersAreParsedStrictly) {
     }
     set_index_parameters(ivf.get(), "k=1e2");
     EXPECT_EQ(ivf->k, 100);
+}
+
+TEST(Factory, PercentagesResolveAgainstTheContext) {
+    EXPECT_EQ(resolve_percentages("k=2%,nprobe=3", 500), "k=10,nprobe=3");
+    EXPECT_EQ(resolve_percentages("k=0.001%", 500), "k=1"); // at least one token
+    EXPECT_EQ(resolve_percentages("k=100%", idx_t(1) << 53), "k=9007199254740992");
+    // a context whose share would not convert back to an integer is refused
+    EXPECT_THROW_MSG(resolve_percentages("k=100%", std::numeric_limits<idx_t>::max()), "2^53");
+    EXPECT_THROW_MSG(resolve_percentages("k=5%", 0), "context length");
+    EXPECT_THROW_MSG(resolve_percentages("k=101%", 100), "(0, 100]");
 }

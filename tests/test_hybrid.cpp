@@ -551,6 +551,13 @@ TEST(Hybrid, FactoryIoAndErrors) {
     EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat))"), "tail index is missing");
     EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat),Uniform,Flat)"), "follows the tail");
     EXPECT_THROW_MSG(index_factory(kD, "Hybrid()"), "heavy index is missing");
+    // each part is one element: a wrapper would swallow the tail, and the
+    // string it prints would not say where the heavy part ends
+    EXPECT_THROW_MSG(index_factory(kD, "Hybrid(ProxyEvict20,Flat,Uniform)"), "one element");
+    EXPECT_THROW_MSG(index_factory(kD, "Hybrid(Sink4,TopK(Flat),Uniform)"), "one element");
+    EXPECT_THROW_MSG(index_factory(kD, "Hybrid(ProxyEvict20,Uniform)"), "one element");
+    EXPECT_EQ(index_factory_string(index_factory(kD, "Hybrid(TopK(Flat),ProxyEvict20)").get()),
+              "Hybrid(TopK(Flat),ProxyEvict20)");
     EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat),Foo)"), "cannot parse 'Foo'");
     EXPECT_THROW_MSG(set_index_parameter(index.get(), "calibrated_sample", 3), "read-only");
     EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat),Uniform)|delta=1"), "delta=1");

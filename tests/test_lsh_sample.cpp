@@ -243,6 +243,29 @@ TEST(LSHSample, AllTokensWithUnitInclusionIsExact) {
     }
 }
 
+TEST(LSHSample, ZeroQueryAgainstZeroKeysCollidesEverywhere) {
+    // zero keys (their mean is zero: centred, still zero) and a zero query
+    // hash to the same all-zero codes in every table, so each is sampled
+    // with u = 1 and the estimate is exact: lse = log n, out = mean value
+    idx_t n = 300;
+    std::vector<float> keys(n * kD, 0.0f), values = gaussian(n, kD, 44);
+    auto index = index_factory(kD, "LSHSample6x20");
+    index->add_kv(n, keys.data(), values.data());
+    std::vector<float> q(kD, 0.0f), out(kD);
+    float lse;
+    index->attend(1, q.data(), out.data(), &lse);
+    std::vector<double> ref;
+    double rl = kvtest::ref_attention_all(q.data(), keys.data(), values.data(), kD, kD, n, ref);
+    EXPECT_NEAR(lse, rl, 1e-5);
+    EXPECT_LT(kvtest::rel_max_err(out.data(), ref), 1e-5);
+    std::vector<Selection> sel(1);
+    index->select(1, q.data(), sel.data());
+    ASSERT_EQ(idx_t(sel[0].size()), n);
+    for (float u : sel[0].inclusion) {
+        ASSERT_EQ(u, 1.0f);
+    }
+}
+
 TEST(LSHSample, AttendIsTheUnbiasedEstimatorOverTheSample) {
     idx_t n = 2000;
     auto keys = gaussian(n, kD, 51, 1.0f, 0.5f), values = gaussian(n, kD, 52);

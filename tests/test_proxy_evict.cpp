@@ -99,6 +99,70 @@ std::vector<idx_t> top_of(const std::vector<double>& F, std::vector<idx_t> cand,
 
 } // namespace
 
+TEST(ProxyEvict, PrintedPercentRebuildsTheSameBudget) {
+    // canonical strings print as given; any percent, from the string or the
+    // constructor, prints as a decimal that reads back to the same double
+    for (const char* s : {"ProxyEvict0.00001", "ProxyEvict0.000001", "ProxyEvict12.34567",
+                          "ProxyEvict99.99999", "ProxyEvict0.5_H2O", "Choose(Flat;ProxyEvict0.00001)"}) {
+        SCOPED_TRACE(s);
+        EXPECT_EQ(index_factory_string(index_factory(kD, s).get()), s);
+    }
+    EXPECT_EQ(index_factory_string(index_factory(kD, "ProxyEvict20.50").get()), "ProxyEvict20.5");
+    for (double pct : {1.0 / 3, 100.0 / 7, 1e-6, 2.5e-5, 99.999999999, 100.0}) {
+        SCOPED_TRACE(pct);
+        IndexProxyEvict e(EvictPolicy::tova, pct, std::make_unique<IndexKVFlat>(kD));
+        const std::string s = index_factory_string(&e);
+        EXPECT_EQ(s.find('e', 10), std::string::npos) << s; // no exponent
+        auto back = index_factory(kD, s);
+        EXPECT_EQ(dynamic_cast<IndexProxyEvict*>(back.get())->keep_percent, pct) << s;
+        EXPECT_EQ(index_factory_string(back.get()), s);
+    }
+    // what is not a plain decimal and a policy name is refused, never half read
+    for (const char* bad : {"ProxyEvict20.5.7", "ProxyEvict20_", "ProxyEvict.", "ProxyEvict.5",
+                            "ProxyEvict5.", "ProxyEvict1e-05", "ProxyEvict20_NaCl", "ProxyEvict-5"}) {
+        SCOPED_TRACE(bad);
+        EXPECT_THROW_MSG(index_factory(kD, bad), bad);
+    }
+    EXPECT_THROW_MSG(index_factory(kD, "ProxyEvict0.0000001"), "[1e-6, 100]");
+    EXPECT_THROW_MSG(IndexProxyEvict(EvictPolicy::nacl, 1e-7, std::make_unique<IndexKVFlat>(kD)),
+                     "[1e-6, 100]");
+}
+
+TEST(ProxyEvict, RefusesAnInnerThatReadsPositionsFromRows) {
+    // the kept tokens reach the inner index as consecutive rows: IVFAsym
+    // would de-RoPE them at the wrong positions
+    for (const char* s : {"ProxyEvict20,IVFAsym4", "ProxyEvict50_Random,Sink2,Window8,IVFAsym4_Centroid",
+                          "ProxyEvict20,Choose(Flat;IVFAsym4_Moment)"}) {
+        SCOPED_TRACE(s);
+        EXPECT_THROW_MSG(index_factory(kD, s), "cannot follow eviction");
+    }
+    EXPECT_NO_THROW(index_factory(kD, "ProxyEvict20,Sink2,Window8,RoarGraph8"));
+}
+
+TEST(ProxyEvict, DefaultKnobValuesCanBeSetBack) {
+    // the values get_parameter reports for "not set" are accepted by set, so
+    // that a budget or split once set can be taken back before prefill
+    auto e = index_factory(kD, "ProxyEvict20");
+    auto* pe = dynamic_cast<IndexProxyEvict*>(e.get());
+    const EvictBudget table4 = pe->budget_for(1000);
+    set_index_parameters(e.get(), "budget=64,protect=1,proxy_keep=12,proxy_window=1");
+    EXPECT_EQ(pe->budget_for(1000).n_keep, 64);
+    for (const char* name : {"budget", "protect", "proxy_keep", "proxy_window"}) {
+        set_index_parameter(e.get(), name, name == std::string("budget") ? 0 : -1);
+    }
+    const EvictBudget back = pe->budget_for(1000);
+    EXPECT_EQ(back.n_keep, table4.n_keep);
+    EXPECT_EQ(back.n_top, table4.n_top);
+    EXPECT_EQ(back.n_random, table4.n_random);
+    EXPECT_EQ(back.n_proxy, table4.n_proxy);
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "protect=-2"), "protect=-2");
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "budget=-1"), "budget=-1");
+    auto h = index_factory(kD, "Hybrid(TopK(Flat),Uniform)|sample=40");
+    set_index_parameters(h.get(), "sample=-1");
+    EXPECT_EQ(get_index_parameter(h.get(), "sample"), -1.0);
+    EXPECT_THROW_MSG(set_index_parameters(h.get(), "sample=-2"), "sample=-2");
+}
+
 TEST(ProxyEvict, ScoresMatchBruteForce) {
     Prompt p(60, 2, 1);
     std::vector<idx_t> qs = {5, 17, 40, 59};

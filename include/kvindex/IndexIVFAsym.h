@@ -165,6 +165,9 @@ struct IndexIVFAsym : KVIndex {
         return "IndexIVFAsym";
     }
     std::string factory_string() const override;
+    bool needs_contiguous_positions() const override {
+        return true; // keys and queries are de-RoPEd at their positions
+    }
     std::vector<ParameterInfo> parameter_info() const override;
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;

@@ -141,6 +141,13 @@ struct AccessCount {
     }
 };
 
+/** Largest |x| accepted in the keys, values and queries given to an index
+ * or a KVCache; larger values are refused like NaN and Inf. Below it the
+ * scores (d products), squared norms and k-means distances of any d the
+ * factory accepts stay finite in float32 (Faiss's k-means aborts the
+ * process on overflowed distances); activations are far below it. */
+constexpr float kMaxInputMagnitude = 1e12f;
+
 /** The KV cache of one (layer, KV head) as a Faiss index.
  *
  * Row id = token position. The index owns its keys (dimension d) and values
@@ -354,6 +361,14 @@ struct KVIndex : faiss::Index {
     /// The k of the top-k retrieval inside this index (what recall@k
     /// measures), 0 when it has none. Default: the first child's.
     virtual idx_t top_k_budget() const;
+
+    /// Whether the type takes a key's position from its row (key j at
+    /// first_position + j, the next appended at first_position + ntotal):
+    /// IVFAsym undoes RoPE with it. Eviction, which hands its inner index
+    /// a non-contiguous subset of the tokens, refuses such a type.
+    virtual bool needs_contiguous_positions() const {
+        return false;
+    }
 
     /// Whether select draws its budget k uniformly at random among the
     /// tokens (u = k / n): the (epsilon, delta) tail budgets of IndexHybrid

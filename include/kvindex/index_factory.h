@@ -99,6 +99,10 @@ struct FactoryChain {
     bool at_end() const {
         return pos_ >= elements_.size();
     }
+    /// How many elements have been consumed.
+    size_t position() const {
+        return pos_;
+    }
     /// The element at the cursor; throws when at_end.
     const std::string& peek() const;
     /// Consumes the element at the cursor and returns it.

@@ -22,7 +22,9 @@ namespace kvindex {
  *             its prefill-time calibration
  *   n_holdout Choose (prefill-time); chosen (read-only)
  * index_parameter_info lists them for any index. A name that no index in
- * the chain has throws naming it and the index.
+ * the chain has throws naming it and the index. When an item throws, no
+ * index of the chain is left changed: the items set before it and the
+ * indexes of the chain that took it are set back to their earlier values.
  */
 void set_index_parameters(KVIndex* index, const std::string& description);
 
