@@ -125,6 +125,11 @@ int main(int argc, char** argv) {
         std::cout << opts << "\n";
         return 0;
     }
+    if (n < 1 || nq < 1) {
+        std::fprintf(stderr, "kvdemo: --tokens (%lld) and --queries (%lld) must be >= 1\n",
+                     (long long)n, (long long)nq);
+        return 2;
+    }
     if (specs.empty()) {
         specs = {"Flat", "TopK(Flat)|k=100", "TopK(IVF32,Flat)|k=100,nprobe=8",
                  "TopK(HNSW16)|k=100,efSearch=128", "Sink4,Window64,TopK(IVF32,Flat)|k=100,nprobe=8"};
@@ -150,15 +155,16 @@ int main(int argc, char** argv) {
             IndexSpec parsed = parse_index_spec(spec);
             auto tb = std::chrono::steady_clock::now();
             auto index = index_factory(d, parsed.factory);
+            // before prefill, so that prefill-time knobs (budget, epsilon) apply
+            if (!parsed.params.empty()) {
+                set_index_parameters(index.get(), resolve_percentages(parsed.params, n));
+            }
             PrefillInput in;
             in.n_tokens = n;
             in.keys = h.keys.data();
             in.values = h.values.data();
             index->prefill(in);
             double build_s = seconds_since(tb);
-            if (!parsed.params.empty()) {
-                set_index_parameters(index.get(), resolve_percentages(parsed.params, n));
-            }
             std::vector<float> out(nq * d);
             auto ta = std::chrono::steady_clock::now();
             for (idx_t i = 0; i < nq; i++) {

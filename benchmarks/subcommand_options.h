@@ -3,6 +3,7 @@
 // Option parsing and error reporting shared by the tools (kvbench, kvllm and
 // the bench_* programs).
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -53,10 +54,15 @@ int run_tool(const char* tool, Body&& body) {
 }
 
 /// Comma-separated values ("0,5,29", "0.1,0.5"); "" gives an empty list.
-/// Throws naming the element that does not parse as T.
+/// Throws naming the element that does not parse as T, an empty element
+/// (a trailing comma included) and a repeated one: every list is a set of
+/// choices (layers, contexts, tasks), and a repeat would be counted twice.
 template <class T>
 std::vector<T> parse_list(const std::string& s) {
     std::vector<T> out;
+    if (!s.empty() && s.back() == ',') {
+        throw std::invalid_argument("empty list element (trailing comma) in \"" + s + "\"");
+    }
     std::stringstream ss(s);
     std::string item;
     while (std::getline(ss, item, ',')) {
@@ -64,6 +70,9 @@ std::vector<T> parse_list(const std::string& s) {
         T v;
         if (!(is >> v) || !is.eof()) {
             throw std::invalid_argument("bad list element \"" + item + "\" in \"" + s + "\"");
+        }
+        if (std::find(out.begin(), out.end(), v) != out.end()) {
+            throw std::invalid_argument("repeated list element \"" + item + "\" in \"" + s + "\"");
         }
         out.push_back(v);
     }

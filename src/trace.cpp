@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 #include <faiss/impl/FaissAssert.h>
 #include <nlohmann/json.hpp>
@@ -438,7 +439,9 @@ TraceMeta read_trace_meta(const std::string& dir) {
     TRACE_CHECK(f, "%s: cannot open (not a trace directory?)", path.c_str());
     nlohmann::json j;
     try {
-        f >> j;
+        // parse the whole file: `f >> j` would stop after the first value
+        // and ignore what follows it ("{...} garbage", a second object)
+        j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(f), {}));
     } catch (const std::exception& e) {
         FAISS_THROW_FMT("%s: not valid JSON: %s", path.c_str(), e.what());
     }

@@ -363,6 +363,14 @@ TEST(TraceMeta, Malformed) {
     EXPECT_THROW_MSG(read_trace_meta(dir), "meta.json: not a JSON object");
     write_text(path, "{not json");
     EXPECT_THROW_MSG(read_trace_meta(dir), "meta.json: not valid JSON");
+    // what follows the object is not ignored
+    for (const char* tail : {" garbage", "{\"n_ctx\": 5}", ","}) {
+        SCOPED_TRACE(tail);
+        write_text(path, good + tail);
+        EXPECT_THROW_MSG(read_trace_meta(dir), "meta.json: not valid JSON");
+    }
+    write_text(path, good + "\n  \n"); // trailing whitespace is fine
+    EXPECT_NO_THROW(read_trace_meta(dir));
     // integral rope_theta and unknown extra fields are fine
     write_text(path, good);
     std::string theta = "10000", extra = "\"interleaved\", \"model_revision\": \"abc\"";

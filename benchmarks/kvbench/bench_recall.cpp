@@ -284,19 +284,24 @@ int run_bench(int argc, char** argv) {
         if (at != std::string::npos) {
             std::string sweep = spec.substr(at + 1);
             size_t eq = sweep.find('=');
+            if (eq == std::string::npos || eq == 0 || eq + 1 == sweep.size()) {
+                throw std::invalid_argument(
+                        "bad sweep '@" + sweep + "' in '" + spec + "' (expected @knob=v1,v2,...)");
+            }
             knob = sweep.substr(0, eq);
             values = split(sweep.substr(eq + 1), ',');
         }
         auto index = index_factory(d, factory);
+        // budgets in percent ("k=2%") are of the prompt, as in every tool
         if (!parsed.params.empty()) {
-            set_index_parameters(index.get(), parsed.params);
+            set_index_parameters(index.get(), resolve_percentages(parsed.params, in.n_tokens));
         }
         auto tb = Clock::now();
         index->prefill(in);
         double build_s = seconds_since(tb);
         for (const std::string& v : values) {
             if (!knob.empty()) {
-                set_index_parameters(index.get(), knob + "=" + v);
+                set_index_parameters(index.get(), resolve_percentages(knob + "=" + v, in.n_tokens));
             }
             SearchParametersKV counting;
             counting.count_scanned = true;

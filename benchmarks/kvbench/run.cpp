@@ -111,13 +111,24 @@ RunResult run_kvbench(const RunOptions& opt) {
         layers.resize(meta.n_layers);
         std::iota(layers.begin(), layers.end(), 0);
     }
-    for (int l : layers) {
+    for (size_t i = 0; i < layers.size(); i++) {
         FAISS_THROW_IF_NOT_FMT(
-                l >= 0 && l < meta.n_layers,
+                layers[i] >= 0 && layers[i] < meta.n_layers,
                 "kvbench run: layer %d not in the trace (n_layers=%d)",
-                l,
+                layers[i],
                 meta.n_layers);
+        // a repeated layer would be measured, and averaged, twice
+        FAISS_THROW_IF_NOT_FMT(
+                std::find(layers.begin(), layers.begin() + i, layers[i]) == layers.begin() + i,
+                "kvbench run: layer %d given twice",
+                layers[i]);
     }
+    FAISS_THROW_IF_NOT_FMT(
+            meta.n_tokens > meta.n_ctx,
+            "kvbench run: the trace has no evaluation positions (n_tokens=%zd, n_ctx=%zd): "
+            "every figure would be of zero queries",
+            size_t(meta.n_tokens),
+            size_t(meta.n_ctx));
     std::unique_ptr<kvindex::KVCache> trained;
     if (!opt.trained.empty()) {
         trained = kvindex::read_cache(opt.trained);

@@ -15,6 +15,7 @@
 #include "expect_throw.h"
 #include "reference.h"
 #include "run.h"
+#include "subcommand_options.h"
 #include "synthetic.h"
 
 using namespace kvindex;
@@ -179,6 +180,31 @@ TEST(KVBench, DumpMatchesJson) {
         err += std::sqrt(num / den);
     }
     EXPECT_NEAR(err / rows.shape[0], j["results"][1]["rel_err_mean"].get<double>(), 1e-6);
+}
+
+TEST(KVBench, RepeatedLayersAndEmptyEvaluationAreRefused) {
+    std::string dir = tiny_trace("layers");
+    kvbench::RunOptions opt;
+    opt.trace_dir = dir;
+    opt.indexes = {"Flat"};
+    opt.layers = {0, 0, 1};
+    EXPECT_THROW_MSG(kvbench::run_kvbench(opt), "layer 0 given twice");
+    // the command line's lists refuse repeats and empty elements themselves
+    EXPECT_EQ(kvtools::parse_list<int>("0,5,29"), (std::vector<int>{0, 5, 29}));
+    EXPECT_TRUE(kvtools::parse_list<int>("").empty());
+    for (const char* bad : {"0,0,1", "0,1,", "0,,1", ",0", "1x"}) {
+        SCOPED_TRACE(bad);
+        EXPECT_THROW(kvtools::parse_list<int>(bad), std::invalid_argument);
+    }
+    // a trace whose every token is prompt has no query to measure
+    std::string none = tiny_trace("no_eval");
+    nlohmann::json meta;
+    std::ifstream(none + "/meta.json") >> meta;
+    meta["n_ctx"] = meta["n_tokens"];
+    std::ofstream(none + "/meta.json") << meta.dump();
+    opt.trace_dir = none;
+    opt.layers = {};
+    EXPECT_THROW_MSG(kvbench::run_kvbench(opt), "no evaluation positions");
 }
 
 TEST(KVBench, UnknownParameterNamesIt) {
