@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -201,6 +202,13 @@ void KVIndex::check_params(const faiss::SearchParameters* params) const {
     }
     FAISS_THROW_IF_NOT_MSG(
             params->sel == nullptr, "search parameters: IDSelector is not supported by KV indexes");
+    // Faiss's own subclasses (SearchParametersIVF, ...HNSW) carry knobs no
+    // KV index reads: silently ignoring their nprobe would mislead
+    FAISS_THROW_IF_NOT_MSG(
+            dynamic_cast<const SearchParametersKV*>(params) ||
+                    typeid(*params) == typeid(faiss::SearchParameters),
+            "search parameters: a Faiss SearchParameters subclass is not read by KV indexes; "
+            "pass kvindex::SearchParametersKV, or SearchParametersTopK for nprobe / efSearch");
     if (auto p = dynamic_cast<const SearchParametersKV*>(params)) {
         FAISS_THROW_IF_NOT_FMT(
                 p->k >= 0,

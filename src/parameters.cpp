@@ -114,9 +114,12 @@ struct ParameterSnapshot {
     };
     std::vector<Entry> entries;
 
+    /// Records, for each index of the chain, the value its part of the
+    /// chain reports: a wrapper that mirrors a child's knob (Hybrid's k)
+    /// gets its mirror back too.
     void take(KVIndex* index, const std::string& name) {
         double value;
-        if (index->get_parameter(name, &value)) {
+        if (get_in_chain(index, name, &value)) {
             entries.push_back({index, name, value});
         }
         for (KVIndex* child : index->mutable_children()) {
@@ -124,12 +127,13 @@ struct ParameterSnapshot {
         }
     }
 
-    /// Sets every recorded value back, newest first; a value an index
-    /// reports but does not take (read-only) is skipped.
+    /// Sets every recorded value back, outermost first, so that each index
+    /// ends with its own; a value an index reports but does not take
+    /// (read-only, or a child's) is skipped.
     void restore() noexcept {
-        for (auto e = entries.rbegin(); e != entries.rend(); ++e) {
+        for (const Entry& e : entries) {
             try {
-                e->index->set_parameter(e->name, e->value);
+                e.index->set_parameter(e.name, e.value);
             } catch (...) {
             }
         }

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <faiss/IndexIVF.h>
 #include <faiss/impl/FaissException.h>
 
 #include <kvindex/IndexKVFlat.h>
@@ -562,4 +563,15 @@ TEST(BadInput, PerCallKnobsAreCheckedLikeTheIndexKnobs) {
     EXPECT_THROW_MSG(ivf->attend(1, q.data(), out.data(), nullptr, &per_call), "nlist=4");
     per_call.nprobe = 4; // all lists: exact
     EXPECT_NO_THROW(ivf->attend(1, q.data(), out.data(), nullptr, &per_call));
+    // Faiss's own knobs would be ignored: refused, for every type
+    faiss::SearchParametersIVF faiss_ivf;
+    faiss_ivf.nprobe = 2;
+    faiss::SearchParameters plain; // carries nothing: accepted
+    for (const char* s : kTypes) {
+        SCOPED_TRACE(s);
+        auto index = filled(s, 300);
+        EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr, &faiss_ivf),
+                         "Faiss SearchParameters subclass");
+        EXPECT_NO_THROW(index->attend(1, q.data(), out.data(), nullptr, &plain));
+    }
 }

@@ -292,6 +292,11 @@ TEST(Factory, ParametersAreSetAllOrNothing) {
     set_index_parameters(choose.get(), "k=20,nprobe=4");
     EXPECT_EQ(get_index_parameter(choose.get(), "k"), 20.0);
     EXPECT_EQ(nprobes(), (std::vector<size_t>{4, 4}));
+    // a wrapper's mirror of its child's knob is put back with the child's
+    auto hybrid = index_factory(kDim, "Hybrid(TopK(IVF4,Flat),Uniform)|k=9");
+    EXPECT_THROW_MSG(set_index_parameters(hybrid.get(), "k=20,nprobe=99"), "nprobe=99");
+    EXPECT_EQ(hybrid->k, 9);
+    EXPECT_EQ(hybrid->children()[0]->k, 9);
 }
 
 TEST(Factory, ParametersAreParsedStrictly) {

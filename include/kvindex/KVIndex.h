@@ -491,7 +491,8 @@ struct KVIndex : faiss::Index {
     void check_query_args(idx_t n, const float* q, const char* what) const;
 
     /// Throws for search parameters no kvindex type accepts: an IDSelector
-    /// (not supported) or SearchParametersKV::k < 0.
+    /// (not supported), a Faiss subclass (SearchParametersIVF: its knobs
+    /// would be ignored) or SearchParametersKV::k < 0.
     void check_params(const faiss::SearchParameters* params) const;
 
    private:
