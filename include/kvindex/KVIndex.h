@@ -355,7 +355,8 @@ struct KVIndex : faiss::Index {
      * starts from them. Returns how many indexes of this chain adopted
      * something (0: nothing in it is trained offline). The default pairs
      * each child with trained's child at the same place; throws when the
-     * chains differ. */
+     * chains' types or child counts differ (a leaf trained nothing offline,
+     * such as TopK, adopts nothing whatever its retriever). */
     virtual int adopt_trained(const KVIndex& trained);
 
     /// The k of the top-k retrieval inside this index (what recall@k
