@@ -445,6 +445,14 @@ bool IndexTopK::get_parameter(const std::string& name, double* value) const {
 }
 
 void IndexTopK::write_fields(BufferWriter& w) const {
+    // the fields are public: refuse what the reader would refuse, so that a
+    // saved index always reads back
+    FAISS_THROW_IF_NOT_FMT(
+            max_train_points >= 1 && max_train_points <= (idx_t(1) << 26) &&
+                    min_train_points >= 1 && min_train_points <= max_train_points,
+            "write_index: TopK training sizes min %zd / max %zd must satisfy 1 <= min <= max <= 2^26",
+            size_t(min_train_points),
+            size_t(max_train_points));
     w.string(retriever_string);
     w.value<int64_t>(max_train_points);
     w.value<int64_t>(min_train_points);

@@ -28,7 +28,8 @@ KVCache::KVCache(
           d_value(d_value < 0 ? d : d_value),
           index_string(index_string),
           dense_string(dense_string),
-          dense_layers(dense_layers) {
+          dense_layers(dense_layers),
+          layer_calls(n_layers > 0 ? n_layers : 0) {
     FAISS_THROW_IF_NOT_FMT(
             n_layers > 0 && n_q_heads > 0 && n_kv_heads > 0,
             "KVCache: n_layers=%d, n_q_heads=%d, n_kv_heads=%d must be > 0",
@@ -92,6 +93,7 @@ void KVCache::prefill(
         const idx_t* positions,
         const RopeParams& rope) {
     index(layer, 0); // checks the layer
+    WriteScope scope(layer_calls[layer], "KVCache::prefill", "this layer of the cache");
     check_rope_params(rope, d);
     FAISS_THROW_IF_NOT_FMT(
             !has_rope || rope == this->rope,
@@ -157,6 +159,7 @@ void KVCache::check_tokens(idx_t n, const float* keys, const float* values, cons
 
 void KVCache::append(int layer, idx_t n, const float* keys, const float* values) {
     index(layer, 0);
+    WriteScope scope(layer_calls[layer], "KVCache::append", "this layer of the cache");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::append: n=%zd must be >= 0", size_t(n));
     // bad input is refused before any head appends
     check_tokens(n, keys, values, "KVCache::append");
@@ -173,6 +176,7 @@ void KVCache::attend(
         float* lse,
         const faiss::SearchParameters* params) const {
     index(layer, 0);
+    ReadScope scope(layer_calls[layer], "KVCache::attend", "this layer of the cache");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::attend: n=%zd must be >= 0", size_t(n));
     if (n > 0) {
         check_not_null(q, "KVCache::attend: queries");
@@ -197,6 +201,7 @@ void KVCache::attend(
 
 void KVCache::add_queries(int layer, idx_t n, const float* q) {
     index(layer, 0);
+    WriteScope scope(layer_calls[layer], "KVCache::add_queries", "this layer of the cache");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::add_queries: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
         return;

@@ -32,39 +32,47 @@ KVIndex::~KVIndex() = default;
 
 // ---- the thread-safety contract --------------------------------------------
 
-ReadScope::ReadScope(const KVIndex& index, const char* what) : index_(index) {
-    std::atomic<int64_t>& state = index.access_.state;
+ReadScope::ReadScope(const KVIndex& index, const char* what)
+        : ReadScope(index.access_, what, "this index") {}
+
+ReadScope::ReadScope(AccessCount& calls, const char* what, const char* where) : calls_(calls) {
+    std::atomic<int64_t>& state = calls.state;
     int64_t s = state.load(std::memory_order_relaxed);
     do {
         FAISS_THROW_IF_NOT_FMT(
                 s >= 0,
                 "%s: refused, a write (add_kv, prefill, reset or a knob change) is "
-                "running on this index in another thread; writes must not overlap "
+                "running on %s in another thread; writes must not overlap "
                 "other calls on one index (KVIndex.h, thread safety)",
-                what);
+                what,
+                where);
     } while (!state.compare_exchange_weak(s, s + 1, std::memory_order_acquire));
 }
 
 ReadScope::~ReadScope() {
-    index_.access_.state.fetch_sub(1, std::memory_order_release);
+    calls_.state.fetch_sub(1, std::memory_order_release);
 }
 
-WriteScope::WriteScope(KVIndex& index, const char* what) : index_(index) {
+WriteScope::WriteScope(KVIndex& index, const char* what)
+        : WriteScope(index.access_, what, "this index") {}
+
+WriteScope::WriteScope(AccessCount& calls, const char* what, const char* where) : calls_(calls) {
     int64_t s = 0;
-    if (!index.access_.state.compare_exchange_strong(s, -1, std::memory_order_acquire)) {
+    if (!calls.state.compare_exchange_strong(s, -1, std::memory_order_acquire)) {
         std::string running = s < 0
                 ? std::string("another write is")
                 : std::to_string(s) + " const calls (search, attend, ...) are";
         FAISS_THROW_FMT(
-                "%s: refused, %s running on this index in another thread; writes "
+                "%s: refused, %s running on %s in another thread; writes "
                 "must not overlap other calls on one index (KVIndex.h, thread safety)",
                 what,
-                running.c_str());
+                running.c_str(),
+                where);
     }
 }
 
 WriteScope::~WriteScope() {
-    index_.access_.state.store(0, std::memory_order_release);
+    calls_.state.store(0, std::memory_order_release);
 }
 
 // ---- adding tokens ---------------------------------------------------------

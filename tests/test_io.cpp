@@ -304,6 +304,22 @@ TEST(IO, AppendAfterRead) {
     }
 }
 
+TEST(IO, TopKTrainingSizesAreCheckedAtWrite) {
+    // the fields are public; a value the reader refuses is refused when
+    // written, so that no file is saved that does not read back
+    auto index = index_factory(kDim, "TopK(IVF16,Flat)");
+    auto* t = dynamic_cast<IndexTopK*>(index.get());
+    std::vector<uint8_t> buf;
+    t->max_train_points = idx_t(1) << 40;
+    EXPECT_THROW_MSG(write_index(index.get(), &buf), "training sizes");
+    t->max_train_points = 1000;
+    t->min_train_points = 0;
+    EXPECT_THROW_MSG(write_index(index.get(), &buf), "training sizes");
+    t->min_train_points = 100;
+    write_index(index.get(), &buf);
+    EXPECT_EQ(dynamic_cast<IndexTopK*>(read_index(buf).get())->max_train_points, 1000);
+}
+
 TEST(IO, UntrainedRetriever) {
     // Fewer keys than IVF lists: the retriever is saved untrained, and the
     // copy trains on the same sample as the original when keys arrive.

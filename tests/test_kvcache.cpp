@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -124,4 +125,32 @@ TEST(KVCache, ExceptionInOneHeadPropagates) {
     } catch (const faiss::FaissException& e) {
         EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
     }
+}
+
+TEST(KVCache, WriteOverlappingACallOnItsLayerIsRefusedBeforeAnyHead) {
+    // a call running on the layer (here: held open as an attend would hold
+    // it) makes append refuse before any head appends, so that the heads
+    // never differ in length; another layer is free
+    KVCache cache(kLayers, kQHeads, kKVHeads, kD, kDv, "TopK(Flat)");
+    auto k = gaussian(kKVHeads * 5, kD, 1), v = gaussian(kKVHeads * 5, kDv, 2);
+    cache.append(0, 5, k.data(), v.data());
+    {
+        ReadScope running(cache.layer_calls[0], "attend", "layer 0");
+        try {
+            cache.append(0, 5, k.data(), v.data());
+            ADD_FAILURE() << "append overlapping an attend was accepted";
+        } catch (const faiss::FaissException& e) {
+            EXPECT_NE(std::string(e.what()).find("KVCache::append: refused"), std::string::npos) << e.what();
+        }
+        EXPECT_THROW(cache.add_queries(0, 1, gaussian(kQHeads, kD, 3).data()), faiss::FaissException);
+        for (int h = 0; h < kKVHeads; h++) {
+            EXPECT_EQ(cache.index(0, h)->ntotal, 5) << "head " << h;
+        }
+        cache.append(1, 5, k.data(), v.data()); // the other layer
+        // reads may overlap reads
+        std::vector<float> q = gaussian(kQHeads, kD, 4), out(kQHeads * kDv);
+        EXPECT_NO_THROW(cache.attend(0, 1, q.data(), out.data(), nullptr));
+    }
+    cache.append(0, 5, k.data(), v.data()); // free again
+    EXPECT_EQ(cache.n_tokens(0), 10);
 }

@@ -31,6 +31,10 @@ struct KVCache {
     std::vector<std::unique_ptr<KVIndex>> indexes;
     RopeParams rope;       ///< fixed by the first prefill; every layer must agree
     bool has_rope = false; ///< whether a prefill has fixed `rope`
+    /// size n_layers: the calls running on each layer. A write (prefill,
+    /// append, add_queries) overlapping another call on its layer is refused
+    /// before any head changes, so the heads never differ in length
+    mutable std::vector<AccessCount> layer_calls;
 
     KVCache(int n_layers,
             int n_q_heads,
@@ -70,9 +74,10 @@ struct KVCache {
             const RopeParams& rope);
 
     /// Appends n tokens to every KV head of a layer (same layouts as
-    /// prefill). All input is checked before any head appends; a failure
-    /// inside one head's index (rare: a retriever that cannot train) can
-    /// leave the heads of the layer with different lengths.
+    /// prefill). All input is checked, and a call running on the layer in
+    /// another thread refused, before any head appends; a failure inside
+    /// one head's index (rare: a retriever that cannot train) can leave the
+    /// heads of the layer with different lengths.
     void append(int layer, idx_t n, const float* keys, const float* values);
 
     /** Attention of n queries per query head of one layer. Each KV head

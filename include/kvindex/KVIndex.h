@@ -503,16 +503,19 @@ struct KVIndex : faiss::Index {
 };
 
 /** Marks a const call running on `index` for its lifetime; throws, naming
- * `what`, if a write is running on it (see KVIndex, thread safety). */
+ * `what`, if a write is running on it (see KVIndex, thread safety). The
+ * second form guards any object by its own counter (a KVCache layer);
+ * `where` names it in the message. */
 class ReadScope {
    public:
     ReadScope(const KVIndex& index, const char* what);
+    ReadScope(AccessCount& calls, const char* what, const char* where);
     ~ReadScope();
     ReadScope(const ReadScope&) = delete;
     ReadScope& operator=(const ReadScope&) = delete;
 
    private:
-    const KVIndex& index_;
+    AccessCount& calls_;
 };
 
 /** Marks a write running on `index` for its lifetime; throws, naming
@@ -520,12 +523,13 @@ class ReadScope {
 class WriteScope {
    public:
     WriteScope(KVIndex& index, const char* what);
+    WriteScope(AccessCount& calls, const char* what, const char* where);
     ~WriteScope();
     WriteScope(const WriteScope&) = delete;
     WriteScope& operator=(const WriteScope&) = delete;
 
    private:
-    KVIndex& index_;
+    AccessCount& calls_;
 };
 
 } // namespace kvindex

@@ -26,6 +26,19 @@ std::string shape_string(const py::array& a) {
     return s + (a.ndim() == 1 ? ",)" : ")");
 }
 
+namespace {
+
+/// array_t::ensure returns a null array and clears numpy's error when the
+/// converted copy cannot be made (no memory for it): ask numpy again, so
+/// that its own exception (MemoryError) reaches the caller.
+[[noreturn]] void raise_conversion_error(const py::array& a, const char* dtype, const char* what) {
+    py::module_::import("numpy").attr("ascontiguousarray")(a, dtype);
+    throw py::value_error(std::string(what) + " could not be converted to a contiguous " + dtype +
+                          " array");
+}
+
+} // namespace
+
 FloatArray as_float_array(py::handle obj, const char* what) {
     py::array a = as_array(obj, what);
     char kind = a.dtype().kind();
@@ -33,7 +46,11 @@ FloatArray as_float_array(py::handle obj, const char* what) {
         throw py::type_error(std::string(what) + " must be a float16, float32 or float64 array; got dtype " +
                              std::string(py::str(a.dtype())));
     }
-    return FloatArray::ensure(a); // no copy when already C-contiguous float32
+    FloatArray r = FloatArray::ensure(a); // no copy when already C-contiguous float32
+    if (!r) {
+        raise_conversion_error(a, "float32", what);
+    }
+    return r;
 }
 
 Int64Array as_int64_array(py::handle obj, const char* what) {
@@ -43,7 +60,11 @@ Int64Array as_int64_array(py::handle obj, const char* what) {
         throw py::type_error(std::string(what) + " must be an integer array; got dtype " +
                              std::string(py::str(a.dtype())));
     }
-    return Int64Array::ensure(a);
+    Int64Array r = Int64Array::ensure(a);
+    if (!r) {
+        raise_conversion_error(a, "int64", what);
+    }
+    return r;
 }
 
 void check_shape(const py::array& a, std::initializer_list<Dim> dims, const char* what) {

@@ -3,6 +3,8 @@
 // then releases it for the C++ call.
 
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -25,6 +27,7 @@
 #include <kvindex/KVIndex.h>
 #include <kvindex/attention.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 #include <kvindex/kv_type.h>
 #include <kvindex/parameters.h>
 #include <kvindex/registry.h>
@@ -123,8 +126,13 @@ std::unique_ptr<faiss::SearchParameters> call_parameters(const KVIndex& index, p
             }
             family = knob->family;
         }
-        if (value < 0 || value != double(int64_t(value))) {
+        // range first: converting a double above 2^63 to an integer is undefined
+        if (!(value >= 0 && value <= 9007199254740992.0) || value != std::floor(value)) {
             throw py::value_error("params: " + name + "=" + std::to_string(value) + " must be a non-negative integer");
+        }
+        if ((name == "efSearch" || name == "min_hits") && value > double(INT_MAX)) {
+            throw py::value_error("params: " + name + "=" + std::to_string(value) + " must be <= " +
+                                  std::to_string(INT_MAX));
         }
     }
     std::unique_ptr<kvindex::SearchParametersKV> p;
@@ -161,6 +169,20 @@ namespace {
 FloatArray queries_of(const KVIndex& index, py::handle q) {
     FloatArray a = as_float_array(q, "q");
     check_shape(a, {"n", index.d}, "q");
+    return a;
+}
+
+/// queries_of, and finite within kMaxInputMagnitude: for the calls that go
+/// straight to an index's helpers instead of through the checked API.
+FloatArray checked_queries_of(const KVIndex& index, py::handle q) {
+    FloatArray a = queries_of(index, q);
+    const float* x = a.data();
+    for (py::ssize_t i = 0; i < a.size(); i++) {
+        if (!(std::fabs(x[i]) <= kvindex::kMaxInputMagnitude)) {
+            throw py::value_error("q: value " + std::to_string(x[i]) + " at " + std::to_string(i) +
+                                  " is not finite or above 1e12 (kMaxInputMagnitude)");
+        }
+    }
     return a;
 }
 
@@ -441,7 +463,18 @@ the first add. Factory string: "TopK(<faiss string>)". Knobs: k, nprobe
                  py::arg("d"), py::arg("retriever_string") = "Flat", py::arg("d_value") = py::none(),
                  py::arg("kv_type") = "f32")
             .def_readonly("retriever_string", &kvindex::IndexTopK::retriever_string, "the Faiss factory string")
-            .def_readwrite("max_train_points", &kvindex::IndexTopK::max_train_points, "cap on the training sample")
+            .def_property(
+                    "max_train_points", [](const kvindex::IndexTopK& x) { return x.max_train_points; },
+                    [](kvindex::IndexTopK& x, idx_t v) {
+                        // the reader's range: a value outside it would save an
+                        // index that does not read back
+                        if (v < x.min_train_points || v > (idx_t(1) << 26)) {
+                            throw py::value_error("max_train_points=" + std::to_string(v) + " must be in [min_train_points=" +
+                                                  std::to_string(x.min_train_points) + ", 2^26]");
+                        }
+                        x.max_train_points = v;
+                    },
+                    "cap on the training sample, in [min_train_points, 2^26]")
             .def_readwrite("train_seed", &kvindex::IndexTopK::train_seed, "seed of the training sample");
 
     py::class_<kvindex::IndexSinkWindow, KVIndex, std::shared_ptr<kvindex::IndexSinkWindow>>(
@@ -600,12 +633,15 @@ train_iterations, min_distance, seed.)doc")
                     "int64, size C + 1: tokens per bucket (the last: tokens from before any training)")
             .def("probe_buckets",
                  [](const kvindex::IndexIVFAsym& x, py::handle q, int nprobe, py::object position) {
-                     FloatArray qa = queries_of(x, q);
+                     FloatArray qa = checked_queries_of(x, q);
                      if (qa.shape(0) != 1) {
                          throw py::value_error("probe_buckets: one query (1, d)");
                      }
                      std::vector<int32_t> out(std::max(nprobe, 0));
                      idx_t pos = position.is_none() ? x.query_position() : position.cast<idx_t>();
+                     if (pos < 0) {
+                         throw py::value_error("probe_buckets: position=" + std::to_string(pos) + " must be >= 0");
+                     }
                      x.probe_buckets(qa.data(), pos, nprobe, out.data());
                      return to_numpy(out);
                  },
@@ -613,7 +649,7 @@ train_iterations, min_distance, seed.)doc")
                  "the nprobe buckets a query (post-RoPE, at `position`, default the newest token) reads, best first")
             .def("moment_log_masses",
                  [](const kvindex::IndexIVFAsym& x, py::handle q) {
-                     FloatArray qa = queries_of(x, q);
+                     FloatArray qa = checked_queries_of(x, q);
                      if (qa.shape(0) != 1) {
                          throw py::value_error("moment_log_masses: one query (1, d)");
                      }
@@ -702,7 +738,22 @@ Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
                                    [](const kvindex::IndexChoose& x) { return to_numpy(x.holdout_positions); },
                                    "int64: positions of the held-back queries")
             .def("chosen_string", &kvindex::IndexChoose::chosen_string, "the chosen candidate's factory string")
-            .def("candidate_strings", &kvindex::IndexChoose::candidate_strings);
+            .def("candidate_strings", &kvindex::IndexChoose::candidate_strings)
+            .def("children",
+                 [](const kvindex::IndexChoose& x) {
+                     // prefill replaces the candidates it drops (and all of
+                     // them when it fails): a reference would dangle, so these
+                     // are copies, as of now
+                     std::vector<std::shared_ptr<KVIndex>> out;
+                     for (const KVIndex* c : x.children()) {
+                         std::vector<uint8_t> buf;
+                         kvindex::write_index(c, &buf);
+                         out.push_back(std::shared_ptr<KVIndex>(kvindex::read_index(buf)));
+                     }
+                     return out;
+                 },
+                 "copies of the candidates as they are now (prefill replaces the ones it drops, so "
+                 "references would not stay valid)");
 
     m.def("time_attend",
           [](const KVIndex& index, py::handle q, int repeats) {

@@ -78,7 +78,17 @@ py::dict meta_dict(const kvindex::TraceMeta& m) {
     return d;
 }
 
-py::tuple read_trace(const std::string& dir, py::object layers) {
+/// Refuses a path with a NUL byte, as Python's open() does: the C library
+/// would silently stop the name there.
+const std::string& checked_path(const std::string& path, const char* what) {
+    if (path.find('\0') != std::string::npos) {
+        throw py::value_error(std::string(what) + ": embedded null byte in the path");
+    }
+    return path;
+}
+
+py::tuple read_trace(const std::string& dir_in, py::object layers) {
+    const std::string& dir = checked_path(dir_in, "read_trace");
     kvindex::TraceMeta meta = kvindex::read_trace_meta(dir);
     std::vector<int> which;
     if (layers.is_none()) {
@@ -118,7 +128,8 @@ T meta_get(const py::dict& d, const char* key, T fallback) {
     return d.contains(key) ? d[key].cast<T>() : fallback;
 }
 
-void write_trace(const std::string& dir, const py::dict& meta_in, const py::list& layers) {
+void write_trace(const std::string& dir_in, const py::dict& meta_in, const py::list& layers) {
+    const std::string& dir = checked_path(dir_in, "write_trace");
     if (layers.size() == 0) {
         throw py::value_error("write_trace: no layers");
     }
@@ -173,12 +184,14 @@ void write_trace(const std::string& dir, const py::dict& meta_in, const py::list
 void bind_io(py::module_& m) {
     m.def("write_index",
           [](const KVIndex& index, const std::string& path) {
+              checked_path(path, "write_index");
               py::gil_scoped_release release;
               kvindex::write_index(&index, path);
           },
           py::arg("index"), py::arg("path"), "writes the index (versioned container, see index_io.h)");
     m.def("read_index",
           [](const std::string& path) {
+              checked_path(path, "read_index");
               py::gil_scoped_release release;
               return std::shared_ptr<KVIndex>(kvindex::read_index(path));
           },

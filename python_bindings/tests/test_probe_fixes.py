@@ -1,0 +1,88 @@
+"""What a probe of the Python API found (2026-11-27): each case crashed,
+read freed memory or went silently wrong before, and now raises or stays
+valid."""
+import numpy as np
+import pytest
+
+import kvindex
+
+D = 16
+
+
+def tokens(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((n, D)).astype(np.float32),
+            rng.standard_normal((n, D)).astype(np.float32))
+
+
+def test_a_copy_numpy_cannot_make_raises_memory_error():
+    # a zero-stride view of 2^40 rows: the contiguous copy cannot be made
+    # (the module dereferenced the null array it got back)
+    huge = np.broadcast_to(np.zeros((1, D), np.float32), (2 ** 40, D))
+    index = kvindex.IndexKVFlat(D)
+    with pytest.raises(MemoryError):
+        index.attend(huge)
+    with pytest.raises(MemoryError):
+        kvindex.apply_rope(huge, np.broadcast_to(np.zeros(1, np.int64), (2 ** 40,)))
+
+
+def test_choose_children_stay_valid_after_prefill():
+    # prefill replaces the candidates it drops: children() gives copies
+    keys, values = tokens(300, 1)
+    queries = np.random.default_rng(2).standard_normal((1, 300, D)).astype(np.float32)
+    index = kvindex.index_factory(D, "Choose(TopK(Flat);Flat)")
+    kids = index.children()
+    assert [k.type_name for k in kids] == ["IndexTopK", "IndexKVFlat"]
+    index.prefill(keys, values, queries=queries)
+    assert all(k.ntotal == 0 for k in kids)  # copies of the empty candidates
+    live = index.children()  # after the choice: the chosen one
+    assert len(live) == 1 and live[0].ntotal == 300
+    assert live[0].factory_string() == index.chosen_string()
+    q = queries[0, -2:]
+    np.testing.assert_array_equal(live[0].attend(q)[0], index.attend(q)[0])
+
+
+@pytest.mark.parametrize("name,spec", [("min_hits", "LSHSample6x40"), ("efSearch", "TopK(HNSW8)")])
+def test_int_knobs_above_int_max_are_refused(name, spec):
+    keys, values = tokens(300, 3)
+    index = kvindex.index_factory(D, spec)
+    index.add_kv(keys, values)
+    for bad in (2 ** 31, 2 ** 32, 10 ** 12, 2.0 ** 70):
+        with pytest.raises(ValueError, match=name):
+            index.select(keys[:1], params={name: bad})
+
+
+def test_topk_training_sizes_are_checked_when_set():
+    index = kvindex.IndexTopK(D, "IVF4,Flat")
+    with pytest.raises(ValueError, match="max_train_points"):
+        index.max_train_points = 2 ** 40
+    index.max_train_points = 4096
+    assert index.max_train_points == 4096
+
+
+def test_nul_in_a_path_is_refused(tmp_path):
+    index = kvindex.IndexKVFlat(D)
+    with pytest.raises(ValueError, match="null byte"):
+        kvindex.write_index(index, str(tmp_path / "a\0.kvix"))
+    with pytest.raises(ValueError, match="null byte"):
+        kvindex.read_index(str(tmp_path / "a\0.kvix"))
+    assert not (tmp_path / "a").exists()
+
+
+def test_ivf_asym_diagnostics_check_their_query():
+    rng = np.random.default_rng(4)
+    keys, values = tokens(600, 5)
+    queries = rng.standard_normal((1, 600, D)).astype(np.float32)
+    index = kvindex.index_factory(D, "IVFAsym4_Moment")
+    index.prefill(keys, values, queries=queries)
+    q = queries[0, -1:].copy()
+    assert index.probe_buckets(q, 2).shape == (2,)
+    for bad in (np.nan, np.inf, 1e30):
+        q[0, 3] = bad
+        with pytest.raises(ValueError, match="1e12"):
+            index.probe_buckets(q, 2)
+        with pytest.raises(ValueError, match="1e12"):
+            index.moment_log_masses(q)
+    q[0, 3] = 0.0
+    with pytest.raises(ValueError, match="position"):
+        index.probe_buckets(q, 2, position=-1)
