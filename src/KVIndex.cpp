@@ -145,6 +145,16 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
             size_t(in.first_position));
     FAISS_THROW_IF_NOT_FMT(
             in.n_after >= 0, "prefill: n_after=%zd must be >= 0", size_t(in.n_after));
+    // every position (first_position + j, + n_after) must be representable:
+    // checked by subtraction, the sum itself could overflow
+    constexpr idx_t kMaxPosition = idx_t(1) << 62;
+    FAISS_THROW_IF_NOT_FMT(
+            in.first_position <= kMaxPosition && in.n_after <= kMaxPosition &&
+                    in.n_tokens <= kMaxPosition - in.first_position - in.n_after,
+            "prefill: first_position=%zd + n_tokens=%zd + n_after=%zd must be <= 2^62",
+            size_t(in.first_position),
+            size_t(in.n_tokens),
+            size_t(in.n_after));
     if (in.n_tokens > 0) {
         check_not_null(in.keys, "prefill: keys");
         check_not_null(in.values, "prefill: values");

@@ -123,6 +123,23 @@ TEST(BadInput, HugeFiniteKeysAreRefusedBeforeKMeans) {
     }
 }
 
+TEST(BadInput, PrefillPositionsThatWouldOverflowAreRefused) {
+    auto index = index_factory(kDim, "Flat");
+    std::vector<float> keys = kvtest::gaussian(4, kDim, 13), values = kvtest::gaussian(4, kDim, 14);
+    PrefillInput in;
+    in.n_tokens = 4;
+    in.keys = keys.data();
+    in.values = values.data();
+    in.first_position = std::numeric_limits<idx_t>::max() - 2;
+    EXPECT_THROW_MSG(index->prefill(in), "must be <= 2^62");
+    in.first_position = 0;
+    in.n_after = std::numeric_limits<idx_t>::max();
+    EXPECT_THROW_MSG(index->prefill(in), "must be <= 2^62");
+    in.n_after = 0;
+    index->prefill(in);
+    EXPECT_EQ(index->ntotal, 4);
+}
+
 TEST(BadInput, NonFiniteQueries) {
     for (const char* s : kTypes) {
         SCOPED_TRACE(s);
