@@ -444,15 +444,24 @@ bool IndexTopK::get_parameter(const std::string& name, double* value) const {
     return KVIndex::get_parameter(name, value);
 }
 
-void IndexTopK::write_fields(BufferWriter& w) const {
-    // the fields are public: refuse what the reader would refuse, so that a
-    // saved index always reads back
+namespace {
+
+/// The training sizes a record may hold: checked by the reader, and by the
+/// writer too (the fields are public), so that a saved index reads back.
+void check_training_sizes(idx_t min_points, idx_t max_points, const char* where) {
     FAISS_THROW_IF_NOT_FMT(
-            max_train_points >= 1 && max_train_points <= (idx_t(1) << 26) &&
-                    min_train_points >= 1 && min_train_points <= max_train_points,
-            "write_index: TopK training sizes min %zd / max %zd must satisfy 1 <= min <= max <= 2^26",
-            size_t(min_train_points),
-            size_t(max_train_points));
+            max_points >= 1 && max_points <= (idx_t(1) << 26) && min_points >= 1 &&
+                    min_points <= max_points,
+            "%s: TopK training sizes min %zd / max %zd must satisfy 1 <= min <= max <= 2^26",
+            where,
+            size_t(min_points),
+            size_t(max_points));
+}
+
+} // namespace
+
+void IndexTopK::write_fields(BufferWriter& w) const {
+    check_training_sizes(min_train_points, max_train_points, "write_index");
     w.string(retriever_string);
     w.value<int64_t>(max_train_points);
     w.value<int64_t>(min_train_points);
@@ -468,12 +477,7 @@ void IndexTopK::read_fields(BufferReader& r, uint32_t) {
     max_train_points = r.value<int64_t>("max_train_points");
     min_train_points = r.value<int64_t>("min_train_points");
     train_seed = r.value<uint64_t>("train_seed");
-    FAISS_THROW_IF_NOT_FMT(
-            max_train_points >= 1 && max_train_points <= (idx_t(1) << 26) &&
-                    min_train_points >= 1 && min_train_points <= max_train_points,
-            "read_index: TopK training sizes %zd / %zd out of range",
-            size_t(min_train_points),
-            size_t(max_train_points));
+    check_training_sizes(min_train_points, max_train_points, "read_index");
     check_retriever_string(retriever_string, d, max_lists());
     storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "TopK storage");
