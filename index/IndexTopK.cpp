@@ -367,6 +367,16 @@ size_t IndexTopK::memory_bytes() const {
     return storage.memory_bytes() + w.data.size();
 }
 
+namespace {
+
+/// Whether the retriever has the knob: nprobe (IVF) or efSearch (HNSW).
+bool retriever_has_knob(const faiss::Index* retriever, const std::string& name) {
+    return (name == "nprobe" && faiss::ivflib::try_extract_index_ivf(retriever)) ||
+            (name == "efSearch" && dynamic_cast<const faiss::IndexHNSW*>(retriever));
+}
+
+} // namespace
+
 void IndexTopK::set_retriever_parameter(const std::string& name, double value) {
     FAISS_THROW_IF_NOT_FMT(
             is_positive_integer(value),
@@ -374,10 +384,8 @@ void IndexTopK::set_retriever_parameter(const std::string& name, double value) {
             retriever_string.c_str(),
             name.c_str(),
             value);
-    bool is_ivf = faiss::ivflib::try_extract_index_ivf(retriever.get()) != nullptr;
-    bool is_hnsw = dynamic_cast<faiss::IndexHNSW*>(retriever.get()) != nullptr;
     FAISS_THROW_IF_NOT_FMT(
-            (name == "nprobe" && is_ivf) || (name == "efSearch" && is_hnsw),
+            retriever_has_knob(retriever.get(), name),
             "TopK(%s): the retriever has no parameter '%s'",
             retriever_string.c_str(),
             name.c_str());
@@ -415,9 +423,7 @@ std::vector<ParameterInfo> IndexTopK::parameter_info() const {
 }
 
 bool IndexTopK::set_parameter(const std::string& name, double value) {
-    const bool is_ivf = faiss::ivflib::try_extract_index_ivf(retriever.get()) != nullptr;
-    const bool is_hnsw = dynamic_cast<const faiss::IndexHNSW*>(retriever.get()) != nullptr;
-    if ((name == "nprobe" && is_ivf) || (name == "efSearch" && is_hnsw)) {
+    if (retriever_has_knob(retriever.get(), name)) {
         set_retriever_parameter(name, value);
         return true;
     }

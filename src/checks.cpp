@@ -1,39 +1,41 @@
 #include "checks.h"
 
 #include <cmath>
+#include <limits>
 
 #include <faiss/impl/FaissAssert.h>
 
 namespace kvindex {
 
-void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what) {
+namespace {
+
+/// Throws at the first value that is not finite, or whose |x| exceeds
+/// max_abs; the message names its row and column.
+void check_values(const float* x, idx_t n_rows, size_t row_dim, const char* what, float max_abs) {
     size_t n = size_t(n_rows) * row_dim;
     for (size_t i = 0; i < n; i++) {
-        if (!std::isfinite(x[i])) {
+        if (!(std::fabs(x[i]) <= max_abs)) { // also NaN
+            const bool finite = std::isfinite(x[i]);
             FAISS_THROW_FMT(
-                    "%s: non-finite value %g at row %zd, column %zd",
+                    "%s: %s value %g at row %zd, column %zd%s",
                     what,
+                    finite ? "too large a" : "non-finite",
                     double(x[i]),
                     i / row_dim,
-                    i % row_dim);
+                    i % row_dim,
+                    finite ? " (|x| must be <= 1e12, kMaxInputMagnitude)" : "");
         }
     }
 }
 
+} // namespace
+
+void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what) {
+    check_values(x, n_rows, row_dim, what, std::numeric_limits<float>::max());
+}
+
 void check_input(const float* x, idx_t n_rows, size_t row_dim, const char* what) {
-    size_t n = size_t(n_rows) * row_dim;
-    for (size_t i = 0; i < n; i++) {
-        if (!(std::fabs(x[i]) <= kMaxInputMagnitude)) { // also NaN
-            FAISS_THROW_FMT(
-                    "%s: %s value %g at row %zd, column %zd%s",
-                    what,
-                    std::isfinite(x[i]) ? "too large a" : "non-finite",
-                    double(x[i]),
-                    i / row_dim,
-                    i % row_dim,
-                    std::isfinite(x[i]) ? " (|x| must be <= 1e12, kMaxInputMagnitude)" : "");
-        }
-    }
+    check_values(x, n_rows, row_dim, what, kMaxInputMagnitude);
 }
 
 bool is_positive_integer(double x) {
