@@ -355,7 +355,20 @@ size_t IndexIVFAsym::memory_bytes() const {
 
 // ---- probing -------------------------------------------------------------------
 
+void IndexIVFAsym::check_probe_query(const float* q, idx_t position, const char* what) const {
+    FAISS_THROW_IF_NOT_FMT(is_trained_models(), "IndexIVFAsym::%s: no centroids (not trained)", what);
+    FAISS_THROW_IF_NOT_FMT(position >= 0, "IndexIVFAsym::%s: position=%zd must be >= 0", what, ssize_t(position));
+    check_not_null(q, "IndexIVFAsym: query");
+    check_input(q, 1, d, "IndexIVFAsym: query");
+}
+
 void IndexIVFAsym::bucket_scores(const float* q, idx_t position, float* scores) const {
+    check_probe_query(q, position, "bucket_scores");
+    check_not_null(scores, "IndexIVFAsym::bucket_scores: scores");
+    bucket_scores_unchecked(q, position, scores);
+}
+
+void IndexIVFAsym::bucket_scores_unchecked(const float* q, idx_t position, float* scores) const {
     if (probe == IVFAsymProbe::oracle) {
         oracle_bucket_masses(q, scores);
         return;
@@ -382,6 +395,12 @@ void IndexIVFAsym::bucket_scores(const float* q, idx_t position, float* scores) 
 void IndexIVFAsym::moment_log_masses(const float* q, float* log_masses) const {
     FAISS_THROW_IF_NOT_MSG(
             probe == IVFAsymProbe::moment, "IndexIVFAsym::moment_log_masses: needs the _Moment probe");
+    check_probe_query(q, 0, "moment_log_masses");
+    check_not_null(log_masses, "IndexIVFAsym::moment_log_masses: log_masses");
+    moment_log_masses_unchecked(q, log_masses);
+}
+
+void IndexIVFAsym::moment_log_masses_unchecked(const float* q, float* log_masses) const {
     // log n_b + s <q, mean_b> + var_weight s^2 / 2 sum_j q_j^2 var_bj
     const float s = score_scale();
     std::vector<float> mean_dots(n_centroids, 0.0f), var_dots(n_centroids, 0.0f);
@@ -406,7 +425,7 @@ void IndexIVFAsym::moment_log_masses(const float* q, float* log_masses) const {
 void IndexIVFAsym::moment_bucket_masses(const float* q, float* masses) const {
     // shares of the estimated mass, which a GQA group can sum as it sums
     // the Q-model's probabilities
-    moment_log_masses(q, masses);
+    moment_log_masses_unchecked(q, masses);
     if (std::any_of(masses, masses + n_centroids, [](float x) { return std::isfinite(x); })) {
         softmax_inplace(masses, nullptr, n_centroids);
     } else {
@@ -456,8 +475,12 @@ void IndexIVFAsym::probe_buckets(const float* q, idx_t position, int n, int32_t*
             "IndexIVFAsym::probe_buckets: nprobe=%d outside [0, C=%d] or no centroids",
             n,
             n_centroids);
+    check_probe_query(q, position, "probe_buckets");
+    if (n > 0) {
+        check_not_null(out, "IndexIVFAsym::probe_buckets: out");
+    }
     std::vector<float> scores(n_centroids);
-    bucket_scores(q, position, scores.data());
+    bucket_scores_unchecked(q, position, scores.data());
     top_buckets(scores.data(), n_centroids, n, out);
 }
 
@@ -479,7 +502,7 @@ std::vector<int32_t> IndexIVFAsym::buckets_to_read(const float* q, int n) const 
     std::vector<float> scores;
     if (is_trained_models() && n > 0) {
         scores.resize(n_centroids);
-        bucket_scores(q, query_position(), scores.data());
+        bucket_scores_unchecked(q, query_position(), scores.data());
     }
     return buckets_of_scores(scores.empty() ? nullptr : scores.data(), n);
 }
@@ -577,7 +600,7 @@ void IndexIVFAsym::attend_batch(
         const bool probing = is_trained_models() && np > 0;
         if (probing) {
             for (idx_t h = 0; h < g; h++) {
-                bucket_scores(qg.data() + h * d, query_position(), s.data());
+                bucket_scores_unchecked(qg.data() + h * d, query_position(), s.data());
                 for (int c = 0; c < n_centroids; c++) {
                     scores[c] += s[c];
                 }

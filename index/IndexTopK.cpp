@@ -456,7 +456,7 @@ namespace {
 /// writer too (the fields are public), so that a saved index reads back.
 void check_training_sizes(idx_t min_points, idx_t max_points, const char* where) {
     FAISS_THROW_IF_NOT_FMT(
-            max_points >= 1 && max_points <= (idx_t(1) << 26) && min_points >= 1 &&
+            max_points >= 1 && max_points <= IndexTopK::kMaxTrainPoints && min_points >= 1 &&
                     min_points <= max_points,
             "%s: TopK training sizes min %zd / max %zd must satisfy 1 <= min <= max <= 2^26",
             where,

@@ -680,6 +680,33 @@ TEST(IVFAsym, MomentMeanEstimateIsJensensBoundOfEachBucketsLogMass) {
             "_Moment");
 }
 
+TEST(IVFAsym, ProbeDiagnosticsCheckTheirQueryPositionAndTraining) {
+    // probe_buckets, bucket_scores and moment_log_masses are public: they
+    // refuse what attend refuses, and an untrained index, by name
+    Head h = ood_head(400, 46);
+    auto index = prefilled("IVFAsym8_Moment", h, h.n);
+    const IndexIVFAsym* ivf = ivf_asym_in_chain(index.get());
+    std::vector<float> q(h.query(0, 399), h.query(0, 399) + kD);
+    std::vector<int32_t> probed(3);
+    std::vector<float> scores(kC);
+    ivf->probe_buckets(q.data(), 399, 3, probed.data());
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(), 1e30f}) {
+        q[5] = bad;
+        const char* part = std::isfinite(bad) ? "too large" : "non-finite";
+        EXPECT_THROW_MSG(ivf->probe_buckets(q.data(), 399, 3, probed.data()), part);
+        EXPECT_THROW_MSG(ivf->bucket_scores(q.data(), 399, scores.data()), part);
+        EXPECT_THROW_MSG(ivf->moment_log_masses(q.data(), scores.data()), part);
+    }
+    q[5] = 0.0f;
+    EXPECT_THROW_MSG(ivf->probe_buckets(q.data(), -1, 3, probed.data()), "position=-1");
+    EXPECT_THROW_MSG(ivf->bucket_scores(q.data(), -1, scores.data()), "position=-1");
+    EXPECT_THROW_MSG(ivf->bucket_scores(nullptr, 399, scores.data()), "query");
+    EXPECT_THROW_MSG(ivf->probe_buckets(q.data(), 399, 3, nullptr), "out");
+    IndexIVFAsym untrained(kD, kDv, kC, IVFAsymProbe::moment);
+    EXPECT_THROW_MSG(untrained.bucket_scores(q.data(), 0, scores.data()), "not trained");
+    EXPECT_THROW_MSG(untrained.moment_log_masses(q.data(), scores.data()), "not trained");
+}
+
 TEST(IVFAsym, MomentVarianceTermFindsTheWideClusters) {
     // isotropic Gaussian clusters, half tight (sigma 0.2) and half wide
     // (sigma 1): a wide cluster's exact mass carries exp(s^2 sigma^2 |q|^2 / 2),

@@ -142,14 +142,21 @@ struct IndexIVFAsym : KVIndex {
         return first_position + ntotal + n_after - 1;
     }
 
+    // Diagnostics of the probe, for tools and tests. Each checks its query
+    // (d finite floats, |x| <= kMaxInputMagnitude), position (>= 0) and
+    // that the models are trained, as search does at its boundary.
+
     /** The buckets query q (post-RoPE, at `position`) reads: `nprobe` of
-     * them, best first (the unassigned run is not listed). */
+     * them, best first (the unassigned run is not listed); out has nprobe
+     * entries. */
     void probe_buckets(const float* q, idx_t position, int nprobe, int32_t* out) const;
-    /// Scores of the C buckets for query q (probabilities, <q, c> or masses).
+    /// Scores of the C buckets for query q (probabilities, <q, c> or
+    /// masses); scores has C entries.
     void bucket_scores(const float* q, idx_t position, float* scores) const;
     /** The moment probe's estimate of log sum_{k in b} exp(s <q, k>) for
      * each of the C buckets (-inf for an empty one); with var_weight = 0 a
-     * lower bound (Jensen). Needs the moment probe. */
+     * lower bound (Jensen). Needs the moment probe; log_masses has C
+     * entries. */
     void moment_log_masses(const float* q, float* log_masses) const;
 
     /// Selection::n_scanned of one probe (the classifier's multiply-adds
@@ -205,6 +212,12 @@ struct IndexIVFAsym : KVIndex {
 
    private:
     int nprobe_for(const faiss::SearchParameters* params) const;
+    /// The diagnostics' check of one query at `position` ("<what>: ...").
+    void check_probe_query(const float* q, idx_t position, const char* what) const;
+    /** bucket_scores and moment_log_masses without the checks: the search
+     * path, whose queries were checked once at the boundary. */
+    void bucket_scores_unchecked(const float* q, idx_t position, float* scores) const;
+    void moment_log_masses_unchecked(const float* q, float* log_masses) const;
     /// Buckets to read for q: the probed ones, then the unassigned run if it holds tokens.
     std::vector<int32_t> buckets_to_read(const float* q, int nprobe) const;
     /** The same from the C bucket scores of a query or the sum over a GQA

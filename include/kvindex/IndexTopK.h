@@ -32,10 +32,14 @@ struct SearchParametersTopK : SearchParametersKV {
  * (HNSW).
  */
 struct IndexTopK : KVIndex {
+    /// the largest training sample a record may hold (and so a writer may
+    /// save): 2^26 keys, 32 GiB of float keys at d = 128
+    static constexpr idx_t kMaxTrainPoints = idx_t(1) << 26;
+
     std::string retriever_string;             ///< Faiss factory string
     std::unique_ptr<faiss::Index> retriever;  ///< holds ntotal keys
     KVStorage storage;                        ///< keys and values of all tokens
-    idx_t max_train_points = 65536;           ///< cap on the training sample
+    idx_t max_train_points = 65536;           ///< cap on the training sample, <= kMaxTrainPoints
     /// keys needed before the retriever trains (IVF: nlist); until then
     /// search scans the stored keys exactly
     idx_t min_train_points = 1;

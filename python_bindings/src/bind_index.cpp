@@ -172,20 +172,6 @@ FloatArray queries_of(const KVIndex& index, py::handle q) {
     return a;
 }
 
-/// queries_of, and finite within kMaxInputMagnitude: for the calls that go
-/// straight to an index's helpers instead of through the checked API.
-FloatArray checked_queries_of(const KVIndex& index, py::handle q) {
-    FloatArray a = queries_of(index, q);
-    const float* x = a.data();
-    for (py::ssize_t i = 0; i < a.size(); i++) {
-        if (!(std::fabs(x[i]) <= kvindex::kMaxInputMagnitude)) {
-            throw py::value_error("q: value " + std::to_string(x[i]) + " at " + std::to_string(i) +
-                                  " is not finite or above 1e12 (kMaxInputMagnitude)");
-        }
-    }
-    return a;
-}
-
 /// keys (n, d) and values (n, d_value) of n tokens, as float32 arrays.
 std::pair<FloatArray, FloatArray> tokens_of(const KVIndex& index, py::handle keys, py::handle values) {
     FloatArray k = as_float_array(keys, "keys");
@@ -468,7 +454,7 @@ the first add. Factory string: "TopK(<faiss string>)". Knobs: k, nprobe
                     [](kvindex::IndexTopK& x, idx_t v) {
                         // the reader's range: a value outside it would save an
                         // index that does not read back
-                        if (v < x.min_train_points || v > (idx_t(1) << 26)) {
+                        if (v < x.min_train_points || v > kvindex::IndexTopK::kMaxTrainPoints) {
                             throw py::value_error("max_train_points=" + std::to_string(v) + " must be in [min_train_points=" +
                                                   std::to_string(x.min_train_points) + ", 2^26]");
                         }
@@ -633,15 +619,12 @@ train_iterations, min_distance, seed.)doc")
                     "int64, size C + 1: tokens per bucket (the last: tokens from before any training)")
             .def("probe_buckets",
                  [](const kvindex::IndexIVFAsym& x, py::handle q, int nprobe, py::object position) {
-                     FloatArray qa = checked_queries_of(x, q);
+                     FloatArray qa = queries_of(x, q);
                      if (qa.shape(0) != 1) {
                          throw py::value_error("probe_buckets: one query (1, d)");
                      }
                      std::vector<int32_t> out(std::max(nprobe, 0));
                      idx_t pos = position.is_none() ? x.query_position() : position.cast<idx_t>();
-                     if (pos < 0) {
-                         throw py::value_error("probe_buckets: position=" + std::to_string(pos) + " must be >= 0");
-                     }
                      x.probe_buckets(qa.data(), pos, nprobe, out.data());
                      return to_numpy(out);
                  },
@@ -649,7 +632,7 @@ train_iterations, min_distance, seed.)doc")
                  "the nprobe buckets a query (post-RoPE, at `position`, default the newest token) reads, best first")
             .def("moment_log_masses",
                  [](const kvindex::IndexIVFAsym& x, py::handle q) {
-                     FloatArray qa = checked_queries_of(x, q);
+                     FloatArray qa = queries_of(x, q);
                      if (qa.shape(0) != 1) {
                          throw py::value_error("moment_log_masses: one query (1, d)");
                      }
