@@ -63,14 +63,12 @@ std::string bare_message(const faiss::FaissException& e) {
     return m;
 }
 
-/// Empties a candidate for good: reset, then a copy through the io, so
-/// that the memory its tokens took is given back (reset keeps the
-/// vectors' capacity) while its knobs, stream and adopted models stay.
+/// Empties a candidate for good: reset, then a copy, so that the memory
+/// its tokens took is given back (reset keeps the vectors' capacity) while
+/// its knobs, stream and adopted models stay.
 void empty_for_good(std::unique_ptr<KVIndex>& c) {
     c->reset();
-    std::vector<uint8_t> buf;
-    write_index(c.get(), &buf);
-    c = read_index(buf); // replaced only once the copy is whole
+    c = clone_index(c.get()); // replaced only once the copy is whole
 }
 
 /// Whether an index of the chain rooted at `index` has the knob; *prefill

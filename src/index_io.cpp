@@ -8,6 +8,8 @@
 #include <kvindex/impl/io.h>
 #include <kvindex/registry.h>
 
+#include "checks.h"
+
 namespace kvindex {
 
 namespace {
@@ -135,6 +137,13 @@ std::unique_ptr<KVIndex> read_index(const uint8_t* data, size_t size) {
             "read_index: %zd trailing bytes after the index",
             pr.remaining());
     return index;
+}
+
+std::unique_ptr<KVIndex> clone_index(const KVIndex* index) {
+    check_not_null(index, "clone_index: index");
+    std::vector<uint8_t> buf;
+    write_index(index, &buf);
+    return read_index(buf);
 }
 
 std::unique_ptr<KVIndex> read_index(const std::string& fname) {

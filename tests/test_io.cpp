@@ -304,6 +304,27 @@ TEST(IO, AppendAfterRead) {
     }
 }
 
+TEST(IO, CloneIsADeepIndependentCopy) {
+    std::vector<float> q = kvtest::gaussian(kQueries, kDim, 779, 2.0f);
+    for (size_t ci = 0; ci < std::size(kCases); ci++) {
+        const IOCase& c = kCases[ci];
+        SCOPED_TRACE(c.factory);
+        auto index = build(c, kPrefill, kDecode, 400 + ci);
+        Results ref = run_queries(index.get(), q, kQueries);
+        auto copy = clone_index(index.get());
+        expect_same_fields(index.get(), copy.get(), "clone");
+        expect_knobs(copy.get(), c);
+        expect_identical(ref, run_queries(copy.get(), q, kQueries), "clone");
+        // growing the copy leaves the original as it was
+        std::vector<float> keys = kvtest::gaussian(20, kDim, 500 + ci);
+        std::vector<float> values = kvtest::gaussian(20, copy->d_value, 501 + ci);
+        copy->add_kv(20, keys.data(), values.data());
+        EXPECT_EQ(copy->ntotal, index->ntotal + 20);
+        expect_identical(ref, run_queries(index.get(), q, kQueries), "original after the copy grew");
+    }
+    EXPECT_THROW_MSG(clone_index(nullptr), "clone_index");
+}
+
 TEST(IO, TopKTrainingSizesAreCheckedAtWrite) {
     // the fields are public; a value the reader refuses is refused when
     // written, so that no file is saved that does not read back

@@ -65,6 +65,12 @@ inline std::unique_ptr<KVIndex> read_index(const std::vector<uint8_t>& buffer) {
     return read_index(buffer.data(), buffer.size());
 }
 
+/** A deep copy of any index (its tokens, trained models, knobs and random
+ * streams), made through the io: the record knows its own type, so every
+ * registered type copies without a clone method of its own (Faiss's
+ * clone_index needs one branch per type). */
+std::unique_ptr<KVIndex> clone_index(const KVIndex* index);
+
 /// One index record (the payload grammar above), for types that hold
 /// inner indexes: they write and read them where their fields say.
 void write_index_record(const KVIndex* index, BufferWriter& w);

@@ -34,6 +34,7 @@ from ._kvindex import (  # noqa: F401
     blas_core_below_cpu,
     blas_core_for_this_cpu,
     blas_core_name,
+    clone_index,
     deserialize_index,
     get_index_parameter,
     index_factory,

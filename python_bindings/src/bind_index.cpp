@@ -729,9 +729,7 @@ Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
                      // are copies, as of now
                      std::vector<std::shared_ptr<KVIndex>> out;
                      for (const KVIndex* c : x.children()) {
-                         std::vector<uint8_t> buf;
-                         kvindex::write_index(c, &buf);
-                         out.push_back(std::shared_ptr<KVIndex>(kvindex::read_index(buf)));
+                         out.push_back(std::shared_ptr<KVIndex>(kvindex::clone_index(c)));
                      }
                      return out;
                  },

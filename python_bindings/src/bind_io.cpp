@@ -208,6 +208,14 @@ void bind_io(py::module_& m) {
               return a;
           },
           py::arg("index"), "the bytes write_index would write, as a numpy uint8 array");
+    m.def("clone_index",
+          [](const KVIndex& index) {
+              py::gil_scoped_release release;
+              return std::shared_ptr<KVIndex>(kvindex::clone_index(&index));
+          },
+          py::arg("index"),
+          "a deep copy of any index (tokens, trained models, knobs, random streams), through the io; "
+          "copy.deepcopy does the same");
     m.def("deserialize_index", &deserialize, py::arg("buf"),
           "an index from serialize_index's bytes (numpy uint8 array, bytes or bytearray)");
 

@@ -1,6 +1,8 @@
-"""write_index / read_index, serialize_index / deserialize_index, pickle:
+"""write_index / read_index, serialize_index / deserialize_index, pickle,
+clone_index and copy.deepcopy:
 the index read back answers bit for bit as the original, keeps decoding
 identically, and damaged buffers raise RuntimeError (never crash)."""
+import copy
 import os
 import pickle
 import subprocess
@@ -43,6 +45,8 @@ def test_round_trips(factory, small, tmp_path):
         "bytes": kvindex.deserialize_index(buf.tobytes()),
         "bytearray": kvindex.deserialize_index(bytearray(buf.tobytes())),
         "pickle": pickle.loads(pickle.dumps(index)),
+        "clone_index": kvindex.clone_index(index),
+        "deepcopy": copy.deepcopy(index),
     }
     path = str(tmp_path / "index.kvix")
     kvindex.write_index(index, path)
