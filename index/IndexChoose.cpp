@@ -634,6 +634,17 @@ void IndexChoose::read_fields(BufferReader& r, uint32_t) {
     }
 }
 
+void IndexChoose::check_children_in_step() const {
+    for (size_t i = 0; i < candidates.size(); i++) {
+        // the chosen candidate holds every token, the others none
+        const idx_t expected = int(i) == chosen ? ntotal : 0;
+        if (!candidates[i] || candidates[i]->ntotal != expected) { // the name only when it throws
+            const std::string what = "candidate " + std::to_string(i);
+            check_child_in_step(candidates[i].get(), expected, "IndexChoose", what.c_str());
+        }
+    }
+}
+
 void IndexChoose::check_invariants() const {
     KVIndex::check_invariants();
     size_t n = candidates.size();

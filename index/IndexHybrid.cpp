@@ -466,6 +466,11 @@ void IndexHybrid::read_fields(BufferReader& r, uint32_t) {
     tail = read_index_record(r);
 }
 
+void IndexHybrid::check_children_in_step() const {
+    check_child_in_step(heavy.get(), ntotal, "IndexHybrid", "heavy");
+    check_child_in_step(tail.get(), ntotal, "IndexHybrid", "tail");
+}
+
 void IndexHybrid::check_invariants() const {
     KVIndex::check_invariants();
     FAISS_THROW_IF_NOT_MSG(heavy && tail, "IndexHybrid: heavy or tail index missing");

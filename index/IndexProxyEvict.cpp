@@ -633,6 +633,10 @@ void IndexProxyEvict::read_fields(BufferReader& r, uint32_t version) {
     inner = read_index_record(r);
 }
 
+void IndexProxyEvict::check_children_in_step() const {
+    check_child_in_step(inner.get(), idx_t(positions.size()), "IndexProxyEvict", "inner");
+}
+
 void IndexProxyEvict::check_invariants() const {
     KVIndex::check_invariants();
     FAISS_THROW_IF_NOT_MSG(inner, "IndexProxyEvict: inner index missing");

@@ -13,6 +13,7 @@
 #include <kvindex/index_io.h>
 #include <kvindex/kernels.h>
 
+#include "checks.h"
 #include "parallel.h"
 
 namespace kvindex {
@@ -316,6 +317,10 @@ void IndexSinkWindow::read_fields(BufferReader& r, uint32_t) {
     sink.read(r, "sink tokens");
     window.read(r, "window tokens");
     inner = read_index_record(r);
+}
+
+void IndexSinkWindow::check_children_in_step() const {
+    check_child_in_step(inner.get(), ntotal - sink.size() - window.size(), "IndexSinkWindow", "inner");
 }
 
 void IndexSinkWindow::check_invariants() const {

@@ -85,6 +85,7 @@ void KVIndex::add(idx_t, const float*) {
 
 void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     WriteScope scope(*this, "add_kv");
+    check_children_in_step();
     FAISS_THROW_IF_NOT_FMT(n >= 0, "add_kv: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
         return;
@@ -106,6 +107,7 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
 
 void KVIndex::add_queries(idx_t n, const float* queries) {
     WriteScope scope(*this, "add_queries");
+    check_children_in_step();
     FAISS_THROW_IF_NOT_FMT(n >= 0, "add_queries: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
         return;
@@ -193,6 +195,7 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
 
 void KVIndex::prefill(const PrefillInput& in) {
     WriteScope scope(*this, "prefill");
+    check_children_in_step();
     prefill_impl(in);
 }
 
@@ -270,6 +273,7 @@ void KVIndex::search(
         idx_t* labels,
         const faiss::SearchParameters* params) const {
     ReadScope scope(*this, "search");
+    check_children_in_step();
     FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
     check_query_args(n, q, "search: queries");
     check_params(params);
@@ -293,6 +297,7 @@ void KVIndex::select(
         Selection* sel,
         const faiss::SearchParameters* params) const {
     ReadScope scope(*this, "select");
+    check_children_in_step();
     check_query_args(n, q, "select: queries");
     check_params(params);
     if (n == 0) {
@@ -315,6 +320,7 @@ void KVIndex::select_outside(
         Selection& sel,
         const faiss::SearchParameters* params) const {
     ReadScope scope(*this, "select_outside");
+    check_children_in_step();
     check_query_args(1, q, "select_outside: query");
     check_params(params);
     FAISS_THROW_IF_NOT_MSG(
@@ -365,6 +371,7 @@ void KVIndex::attend(
         float* lse,
         const faiss::SearchParameters* params) const {
     ReadScope scope(*this, "attend");
+    check_children_in_step();
     check_query_args(n, q, "attend: queries");
     FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
     check_not_null(out, "attend: out");
@@ -490,6 +497,7 @@ void check_token_id(const KVIndex* index, idx_t key, const char* what) {
 
 void KVIndex::reconstruct(idx_t key, float* recons) const {
     ReadScope scope(*this, "reconstruct");
+    check_children_in_step();
     check_token_id(this, key, "reconstruct");
     check_not_null(recons, "reconstruct: output");
     reconstruct_impl(key, recons);
@@ -497,6 +505,7 @@ void KVIndex::reconstruct(idx_t key, float* recons) const {
 
 void KVIndex::reconstruct_value(idx_t key, float* value) const {
     ReadScope scope(*this, "reconstruct_value");
+    check_children_in_step();
     check_token_id(this, key, "reconstruct_value");
     check_not_null(value, "reconstruct_value: output");
     reconstruct_value_impl(key, value);

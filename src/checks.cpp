@@ -55,6 +55,21 @@ uint64_t count_parameter(const std::string& name, double value) {
     return uint64_t(value);
 }
 
+void check_child_in_step(const KVIndex* child, idx_t expected, const char* wrapper, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(child, "%s: %s index missing", wrapper, what);
+    FAISS_THROW_IF_NOT_FMT(
+            child->ntotal == expected,
+            "%s: its %s index holds %zd tokens where the %s put %zd: it was written through a "
+            "reference to it, which the %s cannot follow (add through the %s; reset() it to start over)",
+            wrapper,
+            what,
+            size_t(child->ntotal),
+            wrapper,
+            size_t(expected),
+            wrapper,
+            wrapper);
+}
+
 void check_not_null(const void* ptr, const char* what) {
     FAISS_THROW_IF_NOT_FMT(ptr != nullptr, "%s is missing (nullptr)", what);
 }

@@ -26,6 +26,11 @@ bool is_count(double x);
 /// must be a non-negative integer". The check of set_parameter's counts.
 uint64_t count_parameter(const std::string& name, double value);
 
+/** Throws unless the child `what` of the wrapper holds `expected` tokens
+ * (KVIndex::check_children_in_step): a child written through a reference
+ * is named, with the way back (reset the wrapper). */
+void check_child_in_step(const KVIndex* child, idx_t expected, const char* wrapper, const char* what);
+
 /// Throws unless ptr is non-null; names the argument.
 void check_not_null(const void* ptr, const char* what);
 

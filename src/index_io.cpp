@@ -71,6 +71,7 @@ void write_index_record(const KVIndex* index, BufferWriter& w) {
         write_index_record(twin.get(), w); // e.g. a GPU index: its CPU twin's record
         return;
     }
+    index->check_children_in_step(); // else the record would not read back
     IndexTypeInfo t = index_type_of(index);
     w.value(t.fourcc);
     w.value(t.record_version);

@@ -592,3 +592,37 @@ TEST(BadInput, PerCallKnobsAreCheckedLikeTheIndexKnobs) {
         EXPECT_NO_THROW(index->attend(1, q.data(), out.data(), nullptr, &plain));
     }
 }
+
+TEST(BadInput, AChildWrittenThroughAReferenceIsRefusedByItsWrapper) {
+    // mutable_children() hands out the inner indexes; a write through one
+    // (add_kv, reset) bypasses the wrapper, whose next call must say so
+    // rather than answer with ids its inner index never had
+    const int d = 16;
+    std::vector<float> keys = kvtest::gaussian(300, d, 81), q = kvtest::gaussian(1, d, 82);
+    for (const char* s : {"Sink4,Window8,Flat", "ProxyEvict50,TopK(Flat)", "Hybrid(TopK(Flat),Uniform)",
+                          "Choose(Flat;TopK(Flat))"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(d, s);
+        PrefillInput in;
+        in.n_tokens = 200;
+        in.keys = keys.data();
+        in.values = keys.data();
+        in.n_queries = 20;
+        in.n_query_heads = 1;
+        in.queries = keys.data() + 180 * d;
+        index->prefill(in);
+        std::vector<float> out(d);
+        index->attend(1, q.data(), out.data(), nullptr);
+        KVIndex* child = index->mutable_children().front();
+        child->add_kv(3, keys.data() + 200 * d, keys.data() + 200 * d);
+        EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr), "written through a reference");
+        EXPECT_THROW_MSG(index->add_kv(1, keys.data(), keys.data()), "written through a reference");
+        std::vector<uint8_t> buf;
+        EXPECT_THROW_MSG(write_index(index.get(), &buf), "written through a reference");
+        child->reset();
+        EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr), "written through a reference");
+        index->reset(); // the way back
+        index->prefill(in);
+        index->attend(1, q.data(), out.data(), nullptr);
+    }
+}

@@ -127,6 +127,7 @@ struct IndexChoose : KVIndex {
     void write_fields(BufferWriter& w) const override;
     void read_fields(BufferReader& r, uint32_t version) override;
     void check_invariants() const override;
+    void check_children_in_step() const override;
 
     /// Registry parser: "Choose(<chain>;<chain>[;...])".
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);

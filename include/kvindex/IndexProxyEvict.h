@@ -187,6 +187,7 @@ struct IndexProxyEvict : KVIndex {
     void write_fields(BufferWriter& w) const override;
     void read_fields(BufferReader& r, uint32_t version) override;
     void check_invariants() const override;
+    void check_children_in_step() const override;
 
     /// Registry parser: "ProxyEvict<P>[_Policy]", then the inner chain (Flat
     /// when nothing follows).

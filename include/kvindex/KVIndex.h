@@ -401,6 +401,15 @@ struct KVIndex : faiss::Index {
      * the KVIndex fields and that children share d and d_value. */
     virtual void check_invariants() const;
 
+    /** Throws when an inner index holds other tokens than this index put
+     * there: a write (add_kv, reset, ...) through a reference to a child,
+     * from children(), mutable_children() or a public field, which the
+     * wrapper cannot see. O(1) (a count per child); every call of the
+     * public API and write_index run it first, so that such a write is an
+     * error naming the child, never an answer with ids out of range.
+     * Types with inner indexes override it. */
+    virtual void check_children_in_step() const {}
+
    protected:
     // ---- the type's core: arguments checked, n > 0 ---------------------
 

@@ -87,3 +87,19 @@ def test_ivf_asym_diagnostics_check_their_query():
     q[0, 3] = 0.0
     with pytest.raises(RuntimeError, match="position=-1"):
         index.probe_buckets(q, 2, position=-1)
+
+
+def test_a_child_written_through_is_refused_by_its_parent():
+    keys, values = tokens(300, 8)
+    index = kvindex.index_factory(D, "Sink4,Window8,TopK(Flat)")
+    index.add_kv(keys[:200], values[:200])
+    q = keys[250:251]
+    index.attend(q)
+    inner = index.children()[0]
+    inner.add_kv(keys[200:203], values[200:203])
+    with pytest.raises(RuntimeError, match="written through a reference"):
+        index.attend(q)
+    index.reset()
+    index.add_kv(keys[:200], values[:200])
+    out, lse = index.attend(q)
+    assert np.isfinite(out).all() and np.isfinite(lse).all()
