@@ -81,6 +81,22 @@ void assign_keys_to_buckets(
         const float* centroids,
         int n_centroids,
         int32_t* out) {
+    // public, so checked like any entry point (O(n d) beside the O(n d C) products)
+    FAISS_THROW_IF_NOT_FMT(
+            d > 0 && n_centroids >= 1 && first_position >= 0,
+            "assign_keys_to_buckets: d=%d, n_centroids=%d, first_position=%zd (need d > 0, "
+            "n_centroids >= 1, first_position >= 0)",
+            d,
+            n_centroids,
+            ssize_t(first_position));
+    check_input_size(n, d, "assign_keys_to_buckets: keys");
+    if (n == 0) {
+        return;
+    }
+    check_not_null(keys, "assign_keys_to_buckets: keys");
+    check_not_null(centroids, "assign_keys_to_buckets: centroids");
+    check_not_null(out, "assign_keys_to_buckets: out");
+    check_input(keys, n, d, "assign_keys_to_buckets: keys");
     std::vector<float> k = de_rope(keys, n, d, first_position, rope);
     assign_to_centroids(k.data(), n, d, centroids, n_centroids, out);
 }
@@ -107,6 +123,7 @@ IVFAsymTrainer::IVFAsymTrainer(int d, const IVFAsymTrainingParams& p)
 }
 
 void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
+    check_prompt(in, d, "IVFAsymTrainer::add_prompt");
     FAISS_THROW_IF_NOT_FMT(
             in.n_tokens >= 1 && in.keys, "IVFAsymTrainer::add_prompt: a prompt needs tokens (n_tokens=%zd)",
             size_t(in.n_tokens));
@@ -134,8 +151,7 @@ void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
     PendingPrompt p;
     p.first_position = in.first_position;
     p.keys.assign(in.keys, in.keys + size_t(in.n_tokens) * d);
-    if (in.n_queries > 0 && in.queries) {
-        check_input(in.queries, in.n_queries * in.n_query_heads, d, "IVFAsymTrainer::add_prompt: queries");
+    if (in.n_queries > 0) { // checked by check_prompt
         idx_t end = in.first_position + in.n_tokens;
         const idx_t first_far = std::max(params.n_sink, in.first_position);
         std::vector<std::pair<int, idx_t>> eligible; // (head, query)

@@ -121,6 +121,10 @@ void register_index_type(const IndexTypeInfo& row) {
             "register_index_type: row '%s' needs a name, a fourcc, a record version and "
             "an empty constructor",
             row.name.c_str());
+    // read_index builds every record of the type with it: one that makes
+    // nothing, or another type, is refused now rather than at the first
+    // read (called outside the lock: it is user code)
+    std::unique_ptr<KVIndex> empty = row.make_empty();
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     for (const IndexTypeInfo& t : r.rows) {
@@ -131,6 +135,11 @@ void register_index_type(const IndexTypeInfo& row) {
                 row.fourcc,
                 t.name.c_str());
     }
+    FAISS_THROW_IF_NOT_FMT(
+            empty && row.name == empty->type_name(),
+            "register_index_type: row '%s': its empty constructor makes %s",
+            row.name.c_str(),
+            empty ? empty->type_name() : "nullptr");
     r.rows.push_back(row);
 }
 

@@ -83,6 +83,38 @@ idx_t KVCache::n_tokens(int layer) const {
     return index(layer, 0)->ntotal;
 }
 
+void KVCache::check_layer_in_step(int layer, const char* what) const {
+    const idx_t n = n_tokens(layer);
+    for (int h = 0; h < n_kv_heads; h++) {
+        const KVIndex* x = index(layer, h);
+        FAISS_THROW_IF_NOT_FMT(
+                x->ntotal == n,
+                "%s: layer %d: KV head %d holds %zd tokens, head 0 %zd (written through index(), or a "
+                "head failed inside append)",
+                what,
+                layer,
+                h,
+                size_t(x->ntotal),
+                size_t(n));
+        FAISS_THROW_IF_NOT_FMT(
+                !x->has_rope || (has_rope && x->rope == rope),
+                "%s: layer %d: KV head %d has RoPE theta=%g that the cache does not (has_rope=%d, "
+                "theta=%g)",
+                what,
+                layer,
+                h,
+                x->rope.theta,
+                int(has_rope),
+                rope.theta);
+    }
+}
+
+void KVCache::check_invariants() const {
+    for (int l = 0; l < n_layers; l++) {
+        check_layer_in_step(l, "KVCache");
+    }
+}
+
 void KVCache::prefill(
         int layer,
         idx_t n,
@@ -116,6 +148,7 @@ void KVCache::prefill(
     check_tokens(n, keys, values, "KVCache::prefill");
     if (n_queries > 0) {
         check_not_null(queries, "KVCache::prefill: queries");
+        check_input_size(n_queries, size_t(n_q_heads) * d, "KVCache::prefill: queries");
         check_input(queries, n_q_heads * n_queries, d, "KVCache::prefill: queries");
     }
     int g = group_size();
@@ -151,6 +184,8 @@ void KVCache::check_tokens(idx_t n, const float* keys, const float* values, cons
         return;
     }
     std::string w(what);
+    // the sizes first: n_kv_heads * n below must not overflow
+    check_input_size(n, size_t(n_kv_heads) * std::max(d, d_value), what);
     check_not_null(keys, (w + ": keys").c_str());
     check_not_null(values, (w + ": values").c_str());
     check_input(keys, n_kv_heads * n, d, (w + ": keys").c_str());
@@ -160,6 +195,7 @@ void KVCache::check_tokens(idx_t n, const float* keys, const float* values, cons
 void KVCache::append(int layer, idx_t n, const float* keys, const float* values) {
     index(layer, 0);
     WriteScope scope(layer_calls[layer], "KVCache::append", "this layer of the cache");
+    check_layer_in_step(layer, "KVCache::append");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::append: n=%zd must be >= 0", size_t(n));
     // bad input is refused before any head appends
     check_tokens(n, keys, values, "KVCache::append");
@@ -177,8 +213,10 @@ void KVCache::attend(
         const faiss::SearchParameters* params) const {
     index(layer, 0);
     ReadScope scope(layer_calls[layer], "KVCache::attend", "this layer of the cache");
+    check_layer_in_step(layer, "KVCache::attend");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::attend: n=%zd must be >= 0", size_t(n));
     if (n > 0) {
+        check_input_size(n, size_t(n_q_heads) * std::max(d, d_value), "KVCache::attend");
         check_not_null(q, "KVCache::attend: queries");
         check_not_null(out, "KVCache::attend: out");
     }
@@ -202,11 +240,13 @@ void KVCache::attend(
 void KVCache::add_queries(int layer, idx_t n, const float* q) {
     index(layer, 0);
     WriteScope scope(layer_calls[layer], "KVCache::add_queries", "this layer of the cache");
+    check_layer_in_step(layer, "KVCache::add_queries");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::add_queries: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
         return;
     }
     check_not_null(q, "KVCache::add_queries: queries");
+    check_input_size(n, size_t(n_q_heads) * d, "KVCache::add_queries: queries");
     // checked before any head learns, as append does
     check_input(q, idx_t(n_q_heads) * n, size_t(d), "KVCache::add_queries: queries");
     idx_t g = group_size(); // the group's queries are contiguous, as in attend

@@ -124,6 +124,50 @@ void KVIndex::add_queries_impl(idx_t n, const float* queries) {
     }
 }
 
+void check_prompt(const PrefillInput& in, int d, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(in.n_tokens >= 0, "%s: n_tokens=%zd must be >= 0", what, ssize_t(in.n_tokens));
+    FAISS_THROW_IF_NOT_FMT(
+            in.first_position >= 0, "%s: first_position=%zd must be >= 0", what, ssize_t(in.first_position));
+    FAISS_THROW_IF_NOT_FMT(in.n_after >= 0, "%s: n_after=%zd must be >= 0", what, ssize_t(in.n_after));
+    // every position (first_position + j, + n_after) must be representable:
+    // checked by subtraction, the sum itself could overflow
+    constexpr idx_t kMaxPosition = idx_t(1) << 62;
+    FAISS_THROW_IF_NOT_FMT(
+            in.first_position <= kMaxPosition && in.n_after <= kMaxPosition &&
+                    in.n_tokens <= kMaxPosition - in.first_position - in.n_after,
+            "%s: first_position=%zd + n_tokens=%zd + n_after=%zd must be <= 2^62",
+            what,
+            size_t(in.first_position),
+            size_t(in.n_tokens),
+            size_t(in.n_after));
+    FAISS_THROW_IF_NOT_FMT(in.n_queries >= 0, "%s: n_queries=%zd must be >= 0", what, ssize_t(in.n_queries));
+    if (in.n_queries == 0) {
+        return;
+    }
+    FAISS_THROW_IF_NOT_FMT(in.n_query_heads >= 1, "%s: n_query_heads=%d must be >= 1", what, in.n_query_heads);
+    const std::string queries = std::string(what) + ": queries";
+    check_not_null(in.queries, queries.c_str());
+    check_input_size(in.n_queries, size_t(in.n_query_heads) * d, queries.c_str());
+    check_input(in.queries, in.n_queries * in.n_query_heads, d, queries.c_str());
+    if (in.query_positions) {
+        for (idx_t i = 0; i < in.n_queries; i++) {
+            FAISS_THROW_IF_NOT_FMT(
+                    in.query_positions[i] >= 0,
+                    "%s: query_positions[%zd]=%zd must be >= 0",
+                    what,
+                    size_t(i),
+                    ssize_t(in.query_positions[i]));
+        }
+    } else {
+        FAISS_THROW_IF_NOT_FMT(
+                in.n_queries <= in.first_position + in.n_tokens,
+                "%s: %zd queries without positions, but the prompt has only %zd tokens",
+                what,
+                size_t(in.n_queries),
+                size_t(in.first_position + in.n_tokens));
+    }
+}
+
 void KVIndex::check_prefill(const PrefillInput& in) const {
     FAISS_THROW_IF_NOT_FMT(
             ntotal == 0,
@@ -139,24 +183,7 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
             rope_style_name(rope.style),
             in.rope.theta,
             rope_style_name(in.rope.style));
-    FAISS_THROW_IF_NOT_FMT(
-            in.n_tokens >= 0, "prefill: n_tokens=%zd must be >= 0", size_t(in.n_tokens));
-    FAISS_THROW_IF_NOT_FMT(
-            in.first_position >= 0,
-            "prefill: first_position=%zd must be >= 0",
-            size_t(in.first_position));
-    FAISS_THROW_IF_NOT_FMT(
-            in.n_after >= 0, "prefill: n_after=%zd must be >= 0", size_t(in.n_after));
-    // every position (first_position + j, + n_after) must be representable:
-    // checked by subtraction, the sum itself could overflow
-    constexpr idx_t kMaxPosition = idx_t(1) << 62;
-    FAISS_THROW_IF_NOT_FMT(
-            in.first_position <= kMaxPosition && in.n_after <= kMaxPosition &&
-                    in.n_tokens <= kMaxPosition - in.first_position - in.n_after,
-            "prefill: first_position=%zd + n_tokens=%zd + n_after=%zd must be <= 2^62",
-            size_t(in.first_position),
-            size_t(in.n_tokens),
-            size_t(in.n_after));
+    check_prompt(in, d, "prefill");
     if (in.n_tokens > 0) {
         check_not_null(in.keys, "prefill: keys");
         check_not_null(in.values, "prefill: values");
@@ -164,32 +191,6 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
         check_input(in.values, in.n_tokens, d_value, "prefill: values");
         check_kv_type_fits(kv_type, in.keys, size_t(in.n_tokens) * d, d, "prefill: keys");
         check_kv_type_fits(kv_type, in.values, size_t(in.n_tokens) * d_value, d_value, "prefill: values");
-    }
-    FAISS_THROW_IF_NOT_FMT(
-            in.n_queries >= 0, "prefill: n_queries=%zd must be >= 0", size_t(in.n_queries));
-    if (in.n_queries > 0) {
-        FAISS_THROW_IF_NOT_FMT(
-                in.n_query_heads >= 1,
-                "prefill: n_query_heads=%d must be >= 1",
-                in.n_query_heads);
-        check_not_null(in.queries, "prefill: queries");
-        check_input(in.queries, in.n_queries * in.n_query_heads, d, "prefill: queries");
-        if (in.query_positions) {
-            for (idx_t i = 0; i < in.n_queries; i++) {
-                FAISS_THROW_IF_NOT_FMT(
-                        in.query_positions[i] >= 0,
-                        "prefill: query_positions[%zd]=%zd must be >= 0",
-                        size_t(i),
-                        size_t(in.query_positions[i]));
-            }
-        } else {
-            FAISS_THROW_IF_NOT_FMT(
-                    in.n_queries <= in.first_position + in.n_tokens,
-                    "prefill: %zd queries without positions, but the prompt "
-                    "has only %zd tokens",
-                    size_t(in.n_queries),
-                    size_t(in.first_position + in.n_tokens));
-        }
     }
 }
 

@@ -1,6 +1,8 @@
 #include <kvindex/KVStorage.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include <faiss/impl/FaissAssert.h>
 
@@ -24,12 +26,12 @@ void reserve_for(RowBytes& v, size_t need) {
     }
 }
 
-/// Refuses stored 16-bit values with an all-ones exponent (inf / nan).
-void check_finite_stored(KVType t, const RowBytes& bytes, size_t dim,
-                         const char* what) {
+/// Refuses stored values add_kv would have refused: non-finite ones (a
+/// 16-bit value with an all-ones exponent), and |x| > kMaxInputMagnitude
+/// (float32 and bfloat16; fp16 cannot hold such values).
+void check_stored_input(KVType t, const RowBytes& bytes, size_t dim, const char* what) {
     if (t == KVType::f32) {
-        check_finite(reinterpret_cast<const float*>(bytes.data()),
-                     idx_t(bytes.size() / (dim * 4)), dim, what);
+        check_input(reinterpret_cast<const float*>(bytes.data()), idx_t(bytes.size() / (dim * 4)), dim, what);
         return;
     }
     uint16_t exp_mask = t == KVType::bf16 ? 0x7f80 : 0x7c00;
@@ -45,20 +47,43 @@ void check_finite_stored(KVType t, const RowBytes& bytes, size_t dim,
                 unsigned(h),
                 i / dim,
                 i % dim);
+        FAISS_THROW_IF_NOT_FMT(
+                t != KVType::bf16 || std::fabs(to_float(bf16_t{h})) <= kMaxInputMagnitude,
+                "%s: too large a bf16 value %g at row %zd, column %zd (|x| must be <= 1e12, "
+                "kMaxInputMagnitude)",
+                what,
+                double(to_float(bf16_t{h})),
+                i / dim,
+                i % dim);
     }
 }
 
 } // namespace
 
+void KVStorage::check_range(idx_t i0, idx_t n, const char* what) const {
+    FAISS_THROW_IF_NOT_FMT(
+            i0 >= 0 && n >= 0 && i0 <= size() && n <= size() - i0,
+            "KVStorage::%s: tokens [%zd, %zd + %zd) outside the %zd stored",
+            what,
+            ssize_t(i0),
+            ssize_t(i0),
+            ssize_t(n),
+            ssize_t(size()));
+}
+
 void KVStorage::key(idx_t i, float* out) const {
+    check_range(i, 1, "key");
     convert_to_float(type, keys.data() + i * key_bytes(), d, out);
 }
 
 void KVStorage::value(idx_t i, float* out) const {
+    check_range(i, 1, "value");
     convert_to_float(type, values.data() + i * value_bytes(), d_value, out);
 }
 
 void KVStorage::append(idx_t n, const float* k, const float* v) {
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVStorage::append: n=%zd must be >= 0", ssize_t(n));
+    check_input_size(n, std::max(d, d_value), "KVStorage::append");
     size_t nk = keys.size(), nv = values.size();
     reserve_for(keys, nk + n * key_bytes());
     reserve_for(values, nv + n * value_bytes());
@@ -78,6 +103,7 @@ void KVStorage::append_from(const KVStorage& other, idx_t i0, idx_t n) {
     FAISS_THROW_IF_NOT_MSG(
             other.d == d && other.d_value == d_value && other.type == type,
             "KVStorage::append_from: storages differ in dimensions or type");
+    other.check_range(i0, n, "append_from");
     reserve_for(keys, keys.size() + n * key_bytes());
     reserve_for(values, values.size() + n * value_bytes());
     keys.insert(keys.end(), other.keys.begin() + i0 * key_bytes(),
@@ -87,6 +113,7 @@ void KVStorage::append_from(const KVStorage& other, idx_t i0, idx_t n) {
 }
 
 void KVStorage::to_float(idx_t i0, idx_t n, std::vector<float>* k, std::vector<float>* v) const {
+    check_range(i0, n, "to_float");
     if (k) {
         k->resize(n * d);
         convert_to_float(type, keys.data() + i0 * key_bytes(), n * d, k->data());
@@ -98,11 +125,13 @@ void KVStorage::to_float(idx_t i0, idx_t n, std::vector<float>* k, std::vector<f
 }
 
 void KVStorage::erase_front(idx_t n) {
+    check_range(0, n, "erase_front");
     keys.erase(keys.begin(), keys.begin() + n * key_bytes());
     values.erase(values.begin(), values.begin() + n * value_bytes());
 }
 
 void KVStorage::truncate(idx_t n) {
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVStorage::truncate: n=%zd must be >= 0", ssize_t(n));
     keys.resize(std::min(keys.size(), n * key_bytes()));
     values.resize(std::min(values.size(), n * value_bytes()));
 }
@@ -154,8 +183,8 @@ void KVStorage::read(BufferReader& r, const char* what) {
             d,
             d_value);
     // refuse what add_kv would refuse
-    check_finite_stored(type, keys, d, "read_index: keys");
-    check_finite_stored(type, values, d_value, "read_index: values");
+    check_stored_input(type, keys, d, "read_index: keys");
+    check_stored_input(type, values, d_value, "read_index: values");
 }
 
 } // namespace kvindex

@@ -35,6 +35,7 @@ void write_payload(const KVCache& c, BufferWriter& w) {
             c.indexes.size(),
             c.n_layers,
             c.n_kv_heads);
+    c.check_invariants(); // else the file would not read back
     w.value<int32_t>(c.n_layers);
     w.value<int32_t>(c.n_q_heads);
     w.value<int32_t>(c.n_kv_heads);
@@ -167,6 +168,7 @@ std::unique_ptr<KVCache> read_payload(BufferReader& r) {
             slot = std::move(index);
         }
     }
+    cache->check_invariants();
     return cache;
 }
 

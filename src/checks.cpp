@@ -12,6 +12,7 @@ namespace {
 /// Throws at the first value that is not finite, or whose |x| exceeds
 /// max_abs; the message names its row and column.
 void check_values(const float* x, idx_t n_rows, size_t row_dim, const char* what, float max_abs) {
+    check_input_size(n_rows, row_dim, what);
     size_t n = size_t(n_rows) * row_dim;
     for (size_t i = 0; i < n; i++) {
         if (!(std::fabs(x[i]) <= max_abs)) { // also NaN
@@ -29,6 +30,16 @@ void check_values(const float* x, idx_t n_rows, size_t row_dim, const char* what
 }
 
 } // namespace
+
+void check_input_size(idx_t n_rows, size_t row_dim, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(n_rows >= 0, "%s: n=%zd rows must be >= 0", what, ssize_t(n_rows));
+    FAISS_THROW_IF_NOT_FMT(
+            row_dim == 0 || size_t(n_rows) <= kMaxBufferBytes / sizeof(float) / row_dim,
+            "%s: %zd rows of %zd floats are more than any buffer can hold (2^56 bytes)",
+            what,
+            ssize_t(n_rows),
+            row_dim);
+}
 
 void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what) {
     check_values(x, n_rows, row_dim, what, std::numeric_limits<float>::max());

@@ -8,12 +8,29 @@
 
 namespace kvindex {
 
-/// Throws "<what>: non-finite value <v> at row r, column c" for NaN / Inf.
+/** Throws unless n_rows >= 0 rows of row_dim floats could be one buffer:
+ * at most kMaxBufferBytes, above any address space, so that the products
+ * n_rows * row_dim (and by a few heads more) cannot overflow. */
+void check_input_size(idx_t n_rows, size_t row_dim, const char* what);
+
+/// Bytes no buffer given to the library can reach (2^56: the 57-bit
+/// virtual addresses of 5-level paging, halved for user space).
+constexpr size_t kMaxBufferBytes = size_t(1) << 56;
+
+/// Throws "<what>: non-finite value <v> at row r, column c" for NaN / Inf;
+/// checks the size first (check_input_size).
 void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what);
 
 /// check_finite, and |x| <= kMaxInputMagnitude (KVIndex.h): the check of
 /// every key, value and query given to the library.
 void check_input(const float* x, idx_t n_rows, size_t row_dim, const char* what);
+
+/** The shape of a prompt, whoever reads it (KVIndex::check_prefill, the
+ * IVFAsym trainer): counts >= 0, positions that cannot overflow, query
+ * heads >= 1, finite queries within kMaxInputMagnitude and their
+ * positions. Not the keys and values: each reader checks those it reads.
+ * Messages start with `what`. */
+void check_prompt(const PrefillInput& in, int d, const char* what);
 
 /// Whether x is an integer in [1, 2^53], checked before any conversion
 /// (converting inf or 1e300 to an integer is undefined behaviour).

@@ -94,6 +94,13 @@ std::unique_ptr<KVIndex> read_index_record(BufferReader& r) {
             version,
             t.record_version);
     std::unique_ptr<KVIndex> index = t.make_empty();
+    // a registered row is user code: its constructor must make its own type
+    FAISS_THROW_IF_NOT_FMT(
+            index && t.name == index->type_name(),
+            "read_index: the registry row '%s' made %s, not an empty %s",
+            t.name.c_str(),
+            index ? index->type_name() : "nullptr",
+            t.name.c_str());
     read_kvindex_fields(index.get(), r);
     r.depth++;
     index->read_fields(r, version);

@@ -13,7 +13,10 @@
 #include <faiss/IndexIVF.h>
 #include <faiss/impl/FaissException.h>
 
+#include <kvindex/IVFAsymTrainer.h>
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/KVStorage.h>
+#include <kvindex/impl/io.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/KVCache.h>
@@ -625,4 +628,89 @@ TEST(BadInput, AChildWrittenThroughAReferenceIsRefusedByItsWrapper) {
         index->prefill(in);
         index->attend(1, q.data(), out.data(), nullptr);
     }
+}
+
+TEST(BadInput, RowCountsBeyondAnyBufferAreRefusedBeforeTheirProducts) {
+    // n * d (and n * heads * d) of n = 2^62 wrapped to 0: nothing was
+    // checked, ntotal became 2^62 with no storage, and attend crashed
+    const int d = 4;
+    const idx_t huge = idx_t(1) << 62;
+    std::vector<float> k(64, 0.5f), out(64);
+    IndexKVFlat flat(d, d);
+    EXPECT_THROW_MSG(flat.add_kv(huge, k.data(), k.data()), "more than any buffer");
+    EXPECT_EQ(flat.ntotal, 0);
+    flat.add_kv(2, k.data(), k.data());
+    EXPECT_THROW_MSG(flat.attend(huge, k.data(), out.data(), nullptr), "more than any buffer");
+    KVCache cache(1, 4, 4, d, d, "Flat");
+    cache.prefill(0, 4, k.data(), k.data(), 0, nullptr, nullptr, RopeParams{});
+    EXPECT_THROW_MSG(cache.append(0, huge, k.data(), k.data()), "more than any buffer");
+    EXPECT_THROW_MSG(cache.append(0, huge / 4 + 1, k.data(), k.data()), "more than any buffer");
+    EXPECT_THROW_MSG(cache.attend(0, huge, k.data(), out.data(), nullptr), "more than any buffer");
+    EXPECT_THROW_MSG(cache.add_queries(0, huge, k.data()), "more than any buffer");
+    EXPECT_EQ(cache.n_tokens(0), 4);
+    KVCache fresh(1, 4, 4, d, d, "Flat");
+    EXPECT_THROW_MSG(fresh.prefill(0, huge, k.data(), k.data(), 0, nullptr, nullptr, RopeParams{}),
+                     "more than any buffer");
+    PrefillInput in;
+    in.n_tokens = 4;
+    in.keys = in.values = k.data();
+    in.n_queries = huge;
+    in.n_query_heads = 4;
+    in.queries = k.data();
+    in.query_positions = nullptr;
+    EXPECT_THROW_MSG(IndexKVFlat(d, d).prefill(in), "more than any buffer");
+}
+
+TEST(BadInput, KVStorageRefusesRangesOutsideItsTokens) {
+    KVStorage s(4, 4, KVType::f32);
+    std::vector<float> k(40, 1.0f), out(4);
+    s.append(10, k.data(), k.data());
+    EXPECT_THROW_MSG(s.append(-3, k.data(), k.data()), "n=-3");
+    EXPECT_THROW_MSG(s.key(10, out.data()), "outside the 10 stored");
+    EXPECT_THROW_MSG(s.value(-1, out.data()), "outside the 10 stored");
+    KVStorage t(4, 4, KVType::f32);
+    EXPECT_THROW_MSG(t.append_from(s, 8, 100), "outside the 10 stored");
+    EXPECT_THROW_MSG(s.erase_front(100), "outside the 10 stored");
+    EXPECT_THROW_MSG(s.truncate(-1), "n=-1");
+    std::vector<float> kk, vv;
+    EXPECT_THROW_MSG(s.to_float(5, 6, &kk, &vv), "outside the 10 stored");
+    EXPECT_EQ(s.size(), 10);
+    s.key(9, out.data());
+    EXPECT_EQ(out[0], 1.0f);
+    // a stored value add_kv would refuse (|x| > 1e12) is refused by read
+    std::vector<float> big(4, 1e20f);
+    std::vector<uint8_t> buf;
+    BufferWriter w(&buf);
+    w.vector(big);
+    w.vector(big);
+    BufferReader r(buf.data(), buf.size());
+    KVStorage back(4, 4, KVType::f32);
+    EXPECT_THROW_MSG(back.read(r, "test"), "too large");
+}
+
+TEST(BadInput, TheTrainerChecksItsPromptsLikePrefill) {
+    const int d = 8;
+    IVFAsymTrainingParams p;
+    p.n_centroids = 2;
+    IVFAsymTrainer trainer(d, p);
+    std::vector<float> x = kvtest::gaussian(200, d, 91);
+    PrefillInput in;
+    in.n_tokens = 200;
+    in.keys = in.values = x.data();
+    in.n_queries = 50;
+    in.n_query_heads = -1;
+    in.queries = x.data();
+    EXPECT_THROW_MSG(trainer.add_prompt(in), "n_query_heads=-1");
+    in.n_query_heads = 1;
+    in.first_position = -100;
+    EXPECT_THROW_MSG(trainer.add_prompt(in), "first_position=-100");
+    EXPECT_EQ(trainer.report.n_prompts, 0);
+    std::vector<int32_t> buckets(10);
+    EXPECT_THROW_MSG(
+            assign_keys_to_buckets(x.data(), 10, d, 0, RopeParams{}, x.data(), 0, buckets.data()),
+            "n_centroids=0");
+    x[3] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_THROW_MSG(
+            assign_keys_to_buckets(x.data(), 10, d, 0, RopeParams{}, x.data() + 80, 2, buckets.data()),
+            "non-finite");
 }

@@ -370,3 +370,32 @@ TEST(CacheAdopt, OfflineModelsSurviveTheFileAndAreAdopted) {
     KVCache other_c(kLayers, kQHeads, kKVHeads, kD, kD, "Sink2,Window8,IVFAsym8");
     EXPECT_THROW_MSG(other_c.adopt_trained(*back), "C=4");
 }
+
+TEST(CacheIO, HeadsOutOfStepAreRefusedByTheCacheAndItsFiles) {
+    // index(l, h) hands out a head: a write through it leaves the layer's
+    // heads with different lengths, which every later call on the layer,
+    // write_cache and (for a forged file) read_cache refuse by name
+    auto cache = prefilled(40);
+    LayerTokens t = tokens(1, 5, 31);
+    cache->index(1, 1)->add_kv(5, t.keys.data(), t.values.data());
+    std::vector<float> q = kvtest::gaussian(kQHeads, kD, 32), out(kQHeads * kD);
+    EXPECT_THROW_MSG(cache->attend(1, 1, q.data(), out.data(), nullptr), "KV head 1 holds 45 tokens");
+    EXPECT_THROW_MSG(cache->append(1, 5, t.keys.data(), t.values.data()), "KV head 1 holds 45 tokens");
+    EXPECT_THROW_MSG(cache->check_invariants(), "layer 1");
+    std::vector<uint8_t> buf;
+    EXPECT_THROW_MSG(write_cache(*cache, &buf), "KV head 1 holds 45 tokens");
+    cache->attend(0, 1, q.data(), out.data(), nullptr); // the other layer is untouched
+
+    // a head with another RoPE than the cache's
+    auto other = std::make_unique<KVCache>(kLayers, kQHeads, kKVHeads, kD, kD, kString, "Flat", std::vector<int>{0});
+    LayerTokens t0 = tokens(0, 40, 7);
+    other->prefill(0, 40, t0.keys.data(), t0.values.data(), 0, nullptr, nullptr, test_rope());
+    PrefillInput in;
+    in.n_tokens = 5;
+    in.keys = t.keys.data();
+    in.values = t.values.data();
+    in.rope = RopeParams{10000.0, RopeStyle::half};
+    other->index(1, 0)->prefill(in);
+    other->index(1, 1)->prefill(in);
+    EXPECT_THROW_MSG(other->check_invariants(), "RoPE theta=10000");
+}

@@ -196,6 +196,13 @@ TEST(Registry, RegisterRefusesClashes) {
     row.fourcc = fourcc("TsR2");
     row.make_empty = nullptr;
     EXPECT_THROW_MSG(register_index_type(row), "empty constructor");
+    // an empty constructor that makes nothing, or another type, would make
+    // read_index crash or read a record as the wrong type
+    row.make_empty = []() -> std::unique_ptr<KVIndex> { return nullptr; };
+    EXPECT_THROW_MSG(register_index_type(row), "makes nullptr");
+    row.make_empty = []() -> std::unique_ptr<KVIndex> { return std::make_unique<IndexRecent>(); };
+    EXPECT_THROW_MSG(register_index_type(row), "makes IndexRecent");
+    EXPECT_THROW(index_type("IndexRecent2"), faiss::FaissException); // nothing was added
 }
 
 TEST(Registry, UnregisteredTypeCannotBeWritten) {

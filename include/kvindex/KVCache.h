@@ -116,7 +116,15 @@ struct KVCache {
 
     size_t memory_bytes() const;
 
+    /** Throws naming the first layer whose KV heads hold different numbers
+     * of tokens, or an index whose RoPE is not the cache's: what a write
+     * through index(l, h), or a head that failed inside append, leaves.
+     * write_cache and read_cache check the whole cache; prefill, append,
+     * attend and add_queries check their layer first (O(n_kv_heads)). */
+    void check_invariants() const;
+
    private:
+    void check_layer_in_step(int layer, const char* what) const;
     /// Throws unless keys / values of n tokens per KV head are present and finite.
     void check_tokens(idx_t n, const float* keys, const float* values, const char* what) const;
 };

@@ -44,6 +44,7 @@ struct KVStorage {
         return KVRows(values.data(), d_value, type);
     }
     /// Key / value of token i as floats (exact: the stored value widened).
+    /// Every method below throws on tokens outside [0, size()) or n < 0.
     void key(idx_t i, float* out) const;
     void value(idx_t i, float* out) const;
     /** Appends n tokens given as floats, converted to `type`; throws naming
@@ -66,9 +67,13 @@ struct KVStorage {
      * KVIndex fields. */
     void write(BufferWriter& w) const;
     /** Reads what write wrote, for tokens of dimensions d and d_value and
-     * type `type` (set them first); refuses partial tokens and non-finite
-     * values, naming `what`. */
+     * type `type` (set them first); refuses partial tokens and the values
+     * add_kv refuses (non-finite, |x| > kMaxInputMagnitude), naming `what`. */
     void read(BufferReader& r, const char* what);
+
+   private:
+    /// Throws unless [i0, i0 + n) is a range of stored tokens.
+    void check_range(idx_t i0, idx_t n, const char* what) const;
 };
 
 } // namespace kvindex
