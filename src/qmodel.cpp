@@ -18,6 +18,7 @@
 #include <kvindex/kernels.h>
 
 #include "blas.h"
+#include "checks.h"
 
 namespace kvindex {
 
@@ -83,12 +84,9 @@ void check_usable(const QModel& m) {
 
 void check_x(idx_t n, const float* x, int d, const char* what) {
     FAISS_THROW_IF_NOT_FMT(n >= 0 && (n == 0 || x), "QModel: %s: n = %zd rows, pointer %p", what, size_t(n), x);
-    for (idx_t i = 0; i < n; i++) {
-        for (int j = 0; j < d; j++) {
-            FAISS_THROW_IF_NOT_FMT(std::isfinite(x[i * d + j]), "QModel: row %zd of %s has a non-finite value",
-                                   size_t(i), what);
-        }
-    }
+    // the library's bound on every input (finite, |x| <= kMaxInputMagnitude)
+    const std::string w = std::string("QModel: ") + what;
+    check_input(x, n, d, w.c_str());
 }
 
 // The gradient (f - t) / n and KL itself assume distributions; the
@@ -360,8 +358,9 @@ void check_train_params(const QModelTrainParams& p) {
     FAISS_THROW_IF_NOT_FMT(p.batch_size >= 2, "train_qmodel: batch_size = %d, needs >= 2", p.batch_size);
     FAISS_THROW_IF_NOT_FMT(p.iterations >= 0 && p.eval_every > 0, "train_qmodel: iterations = %d, eval_every = %d",
                            p.iterations, p.eval_every);
-    FAISS_THROW_IF_NOT_FMT(p.learning_rate > 0 && p.beta1 >= 0 && p.beta1 < 1 && p.beta2 >= 0 && p.beta2 < 1 &&
-                                   p.adam_eps > 0,
+    // finite too: an infinite rate or epsilon trains the model into NaN
+    FAISS_THROW_IF_NOT_FMT(p.learning_rate > 0 && std::isfinite(p.learning_rate) && p.beta1 >= 0 && p.beta1 < 1 &&
+                                   p.beta2 >= 0 && p.beta2 < 1 && p.adam_eps > 0 && std::isfinite(p.adam_eps),
                            "train_qmodel: Adam parameters lr = %g, beta1 = %g, beta2 = %g, eps = %g out of range",
                            p.learning_rate, p.beta1, p.beta2, p.adam_eps);
 }

@@ -478,10 +478,20 @@ TEST(QModel, BadInputThrows) {
 
     std::vector<float> bad_x = x;
     bad_x[3 * d + 1] = std::numeric_limits<float>::quiet_NaN();
-    EXPECT_THROW_MSG(qmodel_loss(m, n, bad_x.data(), t.data(), nullptr), "row 3 of x");
-    EXPECT_THROW_MSG(m.log_probs(n, bad_x.data(), out.data()), "row 3 of x");
-    EXPECT_THROW_MSG(qmodel_eval_loss(m, n, bad_x.data(), t.data()), "row 3 of x");
-    EXPECT_THROW_MSG(train_qmodel(m, n, x.data(), t.data(), n, bad_x.data(), t.data(), p), "row 3 of held_x");
+    EXPECT_THROW_MSG(qmodel_loss(m, n, bad_x.data(), t.data(), nullptr), "x: non-finite value nan at row 3");
+    EXPECT_THROW_MSG(m.log_probs(n, bad_x.data(), out.data()), "x: non-finite value nan at row 3");
+    EXPECT_THROW_MSG(qmodel_eval_loss(m, n, bad_x.data(), t.data()), "x: non-finite value nan at row 3");
+    EXPECT_THROW_MSG(train_qmodel(m, n, x.data(), t.data(), n, bad_x.data(), t.data(), p),
+                     "held_x: non-finite value nan at row 3");
+    bad_x[3 * d + 1] = 1e30f; // finite, but above every input's bound (kMaxInputMagnitude)
+    EXPECT_THROW_MSG(m.log_probs(n, bad_x.data(), out.data()), "x: too large a value 1e+30 at row 3");
+    // an infinite learning rate or epsilon would train the model into NaN
+    for (float* knob : {&p.learning_rate, &p.adam_eps}) {
+        const float saved = *knob;
+        *knob = std::numeric_limits<float>::infinity();
+        EXPECT_THROW_MSG(train_qmodel(m, n, x.data(), t.data(), 0, nullptr, nullptr, p), "Adam parameters");
+        *knob = saved;
+    }
 
     std::vector<float> bad_t = t;
     bad_t[2 * C] = -0.25f;
