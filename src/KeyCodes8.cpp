@@ -90,11 +90,20 @@ void KeyCodes8::scores(const float* qs, float base, const int64_t* ids, size_t n
 }
 
 float KeyCodes8::score_bound(const float* q) const {
-    double b = 0;
+    // half a step per dimension, plus float rounding: each term of
+    // <q, vmin> + <q step, c> is at most |q_j| (|vmin_j| + 255 step_j) =: r_j,
+    // and coding (x - vmin) / step, prepare's float base, the summed products
+    // and the final add each round relative to sum_j r_j, d + 8 units of
+    // 2^-23 in all (a constant dimension far from 0 makes this term count)
+    double half_steps = 0, r = 0;
     for (size_t j = 0; j < d; j++) {
-        b += std::fabs(double(q[j])) * step[j] / 2;
+        const double aq = std::fabs(double(q[j]));
+        half_steps += aq * step[j] / 2;
+        r += aq * (std::fabs(double(vmin[j])) + 255.0 * step[j]);
     }
-    return float(b);
+    const double rounding = double(d + 8) * std::ldexp(1.0, -23) * r;
+    // rounded up to the next float, so that the bound holds as returned
+    return std::nextafter(float(half_steps + rounding), std::numeric_limits<float>::infinity());
 }
 
 size_t KeyCodes8::memory_bytes() const {

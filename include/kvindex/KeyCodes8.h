@@ -16,8 +16,9 @@ namespace kvindex {
  *
  * Key x is coded c_j = round((x_j - vmin_j) / step_j), clamped to 0..255,
  * and read back as vmin_j + step_j c_j: within step_j / 2 of x_j for
- * every value inside the range, so a score is within
- * sum_j |q_j| step_j / 2 of <q, x> (score_bound). The ranges are those of
+ * every value inside the range (in exact arithmetic), so a score is
+ * within sum_j |q_j| step_j / 2 of <q, x>, plus float rounding
+ * (score_bound states both). The ranges are those of
  * the keys when they were last trained; the keys appended later are
  * clamped to them until the keys have doubled and the codes are trained
  * again (append). The codes are derived from the keys and never written;
@@ -51,7 +52,9 @@ struct KeyCodes8 {
     float prepare(const float* q, float* qs) const;
     /// out[i] = the score of key ids[i] from its code (size n each).
     void scores(const float* qs, float base, const int64_t* ids, size_t n, float* out) const;
-    /// sum_j |q_j| step_j / 2: the largest |score - <q, x>| for a key in range.
+    /** The largest |score - <q, x>| for a key in range: sum_j |q_j| step_j
+     * / 2, plus the float rounding of coding and scoring, (d + 8) 2^-23
+     * sum_j |q_j| (|vmin_j| + 255 step_j). */
     float score_bound(const float* q) const;
     size_t memory_bytes() const;
 
