@@ -107,6 +107,13 @@ float merge_attention(
         size_t n_parts, const float* const* outs, const float* lses, size_t dv, float* out) {
     float m = -std::numeric_limits<float>::infinity();
     for (size_t j = 0; j < n_parts; j++) {
+        // -inf is an empty part; NaN or +inf is no log-sum-exp at all, and
+        // would be dropped (max) or make the output NaN
+        FAISS_THROW_IF_NOT_FMT(
+                lses[j] <= std::numeric_limits<float>::max(), // false for NaN and +inf
+                "merge_attention: part %zu has lse %g (finite or -inf for an empty part)",
+                j,
+                double(lses[j]));
         m = std::max(m, lses[j]);
     }
     if (m == -std::numeric_limits<float>::infinity()) {

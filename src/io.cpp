@@ -52,6 +52,7 @@ BufferReader read_framed(const FileFrame& frame, const uint8_t* data, size_t siz
             size,
             kFrameHeaderSize);
     BufferReader r(data, size);
+    r.reader = frame.reader;
     FAISS_THROW_IF_NOT_FMT(
             r.value<uint32_t>("magic") == frame.magic,
             "%s: not a %s (bad magic)",
@@ -79,6 +80,7 @@ BufferReader read_framed(const FileFrame& frame, const uint8_t* data, size_t siz
             frame.reader);
     BufferReader payload(data + r.pos, r.remaining());
     payload.format_version = version;
+    payload.reader = frame.reader;
     return payload;
 }
 

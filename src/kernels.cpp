@@ -112,6 +112,10 @@ SimdLevel get_simd_level() {
 
 void set_simd_level(SimdLevel level) {
     FAISS_THROW_IF_NOT_FMT(
+            level == SimdLevel::generic || level == SimdLevel::avx2 || level == SimdLevel::avx512,
+            "set_simd_level: %d is no SimdLevel",
+            int(level));
+    FAISS_THROW_IF_NOT_FMT(
             cpu_supports(level),
             "set_simd_level: this CPU cannot run %s",
             simd_level_name(level));

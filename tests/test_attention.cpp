@@ -11,7 +11,9 @@
 
 #include <faiss/impl/FaissAssert.h>
 #include <kvindex/attention.h>
+#include <kvindex/kernels.h>
 
+#include "expect_throw.h"
 #include "reference.h"
 
 using namespace kvindex;
@@ -189,4 +191,20 @@ TEST(Attention, InclusionOutOfRangeThrows) {
     EXPECT_THROW(
             estimate_attention(Estimator::unbiased, t.q.data(), t.keys.data(), t.values.data(), t.d, t.dv, sel, out.data()),
             faiss::FaissException);
+}
+
+TEST(Attention, MergeRefusesAnLseThatIsNone) {
+    // -inf is an empty part; NaN and +inf are no log-sum-exp: a NaN part
+    // was dropped as if empty, a +inf one made the output NaN
+    std::vector<float> a(4, 1.0f), b(4, 2.0f), out(4);
+    const float* outs[2] = {a.data(), b.data()};
+    const float inf = std::numeric_limits<float>::infinity();
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), inf}) {
+        float lses[2] = {0.5f, bad};
+        EXPECT_THROW_MSG(merge_attention(2, outs, lses, 4, out.data()), "part 1 has lse");
+    }
+    float lses[2] = {-inf, 0.5f};
+    EXPECT_FLOAT_EQ(merge_attention(2, outs, lses, 4, out.data()), 0.5f);
+    EXPECT_EQ(out, b);
+    EXPECT_THROW_MSG(set_simd_level(SimdLevel(7)), "7 is no SimdLevel");
 }

@@ -104,6 +104,8 @@ struct BufferReader {
     uint32_t format_version = 0;
     /// index records open around the current position (nesting limit)
     int depth = 0;
+    /// prefix of its errors: the reading function (read_framed sets it)
+    const char* reader = "read_index";
 
     BufferReader(const uint8_t* data, size_t size) : data(data), size(size) {}
 
@@ -134,9 +136,10 @@ struct BufferReader {
         uint64_t n = value<uint64_t>(what);
         FAISS_THROW_IF_NOT_FMT(
                 n <= remaining() / sizeof(T),
-                "read_index: %s claims %zd elements, only %zd bytes left",
+                "%s: %s claims %llu elements, only %zd bytes left",
+                reader,
                 what,
-                size_t(n),
+                (unsigned long long)n,
                 remaining());
         std::vector<T> v(n);
         bytes(v.data(), n * sizeof(T), what);
@@ -151,7 +154,8 @@ struct BufferReader {
     void need(size_t n, const char* what) const {
         FAISS_THROW_IF_NOT_FMT(
                 n <= remaining(),
-                "read_index: truncated while reading %s (%zd bytes needed, %zd left)",
+                "%s: truncated while reading %s (%zd bytes needed, %zd left)",
+                reader,
                 what,
                 n,
                 remaining());
