@@ -12,6 +12,29 @@
 
 namespace kvindex {
 
+namespace {
+
+/// The shape checks, run before anything is sized by the shape; returns n_layers.
+int checked_layer_count(int n_layers, int n_q_heads, int n_kv_heads) {
+    FAISS_THROW_IF_NOT_FMT(
+            n_layers > 0 && n_layers <= KVCache::kMaxLayers && n_q_heads > 0 &&
+                    n_q_heads <= KVCache::kMaxHeads && n_kv_heads > 0 && n_kv_heads <= KVCache::kMaxHeads,
+            "KVCache: n_layers=%d must be in [1, %d], n_q_heads=%d and n_kv_heads=%d in [1, %d]",
+            n_layers,
+            KVCache::kMaxLayers,
+            n_q_heads,
+            n_kv_heads,
+            KVCache::kMaxHeads);
+    FAISS_THROW_IF_NOT_FMT(
+            n_q_heads % n_kv_heads == 0,
+            "KVCache: n_q_heads=%d is not a multiple of n_kv_heads=%d (GQA)",
+            n_q_heads,
+            n_kv_heads);
+    return n_layers;
+}
+
+} // namespace
+
 KVCache::KVCache(
         int n_layers,
         int n_q_heads,
@@ -29,18 +52,7 @@ KVCache::KVCache(
           index_string(index_string),
           dense_string(dense_string),
           dense_layers(dense_layers),
-          layer_calls(n_layers > 0 ? n_layers : 0) {
-    FAISS_THROW_IF_NOT_FMT(
-            n_layers > 0 && n_q_heads > 0 && n_kv_heads > 0,
-            "KVCache: n_layers=%d, n_q_heads=%d, n_kv_heads=%d must be > 0",
-            n_layers,
-            n_q_heads,
-            n_kv_heads);
-    FAISS_THROW_IF_NOT_FMT(
-            n_q_heads % n_kv_heads == 0,
-            "KVCache: n_q_heads=%d is not a multiple of n_kv_heads=%d (GQA)",
-            n_q_heads,
-            n_kv_heads);
+          layer_calls(checked_layer_count(n_layers, n_q_heads, n_kv_heads)) {
     for (int l : dense_layers) {
         FAISS_THROW_IF_NOT_FMT(
                 l >= 0 && l < n_layers,

@@ -22,8 +22,8 @@ const FileFrame kCacheFrame{fourcc("KVCC"), kCacheFormatVersion, "read_cache", "
                              "cache format version"};
 /// shape limits: far above any model, low enough that n_layers * n_kv_heads
 /// cannot overflow and a forged count is caught before anything is built
-constexpr int kMaxLayers = 1 << 12;
-constexpr int kMaxHeads = 1 << 12;
+constexpr int kMaxLayers = KVCache::kMaxLayers;
+constexpr int kMaxHeads = KVCache::kMaxHeads;
 /// a lower bound on the bytes of one index record (fourcc, version and the
 /// KVIndex fields), to refuse a record count the payload cannot hold
 constexpr size_t kMinRecordBytes = 32;

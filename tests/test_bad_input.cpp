@@ -350,6 +350,9 @@ TEST(BadInput, KVCacheShapes) {
     EXPECT_THROW_MSG(KVCache(2, 6, 4, kDim, kDim, "Flat"), "multiple");
     EXPECT_THROW_MSG(KVCache(0, 4, 2, kDim, kDim, "Flat"), "n_layers=0");
     EXPECT_THROW_MSG(KVCache(2, 4, 0, kDim, kDim, "Flat"), "n_kv_heads=0");
+    // a shape beyond the limits is refused before anything is allocated
+    EXPECT_THROW_MSG(KVCache(1 << 16, 1 << 12, 1 << 12, kDim, kDim, "Flat"), "n_layers=65536");
+    EXPECT_THROW_MSG(KVCache(2, 1 << 13, 1 << 13, kDim, kDim, "Flat"), "n_q_heads=8192");
     EXPECT_THROW_MSG(KVCache(2, 4, 2, kDim, kDim, "Sink4,Flat", "Flat", {2}), "dense layer 2");
     EXPECT_THROW_MSG(KVCache(2, 4, 2, kDim, kDim, "Sink4,Flat", "Flat", {-1}), "dense layer -1");
 

@@ -19,6 +19,10 @@ namespace kvindex {
  * [n_q_heads, n, d], outputs [n_q_heads, n, d_value].
  */
 struct KVCache {
+    /// shape limits, far above any model's (SmolLM2: 30 layers, 9 / 3 heads)
+    static constexpr int kMaxLayers = 1 << 12;
+    static constexpr int kMaxHeads = 1 << 12;
+
     int n_layers;
     int n_q_heads;
     int n_kv_heads;
