@@ -118,7 +118,8 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                      return c.index(layer, kv_head);
                  },
                  py::arg("layer"), py::arg("kv_head"), py::return_value_policy::reference_internal,
-                 "the index of (layer, kv_head): a reference that lives as long as the cache")
+                 "the index of (layer, kv_head): a reference that lives as long as the cache; a write through "
+                 "it makes the layer's next call raise (KVCache.check_invariants)")
             .def("n_tokens",
                  [](const KVCache& c, int layer) {
                      check_layer(c, layer);
@@ -154,6 +155,9 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
             .def("attend", &attend, py::arg("layer"), py::arg("q"), py::arg("params") = py::none(),
                  "out, lse = cache.attend(layer, q): q (n_q_heads, n, d) -> (n_q_heads, n, d_value), (n_q_heads, n)")
             .def("memory_bytes", &KVCache::memory_bytes)
+            .def("check_invariants", &KVCache::check_invariants,
+                 "raises RuntimeError naming the first layer whose KV heads hold different numbers of tokens "
+                 "(a write through index(l, h)) or carry another RoPE than the cache's")
             .def("__repr__", [](const KVCache& c) {
                 return "<kvindex.KVCache '" + c.index_string + "' layers=" + std::to_string(c.n_layers) +
                         " q_heads=" + std::to_string(c.n_q_heads) + " kv_heads=" + std::to_string(c.n_kv_heads) +

@@ -103,3 +103,21 @@ def test_a_child_written_through_is_refused_by_its_parent():
     index.add_kv(keys[:200], values[:200])
     out, lse = index.attend(q)
     assert np.isfinite(out).all() and np.isfinite(lse).all()
+
+
+def test_a_cache_head_written_through_is_refused_by_its_layer():
+    rng = np.random.default_rng(9)
+    cache = kvindex.KVCache(2, 4, 2, D, "Flat")
+    for layer in range(2):
+        kv = rng.standard_normal((2, 2, 20, D)).astype(np.float32)
+        cache.prefill(layer, kv[0], kv[1])
+    cache.check_invariants()
+    head = cache.index(1, 0)
+    head.add_kv(*tokens(3, 10))
+    q = rng.standard_normal((4, 1, D)).astype(np.float32)
+    with pytest.raises(RuntimeError, match="KV head 1 holds 20 tokens, head 0 23"):
+        cache.attend(1, q)
+    with pytest.raises(RuntimeError, match="layer 1"):
+        cache.check_invariants()
+    out, lse = cache.attend(0, q)  # the other layer is untouched
+    assert np.isfinite(out).all()
