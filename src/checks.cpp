@@ -1,22 +1,25 @@
 #include "checks.h"
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include <faiss/impl/FaissAssert.h>
 
 namespace kvindex {
 
-namespace {
-
-/// Throws at the first value that is not finite, or whose |x| exceeds
-/// max_abs; the message names its row and column.
-void check_values(const float* x, idx_t n_rows, size_t row_dim, const char* what, float max_abs) {
+void check_bounded(const float* x, idx_t n_rows, size_t row_dim, const char* what, float max_abs) {
     check_input_size(n_rows, row_dim, what);
     size_t n = size_t(n_rows) * row_dim;
     for (size_t i = 0; i < n; i++) {
         if (!(std::fabs(x[i]) <= max_abs)) { // also NaN
             const bool finite = std::isfinite(x[i]);
+            char bound[64] = "";
+            if (finite && max_abs == kMaxInputMagnitude) {
+                std::snprintf(bound, sizeof(bound), " (|x| must be <= 1e12, kMaxInputMagnitude)");
+            } else if (finite) {
+                std::snprintf(bound, sizeof(bound), " (|x| must be <= %g)", double(max_abs));
+            }
             FAISS_THROW_FMT(
                     "%s: %s value %g at row %zd, column %zd%s",
                     what,
@@ -24,12 +27,10 @@ void check_values(const float* x, idx_t n_rows, size_t row_dim, const char* what
                     double(x[i]),
                     i / row_dim,
                     i % row_dim,
-                    finite ? " (|x| must be <= 1e12, kMaxInputMagnitude)" : "");
+                    bound);
         }
     }
 }
-
-} // namespace
 
 void check_input_size(idx_t n_rows, size_t row_dim, const char* what) {
     FAISS_THROW_IF_NOT_FMT(n_rows >= 0, "%s: n=%zd rows must be >= 0", what, ssize_t(n_rows));
@@ -42,11 +43,11 @@ void check_input_size(idx_t n_rows, size_t row_dim, const char* what) {
 }
 
 void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what) {
-    check_values(x, n_rows, row_dim, what, std::numeric_limits<float>::max());
+    check_bounded(x, n_rows, row_dim, what, std::numeric_limits<float>::max());
 }
 
 void check_input(const float* x, idx_t n_rows, size_t row_dim, const char* what) {
-    check_values(x, n_rows, row_dim, what, kMaxInputMagnitude);
+    check_bounded(x, n_rows, row_dim, what, kMaxInputMagnitude);
 }
 
 bool is_positive_integer(double x) {

@@ -17,6 +17,10 @@ void check_input_size(idx_t n_rows, size_t row_dim, const char* what);
 /// virtual addresses of 5-level paging, halved for user space).
 constexpr size_t kMaxBufferBytes = size_t(1) << 56;
 
+/// Throws "<what>: non-finite value <v> at row r, column c" for NaN / Inf,
+/// "too large a value" for |x| > max_abs; checks the size first.
+void check_bounded(const float* x, idx_t n_rows, size_t row_dim, const char* what, float max_abs);
+
 /// Throws "<what>: non-finite value <v> at row r, column c" for NaN / Inf;
 /// checks the size first (check_input_size).
 void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what);

@@ -84,9 +84,10 @@ void check_usable(const QModel& m) {
 
 void check_x(idx_t n, const float* x, int d, const char* what) {
     FAISS_THROW_IF_NOT_FMT(n >= 0 && (n == 0 || x), "QModel: %s: n = %zd rows, pointer %p", what, size_t(n), x);
-    // the library's bound on every input (finite, |x| <= kMaxInputMagnitude)
+    // the library's bound on its inputs, doubled: the Q-model reads queries
+    // rotated back to position 0, whose entries a rotation can grow by sqrt 2
     const std::string w = std::string("QModel: ") + what;
-    check_input(x, n, d, w.c_str());
+    check_bounded(x, n, d, w.c_str(), 2 * kMaxInputMagnitude);
 }
 
 // The gradient (f - t) / n and KL itself assume distributions; the

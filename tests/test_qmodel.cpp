@@ -483,8 +483,12 @@ TEST(QModel, BadInputThrows) {
     EXPECT_THROW_MSG(qmodel_eval_loss(m, n, bad_x.data(), t.data()), "x: non-finite value nan at row 3");
     EXPECT_THROW_MSG(train_qmodel(m, n, x.data(), t.data(), n, bad_x.data(), t.data(), p),
                      "held_x: non-finite value nan at row 3");
-    bad_x[3 * d + 1] = 1e30f; // finite, but above every input's bound (kMaxInputMagnitude)
+    // finite, but above the inputs' bound (twice kMaxInputMagnitude: a
+    // de-RoPEd query's entries can reach sqrt 2 times a query's)
+    bad_x[3 * d + 1] = 1e30f;
     EXPECT_THROW_MSG(m.log_probs(n, bad_x.data(), out.data()), "x: too large a value 1e+30 at row 3");
+    bad_x[3 * d + 1] = 1.5e12f;
+    m.log_probs(n, bad_x.data(), out.data());
     // an infinite learning rate or epsilon would train the model into NaN
     for (float* knob : {&p.learning_rate, &p.adam_eps}) {
         const float saved = *knob;
