@@ -6,6 +6,7 @@
 // applies the GPT-2 split
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -20,6 +21,10 @@ struct GgufFile;
  * @param isolate_digits  whether every \p{N} code point is its own piece
  */
 std::vector<std::string> pretokenize(const std::string& text, bool isolate_digits);
+
+/// GPT-2's symbol of a byte in the vocabulary (UTF-8 of its code point in
+/// the reversible byte map: printable Latin-1 bytes stand for themselves).
+std::string byte_symbol(uint8_t b);
 
 struct BpeTokenizer {
     std::vector<std::string> tokens; ///< size n_vocab, byte-level encoded text of each token

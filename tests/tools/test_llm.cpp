@@ -7,9 +7,11 @@
 // against the `tokenizers` package are in tests/python/test_smollm2.py.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,6 +25,7 @@
 #include "eval.h"
 #include "llama_model.h"
 #include "llm_test_model.h"
+#include "llm_tiny_model.h"
 #include "quant_kernels.h"
 #include "quant_matrix.h"
 #include "ruler.h"
@@ -34,62 +37,17 @@ using namespace kvllm;
 
 namespace {
 
-/// Builds a GGUF v3 file byte by byte.
-struct GgufWriter {
-    std::vector<uint8_t> b;
-    template <class T>
-    void put(T v) {
-        const uint8_t* p = reinterpret_cast<const uint8_t*>(&v);
-        b.insert(b.end(), p, p + sizeof(T));
-    }
-    void str(const std::string& s) {
-        put<uint64_t>(s.size());
-        b.insert(b.end(), s.begin(), s.end());
-    }
-};
+using kvllm_test::GgufContent;
+using kvllm_test::TinyTensor;
+using kvllm_test::write_temp;
 
-struct TinyTensor {
-    std::string name;
-    uint32_t type;
-    std::vector<uint64_t> shape;
-    std::vector<uint8_t> data;
-};
-
+/// Two metadata entries (a string, an int32 array) and the tensors.
 std::vector<uint8_t> make_gguf(const std::vector<TinyTensor>& tensors) {
-    GgufWriter w;
-    w.b.insert(w.b.end(), {'G', 'G', 'U', 'F'});
-    w.put<uint32_t>(3);
-    w.put<uint64_t>(tensors.size());
-    w.put<uint64_t>(2); // metadata entries
-    w.str("general.architecture");
-    w.put<uint32_t>(8); // string
-    w.str("tiny");
-    w.str("tiny.list");
-    w.put<uint32_t>(9); // array
-    w.put<uint32_t>(5); // of int32
-    w.put<uint64_t>(3);
-    for (int32_t v : {4, -5, 6}) w.put(v);
-    uint64_t offset = 0;
-    for (const TinyTensor& t : tensors) {
-        w.str(t.name);
-        w.put<uint32_t>(t.shape.size());
-        for (uint64_t s : t.shape) w.put(s);
-        w.put(t.type);
-        w.put(offset);
-        offset += (t.data.size() + 31) / 32 * 32;
-    }
-    while (w.b.size() % 32) w.b.push_back(0);
-    for (const TinyTensor& t : tensors) {
-        w.b.insert(w.b.end(), t.data.begin(), t.data.end());
-        while (w.b.size() % 32) w.b.push_back(0);
-    }
-    return w.b;
-}
-
-std::string write_temp(const std::string& name, const std::vector<uint8_t>& bytes) {
-    std::string path = testing::TempDir() + name;
-    std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    return path;
+    GgufContent c;
+    c.set_string("general.architecture", "tiny");
+    c.set_i32s("tiny.list", {4, -5, 6});
+    c.tensors = tensors;
+    return c.bytes();
 }
 
 void put_half(std::vector<uint8_t>& v, float f) {
@@ -428,6 +386,113 @@ TEST(Pretokenize, Gpt2RulesWithIsolatedDigits) {
         for (const std::string& p : pretokenize(s, true)) joined += p;
         EXPECT_EQ(joined, s);
     }
+}
+
+namespace {
+
+/** The encoder as first written: after each merge, rescan every adjacent
+ * pair for the lowest rank, leftmost on ties (quadratic in the piece). The
+ * reference of BpeTokenizer's queue of pairs, which must merge in the same
+ * order. */
+std::vector<int> rescanning_bpe(const BpeTokenizer& tok, const std::map<std::string, int>& rank,
+                                const std::string& text) {
+    std::vector<int> out;
+    for (const std::string& piece : pretokenize(text, tok.isolate_digits)) {
+        std::vector<std::string> sym, raw; // symbols and their bytes
+        for (char b : piece) {
+            sym.push_back(byte_symbol(uint8_t(b)));
+            raw.push_back(std::string(1, b));
+        }
+        while (sym.size() > 1) {
+            int best = -1;
+            size_t at = 0;
+            for (size_t i = 0; i + 1 < sym.size(); i++) {
+                auto it = rank.find(sym[i] + " " + sym[i + 1]);
+                if (it != rank.end() && (best < 0 || it->second < best)) {
+                    best = it->second;
+                    at = i;
+                }
+            }
+            if (best < 0) break;
+            sym[at] += sym[at + 1];
+            raw[at] += raw[at + 1];
+            sym.erase(sym.begin() + at + 1);
+            raw.erase(raw.begin() + at + 1);
+        }
+        for (size_t i = 0; i < sym.size(); i++) {
+            if (tok.find(sym[i]) >= 0) {
+                out.push_back(tok.find(sym[i]));
+                continue;
+            }
+            for (char b : raw[i]) out.push_back(tok.find(byte_symbol(uint8_t(b))));
+        }
+    }
+    return out;
+}
+
+/// Texts that exercise the merge order: random strings over `alphabet`
+/// (ties, chains, competing pairs), and long runs of one letter.
+std::vector<std::string> bpe_test_texts(const std::vector<std::string>& alphabet, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<std::string> texts;
+    for (int i = 0; i < 200; i++) {
+        std::string t;
+        const int len = int(rng() % 120);
+        for (int j = 0; j < len; j++) t += alphabet[rng() % alphabet.size()];
+        texts.push_back(t);
+    }
+    for (int n : {1, 2, 3, 5, 7, 8, 9, 16, 17, 31, 100, 1001}) {
+        texts.push_back(std::string(size_t(n), 'a'));
+        texts.push_back(" " + std::string(size_t(n), 'a') + "b" + std::string(size_t(n), 'a'));
+    }
+    return texts;
+}
+
+void expect_same_as_rescanning(const std::string& path, const std::vector<std::string>& alphabet) {
+    GgufFile f(path);
+    BpeTokenizer tok(f);
+    const std::vector<std::string>& merges = f.get_strings("tokenizer.ggml.merges");
+    std::map<std::string, int> rank;
+    for (size_t r = 0; r < merges.size(); r++) rank.emplace(merges[r], int(r));
+    for (const std::string& text : bpe_test_texts(alphabet, 3)) {
+        EXPECT_EQ(tok.encode(text, false), rescanning_bpe(tok, rank, text)) << "\"" << text << "\"";
+        EXPECT_EQ(tok.decode(tok.encode(text, false)), text);
+    }
+}
+
+} // namespace
+
+TEST(Tokenizer, QueuedMergesEqualRescanningMerges) {
+    expect_same_as_rescanning(kvllm_test::tiny_llama_file("tiny_bpe.gguf"),
+                              {"a", "a", "aa", "b", "bb", "t", "h", "e", "r", "the", " ", " ", "\n", "7", "\xc3\xa9",
+                               "\xff"});
+}
+
+TEST(Tokenizer, LongWordsEncodeInLinearishTime) {
+    GgufFile f(kvllm_test::tiny_llama_file("tiny_long.gguf"));
+    BpeTokenizer tok(f);
+    // rescanning every pair after each merge took 34 s for 20000 letters
+    // (SmolLM2's vocabulary), about as long here; the queue of pairs
+    // takes milliseconds
+    const std::string word(20000, 'a');
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int> ids = tok.encode(word, false);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 2.0);
+    EXPECT_EQ(ids.size(), 20000u / 8); // merged to "aaaaaaaa" throughout
+    EXPECT_EQ(tok.decode(ids), word);
+}
+
+TEST(SmolLM2, QueuedMergesEqualRescanningMerges) {
+    KVLLM_MODEL_OR_SKIP(path);
+    expect_same_as_rescanning(path, {"a", "e", "in", "the", "ing", " ", " ", "  ", "\n", "0", "42", ",", "'s",
+                                     "\xc3\xa9", "\xe6\x97\xa5", "Hello", " world", "aaaa"});
+    GgufFile f(path);
+    BpeTokenizer tok(f);
+    const std::string word(20000, 'a');
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(tok.decode(tok.encode(word, false)), word);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
 }
 
 TEST(SmolLM2, FlatDecodeEqualsPrefillAndPrefixIsCausal) {
