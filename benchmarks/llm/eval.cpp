@@ -196,18 +196,27 @@ TraceSummary write_model_trace(
 
 void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig& cfg, std::ostream& out) {
     const int V = llm.cfg.n_vocab;
-    const std::vector<int>& dense_layers = cfg.dense_layers;
-    std::vector<kvindex::IndexSpec> specs;
-    for (const std::string& s : cfg.indexes) specs.push_back(kvindex::parse_index_spec(s));
-    const std::unique_ptr<kvindex::KVCache> trained = read_trained(cfg.trained);
-    nlohmann::json results = nlohmann::json::array();
+    const int64_t M = cfg.n_eval;
+    if (cfg.contexts.empty() || cfg.indexes.empty()) {
+        throw std::invalid_argument("e2e needs a context and an index at least");
+    }
+    // every context and index is checked before the first prefill: a bad
+    // one would otherwise fail after minutes of the others' work
+    std::vector<int64_t> prefilled;
     for (int64_t C : cfg.contexts) {
-        const int64_t M = cfg.n_eval;
         if (C > int64_t(ids.size()) || C > llm.cfg.n_ctx_train || M < 2 || M >= C) {
             throw std::invalid_argument("context " + std::to_string(C) + " with " + std::to_string(M) +
                                         " evaluated tokens: the document has " + std::to_string(ids.size()) +
-                                        " tokens, the model " + std::to_string(llm.cfg.n_ctx_train));
+                                        " tokens, the model " + std::to_string(llm.cfg.n_ctx_train) +
+                                        " (need 2 <= evaluated < context <= both)");
         }
+        prefilled.push_back(C - M);
+    }
+    const IndexSet set(cfg.indexes, cfg.dense_index, cfg.dense_layers, cfg.trained);
+    set.check(llm, prefilled);
+    const std::vector<kvindex::IndexSpec>& specs = set.specs;
+    nlohmann::json results = nlohmann::json::array();
+    for (int64_t C : cfg.contexts) {
         const int64_t P = C - M; // prefilled tokens of each index
         std::vector<float> dense(size_t(M) * V), sparse(size_t(M) * V);
         PrefillRecord full;
@@ -228,7 +237,7 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
             std::string params = kvindex::resolve_percentages(spec.params, P);
             t0 = Clock::now();
             kvindex::KVCache cache =
-                    llm.make_cache(rec, spec.factory, cfg.dense_index, dense_layers, params, trained.get());
+                    llm.make_cache(rec, spec.factory, set.dense_index, set.dense_layers, params, set.trained.get());
             double build_s = seconds_since(t0);
             t0 = Clock::now();
             llm.decode(ids.data() + P, M, cache, sparse.data());
@@ -362,6 +371,16 @@ IndexSet::IndexSet(const std::vector<std::string>& indexes, const std::string& d
     for (const std::string& s : indexes) specs.push_back(kvindex::parse_index_spec(s));
 }
 
+void IndexSet::check(const LlamaModel& llm, const std::vector<int64_t>& n_prefilled) const {
+    for (const kvindex::IndexSpec& spec : specs) {
+        for (int64_t n : n_prefilled) {
+            // "question" stands for a count of at least one token
+            const std::string params = kvindex::resolve_percentages(resolve_question(spec.params, 1), n);
+            llm.check_cache_args(spec.factory, dense_index, dense_layers, params);
+        }
+    }
+}
+
 PromptAnswers answer_prompt(
         const LlamaModel& llm,
         const BpeTokenizer& tok,
@@ -442,10 +461,40 @@ PromptAnswers answer_prompt(
     return a;
 }
 
+void check_needle_config(const NeedleConfig& cfg, const TokenCounter& count, int64_t n_ctx_train) {
+    if (cfg.contexts.empty() || cfg.depths.empty() || cfg.indexes.empty()) {
+        throw std::invalid_argument("needle needs a context, a depth and an index at least");
+    }
+    if (cfg.trials < 1) {
+        throw std::invalid_argument("--trials " + std::to_string(cfg.trials) + ": need at least 1");
+    }
+    if (cfg.max_new < 1) {
+        throw std::invalid_argument("needle max_new " + std::to_string(cfg.max_new) + ": need at least 1");
+    }
+    for (double depth : cfg.depths) {
+        if (!(depth >= 0 && depth <= 1)) {
+            throw std::invalid_argument("needle depth " + std::to_string(depth) + " outside [0, 1]");
+        }
+    }
+    // a context below the prompt with a single filler sentence would get
+    // that prompt, not one of its length; one above the model's context
+    // would be built (at any size) before the prefill refuses it
+    const int64_t shortest = needle_prompt(count, 0, 0, "00000").n_tokens();
+    for (int64_t c : cfg.contexts) {
+        if (c < shortest || c > n_ctx_train) {
+            throw std::invalid_argument("context " + std::to_string(c) + " outside [" + std::to_string(shortest) +
+                                        ", " + std::to_string(n_ctx_train) +
+                                        "] (the shortest passkey prompt, the model's training context)");
+        }
+    }
+}
+
 void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConfig& cfg, std::ostream& out) {
-    const IndexSet set(cfg.indexes, cfg.dense_index, cfg.dense_layers, cfg.trained);
-    const std::vector<kvindex::IndexSpec>& specs = set.specs;
     const TokenCounter count = token_counter(tok);
+    check_needle_config(cfg, count, llm.cfg.n_ctx_train);
+    const IndexSet set(cfg.indexes, cfg.dense_index, cfg.dense_layers, cfg.trained);
+    set.check(llm, cfg.contexts);
+    const std::vector<kvindex::IndexSpec>& specs = set.specs;
     std::mt19937_64 rng(cfg.seed);
     std::uniform_int_distribution<int> digit5(10000, 99999);
     // correct[index][context]
@@ -455,9 +504,6 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
     for (size_t ci = 0; ci < cfg.contexts.size(); ci++) {
         per_context = 0;
         for (double depth : cfg.depths) {
-            if (!(depth >= 0 && depth <= 1)) {
-                throw std::invalid_argument("needle depth " + std::to_string(depth) + " outside [0, 1]");
-            }
             for (int trial = 0; trial < cfg.trials; trial++, per_context++) {
                 const std::string key = std::to_string(digit5(rng));
                 const PromptPieces pieces = needle_prompt(count, cfg.contexts[ci], depth, key);

@@ -111,7 +111,8 @@ struct E2eConfig {
  * prefill; each index is built from the first C - n_eval tokens (all their
  * queries given as prefill queries) and decodes the last n_eval tokens.
  * Prints a table per context: top-1 agreement, mean / max KL(dense||index),
- * perplexity of dense and index on the n_eval - 1 next tokens, decode ms/token. */
+ * perplexity of dense and index on the n_eval - 1 next tokens, decode ms/token.
+ * Every context and index is checked before the first prefill. */
 void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig& cfg, std::ostream& out);
 
 /// Writes j to path (indented); throws when the file cannot be written.
@@ -171,6 +172,11 @@ struct IndexSet {
 
     IndexSet(const std::vector<std::string>& indexes, const std::string& dense_index,
              const std::vector<int>& dense_layers, const std::string& trained_path);
+
+    /** Throws what building each index's cache would (LlamaModel::
+     * check_cache_args) for prompts of n_prefilled tokens (percentages of
+     * them; "question" as one token), before a run's first prefill. */
+    void check(const LlamaModel& llm, const std::vector<int64_t>& n_prefilled) const;
 };
 
 /** A reference answer read teacher-forced after the prompt: how likely the
@@ -230,6 +236,11 @@ struct NeedleConfig {
     std::string trained;                 ///< as in E2eConfig
     std::string json_out;
 };
+
+/** Throws naming the first bad setting: no context, depth or index; trials
+ * or max_new below 1; a depth outside [0, 1]; a context below the shortest
+ * passkey prompt or above n_ctx_train. run_needle checks it before any prompt. */
+void check_needle_config(const NeedleConfig& cfg, const TokenCounter& count, int64_t n_ctx_train);
 
 /** Passkey retrieval: a 5-digit key at each depth of a generated haystack
  * of about C tokens, asked for at the end; one dense prefill per prompt is

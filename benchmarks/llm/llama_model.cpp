@@ -67,6 +67,25 @@ void check_tokens(const int* tokens, int64_t n, int n_vocab) {
     }
 }
 
+bool is_dense_layer(const std::vector<int>& dense_layers, int l) {
+    return std::find(dense_layers.begin(), dense_layers.end(), l) != dense_layers.end();
+}
+
+/// set_index_parameters(params) on every index of the sparse layers
+/// (the dense layers keep their string as given); "" sets nothing.
+void set_sparse_parameters(kvindex::KVCache& cache, const std::string& params) {
+    if (params.empty()) {
+        return;
+    }
+    for (int l = 0; l < cache.n_layers; l++) {
+        if (!is_dense_layer(cache.dense_layers, l)) {
+            for (int h = 0; h < cache.n_kv_heads; h++) {
+                kvindex::set_index_parameters(cache.index(l, h), params);
+            }
+        }
+    }
+}
+
 /// A decode step's queries, once answered, to the indexes that learn from
 /// them (KVCache::add_queries); the GPU cache's indexes do not.
 template <class Cache>
@@ -271,6 +290,23 @@ PrefillRecord LlamaModel::prefix(const PrefillRecord& rec, int64_t n_prefix, int
     return out;
 }
 
+kvindex::KVCache LlamaModel::empty_cache(
+        const std::string& index_string,
+        const std::string& dense_string,
+        const std::vector<int>& dense_layers) const {
+    return kvindex::KVCache(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim,
+                            index_string, dense_string, dense_layers);
+}
+
+void LlamaModel::check_cache_args(
+        const std::string& index_string,
+        const std::string& dense_string,
+        const std::vector<int>& dense_layers,
+        const std::string& params) const {
+    kvindex::KVCache cache = empty_cache(index_string, dense_string, dense_layers);
+    set_sparse_parameters(cache, params);
+}
+
 kvindex::KVCache LlamaModel::make_cache(
         const PrefillRecord& rec,
         const std::string& index_string,
@@ -282,15 +318,14 @@ kvindex::KVCache LlamaModel::make_cache(
         throw std::invalid_argument("prefill record has " + std::to_string(rec.keys.size()) +
                                     " layers, the model " + std::to_string(cfg.n_layers));
     }
-    kvindex::KVCache cache(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim,
-                           index_string, dense_string, dense_layers);
+    kvindex::KVCache cache = empty_cache(index_string, dense_string, dense_layers);
     // before the prefills: an index with offline models only assigns keys.
     // Strings with nothing trained offline in them (the baselines of the
     // same run: Flat, TopK, ...) are built as given; the cache's own first
     // sparse index says which kind this string is.
     if (trained) {
         for (int l = 0; l < cfg.n_layers; l++) {
-            if (std::find(dense_layers.begin(), dense_layers.end(), l) == dense_layers.end()) {
+            if (!is_dense_layer(dense_layers, l)) {
                 if (kvindex::ivf_asym_in_chain(cache.index(l, 0))) {
                     cache.adopt_trained(*trained);
                 }
@@ -298,18 +333,13 @@ kvindex::KVCache LlamaModel::make_cache(
             }
         }
     }
+    set_sparse_parameters(cache, params);
     const int64_t nq = rec.n_tokens - rec.query_begin;
     std::vector<kvindex::idx_t> positions(static_cast<size_t>(nq));
     for (int64_t i = 0; i < nq; i++) {
         positions[i] = rec.query_begin + i;
     }
     for (int l = 0; l < cfg.n_layers; l++) {
-        const bool dense = std::find(dense_layers.begin(), dense_layers.end(), l) != dense_layers.end();
-        if (!params.empty() && !dense) {
-            for (int h = 0; h < cfg.n_kv_heads; h++) {
-                kvindex::set_index_parameters(cache.index(l, h), params);
-            }
-        }
         cache.prefill(l, rec.n_tokens, rec.keys[l].data(), rec.values[l].data(), nq,
                       nq > 0 ? rec.queries[l].data() : nullptr, nq > 0 ? positions.data() : nullptr,
                       cfg.rope);

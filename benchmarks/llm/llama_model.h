@@ -100,6 +100,16 @@ struct LlamaModel {
             const std::string& params = "",
             const kvindex::KVCache* trained = nullptr) const;
 
+    /** Throws what make_cache would for these arguments before its first
+     * prefill (an unknown index string or parameter, a dense layer outside
+     * the model), building only empty indexes: the runs check every index
+     * before their first, expensive, prefill. */
+    void check_cache_args(
+            const std::string& index_string,
+            const std::string& dense_string,
+            const std::vector<int>& dense_layers,
+            const std::string& params) const;
+
     /** Decodes n known tokens at positions [cache.n_tokens(0), + n), exactly
      * as n single-token steps would (token t's key is appended before its
      * query attends, and attention sees only earlier tokens); linear layers
@@ -127,6 +137,11 @@ struct LlamaModel {
             const std::vector<int>& stop_ids) const;
 
    private:
+    /// The KVCache of make_cache before any model, parameter or token.
+    kvindex::KVCache empty_cache(
+            const std::string& index_string,
+            const std::string& dense_string,
+            const std::vector<int>& dense_layers) const;
     void embed(const int* tokens, int64_t n, float* x) const;
     void mlp_block(const LlamaLayer& w, int64_t n, float* x) const;
     void compute_logits(const float* x, int64_t n, float* logits) const;

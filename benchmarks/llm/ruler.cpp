@@ -510,6 +510,7 @@ void run_ruler(
         std::ostream& out) {
     check_ruler_config(cfg, llm.cfg.n_ctx_train);
     const IndexSet set(cfg.indexes, cfg.dense_index, cfg.dense_layers, cfg.trained);
+    set.check(llm, cfg.contexts);
     const std::vector<kvindex::IndexSpec>& specs = set.specs;
     const TokenCounter count = token_counter(tok);
     // a context too small for a task fails now, not hours into the run

@@ -166,7 +166,7 @@ inline std::vector<std::string> tiny_vocab() {
 }
 
 /** A Llama with 2 layers, width 32, 4 query and 2 KV heads of 8, MLP
- * width 48, context 256, seeded random F32 weights; `vocab` sizes the
+ * width 48, context 1024, seeded random F32 weights; `vocab` sizes the
  * embedding. Control tokens are those of the form "<|...|>". */
 inline GgufContent tiny_llama(const std::vector<std::string>& vocab = tiny_vocab(), uint32_t seed = 1) {
     const uint64_t D = 32, F = 48, H = 4, KV = 2, hd = D / H, L = 2, V = vocab.size();
@@ -177,7 +177,7 @@ inline GgufContent tiny_llama(const std::vector<std::string>& vocab = tiny_vocab
     c.set_scalar<uint32_t>("llama.feed_forward_length", kU32, F);
     c.set_scalar<uint32_t>("llama.attention.head_count", kU32, H);
     c.set_scalar<uint32_t>("llama.attention.head_count_kv", kU32, KV);
-    c.set_scalar<uint32_t>("llama.context_length", kU32, 256);
+    c.set_scalar<uint32_t>("llama.context_length", kU32, 1024);
     c.set_scalar<float>("llama.attention.layer_norm_rms_epsilon", kF32, 1e-5f);
     c.set_scalar<float>("llama.rope.freq_base", kF32, 10000.0f);
     c.set_string("tokenizer.ggml.model", "gpt2");

@@ -1,0 +1,128 @@
+// kvllm on bad input: every bad setting, file or value gets an error that
+// names it, before any expensive work, never a hang, a crash or a silently
+// wrong answer. Runs on the tiny model of llm_tiny_model.h (no SmolLM2
+// file needed).
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "eval.h"
+#include "gguf.h"
+#include "llama_model.h"
+#include "llm_tiny_model.h"
+#include "tokenizer.h"
+
+using namespace kvllm;
+
+namespace {
+
+/// The message of what f throws, "" when it does not throw.
+template <class F>
+std::string error_of(F&& f) {
+    try {
+        f();
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    return "";
+}
+
+#define EXPECT_ERROR(call, fragment)                                                  \
+    do {                                                                              \
+        const std::string e_ = error_of([&] { call; });                               \
+        EXPECT_NE(e_.find(fragment), std::string::npos) << "error: \"" << e_ << "\""; \
+    } while (0)
+
+/// The tiny model, loaded once per test.
+struct Tiny {
+    GgufFile file;
+    BpeTokenizer tok;
+    LlamaModel llm;
+    explicit Tiny(const kvllm_test::GgufContent& c = kvllm_test::tiny_llama())
+            : file(kvllm_test::write_temp("tiny_errors.gguf", c.bytes())), tok(file), llm(file) {}
+};
+
+/// A document of about n tiny-vocabulary tokens.
+std::vector<int> document(const BpeTokenizer& tok, size_t n) {
+    std::string text;
+    while (text.size() < n) text += " the rather aaaa there";
+    return tok.encode(text, false);
+}
+
+} // namespace
+
+TEST(KvllmErrors, NeedleRefusesBadSettingsBeforeAnyPrompt) {
+    Tiny m;
+    NeedleConfig good;
+    good.contexts = {600};
+    good.depths = {0.5};
+    good.indexes = {"Flat"};
+    std::ostringstream ok_out;
+    run_needle(m.llm, m.tok, good, ok_out);
+    EXPECT_NE(ok_out.str().find("passkey accuracy (1 prompts per context)"), std::string::npos) << ok_out.str();
+
+    std::ostringstream out;
+    auto run = [&](NeedleConfig c) { run_needle(m.llm, m.tok, c, out); };
+    NeedleConfig c = good;
+    // too long: was built (at any size: a hang for 99999999999) before the prefill refused it
+    for (int64_t context : {int64_t(1025), int64_t(0), int64_t(-100), int64_t(50), int64_t(99999999999)}) {
+        c.contexts = {600, context};
+        EXPECT_ERROR(run(c), "context " + std::to_string(context) + " outside [");
+    }
+    c = good;
+    c.contexts = {};
+    EXPECT_ERROR(run(c), "needle needs a context, a depth and an index");
+    c = good;
+    c.depths = {};
+    EXPECT_ERROR(run(c), "needle needs a context, a depth and an index");
+    for (int trials : {0, -3}) {
+        c = good;
+        c.trials = trials;
+        EXPECT_ERROR(run(c), "--trials " + std::to_string(trials) + ": need at least 1");
+    }
+    c = good;
+    c.depths = {0.5, std::nan("")};
+    EXPECT_ERROR(run(c), "needle depth nan outside [0, 1]");
+    c = good;
+    c.indexes = {"Flat", "TopK(Flat)|k=500%"};
+    EXPECT_ERROR(run(c), "a percentage must be in (0, 100]");
+    c = good;
+    c.dense_layers = {0, 99};
+    EXPECT_ERROR(run(c), "dense layer 99");
+    EXPECT_EQ(out.str(), "") << "a prompt ran before the error";
+}
+
+TEST(KvllmErrors, E2eChecksEveryContextAndIndexBeforeTheFirstPrefill) {
+    Tiny m;
+    const std::vector<int> ids = document(m.tok, 600);
+    ASSERT_GT(ids.size(), 200u);
+    E2eConfig good;
+    good.contexts = {100};
+    good.n_eval = 16;
+    good.indexes = {"Flat"};
+    std::ostringstream ok_out;
+    run_e2e(m.llm, ids, good, ok_out);
+    EXPECT_NE(ok_out.str().find("context 100"), std::string::npos) << ok_out.str();
+
+    std::ostringstream out;
+    E2eConfig c = good;
+    c.contexts = {100, 50000};
+    EXPECT_ERROR(run_e2e(m.llm, ids, c, out), "context 50000 with 16 evaluated tokens");
+    c = good;
+    c.contexts = {};
+    EXPECT_ERROR(run_e2e(m.llm, ids, c, out), "e2e needs a context and an index");
+    c = good;
+    c.indexes = {"Flat", "TopK(Flat)|k=500%"};
+    EXPECT_ERROR(run_e2e(m.llm, ids, c, out), "a percentage must be in (0, 100]");
+    c = good;
+    c.dense_layers = {0, 99};
+    EXPECT_ERROR(run_e2e(m.llm, ids, c, out), "dense layer 99");
+    c = good;
+    c.indexes = {"Flat", "NoSuchIndex"};
+    EXPECT_NE(error_of([&] { run_e2e(m.llm, ids, c, out); }), "");
+    EXPECT_EQ(out.str(), "") << "a context ran before the error";
+}
