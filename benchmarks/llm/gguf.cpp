@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <stdexcept>
 
 #include <kvindex/trace.h> // half_to_float
@@ -56,7 +57,11 @@ void read_number(Cursor& c, uint32_t t, GgufValue& v) {
         case kI16: v.kind = GgufValue::integer; v.i = c.read<int16_t>("i16"); return;
         case kU32: v.kind = GgufValue::integer; v.i = c.read<uint32_t>("u32"); return;
         case kI32: v.kind = GgufValue::integer; v.i = c.read<int32_t>("i32"); return;
-        case kU64: v.kind = GgufValue::integer; v.i = int64_t(c.read<uint64_t>("u64")); return;
+        case kU64:
+            v.kind = GgufValue::integer;
+            v.is_u64 = true;
+            v.i = int64_t(c.read<uint64_t>("u64"));
+            return;
         case kI64: v.kind = GgufValue::integer; v.i = c.read<int64_t>("i64"); return;
         case kF32: v.kind = GgufValue::real; v.f = c.read<float>("f32"); return;
         case kF64: v.kind = GgufValue::real; v.f = c.read<double>("f64"); return;
@@ -230,12 +235,19 @@ GgufFile::GgufFile(const std::string& path_in) : path(path_in) {
     for (uint64_t i = 0; i < n_kv; i++) {
         std::string key = c.read_string("metadata key");
         uint32_t t = c.read<uint32_t>("metadata type");
-        metadata[key] = read_value(c, t);
+        // a second value would silently replace the first
+        if (!metadata.emplace(key, read_value(c, t)).second) {
+            fail(path, "metadata key " + key + " appears twice");
+        }
     }
     c.need(n_tensors, "tensor directory");
+    std::set<std::string> names;
     for (uint64_t i = 0; i < n_tensors; i++) {
         GgufTensor t;
         t.name = c.read_string("tensor name");
+        if (!names.insert(t.name).second) {
+            fail(path, "tensor " + t.name + " appears twice"); // find_tensor would see the first only
+        }
         uint32_t n_dims = c.read<uint32_t>("tensor rank");
         if (n_dims == 0 || n_dims > 4) {
             fail(path, "tensor " + t.name + " has rank " + std::to_string(n_dims) + " (1..4 allowed)");
@@ -257,8 +269,8 @@ GgufFile::GgufFile(const std::string& path_in) : path(path_in) {
         t.offset = c.read<uint64_t>("tensor offset");
         tensors.push_back(std::move(t));
     }
-    uint64_t alignment = has("general.alignment") ? uint64_t(get_int("general.alignment")) : 32;
-    if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    uint64_t alignment = has("general.alignment") ? uint64_t(get_int("general.alignment", 1, 1 << 30)) : 32;
+    if ((alignment & (alignment - 1)) != 0) {
         fail(path, "general.alignment " + std::to_string(alignment) + " is not a power of two");
     }
     data_offset = (c.pos + alignment - 1) / alignment * alignment;
@@ -289,11 +301,18 @@ const GgufValue& lookup(const GgufFile& f, const std::string& key, GgufValue::Ki
 } // namespace
 
 int64_t GgufFile::get_int(const std::string& key) const {
-    auto it = metadata.find(key);
-    if (it != metadata.end() && it->second.kind == GgufValue::boolean) {
-        return it->second.i;
-    }
     return lookup(*this, key, GgufValue::integer, "an integer").i;
+}
+
+int64_t GgufFile::get_int(const std::string& key, int64_t min, int64_t max) const {
+    const GgufValue& v = lookup(*this, key, GgufValue::integer, "an integer");
+    // a u64 above 2^63 reads as negative: outside any range, printed as it is
+    if ((v.is_u64 && v.i < 0) || v.i < min || v.i > max) {
+        const std::string value = v.is_u64 ? std::to_string(uint64_t(v.i)) : std::to_string(v.i);
+        fail(path, "metadata key " + key + " = " + value + " is outside [" + std::to_string(min) + ", " +
+                           std::to_string(max) + "]");
+    }
+    return v.i;
 }
 
 double GgufFile::get_real(const std::string& key) const {

@@ -27,6 +27,7 @@ std::string ggml_type_name(uint32_t type);
  * strings and of numbers are kept as vectors. */
 struct GgufValue {
     enum Kind { integer, real, boolean, string, string_array, int_array, real_array } kind;
+    bool is_u64 = false; ///< an integer read as uint64: i holds its bits (a value above 2^63 is negative)
     int64_t i = 0;
     double f = 0;
     std::string s;
@@ -47,7 +48,8 @@ struct GgufTensor {
 
 /** A GGUF file read into memory. The constructor checks the whole
  * structure (magic, version, counts, string lengths, tensor extents and
- * types) and throws a message naming the file and the problem. */
+ * types, no key or tensor name twice) and throws a message naming the file
+ * and the problem. */
 struct GgufFile {
     std::string path;
     uint32_t version = 0;
@@ -61,8 +63,11 @@ struct GgufFile {
     bool has(const std::string& key) const {
         return metadata.count(key) != 0;
     }
-    /// Throws naming the key when absent or of another kind.
+    /// Throws naming the key when absent or of another kind (a boolean is
+    /// not an integer).
     int64_t get_int(const std::string& key) const;
+    /// The same, also throwing naming the key and value when outside [min, max].
+    int64_t get_int(const std::string& key, int64_t min, int64_t max) const;
     double get_real(const std::string& key) const; ///< accepts integers too
     const std::string& get_string(const std::string& key) const;
     const std::vector<std::string>& get_strings(const std::string& key) const;

@@ -58,6 +58,10 @@ void copy_head_rows(const std::vector<float>& src, int heads, int hd, int64_t n,
     }
 }
 
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxWidth = int64_t(1) << 20;   ///< embedding and MLP widths
+constexpr int64_t kMaxContext = int64_t(1) << 24; ///< training context, in tokens
+
 void check_tokens(const int* tokens, int64_t n, int n_vocab) {
     for (int64_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= n_vocab) {
@@ -102,17 +106,20 @@ LlamaModel::LlamaModel(const GgufFile& f) {
     if (arch != "llama") {
         throw std::runtime_error(f.path + ": architecture \"" + arch + "\" is not llama");
     }
-    cfg.n_layers = int(f.get_int("llama.block_count"));
-    cfg.dim = int(f.get_int("llama.embedding_length"));
-    cfg.ffn_dim = int(f.get_int("llama.feed_forward_length"));
-    cfg.n_heads = int(f.get_int("llama.attention.head_count"));
-    cfg.n_kv_heads = int(f.get_int("llama.attention.head_count_kv"));
-    cfg.n_ctx_train = int(f.get_int("llama.context_length"));
+    // far above any Llama's sizes, low enough that int holds every count
+    // and no size computed from them overflows
+    cfg.n_layers = int(f.get_int("llama.block_count", 1, kMaxLayers));
+    cfg.dim = int(f.get_int("llama.embedding_length", 1, kMaxWidth));
+    cfg.ffn_dim = int(f.get_int("llama.feed_forward_length", 1, kMaxWidth));
+    cfg.n_heads = int(f.get_int("llama.attention.head_count", 1, cfg.dim));
+    cfg.n_kv_heads = int(f.get_int("llama.attention.head_count_kv", 1, cfg.n_heads));
+    cfg.n_ctx_train = int(f.get_int("llama.context_length", 1, kMaxContext));
     cfg.rms_eps = float(f.get_real("llama.attention.layer_norm_rms_epsilon"));
     cfg.rope.theta = f.has("llama.rope.freq_base") ? f.get_real("llama.rope.freq_base") : 10000.0;
-    if (cfg.n_heads <= 0 || cfg.n_kv_heads <= 0 || cfg.n_heads % cfg.n_kv_heads != 0 ||
-        cfg.dim % cfg.n_heads != 0) {
-        throw std::runtime_error(f.path + ": inconsistent head counts");
+    if (cfg.n_heads % cfg.n_kv_heads != 0 || cfg.dim % cfg.n_heads != 0) {
+        throw std::runtime_error(f.path + ": " + std::to_string(cfg.n_heads) + " query heads, " +
+                                 std::to_string(cfg.n_kv_heads) + " KV heads, width " + std::to_string(cfg.dim) +
+                                 ": the KV heads must divide the query heads, the query heads the width");
     }
     cfg.head_dim = cfg.dim / cfg.n_heads;
     if (f.has("llama.rope.dimension_count") && f.get_int("llama.rope.dimension_count") != cfg.head_dim) {

@@ -244,8 +244,9 @@ BpeTokenizer::BpeTokenizer(const GgufFile& f) {
                                  " entries for " + std::to_string(tokens.size()) + " tokens");
     }
     token_types.assign(types.begin(), types.end());
-    bos_id = f.has("tokenizer.ggml.bos_token_id") ? int(f.get_int("tokenizer.ggml.bos_token_id")) : -1;
-    eos_id = f.has("tokenizer.ggml.eos_token_id") ? int(f.get_int("tokenizer.ggml.eos_token_id")) : -1;
+    const int64_t last = int64_t(tokens.size()) - 1;
+    bos_id = f.has("tokenizer.ggml.bos_token_id") ? int(f.get_int("tokenizer.ggml.bos_token_id", 0, last)) : -1;
+    eos_id = f.has("tokenizer.ggml.eos_token_id") ? int(f.get_int("tokenizer.ggml.eos_token_id", 0, last)) : -1;
     for (size_t i = 0; i < tokens.size(); i++) {
         token_to_id_.emplace(tokens[i], int(i));
         if (token_types[i] == kControlToken && !tokens[i].empty()) {

@@ -126,3 +126,67 @@ TEST(KvllmErrors, E2eChecksEveryContextAndIndexBeforeTheFirstPrefill) {
     EXPECT_NE(error_of([&] { run_e2e(m.llm, ids, c, out); }), "");
     EXPECT_EQ(out.str(), "") << "a context ran before the error";
 }
+
+namespace {
+
+using kvllm_test::GgufContent;
+using kvllm_test::kBool;
+using kvllm_test::kI32;
+using kvllm_test::kU64;
+
+/// What loading a file of this content throws (file, tokenizer, model).
+std::string load_error(const GgufContent& c) {
+    return error_of([&] { Tiny m(c); });
+}
+
+} // namespace
+
+TEST(KvllmErrors, MetadataCountsAreRangeChecked) {
+    EXPECT_EQ(load_error(kvllm_test::tiny_llama()), "");
+    struct Case {
+        const char* key;
+        uint32_t type;
+        uint64_t bits;
+        const char* expected;
+    };
+    for (const Case& k : std::vector<Case>{
+                 // was "vector::_M_default_append"
+                 {"llama.block_count", kI32, uint32_t(-1), "llama.block_count = -1 is outside [1, 4096]"},
+                 {"llama.block_count", kU64, ~uint64_t(0), "llama.block_count = 18446744073709551615 is outside"},
+                 // were cut by int() to 30 and 9
+                 {"llama.block_count", kU64, (uint64_t(1) << 32) + 30, "llama.block_count = 4294967326 is outside"},
+                 {"llama.attention.head_count", kU64, (uint64_t(1) << 32) + 9,
+                  "llama.attention.head_count = 4294967305 is outside [1, 32]"},
+                 {"llama.block_count", kI32, 0, "llama.block_count = 0 is outside [1, 4096]"},
+                 {"llama.attention.head_count_kv", kI32, 8, "head_count_kv = 8 is outside [1, 4]"},
+                 {"llama.context_length", kI32, 0, "llama.context_length = 0 is outside"},
+                 {"tokenizer.ggml.eos_token_id", kI32, 100000, "eos_token_id = 100000 is outside [0, "},
+         }) {
+        GgufContent c = kvllm_test::tiny_llama();
+        if (k.type == kU64) {
+            c.set_scalar<uint64_t>(k.key, k.type, k.bits);
+        } else {
+            c.set_scalar<int32_t>(k.key, k.type, int32_t(uint32_t(k.bits)));
+        }
+        const std::string e = load_error(c);
+        EXPECT_NE(e.find(k.expected), std::string::npos) << k.key << ": " << e;
+    }
+    // a bool where an integer is expected was read as 0 or 1
+    GgufContent c = kvllm_test::tiny_llama();
+    c.set_scalar<uint8_t>("llama.block_count", kBool, 1);
+    EXPECT_NE(load_error(c).find("metadata key llama.block_count is not an integer"), std::string::npos)
+            << load_error(c);
+}
+
+TEST(KvllmErrors, RepeatedKeysAndTensorsAreRefused) {
+    // the second value silently replaced the first
+    GgufContent c = kvllm_test::tiny_llama();
+    GgufContent::Entry second = c.metadata[1];
+    ASSERT_EQ(second.key, "llama.block_count");
+    c.metadata.push_back(second);
+    EXPECT_NE(load_error(c).find("metadata key llama.block_count appears twice"), std::string::npos)
+            << load_error(c);
+    c = kvllm_test::tiny_llama();
+    c.tensors.push_back(c.tensor("output_norm.weight"));
+    EXPECT_NE(load_error(c).find("tensor output_norm.weight appears twice"), std::string::npos) << load_error(c);
+}
