@@ -1,5 +1,6 @@
 #include "gguf.h"
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -204,6 +205,34 @@ void dequantize_row(uint32_t type, const uint8_t* src, float* dst, int64_t n) {
                 break;
         }
     }
+}
+
+bool row_is_finite(uint32_t type, const uint8_t* src, int64_t n) {
+    auto finite_half = [](uint16_t h) { return (h & 0x7c00) != 0x7c00; }; // exponent all ones: inf, NaN
+    BlockFormat f = block_format(type);
+    switch (GgmlType(type)) {
+        case GgmlType::F32:
+            for (int64_t i = 0; i < n; i++) {
+                float v;
+                std::memcpy(&v, src + 4 * i, 4);
+                if (!std::isfinite(v)) return false;
+            }
+            return true;
+        case GgmlType::F16:
+            for (int64_t i = 0; i < n; i++) {
+                if (!finite_half(load_u16(src + 2 * i))) return false;
+            }
+            return true;
+        default:
+            break;
+    }
+    const int n_scales = GgmlType(type) == GgmlType::Q4_1 ? 2 : 1; // d, and Q4_1's m
+    for (int64_t b = 0; b < n / f.block; b++) {
+        for (int s = 0; s < n_scales; s++) {
+            if (!finite_half(load_u16(src + b * f.bytes + 2 * s))) return false;
+        }
+    }
+    return true;
 }
 
 GgufFile::GgufFile(const std::string& path_in) : path(path_in) {

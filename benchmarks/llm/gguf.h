@@ -91,4 +91,10 @@ uint64_t ggml_row_bytes(uint32_t type, int64_t n);
 /// Dequantizes n elements (a multiple of the type's block size).
 void dequantize_row(uint32_t type, const uint8_t* src, float* dst, int64_t n);
 
+/** Whether the n elements at src (a multiple of the type's block size)
+ * dequantize to finite values, without dequantizing them: a quantized
+ * weight is d * q (+ m) with |q| <= 128, finite when the block's half
+ * scales are, so only those are read. */
+bool row_is_finite(uint32_t type, const uint8_t* src, int64_t n);
+
 } // namespace kvllm

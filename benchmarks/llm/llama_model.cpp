@@ -62,6 +62,42 @@ constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxWidth = int64_t(1) << 20;   ///< embedding and MLP widths
 constexpr int64_t kMaxContext = int64_t(1) << 24; ///< training context, in tokens
 
+/// llama.attention.layer_norm_rms_epsilon, in (0, 1] also as a float: a
+/// NaN would make every activation NaN, 0 divide a zero row by zero.
+float rms_epsilon(const GgufFile& f) {
+    const char* key = "llama.attention.layer_norm_rms_epsilon";
+    const double eps = f.get_real(key);
+    if (!(eps > 0 && eps <= 1) || float(eps) == 0) {
+        throw std::runtime_error("GGUF file " + f.path + ": metadata key " + key + " = " + std::to_string(eps) +
+                                 " is outside (0, 1]");
+    }
+    return float(eps);
+}
+
+/** Throws when weight `at` (a row of a matrix, an element of a vector) of
+ * a tensor is NaN or infinite (at >= 0): every activation after it would
+ * be NaN, and the argmax of NaN logits token 0 (generate printed
+ * <|endoftext|>), a silently wrong answer. */
+void check_finite_weights(const GgufFile& f, const std::string& name, int64_t at, const char* where) {
+    if (at >= 0) {
+        throw std::runtime_error("GGUF file " + f.path + ": tensor " + name + " has a NaN or infinite weight in " +
+                                 where + " " + std::to_string(at));
+    }
+}
+
+QuantMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols) {
+    QuantMatrix m = QuantMatrix::from_gguf(f, name, rows, cols);
+    check_finite_weights(f, name, m.first_non_finite_row(), "row");
+    return m;
+}
+
+std::vector<float> load_vector(const GgufFile& f, const std::string& name, int64_t n) {
+    std::vector<float> v = f.dequantize(name, {n});
+    auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+    check_finite_weights(f, name, bad == v.end() ? -1 : bad - v.begin(), "element");
+    return v;
+}
+
 void check_tokens(const int* tokens, int64_t n, int n_vocab) {
     for (int64_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= n_vocab) {
@@ -114,7 +150,7 @@ LlamaModel::LlamaModel(const GgufFile& f) {
     cfg.n_heads = int(f.get_int("llama.attention.head_count", 1, cfg.dim));
     cfg.n_kv_heads = int(f.get_int("llama.attention.head_count_kv", 1, cfg.n_heads));
     cfg.n_ctx_train = int(f.get_int("llama.context_length", 1, kMaxContext));
-    cfg.rms_eps = float(f.get_real("llama.attention.layer_norm_rms_epsilon"));
+    cfg.rms_eps = rms_epsilon(f);
     cfg.rope.theta = f.has("llama.rope.freq_base") ? f.get_real("llama.rope.freq_base") : 10000.0;
     if (cfg.n_heads % cfg.n_kv_heads != 0 || cfg.dim % cfg.n_heads != 0) {
         throw std::runtime_error(f.path + ": " + std::to_string(cfg.n_heads) + " query heads, " +
@@ -131,24 +167,24 @@ LlamaModel::LlamaModel(const GgufFile& f) {
 
     const int64_t D = cfg.dim, F = cfg.ffn_dim, Q = cfg.n_heads * cfg.head_dim,
                   KV = cfg.n_kv_heads * cfg.head_dim, V = cfg.n_vocab;
-    token_embd = QuantMatrix::from_gguf(f, "token_embd.weight", V, D);
+    token_embd = load_matrix(f, "token_embd.weight", V, D);
     if (f.find_tensor("output.weight")) {
-        output = QuantMatrix::from_gguf(f, "output.weight", V, D);
+        output = load_matrix(f, "output.weight", V, D);
     }
-    out_norm = f.dequantize("output_norm.weight", {D});
+    out_norm = load_vector(f, "output_norm.weight", D);
     layers.resize(cfg.n_layers);
     for (int l = 0; l < cfg.n_layers; l++) {
         std::string p = "blk." + std::to_string(l) + ".";
         LlamaLayer& w = layers[l];
-        w.attn_norm = f.dequantize(p + "attn_norm.weight", {D});
-        w.wq = QuantMatrix::from_gguf(f, p + "attn_q.weight", Q, D);
-        w.wk = QuantMatrix::from_gguf(f, p + "attn_k.weight", KV, D);
-        w.wv = QuantMatrix::from_gguf(f, p + "attn_v.weight", KV, D);
-        w.wo = QuantMatrix::from_gguf(f, p + "attn_output.weight", D, Q);
-        w.ffn_norm = f.dequantize(p + "ffn_norm.weight", {D});
-        w.w_gate = QuantMatrix::from_gguf(f, p + "ffn_gate.weight", F, D);
-        w.w_up = QuantMatrix::from_gguf(f, p + "ffn_up.weight", F, D);
-        w.w_down = QuantMatrix::from_gguf(f, p + "ffn_down.weight", D, F);
+        w.attn_norm = load_vector(f, p + "attn_norm.weight", D);
+        w.wq = load_matrix(f, p + "attn_q.weight", Q, D);
+        w.wk = load_matrix(f, p + "attn_k.weight", KV, D);
+        w.wv = load_matrix(f, p + "attn_v.weight", KV, D);
+        w.wo = load_matrix(f, p + "attn_output.weight", D, Q);
+        w.ffn_norm = load_vector(f, p + "ffn_norm.weight", D);
+        w.w_gate = load_matrix(f, p + "ffn_gate.weight", F, D);
+        w.w_up = load_matrix(f, p + "ffn_up.weight", F, D);
+        w.w_down = load_matrix(f, p + "ffn_down.weight", D, F);
     }
 }
 
@@ -194,6 +230,15 @@ void LlamaModel::compute_logits(const float* x, int64_t n, float* logits) const 
     std::vector<float> h(size_t(n) * cfg.dim);
     rms_norm(x, n, cfg.dim, out_norm, cfg.rms_eps, h.data());
     (output.empty() ? token_embd : output).matmul(h.data(), n, logits);
+    // finite weights can still overflow; the argmax of NaN logits is token 0
+    const int64_t V = cfg.n_vocab;
+    for (int64_t i = 0; i < n * V; i++) {
+        if (!std::isfinite(logits[i])) {
+            throw std::runtime_error("the logit of token " + std::to_string(i % V) + " at row " +
+                                     std::to_string(i / V) + " is " + std::to_string(logits[i]) +
+                                     ": the activations overflowed");
+        }
+    }
 }
 
 void LlamaModel::prefill(

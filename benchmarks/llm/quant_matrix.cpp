@@ -81,6 +81,15 @@ void QuantMatrix::dequantize_rows(int64_t r0, int64_t nrows, float* out) const {
     dequantize_row(type, data.data() + r0 * row_bytes, out, nrows * cols);
 }
 
+int64_t QuantMatrix::first_non_finite_row() const {
+    for (int64_t r = 0; r < rows; r++) {
+        if (!row_is_finite(type, data.data() + r * row_bytes, cols)) {
+            return r;
+        }
+    }
+    return -1;
+}
+
 void QuantMatrix::matmul(const float* x, int64_t n, float* y, bool accumulate) const {
     if (n < 0) {
         throw std::invalid_argument("matmul with " + std::to_string(n) + " input rows");

@@ -55,6 +55,10 @@ struct QuantMatrix {
      * Throws std::out_of_range unless 0 <= r0 <= r0 + nrows <= rows. */
     void dequantize_rows(int64_t r0, int64_t nrows, float* out) const;
 
+    /// The first row holding a NaN or infinite weight, -1 when none does
+    /// (row_is_finite: reads the scales of quantized blocks only).
+    int64_t first_non_finite_row() const;
+
     /** Y = X W^T, or Y += X W^T when accumulate; row-major throughout.
      * The output rows of W are split into chunks across OpenMP threads,
      * each calling a one-thread BLAS where BLAS is used.

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <random>
 #include <string>
@@ -338,6 +339,32 @@ TEST(QuantMatrix, FloatTypesAndDequantizedRowsAgreeWithGguf) {
             }
         }
     }
+}
+
+// A quantized weight is finite when its block's scales are: a NaN or
+// infinite d (or Q4_1's m) is found in its row without dequantizing.
+TEST(QuantMatrix, FindsTheFirstRowWithANonFiniteWeight) {
+    const int64_t rows = 6, cols = 64;
+    for (uint32_t type : {3u, 8u}) {
+        const RandomQuant r = random_quant("w", type, rows, cols, 21);
+        const uint64_t row_bytes = ggml_row_bytes(type, cols), block_bytes = row_bytes / 2;
+        EXPECT_EQ(QuantMatrix(type, rows, cols, r.tensor.data.data()).first_non_finite_row(), -1);
+        // scale d of block 1 of row 4, then Q4_1's m of block 0 of row 2
+        std::vector<std::pair<uint64_t, int64_t>> cases{{4 * row_bytes + block_bytes, 4}};
+        if (type == 3) cases.push_back({2 * row_bytes + 2, 2});
+        for (auto [at, row] : cases) {
+            for (float bad : {std::nanf(""), -std::numeric_limits<float>::infinity()}) {
+                std::vector<uint8_t> data = r.tensor.data;
+                const uint16_t h = kvindex::float_to_half(bad);
+                std::memcpy(data.data() + at, &h, 2);
+                EXPECT_EQ(QuantMatrix(type, rows, cols, data.data()).first_non_finite_row(), row)
+                        << ggml_type_name(type) << " byte " << at;
+            }
+        }
+    }
+    std::vector<uint8_t> f16;
+    for (int i = 0; i < 12; i++) put_half(f16, i == 7 ? std::numeric_limits<float>::infinity() : 0.5f);
+    EXPECT_EQ(QuantMatrix(1, 3, 4, f16.data()).first_non_finite_row(), 1);
 }
 
 TEST(QuantMatrix, BadShapesGetClearErrors) {

@@ -4,6 +4,8 @@
 // file needed).
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -189,4 +191,47 @@ TEST(KvllmErrors, RepeatedKeysAndTensorsAreRefused) {
     c = kvllm_test::tiny_llama();
     c.tensors.push_back(c.tensor("output_norm.weight"));
     EXPECT_NE(load_error(c).find("tensor output_norm.weight appears twice"), std::string::npos) << load_error(c);
+}
+
+namespace {
+
+/// Sets element i of an F32 tensor of the content.
+void set_weight(GgufContent& c, const std::string& tensor, size_t i, float v) {
+    std::memcpy(c.tensor(tensor).data.data() + 4 * i, &v, 4);
+}
+
+} // namespace
+
+TEST(KvllmErrors, NonFiniteWeightsAndEpsilonAreRefusedAtLoad) {
+    using kvllm_test::kF32;
+    const float inf = std::numeric_limits<float>::infinity();
+    for (float eps : {std::nanf(""), inf, -1e-5f, 0.0f, 2.0f}) {
+        GgufContent c = kvllm_test::tiny_llama();
+        c.set_scalar<float>("llama.attention.layer_norm_rms_epsilon", kF32, eps);
+        const std::string e = load_error(c);
+        EXPECT_NE(e.find("llama.attention.layer_norm_rms_epsilon = "), std::string::npos) << eps << ": " << e;
+        EXPECT_NE(e.find("is outside (0, 1]"), std::string::npos) << eps << ": " << e;
+    }
+    // a NaN output norm made generate print <|endoftext|> (the argmax of NaN logits is 0)
+    GgufContent c = kvllm_test::tiny_llama();
+    set_weight(c, "output_norm.weight", 3, std::nanf(""));
+    EXPECT_NE(load_error(c).find("tensor output_norm.weight has a NaN or infinite weight in element 3"),
+              std::string::npos)
+            << load_error(c);
+    c = kvllm_test::tiny_llama();
+    set_weight(c, "blk.1.ffn_up.weight", 32 * 5 + 7, -inf); // row 5 of [48][32]
+    EXPECT_NE(load_error(c).find("tensor blk.1.ffn_up.weight has a NaN or infinite weight in row 5"),
+              std::string::npos)
+            << load_error(c);
+}
+
+TEST(KvllmErrors, NonFiniteLogitsAreRefused) {
+    // finite weights whose activations overflow: the norm gains at 3e38
+    GgufContent c = kvllm_test::tiny_llama();
+    for (size_t i = 0; i < 32; i++) set_weight(c, "output_norm.weight", i, 3e38f);
+    Tiny m(c);
+    const std::vector<int> ids = m.tok.encode(" the rather", false);
+    std::vector<float> logits(ids.size() * size_t(m.llm.cfg.n_vocab));
+    EXPECT_ERROR(m.llm.prefill(ids.data(), int64_t(ids.size()), logits.data(), 0), "the activations overflowed");
+    EXPECT_ERROR(generate_text(m.llm, m.tok, ids, 4, "Flat", "Flat"), "the activations overflowed");
 }
