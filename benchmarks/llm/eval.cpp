@@ -116,6 +116,9 @@ GenerationResult generate_text(
     if (prompt.size() < 2) {
         throw std::invalid_argument("the prompt needs at least 2 tokens (one prefilled, one decoded)");
     }
+    if (max_new < 1) {
+        throw std::invalid_argument("--max-new " + std::to_string(max_new) + ": need at least 1 token");
+    }
     GenerationResult r;
     const int64_t n = int64_t(prompt.size()) - 1;
     PrefillRecord rec;
@@ -148,7 +151,7 @@ TraceSummary write_model_trace(
                                     std::to_string(c.n_ctx_train) + " (the document has " +
                                     std::to_string(ids.size()) + ")");
     }
-    if (n_ctx < 0) {
+    if (n_ctx == kDefaultTraceNctx) { // any other value is checked with the meta
         n_ctx = std::max<int64_t>(1, n_tokens - 64);
     }
     if (layers.empty()) {

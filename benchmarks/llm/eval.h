@@ -59,8 +59,8 @@ void with_decode_cache(kvindex::KVCache& cpu, bool gpu, F&& f) {
 #endif
 }
 
-/// Dense prefill of prompt[0, n-1), then greedy decode through a KVCache
-/// (its GPU twin when `gpu`: with_decode_cache).
+/// Dense prefill of prompt[0, n-1), then greedy decode of up to max_new
+/// (>= 1) tokens through a KVCache (its GPU twin when `gpu`: with_decode_cache).
 GenerationResult generate_text(
         const LlamaModel& llm,
         const BpeTokenizer& tok,
@@ -77,7 +77,12 @@ struct TraceSummary {
     double prefill_seconds = 0;
 };
 
-/** Writes the kvbench trace of the model reading ids[0, n_tokens): meta.json
+/// write_model_trace's n_ctx for n_tokens - 64 (at least 1).
+constexpr int64_t kDefaultTraceNctx = -1;
+
+/** Writes the kvbench trace of the model reading ids[0, n_tokens) with
+ * its first n_ctx tokens as the prefill (in [1, n_tokens], or
+ * kDefaultTraceNctx): meta.json
  * with the model's shape, rope_theta and rope_style, and layer_<l>/ for
  * each requested layer (all if empty). meta.n_layers is the model's, so
  * layer numbers keep their meaning; replay a subset with kvbench --layers. */

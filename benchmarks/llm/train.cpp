@@ -78,12 +78,12 @@ kvindex::IVFAsymTrainingParams training_params(int head_dim, const TrainConfig& 
     }
     kvindex::IVFAsymTrainingParams p;
     p.n_centroids = asym->n_centroids;
-    p.hidden = cfg.hidden > 0 ? cfg.hidden : asym->hidden;
+    p.hidden = cfg.hidden != kTrainDefault ? cfg.hidden : asym->hidden;
     p.min_distance = cfg.min_distance;
-    if (cfg.queries_per_prompt > 0) {
+    if (cfg.queries_per_prompt != kTrainDefault) {
         p.queries_per_prompt = cfg.queries_per_prompt;
     }
-    if (cfg.iterations > 0) {
+    if (cfg.iterations != kTrainDefault) {
         p.adam.iterations = cfg.iterations;
     } else if (asym->train_iterations > 0) {
         p.adam.iterations = asym->train_iterations;
@@ -92,6 +92,35 @@ kvindex::IVFAsymTrainingParams training_params(int head_dim, const TrainConfig& 
 }
 
 } // namespace
+
+void check_train_config(const TrainConfig& cfg, int64_t n_ctx_train) {
+    if (cfg.context > n_ctx_train) {
+        throw std::invalid_argument("--context " + std::to_string(cfg.context) + " exceeds the model's " +
+                                    std::to_string(n_ctx_train) + " tokens");
+    }
+    // a query at position p is long range when p - min_distance > n_sink (1)
+    if (cfg.min_distance < 0 || cfg.context <= cfg.min_distance + 2) {
+        throw std::invalid_argument("--context " + std::to_string(cfg.context) + " with --min-distance " +
+                                    std::to_string(cfg.min_distance) +
+                                    ": no query of a prompt would be long range (need context > min "
+                                    "distance + 2)");
+    }
+    if (cfg.max_tokens < 0) {
+        throw std::invalid_argument("--max-tokens " + std::to_string(cfg.max_tokens) + " must be >= 0 (0: all)");
+    }
+    // the others were taken as "the default" for any value <= 0
+    const std::pair<const char*, int64_t> counts[] = {
+            {"--iterations", cfg.iterations}, {"--hidden", cfg.hidden}, {"--queries-per-prompt", cfg.queries_per_prompt}};
+    for (const auto& [name, v] : counts) {
+        if (v < 1 && v != kTrainDefault) {
+            throw std::invalid_argument(std::string(name) + " " + std::to_string(v) + " must be >= 1 (" +
+                                        std::to_string(kTrainDefault) + ": the default)");
+        }
+    }
+    if (cfg.out.empty()) {
+        throw std::invalid_argument("--out is required");
+    }
+}
 
 std::vector<TrainChunk> training_chunks(
         const std::vector<TrainDocument>& documents, int64_t context, int64_t max_tokens) {
@@ -178,20 +207,7 @@ void run_train(
     const LlamaConfig& mc = llm.cfg;
     const int L = mc.n_layers, KVH = mc.n_kv_heads, hd = mc.head_dim, g = mc.n_heads / mc.n_kv_heads;
     const int64_t n_heads = int64_t(L) * KVH;
-    if (cfg.context > mc.n_ctx_train) {
-        throw std::invalid_argument("--context " + std::to_string(cfg.context) + " exceeds the model's " +
-                                    std::to_string(mc.n_ctx_train) + " tokens");
-    }
-    // a query at position p is long range when p - min_distance > n_sink (1)
-    if (cfg.min_distance < 0 || cfg.context <= cfg.min_distance + 2) {
-        throw std::invalid_argument("--context " + std::to_string(cfg.context) + " with --min-distance " +
-                                    std::to_string(cfg.min_distance) +
-                                    ": no query of a prompt would be long range (need context > min "
-                                    "distance + 2)");
-    }
-    if (cfg.out.empty()) {
-        throw std::invalid_argument("--out is required");
-    }
+    check_train_config(cfg, mc.n_ctx_train);
     const kvindex::IVFAsymTrainingParams base = training_params(hd, cfg);
     const std::string factory = kvindex::parse_index_spec(cfg.index).factory;
     std::vector<TrainChunk> chunks = training_chunks(documents, cfg.context, cfg.max_tokens);

@@ -21,7 +21,8 @@ struct TrainConfig {
     std::string index = "Sink1,Window511,IVFAsym64";
     int64_t context = 8192;        ///< tokens per training prompt (chunk)
     int64_t max_tokens = 0;        ///< tokens used in all, over every chunk; 0: all
-    int iterations = -1;           ///< Adam steps; -1: the index's train_iterations if > 0, else the trainer's
+    /// Adam steps; -1 (kTrainDefault): the index's train_iterations if > 0, else the trainer's
+    int iterations = -1;
     int hidden = -1;               ///< Q-model width; -1: the index's
     int64_t min_distance = 511;    ///< long range (IVFAsymTrainingParams::min_distance)
     int64_t queries_per_prompt = -1; ///< candidate queries per prompt and head; -1: the trainer's
@@ -29,6 +30,17 @@ struct TrainConfig {
     std::string out;               ///< the cache file
     std::string report_json;       ///< "" = none
 };
+
+/// The value of TrainConfig's iterations, hidden and queries_per_prompt
+/// that leaves them to the index or the trainer.
+constexpr int kTrainDefault = -1;
+
+/** Throws naming the first bad setting: a context outside [2,
+ * n_ctx_train], one with no long-range query (min_distance), max_tokens
+ * < 0, iterations, hidden or queries_per_prompt neither >= 1 nor
+ * kTrainDefault, no output file. run_train checks it first; kvllm train
+ * also before it reads the training text. */
+void check_train_config(const TrainConfig& cfg, int64_t n_ctx_train);
 
 /** A training document: its name (for logs) and token ids. A task prompt
  * (query_tokens > 0: a retrieval prompt with its answer appended) is one

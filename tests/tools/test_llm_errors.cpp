@@ -3,7 +3,10 @@
 // wrong answer. Runs on the tiny model of llm_tiny_model.h (no SmolLM2
 // file needed).
 
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -234,4 +237,91 @@ TEST(KvllmErrors, NonFiniteLogitsAreRefused) {
     std::vector<float> logits(ids.size() * size_t(m.llm.cfg.n_vocab));
     EXPECT_ERROR(m.llm.prefill(ids.data(), int64_t(ids.size()), logits.data(), 0), "the activations overflowed");
     EXPECT_ERROR(generate_text(m.llm, m.tok, ids, 4, "Flat", "Flat"), "the activations overflowed");
+}
+
+namespace {
+
+struct CliResult {
+    int status; ///< exit status, -1 when killed by a signal
+    std::string output; ///< stdout and stderr
+};
+
+/// Runs `kvllm ARGS` (args quoted for the shell) in a shell.
+CliResult kvllm_cli(const std::string& args) {
+    const std::string cmd = std::string(KVLLM_BINARY) + " " + args + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) {
+        throw std::runtime_error("cannot run " + cmd);
+    }
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
+    const int st = pclose(p);
+    return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+}
+
+/// The tiny model's file and a short text file, written once.
+struct CliFiles {
+    std::string model = kvllm_test::tiny_llama_file("tiny_cli.gguf");
+    std::string text = write_text("tiny_cli.txt", 3000);
+    static std::string write_text(const std::string& name, size_t n) {
+        std::string t;
+        while (t.size() < n) t += " the rather aaaa there";
+        return kvllm_test::write_temp(name, std::vector<uint8_t>(t.begin(), t.end()));
+    }
+};
+
+const CliFiles& cli_files() {
+    static const CliFiles files;
+    return files;
+}
+
+/// Expects `kvllm CMD --model tiny ARGS` to fail (status 1) with "kvllm CMD: " and fragment.
+void expect_cli_error(const std::string& cmd, const std::string& args, const std::string& fragment) {
+    const CliResult r = kvllm_cli(cmd + " --model " + cli_files().model + " " + args);
+    EXPECT_EQ(r.status, 1) << cmd << " " << args << ": " << r.output;
+    EXPECT_NE(r.output.find("kvllm " + cmd + ": "), std::string::npos) << cmd << " " << args << ": " << r.output;
+    EXPECT_NE(r.output.find(fragment), std::string::npos) << cmd << " " << args << ": " << r.output;
+}
+
+void expect_cli_ok(const std::string& cmd, const std::string& args) {
+    const CliResult r = kvllm_cli(cmd + " --model " + cli_files().model + " " + args);
+    EXPECT_EQ(r.status, 0) << cmd << " " << args << ": " << r.output;
+}
+
+} // namespace
+
+// Each of these was silently replaced by a default (or ignored).
+TEST(KvllmCli, BadValuesAreRefusedNotDefaulted) {
+    const std::string out = testing::TempDir() + "tiny_cli_logits.npy";
+    const std::string ids = "--ids '1 2 3' --out " + out;
+    expect_cli_ok("logits", ids);
+    expect_cli_ok("logits", ids + " --prefill 2 --index Window2,Flat");
+    expect_cli_error("logits", ids + " --prefill -5", "--prefill -5 outside [1, 3]"); // was "all prefilled"
+    expect_cli_error("logits", ids + " --prefill 0", "--prefill 0 outside [1, 3]");
+    expect_cli_error("logits", ids + " --index Bogus", "give --prefill N"); // was ignored
+    expect_cli_error("logits", ids + " --gpu", "give --prefill N");
+    const CliResult r = kvllm_cli("logits --model '' " + ids); // was the default model
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find("kvllm logits: --model: empty path"), std::string::npos) << r.output;
+
+    const std::string trace = " --text-file " + cli_files().text + " --out " + testing::TempDir() + "tiny_trace";
+    expect_cli_ok("trace", trace + " --tokens 200 --n-ctx -1");
+    expect_cli_error("trace", trace + " --tokens 200 --n-ctx -5", "n_ctx=-5 must be in [1, n_tokens=200]");
+
+    expect_cli_error("generate", "--prompt 'the rather' --max-new -1", "--max-new -1: need at least 1");
+    expect_cli_error("generate", "--prompt 'the rather' --max-new 0", "--max-new 0: need at least 1");
+
+    const std::string train = " --text-file " + cli_files().text + " --context 600 --min-distance 100 --out " +
+                              testing::TempDir() + "tiny_train.cache";
+    expect_cli_error("train", train + " --iterations -5", "--iterations -5 must be >= 1 (-1: the default)");
+    expect_cli_error("train", train + " --iterations 0", "--iterations 0 must be >= 1");
+    expect_cli_error("train", train + " --hidden -7", "--hidden -7 must be >= 1");
+    expect_cli_error("train", train + " --queries-per-prompt -3", "--queries-per-prompt -3 must be >= 1");
+    expect_cli_error("train", train + " --max-tokens -1", "--max-tokens -1 must be >= 0 (0: all)");
+
+    expect_cli_error("e2e", "--text-file " + cli_files().text + " --context '' --index Flat",
+                     "e2e needs a context and an index");
+    expect_cli_error("needle", "--context '' --index Flat", "needle needs a context");
+    expect_cli_error("needle", "--depths '' --index Flat", "needle needs a context, a depth");
 }
