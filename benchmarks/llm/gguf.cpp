@@ -8,6 +8,8 @@
 
 #include <kvindex/trace.h> // half_to_float
 
+#include "model_path.h" // file_problem
+
 namespace kvllm {
 
 namespace {
@@ -236,6 +238,11 @@ bool row_is_finite(uint32_t type, const uint8_t* src, int64_t n) {
 }
 
 GgufFile::GgufFile(const std::string& path_in) : path(path_in) {
+    // a directory or pipe has no size to read (tellg gives -1: bad_alloc)
+    const std::string problem = file_problem(path);
+    if (!problem.empty()) {
+        fail(path, problem);
+    }
     std::ifstream in(path, std::ios::binary);
     if (!in) {
         fail(path, "cannot open");
@@ -243,6 +250,9 @@ GgufFile::GgufFile(const std::string& path_in) : path(path_in) {
     in.seekg(0, std::ios::end);
     std::streamoff size = in.tellg();
     in.seekg(0);
+    if (size < 0) {
+        fail(path, "cannot tell its size");
+    }
     bytes.resize(size_t(size));
     if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size)) {
         fail(path, "read failed");

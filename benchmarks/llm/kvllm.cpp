@@ -19,10 +19,10 @@
 // dense baseline: score, score / dense, agreement with dense's answer.
 // Every command takes --model FILE (default: the package's file, see model_path.h).
 
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -54,16 +54,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-        throw std::runtime_error("cannot open " + path);
-    }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-
 /// The haystack units (ruler.h) of the files, in order.
 std::vector<std::string> haystack_of(const std::vector<std::string>& files) {
     std::vector<std::string> haystack;
@@ -74,15 +64,18 @@ std::vector<std::string> haystack_of(const std::vector<std::string>& files) {
     return haystack;
 }
 
+/// The token ids of --ids; throws naming an element that is not an int.
 std::vector<int> parse_ids(const std::string& s) {
     std::vector<int> ids;
     std::stringstream ss(s);
     std::string item;
     while (ss >> item) {
-        size_t used = 0;
-        int v = std::stoi(item, &used);
-        if (used != item.size()) {
-            throw std::invalid_argument("not a token id: " + item);
+        int v = 0;
+        const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+        if (ec != std::errc() || end != item.data() + item.size()) {
+            throw std::invalid_argument("--ids: element " + std::to_string(ids.size() + 1) + ", \"" + item +
+                                        "\", is not a token id" +
+                                        (ec == std::errc::result_out_of_range ? " (out of range)" : ""));
         }
         ids.push_back(v);
     }

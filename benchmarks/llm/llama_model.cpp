@@ -61,6 +61,26 @@ void copy_head_rows(const std::vector<float>& src, int heads, int hd, int64_t n,
 constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxWidth = int64_t(1) << 20;   ///< embedding and MLP widths
 constexpr int64_t kMaxContext = int64_t(1) << 24; ///< training context, in tokens
+constexpr int64_t kMaxVocabulary = int64_t(1) << 24;
+
+/// Rows of token_embd.weight, which the tokenizer's tokens (if any) must match.
+int vocabulary_size(const GgufFile& f) {
+    const GgufTensor& emb = f.tensor("token_embd.weight");
+    if (emb.shape.size() != 2 || emb.shape[1] > kMaxVocabulary) {
+        std::string shape;
+        for (int64_t s : emb.shape) shape += " " + std::to_string(s);
+        throw std::runtime_error("GGUF file " + f.path + ": tensor token_embd.weight has shape [" + shape +
+                                 " ] where [ embedding_length n_vocab ] is expected (n_vocab <= " +
+                                 std::to_string(kMaxVocabulary) + ")");
+    }
+    const char* key = "tokenizer.ggml.tokens";
+    if (f.has(key) && int64_t(f.get_strings(key).size()) != emb.shape[1]) {
+        throw std::runtime_error("GGUF file " + f.path + ": " + key + " has " +
+                                 std::to_string(f.get_strings(key).size()) + " tokens, token_embd.weight " +
+                                 std::to_string(emb.shape[1]) + " rows");
+    }
+    return int(emb.shape[1]);
+}
 
 /// llama.attention.layer_norm_rms_epsilon, in (0, 1] also as a float: a
 /// NaN would make every activation NaN, 0 divide a zero row by zero.
@@ -162,8 +182,7 @@ LlamaModel::LlamaModel(const GgufFile& f) {
         throw std::runtime_error(f.path + ": partial RoPE (rope.dimension_count != head dim) is not supported");
     }
     kvindex::check_rope_params(cfg.rope, cfg.head_dim);
-    const GgufTensor& emb = f.tensor("token_embd.weight");
-    cfg.n_vocab = int(emb.shape.size() == 2 ? emb.shape[1] : 0);
+    cfg.n_vocab = vocabulary_size(f);
 
     const int64_t D = cfg.dim, F = cfg.ffn_dim, Q = cfg.n_heads * cfg.head_dim,
                   KV = cfg.n_kv_heads * cfg.head_dim, V = cfg.n_vocab;

@@ -3,6 +3,9 @@
 #include <glob.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <vector>
 
@@ -21,6 +24,34 @@ std::vector<std::string> glob_paths(const std::string& pattern) {
     return out;
 }
 } // namespace
+
+std::string file_problem(const std::string& path) {
+    std::error_code ec;
+    const std::filesystem::file_status st = std::filesystem::status(path, ec); // follows links
+    if (!std::filesystem::exists(st)) {
+        return "does not exist";
+    }
+    if (std::filesystem::is_directory(st)) {
+        return "is a directory";
+    }
+    return std::filesystem::is_regular_file(st) ? "" : "is not a regular file";
+}
+
+std::string read_file(const std::string& path) {
+    const std::string problem = file_problem(path);
+    if (!problem.empty()) {
+        throw std::runtime_error(path + " " + problem);
+    }
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+        throw std::runtime_error("cannot open " + path);
+    }
+    std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    if (in.bad()) {
+        throw std::runtime_error("cannot read " + path);
+    }
+    return text;
+}
 
 std::vector<std::string> find_installed(const std::string& pattern) {
     for (const std::string root : {std::string("."), std::string(KVINDEX_SOURCE_DIR)}) {

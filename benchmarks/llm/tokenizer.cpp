@@ -1,6 +1,7 @@
 #include "tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <queue>
 #include <stdexcept>
@@ -274,7 +275,7 @@ int BpeTokenizer::find(const std::string& token_text) const {
     return it == token_to_id_.end() ? -1 : it->second;
 }
 
-void BpeTokenizer::encode_piece(const std::string& piece, std::vector<int>& out) const {
+void BpeTokenizer::encode_piece(const std::string& piece, size_t offset, std::vector<int>& out) const {
     // The piece's text in byte symbols; a symbol of the merge is the bytes
     // [i, i + len) of the piece, that is enc[at[i], at[i + len]).
     const int n = int(piece.size());
@@ -338,7 +339,10 @@ void BpeTokenizer::encode_piece(const std::string& piece, std::vector<int>& out)
             const std::string& bs = byte_to_symbol_[uint8_t(piece[b])];
             int id_b = find(bs);
             if (id_b < 0) {
-                throw std::runtime_error("byte symbol " + bs + " is not in the vocabulary");
+                char what[96];
+                std::snprintf(what, sizeof(what), "byte 0x%02x at offset %zu of the text has no token",
+                              unsigned(uint8_t(piece[b])), offset + size_t(b));
+                throw std::runtime_error(std::string(what) + " (its symbol " + bs + " is not in the vocabulary)");
             }
             out.push_back(id_b);
         }
@@ -349,7 +353,8 @@ std::vector<int> BpeTokenizer::encode(const std::string& text, bool parse_specia
     std::vector<int> out;
     auto encode_plain = [&](size_t b, size_t e) {
         for (const std::string& piece : pretokenize(text.substr(b, e - b), isolate_digits)) {
-            encode_piece(piece, out);
+            encode_piece(piece, b, out);
+            b += piece.size(); // the pieces partition the text
         }
     };
     size_t start = 0;

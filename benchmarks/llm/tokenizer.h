@@ -57,7 +57,8 @@ struct BpeTokenizer {
     std::string byte_to_symbol_[256];                  ///< GPT-2 byte -> UTF-8 of its code point
     std::unordered_map<std::string, int> symbol_to_byte_;
 
-    void encode_piece(const std::string& piece, std::vector<int>& out) const;
+    /// `offset`: the piece's byte offset in the text, for messages
+    void encode_piece(const std::string& piece, size_t offset, std::vector<int>& out) const;
 };
 
 } // namespace kvllm

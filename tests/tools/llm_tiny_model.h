@@ -138,8 +138,14 @@ struct GgufContent {
     }
 };
 
+/// A file in the temporary directory, named after the running test too:
+/// ctest runs the tests in parallel processes, which must not rewrite a
+/// file another one is reading.
 inline std::string write_temp(const std::string& name, const std::vector<uint8_t>& bytes) {
-    std::string path = testing::TempDir() + name;
+    const testing::TestInfo* test = testing::UnitTest::GetInstance()->current_test_info();
+    std::string prefix = test ? std::string(test->test_suite_name()) + "." + test->name() + "." : "";
+    std::replace(prefix.begin(), prefix.end(), '/', '_'); // parameterized names
+    const std::string path = testing::TempDir() + prefix + name;
     std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
     return path;
 }

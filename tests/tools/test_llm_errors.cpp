@@ -3,11 +3,14 @@
 // wrong answer. Runs on the tiny model of llm_tiny_model.h (no SmolLM2
 // file needed).
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -246,9 +249,10 @@ struct CliResult {
     std::string output; ///< stdout and stderr
 };
 
-/// Runs `kvllm ARGS` (args quoted for the shell) in a shell.
-CliResult kvllm_cli(const std::string& args) {
-    const std::string cmd = std::string(KVLLM_BINARY) + " " + args + " 2>&1";
+/// Runs `PREFIX kvllm ARGS` in a shell (args quoted for it; a prefix sets
+/// the environment or pipes into kvllm).
+CliResult kvllm_cli(const std::string& args, const std::string& prefix = "") {
+    const std::string cmd = prefix + " " + KVLLM_BINARY + " " + args + " 2>&1";
     FILE* p = popen(cmd.c_str(), "r");
     if (!p) {
         throw std::runtime_error("cannot run " + cmd);
@@ -324,4 +328,84 @@ TEST(KvllmCli, BadValuesAreRefusedNotDefaulted) {
                      "e2e needs a context and an index");
     expect_cli_error("needle", "--context '' --index Flat", "needle needs a context");
     expect_cli_error("needle", "--depths '' --index Flat", "needle needs a context, a depth");
+}
+
+namespace {
+
+/// What loading a file of this content as a model (no tokenizer) throws.
+std::string model_error(const GgufContent& c) {
+    return error_of([&] {
+        GgufFile f(kvllm_test::write_temp("tiny_model_error.gguf", c.bytes()));
+        LlamaModel m(f);
+    });
+}
+
+} // namespace
+
+TEST(KvllmErrors, FilesThatAreNotRegularFilesAreNamed) {
+    const std::string dir = testing::TempDir() + "kvllm_a_dir";
+    const std::string fifo = testing::TempDir() + "kvllm_a_fifo";
+    std::filesystem::create_directories(dir);
+    std::filesystem::remove(fifo);
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    // a directory or pipe was read as a file of size -1: std::bad_alloc
+    EXPECT_ERROR(GgufFile f(dir), "GGUF file " + dir + ": is a directory");
+    EXPECT_ERROR(GgufFile f(fifo), "GGUF file " + fifo + ": is not a regular file"); // without blocking in open
+    EXPECT_ERROR(GgufFile f(dir + "/missing.gguf"), "missing.gguf: does not exist");
+
+    const CliResult as_model = kvllm_cli("tokenize --model " + dir + " --text-file " + cli_files().text);
+    EXPECT_EQ(as_model.status, 1);
+    EXPECT_NE(as_model.output.find("kvllm tokenize: GGUF file " + dir + ": is a directory"), std::string::npos)
+            << as_model.output;
+    const CliResult as_env = kvllm_cli("tokenize --text-file " + cli_files().text, "KVINDEX_GGUF=" + dir);
+    EXPECT_NE(as_env.output.find("kvllm tokenize: GGUF file " + dir + ": is a directory"), std::string::npos)
+            << as_env.output;
+    const CliResult piped = kvllm_cli("tokenize --model /dev/stdin --text-file " + cli_files().text, "echo x |");
+    EXPECT_EQ(piped.status, 1);
+    EXPECT_NE(piped.output.find("GGUF file /dev/stdin: is not a regular file"), std::string::npos) << piped.output;
+    // a directory as the text read as empty: exit status 0
+    expect_cli_error("tokenize", "--text-file " + dir, dir + " is a directory");
+    expect_cli_error("e2e", "--text-file " + dir + " --index Flat", dir + " is a directory");
+}
+
+TEST(KvllmErrors, BadTokenIdsAreNamed) {
+    expect_cli_ok("detokenize", "--ids '1 2 3'");
+    // were "stoi"
+    expect_cli_error("detokenize", "--ids '1 abc'", "--ids: element 2, \"abc\", is not a token id");
+    expect_cli_error("detokenize", "--ids '99999999999'",
+                     "--ids: element 1, \"99999999999\", is not a token id (out of range)");
+    expect_cli_error("detokenize", "--ids '1 2x'", "element 2, \"2x\"");
+    expect_cli_error("detokenize", "--ids '1 -1'", "token id -1 outside [0, ");
+}
+
+TEST(KvllmErrors, AByteWithoutATokenIsNamedWithItsOffset) {
+    std::vector<std::string> vocab = kvllm_test::tiny_vocab();
+    for (uint8_t b : {uint8_t(0x04), uint8_t(0xff)}) {
+        vocab.erase(std::find(vocab.begin(), vocab.end(), byte_symbol(b)));
+    }
+    Tiny m(kvllm_test::tiny_llama(vocab));
+    EXPECT_EQ(m.tok.decode(m.tok.encode("the rather", false)), "the rather");
+    // was "byte symbol Ą is not in the vocabulary"
+    EXPECT_ERROR(m.tok.encode("the rather \x04!", false), "byte 0x04 at offset 11 of the text has no token");
+    EXPECT_ERROR(m.tok.encode("<|im_start|>ab\xff", true), "byte 0xff at offset 14 of the text has no token");
+}
+
+TEST(KvllmErrors, VocabularyAndEmbeddingMustAgree) {
+    EXPECT_EQ(model_error(kvllm_test::tiny_llama()), "");
+    std::vector<std::string> vocab = kvllm_test::tiny_vocab();
+    GgufContent c = kvllm_test::tiny_llama(vocab);
+    vocab.pop_back();
+    c.set_strings("tokenizer.ggml.tokens", vocab);
+    EXPECT_NE(model_error(c).find("tokenizer.ggml.tokens has " + std::to_string(vocab.size()) +
+                                  " tokens, token_embd.weight " + std::to_string(vocab.size() + 1) + " rows"),
+              std::string::npos)
+            << model_error(c);
+    // was "expected [ 32 0 ]"
+    c = kvllm_test::tiny_llama();
+    kvllm_test::TinyTensor& emb = c.tensor("token_embd.weight");
+    emb.shape = {emb.shape[0] * emb.shape[1]};
+    EXPECT_NE(model_error(c).find("token_embd.weight has shape [ " + std::to_string(emb.shape[0]) +
+                                  " ] where [ embedding_length n_vocab ] is expected"),
+              std::string::npos)
+            << model_error(c);
 }
