@@ -269,7 +269,7 @@ int cmd_needle(int argc, char** argv) {
     add_model_option(opts, model);
     opts.add_options()
             ("context", po::value(&contexts)->default_value(contexts), "haystack lengths in tokens")
-            ("depths", po::value(&depths)->default_value(depths), "needle depths in (0, 1)")
+            ("depths", po::value(&depths)->default_value(depths), "needle depths in [0, 1]")
             ("trials", po::value(&c.trials)->default_value(c.trials), "passkeys per (context, depth)")
             ("seed", po::value(&c.seed)->default_value(c.seed), "seed of passkeys and haystack")
             ("index", po::value(&c.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
