@@ -7,7 +7,6 @@
 // against the `tokenizers` package are in tests/python/test_smollm2.py.
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -495,17 +494,14 @@ TEST(Tokenizer, QueuedMergesEqualRescanningMerges) {
                                "\xff"});
 }
 
-TEST(Tokenizer, LongWordsEncodeInLinearishTime) {
+TEST(Tokenizer, LongWordsMergeThroughout) {
     GgufFile f(kvllm_test::tiny_llama_file("tiny_long.gguf"));
     BpeTokenizer tok(f);
-    // rescanning every pair after each merge took 34 s for 20000 letters
-    // (SmolLM2's vocabulary), about as long here; the queue of pairs
-    // takes milliseconds
+    // a run of 20000 letters (rescanning every pair after each merge took
+    // 34 s on SmolLM2's vocabulary; the queue of pairs 0.24 s: RESULTS.md,
+    // speed is measured there, not here)
     const std::string word(20000, 'a');
-    const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int> ids = tok.encode(word, false);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    EXPECT_LT(s, 2.0);
     EXPECT_EQ(ids.size(), 20000u / 8); // merged to "aaaaaaaa" throughout
     EXPECT_EQ(tok.decode(ids), word);
 }
@@ -517,9 +513,7 @@ TEST(SmolLM2, QueuedMergesEqualRescanningMerges) {
     GgufFile f(path);
     BpeTokenizer tok(f);
     const std::string word(20000, 'a');
-    const auto t0 = std::chrono::steady_clock::now();
     EXPECT_EQ(tok.decode(tok.encode(word, false)), word);
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
 }
 
 TEST(SmolLM2, FlatDecodeEqualsPrefillAndPrefixIsCausal) {
