@@ -82,8 +82,7 @@ void KVStorage::value(idx_t i, float* out) const {
 }
 
 void KVStorage::append(idx_t n, const float* k, const float* v) {
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVStorage::append: n=%zd must be >= 0", ssize_t(n));
-    check_input_size(n, std::max(d, d_value), "KVStorage::append");
+    check_input_size(n, std::max(d, d_value), "KVStorage::append"); // n >= 0 too
     size_t nk = keys.size(), nv = values.size();
     reserve_for(keys, nk + n * key_bytes());
     reserve_for(values, nv + n * value_bytes());
