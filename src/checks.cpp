@@ -8,26 +8,30 @@
 
 namespace kvindex {
 
+void throw_out_of_bounds(float v, size_t row, size_t column, const char* what, float max_abs) {
+    const bool finite = std::isfinite(v);
+    char bound[64] = "";
+    if (finite && max_abs == kMaxInputMagnitude) {
+        std::snprintf(bound, sizeof(bound), " (|x| must be <= 1e12, kMaxInputMagnitude)");
+    } else if (finite) {
+        std::snprintf(bound, sizeof(bound), " (|x| must be <= %g)", double(max_abs));
+    }
+    FAISS_THROW_FMT(
+            "%s: %s value %g at row %zd, column %zd%s",
+            what,
+            finite ? "too large a" : "non-finite",
+            double(v),
+            row,
+            column,
+            bound);
+}
+
 void check_bounded(const float* x, idx_t n_rows, size_t row_dim, const char* what, float max_abs) {
     check_input_size(n_rows, row_dim, what);
     size_t n = size_t(n_rows) * row_dim;
     for (size_t i = 0; i < n; i++) {
         if (!(std::fabs(x[i]) <= max_abs)) { // also NaN
-            const bool finite = std::isfinite(x[i]);
-            char bound[64] = "";
-            if (finite && max_abs == kMaxInputMagnitude) {
-                std::snprintf(bound, sizeof(bound), " (|x| must be <= 1e12, kMaxInputMagnitude)");
-            } else if (finite) {
-                std::snprintf(bound, sizeof(bound), " (|x| must be <= %g)", double(max_abs));
-            }
-            FAISS_THROW_FMT(
-                    "%s: %s value %g at row %zd, column %zd%s",
-                    what,
-                    finite ? "too large a" : "non-finite",
-                    double(x[i]),
-                    i / row_dim,
-                    i % row_dim,
-                    bound);
+            throw_out_of_bounds(x[i], i / row_dim, i % row_dim, what, max_abs);
         }
     }
 }

@@ -21,6 +21,10 @@ constexpr size_t kMaxBufferBytes = size_t(1) << 56;
 /// "too large a value" for |x| > max_abs; checks the size first.
 void check_bounded(const float* x, idx_t n_rows, size_t row_dim, const char* what, float max_abs);
 
+/// check_bounded's error for the value v at (row, column), for checks of
+/// values that are not a float array (16-bit storage).
+[[noreturn]] void throw_out_of_bounds(float v, size_t row, size_t column, const char* what, float max_abs);
+
 /// Throws "<what>: non-finite value <v> at row r, column c" for NaN / Inf;
 /// checks the size first (check_input_size).
 void check_finite(const float* x, idx_t n_rows, size_t row_dim, const char* what);

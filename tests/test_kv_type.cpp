@@ -551,6 +551,53 @@ TEST(KVTypeIndexes, ForgedStorageTypeRefused) {
     }
 }
 
+// A half-precision record whose stored bits add_kv could not have made (an
+// all-ones exponent: Inf or NaN; a bf16 above kMaxInputMagnitude) is refused
+// by read, naming the row, the column and the type; an in-range record reads.
+TEST(KVTypeIndexes, StoredHalfValuesAreCheckedOnRead) {
+    struct Case {
+        KVType type;
+        uint16_t bits;
+        const char* part;
+    };
+    const Case cases[] = {
+            {KVType::bf16, 0x7f80, "non-finite value inf"},
+            {KVType::bf16, 0x7fc1, "non-finite value nan"},
+            {KVType::bf16, 0x5f80, "too large a value"}, // 2^64 > 1e12
+            {KVType::f16, 0x7c00, "non-finite value inf"},
+            {KVType::f16, 0xfc00, "non-finite value -inf"},
+            {KVType::bf16, 0x3f80, nullptr}, // 1.0 reads back
+            {KVType::f16, 0x7bff, nullptr},  // 65504, the largest finite fp16
+    };
+    const size_t d = 4, n = 3;
+    for (const Case& c : cases) {
+        // keys: 3 tokens of 1.0 but for row 2, column 1; values all 1.0
+        const uint16_t one = c.type == KVType::bf16 ? 0x3f80 : 0x3c00;
+        std::vector<uint16_t> keys(n * d, one), values(n * d, one);
+        keys[2 * d + 1] = c.bits;
+        std::vector<uint8_t> buf;
+        BufferWriter w(&buf);
+        w.value<uint64_t>(keys.size());
+        w.bytes(keys.data(), keys.size() * 2);
+        w.value<uint64_t>(values.size());
+        w.bytes(values.data(), values.size() * 2);
+        BufferReader r(buf.data(), buf.size());
+        KVStorage back(d, d, c.type);
+        SCOPED_TRACE(std::string(kv_type_name(c.type)) + " bits " + std::to_string(c.bits));
+        if (c.part == nullptr) {
+            back.read(r, "test");
+            std::vector<float> k(d);
+            back.key(2, k.data());
+            EXPECT_EQ(k[1], c.type == KVType::bf16 ? 1.0f : 65504.0f);
+            continue;
+        }
+        std::string msg = kvtest::faiss_error([&] { back.read(r, "test"); });
+        EXPECT_NE(msg.find(c.part), std::string::npos) << msg;
+        EXPECT_NE(msg.find(std::string("(") + kv_type_name(c.type) + ")"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("row 2, column 1"), std::string::npos) << msg;
+    }
+}
+
 // Large token arrays sit on 2 MiB-aligned blocks advised for huge pages; the
 // rows survive growth across the small / large boundary, and the front and
 // back trims, exactly (compared with the floats appended).
