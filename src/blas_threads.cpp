@@ -1,6 +1,9 @@
 #include <kvindex/blas_threads.h>
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
+
 #include <strings.h>
 
 // OpenBLAS's runtime control, declared weak: the library links against any
@@ -8,6 +11,7 @@
 extern "C" {
 void openblas_set_num_threads(int) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
+int openblas_get_num_procs(void) __attribute__((weak));
 char* openblas_get_corename(void) __attribute__((weak));
 }
 
@@ -15,6 +19,16 @@ namespace kvindex {
 
 ScopedBlasThreads::ScopedBlasThreads(int n) {
     if (n > 0 && openblas_set_num_threads && openblas_get_num_threads) {
+        // More BLAS threads than cores never helps, and each one costs
+        // OpenBLAS a buffer: 64 of them on 2 cores under `ulimit -v 4G`
+        // hung in its thread shutdown at exit.
+        int cores = int(std::thread::hardware_concurrency());
+        if (openblas_get_num_procs) {
+            cores = cores > 0 ? std::min(cores, openblas_get_num_procs()) : openblas_get_num_procs();
+        }
+        if (cores > 0) {
+            n = std::min(n, cores);
+        }
         saved_ = openblas_get_num_threads();
         if (saved_ != n) {
             openblas_set_num_threads(n);
@@ -28,6 +42,10 @@ ScopedBlasThreads::~ScopedBlasThreads() {
     if (saved_ > 0) {
         openblas_set_num_threads(saved_);
     }
+}
+
+int blas_num_threads() {
+    return openblas_get_num_threads ? openblas_get_num_threads() : 0;
 }
 
 const char* blas_core_name() {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <strings.h>
@@ -46,4 +47,29 @@ TEST(BlasCore, AnExportedCoreIsTheOneLoaded) {
     }
     EXPECT_EQ(strcasecmp(have, env), 0) << "OpenBLAS loaded " << have << ", not " << env;
     EXPECT_FALSE(blas_core_below_cpu());
+}
+
+// A scope asks for more BLAS threads than there are cores: it gets the
+// cores (more only cost OpenBLAS buffers), and the count comes back after.
+TEST(BlasThreads, AScopeIsClampedToTheCoresAndRestored) {
+    const int before = blas_num_threads();
+    if (before == 0) {
+        GTEST_SKIP() << "the BLAS in use has no thread control";
+    }
+    const int cores = int(std::thread::hardware_concurrency());
+    {
+        ScopedBlasThreads many(1 << 20);
+        EXPECT_GE(blas_num_threads(), 1);
+        if (cores > 0) {
+            EXPECT_LE(blas_num_threads(), cores);
+        }
+        {
+            ScopedBlasThreads one(1);
+            EXPECT_EQ(blas_num_threads(), 1);
+        }
+        EXPECT_LE(blas_num_threads(), std::max(cores, 1));
+    }
+    EXPECT_EQ(blas_num_threads(), before);
+    ScopedBlasThreads none(0); // a no-op
+    EXPECT_EQ(blas_num_threads(), before);
 }

@@ -4,6 +4,7 @@ namespace kvindex {
 
 /// Sets the BLAS thread count for a scope and restores it after; a no-op
 /// when n <= 0 or when the BLAS in use has no thread control (reference BLAS).
+/// n is clamped to the cores this process may use.
 class ScopedBlasThreads {
    public:
     explicit ScopedBlasThreads(int n);
@@ -18,6 +19,10 @@ class ScopedBlasThreads {
 /// The kernel set OpenBLAS chose at load ("SkylakeX", "Haswell",
 /// "Prescott", ...), or nullptr when the BLAS in use is not OpenBLAS.
 const char* blas_core_name();
+
+/// The BLAS's thread count now, or 0 when the BLAS in use has no thread
+/// control.
+int blas_num_threads();
 
 /// The OpenBLAS kernel set this CPU can run at its widest: "SkylakeX"
 /// (AVX-512 F/BW/DQ/VL/CD), "Haswell" (AVX2 + FMA), or nullptr (older CPUs,
