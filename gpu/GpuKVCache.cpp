@@ -5,6 +5,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/KVCache.h>
 #include <kvindex/gpu/GpuCloner.h>
 #include <kvindex/index_factory.h>
 
@@ -58,18 +59,8 @@ GpuKVCache::GpuKVCache(
           dense_string(dense_string),
           dense_layers(dense_layers),
           resources(std::move(res)) {
-    FAISS_THROW_IF_NOT_FMT(
-            n_layers >= 1 && n_kv_heads >= 1 && n_q_heads >= n_kv_heads &&
-                    n_q_heads % n_kv_heads == 0,
-            "GpuKVCache: invalid shape (%d layers, %d query heads, %d KV heads): query heads "
-            "must be a multiple of KV heads",
-            n_layers,
-            n_q_heads,
-            n_kv_heads);
-    for (int l : dense_layers) {
-        FAISS_THROW_IF_NOT_FMT(
-                l >= 0 && l < n_layers, "GpuKVCache: dense layer %d out of [0, %d)", l, n_layers);
-    }
+    // the shape first: a bad one is named even where no device is present
+    KVCache::check_shape("GpuKVCache", n_layers, n_q_heads, n_kv_heads, d, d_value, dense_layers);
     register_gpu_index_types();
     if (!resources) {
         resources = default_gpu_resources(0);

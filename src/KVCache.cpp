@@ -12,28 +12,42 @@
 
 namespace kvindex {
 
-namespace {
-
-/// The shape checks, run before anything is sized by the shape; returns n_layers.
-int checked_layer_count(int n_layers, int n_q_heads, int n_kv_heads) {
+void KVCache::check_shape(
+        const char* what,
+        int n_layers,
+        int n_q_heads,
+        int n_kv_heads,
+        int d,
+        int d_value,
+        const std::vector<int>& dense_layers) {
     FAISS_THROW_IF_NOT_FMT(
-            n_layers > 0 && n_layers <= KVCache::kMaxLayers && n_q_heads > 0 &&
-                    n_q_heads <= KVCache::kMaxHeads && n_kv_heads > 0 && n_kv_heads <= KVCache::kMaxHeads,
-            "KVCache: n_layers=%d must be in [1, %d], n_q_heads=%d and n_kv_heads=%d in [1, %d]",
+            n_layers > 0 && n_layers <= kMaxLayers && n_q_heads > 0 && n_q_heads <= kMaxHeads &&
+                    n_kv_heads > 0 && n_kv_heads <= kMaxHeads,
+            "%s: n_layers=%d must be in [1, %d], n_q_heads=%d and n_kv_heads=%d in [1, %d]",
+            what,
             n_layers,
-            KVCache::kMaxLayers,
+            kMaxLayers,
             n_q_heads,
             n_kv_heads,
-            KVCache::kMaxHeads);
+            kMaxHeads);
     FAISS_THROW_IF_NOT_FMT(
             n_q_heads % n_kv_heads == 0,
-            "KVCache: n_q_heads=%d is not a multiple of n_kv_heads=%d (GQA)",
+            "%s: n_q_heads=%d is not a multiple of n_kv_heads=%d (GQA)",
+            what,
             n_q_heads,
             n_kv_heads);
-    return n_layers;
+    FAISS_THROW_IF_NOT_FMT(
+            d > 0 && d <= kMaxDimension && (d_value == -1 || (d_value > 0 && d_value <= kMaxDimension)),
+            "%s: d=%d and d_value=%d must be in [1, %d] (d_value -1: d)",
+            what,
+            d,
+            d_value,
+            kMaxDimension);
+    for (int l : dense_layers) {
+        FAISS_THROW_IF_NOT_FMT(
+                l >= 0 && l < n_layers, "%s: dense layer %d out of [0, n_layers=%d)", what, l, n_layers);
+    }
 }
-
-} // namespace
 
 KVCache::KVCache(
         int n_layers,
@@ -52,14 +66,9 @@ KVCache::KVCache(
           index_string(index_string),
           dense_string(dense_string),
           dense_layers(dense_layers),
-          layer_calls(checked_layer_count(n_layers, n_q_heads, n_kv_heads)) {
-    for (int l : dense_layers) {
-        FAISS_THROW_IF_NOT_FMT(
-                l >= 0 && l < n_layers,
-                "KVCache: dense layer %d out of [0, n_layers=%d)",
-                l,
-                n_layers);
-    }
+          // checked before anything is sized by the shape
+          layer_calls((check_shape("KVCache", n_layers, n_q_heads, n_kv_heads, d, d_value, dense_layers),
+                       n_layers)) {
     indexes.reserve(size_t(n_layers) * n_kv_heads);
     for (int l = 0; l < n_layers; l++) {
         bool dense = std::find(dense_layers.begin(), dense_layers.end(), l) !=

@@ -49,6 +49,20 @@ struct KVCache {
             const std::string& dense_string = "Flat",
             const std::vector<int>& dense_layers = {});
 
+    /** Throws unless the shape is one a cache can hold: layers and heads
+     * within the limits above, query heads a multiple of KV heads,
+     * dimensions within kMaxDimension (d_value -1: d), dense layers among
+     * the layers. Messages start with `what`. Run by the constructors of
+     * KVCache and GpuKVCache before anything else. */
+    static void check_shape(
+            const char* what,
+            int n_layers,
+            int n_q_heads,
+            int n_kv_heads,
+            int d,
+            int d_value,
+            const std::vector<int>& dense_layers);
+
     int group_size() const {
         return n_q_heads / n_kv_heads;
     }

@@ -123,6 +123,17 @@ TEST(GpuKVCache, ToCpuKeepsTokensStringsAndKnobs) {
     }
 }
 
+// The shape is checked before any device is asked for: these run (and pass)
+// on a machine without one.
+TEST(GpuKVCache, ABadShapeIsNamedBeforeTheDevice) {
+    EXPECT_THROW_MSG(GpuKVCache(0, 4, 2, kD, kD, "Flat"), "GpuKVCache: n_layers=0");
+    EXPECT_THROW_MSG(GpuKVCache(1 << 16, 4, 2, kD, kD, "Flat"), "n_layers=65536");
+    EXPECT_THROW_MSG(GpuKVCache(2, 5, 2, kD, kD, "Flat"), "n_q_heads=5 is not a multiple of n_kv_heads=2");
+    EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, 0, kD, "Flat"), "d=0");
+    EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, kD, 1 << 20, "Flat"), "d_value=1048576");
+    EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, kD, kD, "Flat", "Flat", {-1}), "dense layer -1");
+}
+
 TEST(GpuKVCache, BadInputThrows) {
     KVINDEX_REQUIRE_GPU();
     EXPECT_THROW_MSG(GpuKVCache(2, 5, 2, kD, kD, "Flat"), "multiple");
