@@ -4,6 +4,8 @@
 // the bench_* programs).
 
 #include <algorithm>
+#include <cctype>
+#include <exception>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -40,6 +42,31 @@ inline bool parse_subcommand(
     return parse_options(argc - 1, argv + 1, opts, vm);
 }
 
+/** What a tool prints of an exception: its message without the location
+ * Faiss puts before every library error ("Error in <function> at
+ * <file>:<line>: "), which names our source, not the user's mistake. */
+inline std::string error_text(const std::exception& e) {
+    std::string msg = e.what();
+    const std::string head = "Error in ";
+    while (msg.compare(0, head.size(), head) == 0) {
+        // "Error in <function> at <file>:<line>: <message>"; the path has no ':'
+        size_t at = msg.find(" at ");
+        size_t colon = at == std::string::npos ? at : msg.find(':', at);
+        if (colon == std::string::npos) {
+            break;
+        }
+        size_t end = colon + 1;
+        while (end < msg.size() && std::isdigit(static_cast<unsigned char>(msg[end]))) {
+            end++;
+        }
+        if (end == colon + 1 || msg.compare(end, 2, ": ") != 0) {
+            break;
+        }
+        msg.erase(0, end + 2);
+    }
+    return msg;
+}
+
 /// Runs a tool's body and turns an exception (an unknown option, a bad
 /// value, an error from the library) into "tool: message" on stderr and exit
 /// status 2, where an uncaught exception would abort with a core dump.
@@ -48,7 +75,7 @@ int run_tool(const char* tool, Body&& body) {
     try {
         return body();
     } catch (const std::exception& e) {
-        std::cerr << tool << ": " << e.what() << "\n";
+        std::cerr << tool << ": " << error_text(e) << "\n";
         return 2;
     }
 }
