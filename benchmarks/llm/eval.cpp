@@ -215,7 +215,7 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
         }
         prefilled.push_back(C - M);
     }
-    const IndexSet set(cfg.indexes, cfg.dense_index, cfg.dense_layers, cfg.trained);
+    const IndexSet set(cfg);
     set.check(llm, prefilled);
     const std::vector<kvindex::IndexSpec>& specs = set.specs;
     nlohmann::json results = nlohmann::json::array();
@@ -495,7 +495,7 @@ void check_needle_config(const NeedleConfig& cfg, const TokenCounter& count, int
 void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConfig& cfg, std::ostream& out) {
     const TokenCounter count = token_counter(tok);
     check_needle_config(cfg, count, llm.cfg.n_ctx_train);
-    const IndexSet set(cfg.indexes, cfg.dense_index, cfg.dense_layers, cfg.trained);
+    const IndexSet set(cfg);
     set.check(llm, cfg.contexts);
     const std::vector<kvindex::IndexSpec>& specs = set.specs;
     std::mt19937_64 rng(cfg.seed);

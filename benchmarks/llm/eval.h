@@ -99,16 +99,20 @@ TraceSummary write_model_trace(
 // An index under test is "STRING" or "STRING|params" (kvindex::IndexSpec),
 // where "k=5%" means 5% of the context's tokens (resolve_percentages).
 
-struct E2eConfig {
-    std::vector<int64_t> contexts{2048, 4096, 8192};
-    int64_t n_eval = 64;                 ///< teacher-forced tokens at the end of each context
-    std::vector<std::string> indexes;
+/// What every evaluation of indexes on the model takes (e2e, needle, ruler).
+struct IndexRunConfig {
+    std::vector<std::string> indexes;    ///< the indexes under test
     std::string dense_index = "Flat";
     std::vector<int> dense_layers;       ///< layers built from dense_index; empty: every layer uses the index
     /// cache file of `kvllm train` (read_cache): the sparse layers' indexes
     /// adopt its models before their prefill; every index must adopt something
     std::string trained;
-    std::string json_out;
+    std::string json_out;                ///< where the JSON results go; "" for none
+};
+
+struct E2eConfig : IndexRunConfig {
+    std::vector<int64_t> contexts{2048, 4096, 8192};
+    int64_t n_eval = 64;                 ///< teacher-forced tokens at the end of each context
 };
 
 /** Teacher-forced fidelity: for each context C the document's first C
@@ -177,6 +181,9 @@ struct IndexSet {
 
     IndexSet(const std::vector<std::string>& indexes, const std::string& dense_index,
              const std::vector<int>& dense_layers, const std::string& trained_path);
+    /// The indexes of an evaluation's configuration.
+    explicit IndexSet(const IndexRunConfig& cfg)
+            : IndexSet(cfg.indexes, cfg.dense_index, cfg.dense_layers, cfg.trained) {}
 
     /** Throws what building each index's cache would (LlamaModel::
      * check_cache_args) for prompts of n_prefilled tokens (percentages of
@@ -229,17 +236,12 @@ PromptAnswers answer_prompt(
         bool dense_baseline,
         const std::vector<int>& reference = {});
 
-struct NeedleConfig {
+struct NeedleConfig : IndexRunConfig {
     std::vector<int64_t> contexts{2048, 4096, 8192};
     std::vector<double> depths{0.1, 0.3, 0.5, 0.7, 0.9};
     int trials = 1;
     uint64_t seed = 1;
     int max_new = 8;
-    std::vector<std::string> indexes;
-    std::string dense_index = "Flat";
-    std::vector<int> dense_layers;       ///< as in E2eConfig
-    std::string trained;                 ///< as in E2eConfig
-    std::string json_out;
 };
 
 /** Throws naming the first bad setting: no context, depth or index; trials

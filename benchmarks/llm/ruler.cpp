@@ -509,7 +509,7 @@ void run_ruler(
         const RulerConfig& cfg,
         std::ostream& out) {
     check_ruler_config(cfg, llm.cfg.n_ctx_train);
-    const IndexSet set(cfg.indexes, cfg.dense_index, cfg.dense_layers, cfg.trained);
+    const IndexSet set(cfg);
     set.check(llm, cfg.contexts);
     const std::vector<kvindex::IndexSpec>& specs = set.specs;
     const TokenCounter count = token_counter(tok);

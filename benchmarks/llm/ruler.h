@@ -78,18 +78,13 @@ RulerSample make_ruler_sample(
 /// Fraction of `expected` found in `answer`, ignoring ASCII case.
 double ruler_score(const std::string& answer, const std::vector<std::string>& expected);
 
-struct RulerConfig {
+struct RulerConfig : IndexRunConfig {
     std::vector<int64_t> contexts{2048, 4096, 8192};
     int samples = 20;                    ///< prompts per (task, context)
     std::vector<std::string> tasks = ruler_task_names();
     uint64_t seed = 1;
     int max_new = 0;                     ///< tokens to generate; 0: each task's own
-    std::vector<std::string> indexes;
-    std::string dense_index = "Flat";
-    std::vector<int> dense_layers;       ///< as in E2eConfig
-    std::string trained;                 ///< as in E2eConfig
     std::vector<std::string> haystack_files; ///< recorded in the JSON
-    std::string json_out;
     /// also read each sample's reference teacher-forced (answer_prompt's
     /// ReferenceFit) with dense and every index
     bool likelihood = false;
