@@ -228,6 +228,19 @@ void expect_usable(const KVIndex* index, const std::vector<float>& q, const std:
     write_index(index, &again); // and it can be written back
 }
 
+/// copy has index's fields and knobs and answers q as ref (index's answers).
+void expect_equal_copy(
+        const KVIndex* index,
+        const KVIndex* copy,
+        const IOCase& c,
+        const Results& ref,
+        const std::vector<float>& q,
+        const char* what) {
+    expect_same_fields(index, copy, what);
+    expect_knobs(copy, c);
+    expect_identical(ref, run_queries(copy, q, kQueries), what);
+}
+
 } // namespace
 
 TEST(IO, RoundTripMemoryAndFile) {
@@ -246,18 +259,14 @@ TEST(IO, RoundTripMemoryAndFile) {
         std::vector<uint8_t> buf;
         write_index(index.get(), &buf);
         auto from_mem = read_index(buf);
-        expect_same_fields(index.get(), from_mem.get(), "memory");
-        expect_knobs(from_mem.get(), c);
-        expect_identical(ref, run_queries(from_mem.get(), q, kQueries), "memory");
+        expect_equal_copy(index.get(), from_mem.get(), c, ref, q, "memory");
 
         std::string path = ::testing::TempDir() + "kvindex_test_io_" + std::to_string(ci) + ".kvix";
         write_index(index.get(), path);
         EXPECT_TRUE(read_file_bytes(path) == buf) << "file and memory formats differ";
         auto from_file = read_index(path);
         std::remove(path.c_str());
-        expect_same_fields(index.get(), from_file.get(), "file");
-        expect_knobs(from_file.get(), c);
-        expect_identical(ref, run_queries(from_file.get(), q, kQueries), "file");
+        expect_equal_copy(index.get(), from_file.get(), c, ref, q, "file");
 
         // writing what was read gives the same bytes: nothing is lost or added
         std::vector<uint8_t> buf2;
@@ -312,9 +321,7 @@ TEST(IO, CloneIsADeepIndependentCopy) {
         auto index = build(c, kPrefill, kDecode, 400 + ci);
         Results ref = run_queries(index.get(), q, kQueries);
         auto copy = clone_index(index.get());
-        expect_same_fields(index.get(), copy.get(), "clone");
-        expect_knobs(copy.get(), c);
-        expect_identical(ref, run_queries(copy.get(), q, kQueries), "clone");
+        expect_equal_copy(index.get(), copy.get(), c, ref, q, "clone");
         // growing the copy leaves the original as it was
         std::vector<float> keys = kvtest::gaussian(20, kDim, 500 + ci);
         std::vector<float> values = kvtest::gaussian(20, copy->d_value, 501 + ci);
