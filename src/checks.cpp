@@ -17,7 +17,7 @@ void throw_out_of_bounds(float v, size_t row, size_t column, const char* what, f
         std::snprintf(bound, sizeof(bound), " (|x| must be <= %g)", double(max_abs));
     }
     FAISS_THROW_FMT(
-            "%s: %s value %g at row %zd, column %zd%s",
+            "%s: %s value %g at row %zu, column %zu%s",
             what,
             finite ? "too large a" : "non-finite",
             double(v),
