@@ -5,7 +5,7 @@
 # reports every parallel region through it). Faiss's static library is not
 # instrumented: its own memory accesses are not checked, its OpenMP runs on
 # the same runtime. Any report fails the run. Not part of the README test
-# command (it doubles its length on 2 cores); run it after changes to
+# command (~20 more minutes on 2 cores); run it after changes to
 # anything parallel. Usage: bash scripts/run_tsan.sh [build-dir] [gtest filter
 # of kvindex_tests]
 set -euo pipefail
