@@ -22,9 +22,10 @@ ScopedBlasThreads::ScopedBlasThreads(int n) {
         // More BLAS threads than cores never helps, and each one costs
         // OpenBLAS a buffer: 64 of them on 2 cores under `ulimit -v 4G`
         // hung in its thread shutdown at exit.
-        int cores = int(std::thread::hardware_concurrency());
+        int cores = int(std::thread::hardware_concurrency()); // 0: unknown
         if (openblas_get_num_procs) {
-            cores = cores > 0 ? std::min(cores, openblas_get_num_procs()) : openblas_get_num_procs();
+            const int procs = openblas_get_num_procs();
+            cores = cores > 0 ? std::min(cores, procs) : procs;
         }
         if (cores > 0) {
             n = std::min(n, cores);
