@@ -15,6 +15,11 @@
 //   ./build/benchmarks/bench_kernels --benchmark_filter=DenseAttentionKV
 //
 // BM_GroupAttention: a GQA group attended head by head or in one pass.
+// BM_ChildrenCheck: what KVIndex::check_children (run first by every call
+// of the public API) costs on a leaf and on wrappers, beside one attend of
+// the same index over 2048 keys of d = 64.
+//
+//   ./build/benchmarks/bench_kernels --benchmark_filter=ChildrenCheck
 
 #include <cstdint>
 #include <cstring>
@@ -23,6 +28,8 @@
 
 #include <benchmark/benchmark.h>
 
+#include <kvindex/KVIndex.h>
+#include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
 
 namespace {
@@ -170,6 +177,30 @@ BENCHMARK(BM_GroupAttention)
         ->ArgsProduct({{8192, 131072}, {3, 4}, {0, 1}})
         ->Unit(benchmark::kMicrosecond)
         ->MinTime(1.0);
+
+/// check_children (args: chain, 0) against a whole attend (chain, 1).
+void BM_ChildrenCheck(benchmark::State& state) {
+    static const char* const kChains[] = {
+            "Flat", "Sink4,Window64,Flat", "Sink4,Window8,Hybrid(TopK(Flat),Uniform)"};
+    const char* chain = kChains[state.range(0)];
+    const bool attend = state.range(1) != 0;
+    const int d = 64;
+    const size_t n = 2048;
+    auto kv = filled(n * d, -0.5f), q = filled(d, 0.3f);
+    std::vector<float> out(d);
+    auto index = kvindex::index_factory(d, chain);
+    index->add_kv(n, kv.data(), kv.data());
+    for (auto _ : state) {
+        if (attend) {
+            index->attend(1, q.data(), out.data(), nullptr);
+        } else {
+            index->check_children();
+        }
+        benchmark::DoNotOptimize(out.data());
+    }
+    state.SetLabel(std::string(chain) + (attend ? ": attend" : ": check_children"));
+}
+BENCHMARK(BM_ChildrenCheck)->ArgsProduct({{0, 1, 2}, {0, 1}})->Unit(benchmark::kNanosecond);
 
 } // namespace
 

@@ -26,6 +26,7 @@ KVIndex::KVIndex(int d, int d_value, KVType kv_type)
           kv_type(kv_type) {
     // d = 0 is the empty index read_index fills in
     FAISS_THROW_IF_NOT_FMT(d >= 0, "KVIndex: key dimension d=%d must be >= 0", d);
+    stamp_tokens();
 }
 
 KVIndex::~KVIndex() = default;
@@ -75,6 +76,64 @@ WriteScope::~WriteScope() {
     calls_.state.store(0, std::memory_order_release);
 }
 
+// ---- children written behind a wrapper's back -----------------------------
+
+namespace {
+std::atomic<uint64_t> last_token_stamp{0};
+} // namespace
+
+void KVIndex::stamp_tokens() {
+    token_stamp_ = last_token_stamp.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+void KVIndex::record_children_stamps() {
+    children_stamps_.clear();
+    for (const KVIndex* c : children()) {
+        children_stamps_.push_back(c ? c->token_stamp() : 0);
+    }
+}
+
+void KVIndex::write_tokens(const std::function<void()>& core) {
+    try {
+        core();
+    } catch (...) {
+        stamp_tokens(); // it may have written part
+        record_children_stamps();
+        throw;
+    }
+    stamp_tokens();
+    record_children_stamps();
+}
+
+void KVIndex::check_children() const {
+    check_children_in_step(); // a count that differs: the type names the child
+    if (children_stamps_.empty()) {
+        return; // not written yet: the counts say all there is
+    }
+    const std::vector<const KVIndex*> now = children();
+    FAISS_THROW_IF_NOT_FMT(
+            now.size() == children_stamps_.size(),
+            "%s: it has %zu inner indexes where its last write left %zu: they were changed "
+            "through a reference, which the %s cannot follow (reset() it to start over)",
+            type_name(),
+            now.size(),
+            children_stamps_.size(),
+            type_name());
+    for (size_t i = 0; i < now.size(); i++) {
+        FAISS_THROW_IF_NOT_FMT(
+                now[i] && now[i]->token_stamp() == children_stamps_[i],
+                "%s: its inner index %zu (%s) was written through a reference to it, or replaced, "
+                "since the %s last wrote it, which the %s cannot follow (add through the %s; "
+                "reset() it to start over)",
+                type_name(),
+                i,
+                now[i] ? now[i]->type_name() : "missing",
+                type_name(),
+                type_name(),
+                type_name());
+    }
+}
+
 // ---- adding tokens ---------------------------------------------------------
 
 void KVIndex::add(idx_t, const float*) {
@@ -85,7 +144,7 @@ void KVIndex::add(idx_t, const float*) {
 
 void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     WriteScope scope(*this, "add_kv");
-    check_children_in_step();
+    check_children();
     FAISS_THROW_IF_NOT_FMT(n >= 0, "add_kv: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
         return;
@@ -101,13 +160,13 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     check_input(values, n, d_value, "add_kv: values");
     check_kv_type_fits(kv_type, keys, size_t(n) * d, d, "add_kv: keys");
     check_kv_type_fits(kv_type, values, size_t(n) * d_value, d_value, "add_kv: values");
-    add_kv_impl(n, keys, values);
+    write_tokens([&] { add_kv_impl(n, keys, values); });
     ntotal += n;
 }
 
 void KVIndex::add_queries(idx_t n, const float* queries) {
     WriteScope scope(*this, "add_queries");
-    check_children_in_step();
+    check_children();
     FAISS_THROW_IF_NOT_FMT(n >= 0, "add_queries: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
         return;
@@ -196,13 +255,14 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
 
 void KVIndex::prefill(const PrefillInput& in) {
     WriteScope scope(*this, "prefill");
-    check_children_in_step();
-    prefill_impl(in);
+    check_children();
+    write_tokens([&] { prefill_impl(in); });
 }
 
 void KVIndex::reset() {
     WriteScope scope(*this, "reset");
-    reset_impl();
+    // no check: reset is the way back for a wrapper whose child was written
+    write_tokens([&] { reset_impl(); });
 }
 
 void KVIndex::prefill_impl(const PrefillInput& in) {
@@ -274,7 +334,7 @@ void KVIndex::search(
         idx_t* labels,
         const faiss::SearchParameters* params) const {
     ReadScope scope(*this, "search");
-    check_children_in_step();
+    check_children();
     FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
     check_query_args(n, q, "search: queries");
     check_params(params);
@@ -298,7 +358,7 @@ void KVIndex::select(
         Selection* sel,
         const faiss::SearchParameters* params) const {
     ReadScope scope(*this, "select");
-    check_children_in_step();
+    check_children();
     check_query_args(n, q, "select: queries");
     check_params(params);
     if (n == 0) {
@@ -321,7 +381,7 @@ void KVIndex::select_outside(
         Selection& sel,
         const faiss::SearchParameters* params) const {
     ReadScope scope(*this, "select_outside");
-    check_children_in_step();
+    check_children();
     check_query_args(1, q, "select_outside: query");
     check_params(params);
     FAISS_THROW_IF_NOT_MSG(
@@ -372,7 +432,7 @@ void KVIndex::attend(
         float* lse,
         const faiss::SearchParameters* params) const {
     ReadScope scope(*this, "attend");
-    check_children_in_step();
+    check_children();
     check_query_args(n, q, "attend: queries");
     FAISS_THROW_IF_NOT_MSG(ntotal > 0, "attend: the index is empty (ntotal=0)");
     check_not_null(out, "attend: out");
@@ -498,7 +558,7 @@ void check_token_id(const KVIndex* index, idx_t key, const char* what) {
 
 void KVIndex::reconstruct(idx_t key, float* recons) const {
     ReadScope scope(*this, "reconstruct");
-    check_children_in_step();
+    check_children();
     check_token_id(this, key, "reconstruct");
     check_not_null(recons, "reconstruct: output");
     reconstruct_impl(key, recons);
@@ -506,7 +566,7 @@ void KVIndex::reconstruct(idx_t key, float* recons) const {
 
 void KVIndex::reconstruct_value(idx_t key, float* value) const {
     ReadScope scope(*this, "reconstruct_value");
-    check_children_in_step();
+    check_children();
     check_token_id(this, key, "reconstruct_value");
     check_not_null(value, "reconstruct_value: output");
     reconstruct_value_impl(key, value);

@@ -71,7 +71,7 @@ void write_index_record(const KVIndex* index, BufferWriter& w) {
         write_index_record(twin.get(), w); // e.g. a GPU index: its CPU twin's record
         return;
     }
-    index->check_children_in_step(); // else the record would not read back
+    index->check_children(); // else the record would not read back
     IndexTypeInfo t = index_type_of(index);
     w.value(t.fourcc);
     w.value(t.record_version);
@@ -106,6 +106,7 @@ std::unique_ptr<KVIndex> read_index_record(BufferReader& r) {
     index->read_fields(r, version);
     r.depth--;
     index->check_invariants();
+    index->record_children_stamps(); // as if it had written them itself
     return index;
 }
 

@@ -630,7 +630,67 @@ TEST(BadInput, AChildWrittenThroughAReferenceIsRefusedByItsWrapper) {
         index->reset(); // the way back
         index->prefill(in);
         index->attend(1, q.data(), out.data(), nullptr);
+
+        // reset and refilled to the same count with other tokens: the
+        // counts agree, the child's token stamp does not
+        child = index->mutable_children().front();
+        const idx_t held = child->ntotal;
+        ASSERT_GT(held, 0);
+        std::vector<float> other = kvtest::gaussian(held, d, 83);
+        child->reset();
+        child->add_kv(held, other.data(), other.data());
+        ASSERT_EQ(child->ntotal, held);
+        EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr), "written through a reference");
+        std::vector<idx_t> labels(5);
+        EXPECT_THROW_MSG(index->search(1, q.data(), 5, out.data(), labels.data()), "written through a reference");
+        EXPECT_THROW_MSG(write_index(index.get(), &buf), "written through a reference");
+        index->reset();
+        index->prefill(in);
+        index->attend(1, q.data(), out.data(), nullptr);
     }
+}
+
+TEST(BadInput, AChildReplacedOrWrittenBelowTheTopIsRefused) {
+    const int d = 16;
+    std::vector<float> keys = kvtest::gaussian(300, d, 84), q = kvtest::gaussian(1, d, 85);
+    std::vector<float> out(d);
+    auto index = index_factory(d, "Sink4,Window8,Hybrid(TopK(Flat),Uniform)");
+    index->add_kv(200, keys.data(), keys.data());
+    auto& sw = dynamic_cast<IndexSinkWindow&>(*index);
+
+    // a grandchild written through a reference: its parent (the Hybrid)
+    // refuses, named, when the top index hands it the call
+    KVIndex* heavy = sw.inner->mutable_children().front();
+    std::vector<float> other = kvtest::gaussian(heavy->ntotal, d, 86);
+    const idx_t held = heavy->ntotal;
+    heavy->reset();
+    heavy->add_kv(held, other.data(), other.data());
+    EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr), "IndexHybrid: its inner index 0");
+    index->reset();
+    index->add_kv(200, keys.data(), keys.data());
+    index->attend(1, q.data(), out.data(), nullptr);
+
+    // the child replaced by a copy of itself: the wrapper cannot tell a
+    // copy holding the same tokens from another index, and refuses both
+    sw.inner = clone_index(sw.inner.get());
+    EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr), "or replaced");
+
+    // read back from a file, the wrapper trusts its children as written,
+    // and still sees a later write through a reference
+    index->reset();
+    index->add_kv(200, keys.data(), keys.data());
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    std::unique_ptr<KVIndex> back = read_index(buf);
+    std::vector<float> out_back(d);
+    index->attend(1, q.data(), out.data(), nullptr);
+    back->attend(1, q.data(), out_back.data(), nullptr);
+    EXPECT_EQ(out, out_back);
+    KVIndex* inner = back->mutable_children().front();
+    const idx_t n_inner = inner->ntotal;
+    inner->reset();
+    inner->add_kv(n_inner, other.data(), other.data());
+    EXPECT_THROW_MSG(back->attend(1, q.data(), out_back.data(), nullptr), "IndexSinkWindow: its inner index 0");
 }
 
 TEST(BadInput, RowCountsBeyondAnyBufferAreRefusedBeforeTheirProducts) {

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -404,11 +405,26 @@ struct KVIndex : faiss::Index {
     /** Throws when an inner index holds other tokens than this index put
      * there: a write (add_kv, reset, ...) through a reference to a child,
      * from children(), mutable_children() or a public field, which the
-     * wrapper cannot see. O(1) (a count per child); every call of the
-     * public API and write_index run it first, so that such a write is an
-     * error naming the child, never an answer with ids out of range.
-     * Types with inner indexes override it. */
+     * wrapper cannot see. O(1) (a count per child); check_children runs
+     * it first in every call of the public API and write_index, so that
+     * such a write is an error naming the child, never an answer with ids
+     * out of range. Types with inner indexes override it. */
     virtual void check_children_in_step() const {}
+
+    /** What every call of the public API and write_index run first:
+     * check_children_in_step (the token counts), then the children's
+     * token stamps against those recorded at this index's last write, so
+     * that a child reset and refilled to the same count, or replaced by
+     * another index, is refused as well. Throws naming the child. */
+    void check_children() const;
+
+    /** Changes with every write of this index's tokens (add_kv, prefill,
+     * reset), and differs between indexes: one process-wide counter.
+     * A wrapper records its children's stamps after each of its writes
+     * (check_children). A copy keeps the stamp: it holds the same tokens. */
+    uint64_t token_stamp() const {
+        return token_stamp_;
+    }
 
    protected:
     // ---- the type's core: arguments checked, n > 0 ---------------------
@@ -508,7 +524,23 @@ struct KVIndex : faiss::Index {
    private:
     friend class ReadScope;
     friend class WriteScope;
+    friend std::unique_ptr<KVIndex> read_index_record(BufferReader& r);
     mutable AccessCount access_; ///< calls running now (thread-safety contract)
+
+    uint64_t token_stamp_; ///< see token_stamp()
+    /// the children's token_stamp() after this index's last write, in the
+    /// order of children(); empty until the first write (or read)
+    std::vector<uint64_t> children_stamps_;
+
+    /// A new token_stamp_ (construction, each write of the tokens).
+    void stamp_tokens();
+    /// Records children_stamps_ after a write of this index.
+    void record_children_stamps();
+    /// Runs the core of add_kv, prefill or reset, then stamps this index
+    /// and records its children's stamps, also when the core throws: it
+    /// may have written part, and what it wrote into the children is this
+    /// index's own doing.
+    void write_tokens(const std::function<void()>& core);
 };
 
 /** Marks a const call running on `index` for its lifetime; throws, naming

@@ -103,6 +103,16 @@ def test_a_child_written_through_is_refused_by_its_parent():
     index.add_kv(keys[:200], values[:200])
     out, lse = index.attend(q)
     assert np.isfinite(out).all() and np.isfinite(lse).all()
+    # reset and refilled to the same count: the counts agree, the child's
+    # token stamp does not
+    inner = index.children()[0]
+    held = inner.ntotal
+    inner.reset()
+    inner.add_kv(*tokens(held, 11))
+    assert inner.ntotal == held
+    with pytest.raises(RuntimeError, match="written through a reference"):
+        index.attend(q)
+    index.reset()
 
 
 def test_a_cache_head_written_through_is_refused_by_its_layer():
