@@ -8,6 +8,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/IndexLSHSample.h>
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
@@ -40,10 +41,15 @@ double TailStatistics::predicted_error(double m) const {
 }
 
 double TailStatistics::sample_for_error(double epsilon, double z) const {
+    if (n_tail <= 0) {
+        return 0;
+    }
     // z^2 A (1/m - 1/n) <= eps^2  <=>  m >= z^2 A / (eps^2 + z^2 A / n)
     double a = z * z * variance_factor;
-    if (n_tail <= 0 || a <= 0) {
-        return 0;
+    if (a <= 0) {
+        // every tail token contributes alike: one draw is exact, none
+        // leaves the top-k error
+        return z * topk_error <= epsilon ? 0 : 1;
     }
     return std::min(n_tail, a / (epsilon * epsilon + a / n_tail));
 }
@@ -128,8 +134,11 @@ std::vector<TailStatistics> tail_statistics(
             st.k = ks[t];
             st.n_tail = double(nk - k);
             const double norm = std::max(total * total * o2, 1e-300);
-            if (st.n_tail > 0) {
-                double var = (c2_total - head_c2) / st.n_tail - p2 / (st.n_tail * st.n_tail);
+            if (st.n_tail > 1) {
+                // the tail's c_i variance with n_R - 1, as sampling without
+                // replacement wants it: Var(n_R mean_S c) = n_R^2 S^2 (1/m - 1/n_R)
+                double ss = (c2_total - head_c2) - p2 / st.n_tail; // sum (c_i - mean c)^2
+                double var = ss / (st.n_tail - 1);
                 st.variance_factor = st.n_tail * st.n_tail * std::max(var, 0.0) / norm;
             }
             st.topk_error = head_w > 0 ? std::sqrt(p2 / std::max(o2, 1e-300)) / head_w
@@ -218,6 +227,17 @@ void IndexHybrid::add_kv_impl(idx_t n, const float* keys, const float* values) {
 
 void IndexHybrid::prefill_impl(const PrefillInput& in) {
     check_prefill(in);
+    // the knobs checked before anything is added: a refused prefill fixes nothing
+    FAISS_THROW_IF_NOT_FMT(
+            !(epsilon > 0 && budget > 0),
+            "IndexHybrid: epsilon=%g and budget=%zd are two calibrations: set one",
+            epsilon,
+            size_t(budget));
+    FAISS_THROW_IF_NOT_FMT(
+            (epsilon == 0 && budget == 0) || tail->samples_uniformly(),
+            "IndexHybrid: epsilon and budget set the sample of a uniform tail, and %s does "
+            "not sample uniformly (use Uniform)",
+            tail->factory_string().c_str());
     heavy->prefill(in);
     tail->prefill(in);
     storage.append(in.n_tokens, in.keys, in.values);
@@ -225,16 +245,6 @@ void IndexHybrid::prefill_impl(const PrefillInput& in) {
     rope = in.rope;
     has_rope = true;
     if (epsilon > 0 || budget > 0) {
-        FAISS_THROW_IF_NOT_FMT(
-                !(epsilon > 0 && budget > 0),
-                "IndexHybrid: epsilon=%g and budget=%zd are two calibrations: set one",
-                epsilon,
-                size_t(budget));
-        FAISS_THROW_IF_NOT_FMT(
-                tail->samples_uniformly(),
-                "IndexHybrid: epsilon and budget set the sample of a uniform tail, and %s does "
-                "not sample uniformly (use Uniform)",
-                tail->factory_string().c_str());
         calibrate(in);
     }
 }
@@ -321,8 +331,13 @@ void IndexHybrid::select_batch(
         Selection* sel,
         const faiss::SearchParameters* params) const {
     heavy->select(n, q, sel, params);
-    SearchParametersKV tail_params;
-    tail_params.k = std::max<idx_t>(sample, 0);
+    // the tail's k is `sample`; the caller's LSH knobs are the tail's
+    // (the heavy part has none), the rest are the heavy part's
+    SearchParametersLSH tail_params;
+    if (auto p = dynamic_cast<const SearchParametersLSH*>(params)) {
+        tail_params = *p;
+    }
+    tail_params.k = std::max<idx_t>(sample, 0); // 0: the tail's own k
     parallel_for(n, [&](idx_t i) {
         Selection& s = sel[i];
         for (float u : s.inclusion) {
@@ -338,8 +353,7 @@ void IndexHybrid::select_batch(
             return;
         }
         Selection t;
-        tail->select_outside(
-                q + i * d, s.ids.data(), s.ids.size(), t, sample > 0 ? &tail_params : nullptr);
+        tail->select_outside(q + i * d, s.ids.data(), s.ids.size(), t, &tail_params);
         s.ids.insert(s.ids.end(), t.ids.begin(), t.ids.end());
         s.inclusion.insert(s.inclusion.end(), t.inclusion.begin(), t.inclusion.end());
         s.n_scanned += t.n_scanned;

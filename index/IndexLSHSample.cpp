@@ -644,6 +644,30 @@ void gathered_weighted_sum(
     }
 }
 
+/// Keeps the cap best-scoring of the sampled keys (cap > 0), in ascending
+/// id order: max_sample. The estimate is then no longer unbiased.
+void keep_best_scoring(idx_t cap, Selection& sel, std::vector<float>& dots, std::vector<float>& log_u) {
+    const size_t m = sel.ids.size();
+    if (cap <= 0 || idx_t(m) <= cap) {
+        return;
+    }
+    std::vector<size_t> order(m);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + cap, order.end(), [&](size_t a, size_t b) {
+        return dots[a] > dots[b] || (dots[a] == dots[b] && a < b);
+    });
+    order.resize(cap);
+    std::sort(order.begin(), order.end());
+    for (idx_t t = 0; t < cap; t++) {
+        sel.ids[t] = sel.ids[order[t]];
+        dots[t] = dots[order[t]];
+        log_u[t] = log_u[order[t]];
+    }
+    sel.ids.resize(cap);
+    dots.resize(cap);
+    log_u.resize(cap);
+}
+
 } // namespace
 
 void IndexLSHSample::sample_one(
@@ -661,6 +685,7 @@ void IndexLSHSample::sample_one(
         inner_products_scaled(q, storage.key_rows(), ntotal, 1.0f, dots.data());
         log_u.assign(ntotal, 0.0f);
         sel.n_scanned = size_t(K) * L;
+        keep_best_scoring(cap, sel, dots, log_u);
         return;
     }
     sel.n_scanned = size_t(K) * L; // the query's projections, in key reads
@@ -791,24 +816,7 @@ void IndexLSHSample::sample_one(
     }
     log_u.resize(m);
     table_for(hits)->log_inclusion(cosines.data(), m, log_u.data());
-    if (cap > 0 && idx_t(m) > cap) {
-        // keep the best-scoring keys (the estimate is then no longer unbiased),
-        // in ascending id order
-        std::vector<size_t> order(m);
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + cap, order.end(),
-                          [&](size_t a, size_t b) { return dots[a] > dots[b]; });
-        order.resize(cap);
-        std::sort(order.begin(), order.end());
-        for (idx_t t = 0; t < cap; t++) {
-            sel.ids[t] = sel.ids[order[t]];
-            dots[t] = dots[order[t]];
-            log_u[t] = log_u[order[t]];
-        }
-        sel.ids.resize(cap);
-        dots.resize(cap);
-        log_u.resize(cap);
-    }
+    keep_best_scoring(cap, sel, dots, log_u);
 }
 
 void IndexLSHSample::knobs(const faiss::SearchParameters* params, int* hits, idx_t* cap) const {

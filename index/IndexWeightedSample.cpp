@@ -56,13 +56,17 @@ double inclusion_constant_sorted(const float* w, size_t n, size_t m) {
     for (size_t j = m; j-- > 0;) {
         rest[j] = rest[j + 1] + w[avail[j]];
     }
-    for (size_t j = 0; j < m; j++) {
+    for (size_t j = 0; j + 1 < m; j++) {
         double c = double(m - j) / rest[j];
         if (double(w[avail[j]]) * c < 1) {
             return c;
         }
     }
-    FAISS_THROW_MSG("weighted_inclusion: no consistent heavy set (internal error)");
+    // j = m - 1: w c = w / (w + rest[m]) < 1 since rest[m] > 0 (m is below
+    // the tokens of positive weight), but it rounds to 1 when the tail
+    // weighs below a double's epsilon of w (a score gap of ~37): the c is
+    // right all the same, the m-th heaviest is sure to rounding
+    return 1.0 / rest[m - 1];
 }
 
 /// The rule of sum u = min(m, tokens of positive weight), for weights in

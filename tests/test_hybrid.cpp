@@ -684,6 +684,48 @@ TEST(WeightedSample, InclusionEdgeCases) {
     EXPECT_EQ(weighted_inclusion(s.data(), 4, 100, u.data()), 3u);
     s[0] = NAN;
     EXPECT_THROW_MSG(weighted_inclusion(s.data(), 4, 2, u.data()), "score 0 is nan");
+
+    // the others weigh below a double's epsilon of the heaviest: c w of
+    // the m-th heaviest rounds to 1 (this threw "internal error"); the
+    // reference's u, to rounding, and the budget spent
+    for (float gap : {37.0f, 40.0f, 80.0f}) {
+        for (size_t m : {size_t(1), size_t(2)}) {
+            // m tokens at 0, three far below
+            std::vector<float> t = {0.0f, -gap, -gap, m == 2 ? 0.0f : -gap, -gap};
+            std::vector<double> v(t.size());
+            size_t heavy = weighted_inclusion(t.data(), t.size(), m, v.data());
+            std::vector<double> ref = ref_weighted_inclusion(t, double(m));
+            double sum = 0;
+            for (size_t i = 0; i < t.size(); i++) {
+                EXPECT_NEAR(v[i], ref[i], 1e-12) << "gap " << gap << " m " << m << " i " << i;
+                sum += v[i];
+            }
+            EXPECT_NEAR(sum, double(m), 1e-12);
+            EXPECT_LE(heavy, m); // u = 1 where c w rounds to 1
+        }
+    }
+}
+
+TEST(WeightedSample, ADominantTokenIsAttendedExactly) {
+    // scores +-20 (a gap of 40): the sampler and a hybrid tail of it read
+    // the dominant token with u = 1 and answer exact attention to rounding
+    const int d = 4;
+    std::vector<float> keys(3 * d, 0.0f), values = gaussian(3, d, 91), q = {4, 0, 0, 0};
+    keys[0] = 10;
+    keys[d] = -10;
+    keys[2 * d] = -10;
+    std::vector<double> want;
+    double want_lse = kvtest::ref_attention_all(q.data(), keys.data(), values.data(), d, d, 3, want);
+    for (const char* s : {"Weighted|k=1", "Hybrid(TopK(Flat),Weighted)|k=1,sample=1"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(d, s);
+        index->add_kv(3, keys.data(), values.data());
+        std::vector<float> out(d);
+        float lse;
+        index->attend(1, q.data(), out.data(), &lse);
+        EXPECT_NEAR(lse, want_lse, 1e-5);
+        EXPECT_LT(kvtest::rel_max_err(out.data(), want), 1e-5);
+    }
 }
 
 TEST(WeightedSample, ReadsKTokensAndTheExactPartition) {
@@ -830,4 +872,156 @@ TEST(WeightedSample, SameQuerySameSampleAndKAboveNIsExact) {
     std::vector<float> out;
     attend_one(*index, h.q(1), out);
     EXPECT_LT(kvtest::rel_max_err(out.data(), exact), 1e-5);
+}
+
+// ---- what a review found (2026-11-27, session 29) -------------------------
+
+TEST(Hybrid, TailStatisticsAreExactOverEverySampleOfASmallTail) {
+    // 7 tokens, the 2 heaviest exact, m of the 5 others drawn without
+    // replacement: predicted_error(m)^2 is, to first order, the mean over
+    // all C(5, m) samples of |sum_T c + (n_R / m) sum_S c|^2 / (D |o|)^2,
+    // c_i = w_i (v_i - o); with the n_R (not n_R - 1) variance it was
+    // 5/4 too low
+    const int d = 4;
+    const idx_t n = 7, k = 2;
+    std::vector<float> keys = gaussian(n, d, 95), values = gaussian(n, d, 96, 1.0f, 0.3f);
+    std::vector<float> q = gaussian(1, d, 97, 1.5f);
+    idx_t n_keys = n;
+    std::vector<TailStatistics> st =
+            tail_statistics(keys.data(), values.data(), n, d, d, q.data(), 1, &n_keys, {k});
+    std::vector<double> s = kvtest::ref_scores(q.data(), keys.data(), d, n);
+    std::vector<idx_t> top = kvtest::ref_topk(q.data(), keys.data(), d, n, k);
+    double D = 0;
+    std::vector<double> w(n), o(d, 0.0);
+    for (idx_t i = 0; i < n; i++) {
+        w[i] = std::exp(s[i] / std::sqrt(double(d)));
+        D += w[i];
+        for (int j = 0; j < d; j++) {
+            o[j] += w[i] * values[i * d + j];
+        }
+    }
+    double o2 = 0;
+    for (int j = 0; j < d; j++) {
+        o[j] /= D;
+        o2 += o[j] * o[j];
+    }
+    std::vector<idx_t> rest;
+    for (idx_t i = 0; i < n; i++) {
+        if (std::find(top.begin(), top.end(), i) == top.end()) {
+            rest.push_back(i);
+        }
+    }
+    const int n_rest = int(rest.size());
+    ASSERT_EQ(st[0].n_tail, double(n_rest));
+    for (int m = 1; m <= n_rest; m++) {
+        double sum = 0;
+        int samples = 0;
+        for (int mask = 0; mask < (1 << n_rest); mask++) {
+            if (__builtin_popcount(mask) != m) {
+                continue;
+            }
+            double e2 = 0;
+            for (int j = 0; j < d; j++) {
+                double x = 0;
+                for (idx_t i : top) {
+                    x += w[i] * (values[i * d + j] - o[j]);
+                }
+                for (int r = 0; r < n_rest; r++) {
+                    if (mask >> r & 1) {
+                        x += double(n_rest) / m * w[rest[r]] * (values[rest[r] * d + j] - o[j]);
+                    }
+                }
+                e2 += x * x;
+            }
+            sum += e2 / (D * D * o2);
+            samples++;
+        }
+        const double want = std::sqrt(sum / samples), got = st[0].predicted_error(m);
+        EXPECT_NEAR(got, want, 1e-9 + 1e-9 * want) << "m " << m;
+    }
+}
+
+TEST(Hybrid, AZeroVarianceTailStillGetsADraw) {
+    // every tail token alike: one draw is exact, and none leaves the top-k
+    // error, so epsilon calibration must not choose "no tail" (it chose
+    // sample = 0 and answered 8 for an exact 1)
+    TailStatistics alike;
+    alike.k = 1;
+    alike.n_tail = 7;
+    alike.topk_error = 7;
+    const double z = normal_two_sided_quantile(0.05);
+    EXPECT_EQ(alike.sample_for_error(0.1, z), 1.0);
+    alike.topk_error = 0;
+    EXPECT_EQ(alike.sample_for_error(0.1, z), 0.0);
+
+    const int d = 4;
+    std::vector<float> keys(8 * d, 0.5f), values(8 * d, 0.0f), q = {1, 0, 0, 0};
+    values[0] = 8;
+    auto index = index_factory(d, "Hybrid(TopK(Flat),Uniform)|k=1,epsilon=0.1");
+    PrefillInput in;
+    in.n_tokens = 8;
+    in.keys = keys.data();
+    in.values = values.data();
+    in.n_queries = 1;
+    in.n_query_heads = 1;
+    in.queries = q.data();
+    index->prefill(in);
+    EXPECT_EQ(get_index_parameter(index.get(), "calibrated_sample"), 1.0);
+    std::vector<double> exact;
+    const double lse_exact = kvtest::ref_attention_all(q.data(), keys.data(), values.data(), d, d, 8, exact);
+    std::vector<float> out(d);
+    float lse;
+    index->attend(1, q.data(), out.data(), &lse);
+    EXPECT_NEAR(lse, lse_exact, 1e-5);
+    EXPECT_LT(kvtest::rel_max_err(out.data(), exact), 1e-5);
+}
+
+TEST(Hybrid, PerCallLSHKnobsReachTheTail) {
+    const int d = 8;
+    const idx_t n = 500;
+    std::vector<float> keys = gaussian(n, d, 98), q = gaussian(1, d, 99);
+    auto index = index_factory(d, "Hybrid(TopK(Flat),LSHSample6x8)|k=10");
+    index->add_kv(n, keys.data(), keys.data());
+    SearchParametersLSH every;
+    every.min_hits = 0; // the tail samples every token outside the top 10
+    Selection sel;
+    index->select(1, q.data(), &sel, &every);
+    EXPECT_EQ(sel.size(), size_t(n));
+    // a cap keeps the tail's 50 best-scoring keys, drawn before the top 10
+    // are left out (LSH's draw does not depend on them): the union is the
+    // exact top 50
+    every.max_sample = 50;
+    index->select(1, q.data(), &sel, &every);
+    std::vector<idx_t> ids = sel.ids, top50 = kvtest::ref_topk(q.data(), keys.data(), d, n, 50);
+    std::sort(ids.begin(), ids.end());
+    std::sort(top50.begin(), top50.end());
+    EXPECT_EQ(ids, top50);
+    // the same as set on the chain
+    set_index_parameters(index.get(), "min_hits=0");
+    Selection set;
+    index->select(1, q.data(), &set);
+    EXPECT_EQ(set.size(), size_t(n));
+}
+
+TEST(Hybrid, ARefusedPrefillAddsNothing) {
+    // the calibration knobs were checked after the tokens went in: the
+    // index then held them and refused both a new prefill and the knobs
+    const int d = 8;
+    std::vector<float> keys = gaussian(100, d, 100);
+    auto index = index_factory(d, "Hybrid(TopK(Flat),LSHSample4x8)|epsilon=0.1");
+    PrefillInput in;
+    in.n_tokens = 100;
+    in.keys = keys.data();
+    in.values = keys.data();
+    in.n_queries = 10;
+    in.n_query_heads = 1;
+    in.queries = keys.data();
+    EXPECT_THROW_MSG(index->prefill(in), "does not sample uniformly");
+    EXPECT_EQ(index->ntotal, 0);
+    for (const KVIndex* c : index->children()) {
+        EXPECT_EQ(c->ntotal, 0);
+    }
+    set_index_parameters(index.get(), "epsilon=0");
+    index->prefill(in);
+    EXPECT_EQ(index->ntotal, 100);
 }

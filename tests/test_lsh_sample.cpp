@@ -283,11 +283,29 @@ TEST(LSHSample, AttendIsTheUnbiasedEstimatorOverTheSample) {
         EXPECT_NEAR(lse[i], rl, 1e-4);
         EXPECT_LT(kvtest::rel_max_err(out.data() + i * kD, ref), 1e-5);
     }
-    // a cap keeps the best-scoring keys
-    SearchParametersLSH capped;
-    capped.max_sample = 5;
-    h->select(1, q.data(), sel.data(), &capped);
-    EXPECT_LE(sel[0].size(), 5u);
+    // a cap keeps the best-scoring keys of the sample, in id order, and
+    // so does it over every key (min_hits = 0: the sample is all of them)
+    for (int hits : {-1, 0}) {
+        SCOPED_TRACE(hits);
+        SearchParametersLSH all, capped;
+        all.min_hits = capped.min_hits = hits;
+        capped.max_sample = 5;
+        Selection whole, cap;
+        h->select(1, q.data(), &whole, &all);
+        h->select(1, q.data(), &cap, &capped);
+        ASSERT_GT(whole.size(), 5u);
+        if (hits == 0) {
+            ASSERT_EQ(whole.size(), size_t(n));
+        }
+        std::vector<double> s = kvtest::ref_scores(q.data(), keys.data(), kD, n);
+        std::vector<idx_t> best = whole.ids;
+        std::partial_sort(best.begin(), best.begin() + 5, best.end(), [&](idx_t a, idx_t b) {
+            return s[a] > s[b] || (s[a] == s[b] && a < b);
+        });
+        best.resize(5);
+        std::sort(best.begin(), best.end());
+        EXPECT_EQ(cap.ids, best);
+    }
 }
 
 TEST(LSHSample, FactoryIoAndParameters) {

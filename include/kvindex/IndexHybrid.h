@@ -21,7 +21,8 @@ struct FactoryChain;
  * sum_i w_i (v_i - o) = 0), E|o^ - o|^2 / |o|^2 = A (1/m - 1/n_R) with
  *   A = n_R^2 Var_R[w (v - o)] / (D^2 |o|^2)
  * (the variance over R of the vectors w_i (v_i - o), summed over the
- * dimensions; sampling without replacement). With no tail (m = 0) the
+ * dimensions, with n_R - 1 in its denominator: sampling without
+ * replacement, exact at every m). With no tail (m = 0) the
  * error is deterministic: |o_T - o| / |o|, o_T the top-k attention.
  */
 struct TailStatistics {
@@ -90,6 +91,10 @@ double normal_two_sided_quantile(double delta);
  *    error; f = 1 is plain top-k, so a head that is better served by
  *    top-k alone gets it.
  * calibrated_k and calibrated_sample report the choice.
+ *
+ * Per-call parameters go to the heavy part whole (its k, nprobe,
+ * efSearch); the tail gets their LSH knobs (SearchParametersLSH: min_hits,
+ * max_sample) with `sample` as its k.
  *
  * The hybrid keeps the tokens itself for the estimator; the heavy and the
  * tail index hold their own copies for retrieval (memory_bytes counts all).
