@@ -321,12 +321,15 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
     // scores from the proxy queries, for the policies that use them
     std::vector<double> F(n, 0.0);
     if (scores_tokens(policy) && b.n_top + b.n_random > 0) {
-        idx_t end = in.first_position + n; // position after the prompt
+        // The caller's prompt ends n_after tokens after this index's last
+        // one (a wrapper's window, when this index holds the middle): the
+        // question (NaCl's proxy_tokens), TOVA's last query and H2O's
+        // queries are those of the whole prompt. NaCl's percent window is a
+        // share of this index's own tokens and ends with them.
+        const bool percent_window = policy == EvictPolicy::nacl && proxy_tokens == 0;
+        idx_t end = in.first_position + n + (percent_window ? 0 : in.n_after);
         idx_t from = b.n_proxy > 0 ? end - b.n_proxy : in.first_position;
         if (policy == EvictPolicy::nacl && proxy_tokens > 0) {
-            // the question ends the caller's prompt: after a wrapper's window
-            // (n_after tokens) when this index holds the middle of it
-            end += in.n_after;
             from = end - std::min(proxy_tokens, end);
         }
         std::vector<idx_t> pick, pos;

@@ -136,7 +136,9 @@ void IndexSinkWindow::prefill_impl(const PrefillInput& in) {
     mid.n_tokens = n_mid;
     mid.keys = in.keys + n_s * d;
     mid.values = in.values + n_s * d_value;
-    mid.first_position = in.first_position + n_s;
+    // the inner index's first key follows a full sink, even when this
+    // prompt is shorter than the sink (its first key then comes later)
+    mid.first_position = in.first_position + n_sink;
     // the inner index gets tokens only once the window is full
     mid.n_after = in.n_after + n_window;
     inner->prefill(mid);

@@ -104,6 +104,18 @@ idx_t KVCache::n_tokens(int layer) const {
     return index(layer, 0)->ntotal;
 }
 
+namespace {
+
+/// Clears has_rope in `index` and every index it holds.
+void forget_rope(KVIndex* index) {
+    index->has_rope = false;
+    for (KVIndex* c : index->mutable_children()) {
+        forget_rope(c);
+    }
+}
+
+} // namespace
+
 void KVCache::check_layer_in_step(int layer, const char* what) const {
     const idx_t n = n_tokens(layer);
     for (int h = 0; h < n_kv_heads; h++) {
@@ -188,10 +200,16 @@ void KVCache::prefill(
             index(layer, int(h))->prefill(in);
         });
     } catch (...) {
-        // a head failed inside (e.g. its retriever could not train): the
-        // layer goes back to empty rather than half-filled
+        // a head failed inside (e.g. its retriever could not train, or a
+        // value its storage type cannot hold): the layer goes back to
+        // empty rather than half-filled, and a first prefill fixes no RoPE
+        // (reset keeps it: the other heads would be out of step with the
+        // cache, and a later prefill with another RoPE refused)
         for (int h = 0; h < n_kv_heads; h++) {
             index(layer, h)->reset();
+            if (!has_rope) {
+                forget_rope(index(layer, h));
+            }
         }
         throw;
     }

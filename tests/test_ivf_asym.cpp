@@ -214,6 +214,45 @@ TEST(IVFAsym, FactoryStringsAndBadInput) {
     EXPECT_EQ(ivf_asym_in_chain(index_factory(kD, "Flat", kDv).get()), nullptr);
 }
 
+namespace {
+
+/// Every key of the IVFAsym in `index`'s chain, whose first key is at
+/// position `first`, sits in exactly one bucket: its nearest centroid
+/// once RoPE is undone at its own position (the reference rotates in
+/// double).
+void expect_keys_at_nearest_centroids(const KVIndex* index, const Head& h, idx_t first, const std::string& what) {
+    const IndexIVFAsym* ivf = ivf_asym_in_chain(index);
+    ASSERT_TRUE(ivf->is_trained_models()) << what;
+    EXPECT_EQ(ivf->first_position, first) << what;
+    std::vector<int> seen(ivf->ntotal, 0);
+    for (int b = 0; b <= kC; b++) {
+        for (idx_t id : ivf->bucket_ids[b]) {
+            seen[id]++;
+            std::vector<float> k(&h.keys[(first + id) * kD], &h.keys[(first + id + 1) * kD]);
+            rotate(k.data(), first + id, -1);
+            int best = -1;
+            double best_d = std::numeric_limits<double>::max();
+            for (int c = 0; c < kC; c++) {
+                double dist = 0;
+                for (int j = 0; j < kD; j++) {
+                    double x = double(k[j]) - ivf->centroids[c * kD + j];
+                    dist += x * x;
+                }
+                if (dist < best_d - 1e-9) {
+                    best_d = dist;
+                    best = c;
+                }
+            }
+            EXPECT_EQ(b, best) << what << " token " << id;
+        }
+    }
+    for (idx_t i = 0; i < ivf->ntotal; i++) {
+        ASSERT_EQ(seen[i], 1) << what << " token " << i;
+    }
+}
+
+} // namespace
+
 TEST(IVFAsym, EveryKeyInOneBucketAtItsNearestDeRopedCentroid) {
     Head h = ood_head(900, 2);
     for (const char* s : {"IVFAsym8", "Sink3,Window16,IVFAsym8_Centroid"}) {
@@ -222,36 +261,21 @@ TEST(IVFAsym, EveryKeyInOneBucketAtItsNearestDeRopedCentroid) {
             index->add_kv(1, &h.keys[t * kD], &h.values[t * kDv]);
         }
         ASSERT_NO_THROW(index->check_invariants());
-        const IndexIVFAsym* ivf = ivf_asym_in_chain(index.get());
-        ASSERT_TRUE(ivf->is_trained_models());
-        idx_t first = ivf->first_position;
-        EXPECT_EQ(first, std::string(s)[0] == 'S' ? 3 : 0);
-        std::vector<int> seen(ivf->ntotal, 0);
-        for (int b = 0; b <= kC; b++) {
-            for (idx_t id : ivf->bucket_ids[b]) {
-                seen[id]++;
-                // the reference: rotate back in double, nearest centroid by L2
-                std::vector<float> k(&h.keys[(first + id) * kD], &h.keys[(first + id + 1) * kD]);
-                rotate(k.data(), first + id, -1);
-                int best = -1;
-                double best_d = std::numeric_limits<double>::max();
-                for (int c = 0; c < kC; c++) {
-                    double dist = 0;
-                    for (int j = 0; j < kD; j++) {
-                        double x = double(k[j]) - ivf->centroids[c * kD + j];
-                        dist += x * x;
-                    }
-                    if (dist < best_d - 1e-9) {
-                        best_d = dist;
-                        best = c;
-                    }
-                }
-                EXPECT_EQ(b, best) << s << " token " << id;
-            }
+        expect_keys_at_nearest_centroids(index.get(), h, std::string(s)[0] == 'S' ? 3 : 0, s);
+    }
+    // a prompt shorter than the sink (adopted centroids): the inner index's
+    // first key is still at position n_sink (it was told n_tokens, and
+    // its appended keys were rotated back at the wrong positions)
+    auto trained = prefilled("Sink3,Window16,IVFAsym8_Centroid", h, 700);
+    for (idx_t n_prompt : {0, 2, 3, 10}) {
+        auto index = index_factory(kD, "Sink3,Window16,IVFAsym8_Centroid", kDv);
+        ASSERT_EQ(index->adopt_trained(*trained), 1);
+        std::vector<float> scratch;
+        index->prefill(h.prefill(n_prompt, scratch));
+        for (idx_t t = n_prompt; t < 300; t++) {
+            index->add_kv(1, &h.keys[t * kD], &h.values[t * kDv]);
         }
-        for (idx_t i = 0; i < ivf->ntotal; i++) {
-            ASSERT_EQ(seen[i], 1) << s << " token " << i;
-        }
+        expect_keys_at_nearest_centroids(index.get(), h, 3, "prompt of " + std::to_string(n_prompt));
     }
 }
 

@@ -13,6 +13,7 @@
 #include <kvindex/KVCache.h>
 #include <kvindex/index_factory.h>
 
+#include "expect_throw.h"
 #include "reference.h"
 
 using namespace kvindex;
@@ -124,6 +125,49 @@ TEST(KVCache, ExceptionInOneHeadPropagates) {
         FAIL() << "expected an exception";
     } catch (const faiss::FaissException& e) {
         EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
+    }
+}
+
+namespace {
+
+/// No index of the chain has a RoPE fixed.
+void expect_no_rope(const KVIndex* index) {
+    EXPECT_FALSE(index->has_rope) << index->type_name();
+    for (const KVIndex* c : index->children()) {
+        expect_no_rope(c);
+    }
+}
+
+} // namespace
+
+TEST(KVCache, APrefillRefusedInOneHeadLeavesTheLayerAsItWas) {
+    // head 1's key overflows fp16; head 0 had prefilled and fixed its
+    // RoPE, which reset keeps: the emptied layer then refused appends, a
+    // prefill with another RoPE, and check_invariants
+    for (const char* s : {"FP16,Flat", "FP16,Sink2,Window4,TopK(Flat)"}) {
+        SCOPED_TRACE(s);
+        KVCache cache(2, 2, 2, kD, kDv, s, s);
+        const idx_t n = 20;
+        auto k = gaussian(2 * n, kD, 11), v = gaussian(2 * n, kDv, 12);
+        k[(n + 3) * kD] = 1e6f; // head 1, token 3
+        RopeParams first;
+        first.theta = 10000;
+        EXPECT_THROW_MSG(
+                cache.prefill(0, n, k.data(), v.data(), 0, nullptr, nullptr, first), "65520");
+        EXPECT_EQ(cache.n_tokens(0), 0);
+        EXPECT_FALSE(cache.has_rope);
+        EXPECT_NO_THROW(cache.check_invariants());
+        for (int h = 0; h < 2; h++) {
+            expect_no_rope(cache.index(0, h));
+        }
+        // another RoPE, fixed by the other layer, then this layer again
+        k[(n + 3) * kD] = 0.5f;
+        RopeParams other;
+        other.theta = 500000;
+        cache.prefill(1, n, k.data(), v.data(), 0, nullptr, nullptr, other);
+        cache.prefill(0, n, k.data(), v.data(), 0, nullptr, nullptr, other);
+        EXPECT_EQ(cache.n_tokens(0), n);
+        EXPECT_NO_THROW(cache.check_invariants());
     }
 }
 

@@ -649,6 +649,56 @@ TEST(ProxyEvictTokens, UnderAWindowTheQuestionInTheWindowScores) {
     EXPECT_EQ(e->positions, top_of(F, iota_ids(264), e->budget_for(264).n_keep));
 }
 
+TEST(ProxyEvictTokens, UnderAWindowTOVAAndH2OScoreWithThePromptsQueries) {
+    // TOVA scored with the middle's last query (position 267), not the
+    // prompt's (299, in the window), and refused a prefill given only the
+    // prompt's last query; H2O left the window's queries out
+    Prompt p(300, 2, 27);
+    const idx_t n_mid = 264; // [4, 268)
+    {
+        auto index = index_factory(kD, "Sink4,Window32,ProxyEvict20_TOVA");
+        index->prefill(p.input());
+        auto* e = dynamic_cast<const IndexProxyEvict*>(index->children()[0]);
+        ASSERT_TRUE(e);
+        auto F = ref_scores_range(p, {299}, 4, 268);
+        EXPECT_EQ(e->positions, top_of(F, iota_ids(n_mid), e->budget_for(n_mid).n_keep));
+        // the last query alone, as TOVA needs
+        std::vector<float> last(size_t(p.n_heads) * kD);
+        for (int h = 0; h < p.n_heads; h++) {
+            std::copy_n(p.queries.data() + (size_t(h) * p.n + 299) * kD, kD, last.data() + h * kD);
+        }
+        PrefillInput in = p.input();
+        in.n_queries = 1;
+        in.queries = last.data();
+        auto alone = index_factory(kD, "Sink4,Window32,ProxyEvict20_TOVA");
+        alone->prefill(in);
+        EXPECT_EQ(dynamic_cast<const IndexProxyEvict*>(alone->children()[0])->positions, e->positions);
+    }
+    {
+        auto index = index_factory(kD, "Sink4,Window32,ProxyEvict20_H2O");
+        index->prefill(p.input());
+        auto* e = dynamic_cast<const IndexProxyEvict*>(index->children()[0]);
+        ASSERT_TRUE(e);
+        // causal, over the middle's keys: query q sees [4, min(268, q + 1))
+        std::vector<double> F(n_mid, 0.0);
+        for (idx_t q = 4; q < p.n; q++) {
+            std::vector<double> part = ref_scores_range(p, {q}, 4, std::min<idx_t>(268, q + 1));
+            for (size_t j = 0; j < part.size(); j++) {
+                F[j] += part[j];
+            }
+        }
+        EvictBudget b = e->budget_for(n_mid);
+        std::vector<idx_t> older(n_mid - b.n_recent), expected;
+        std::iota(older.begin(), older.end(), 0);
+        expected = top_of(F, older, b.n_top);
+        for (idx_t j = n_mid - b.n_recent; j < n_mid; j++) {
+            expected.push_back(j);
+        }
+        std::sort(expected.begin(), expected.end());
+        EXPECT_EQ(e->positions, expected);
+    }
+}
+
 TEST(ProxyEvictTokens, NeedleOfTheQuestionKeptThatThePercentWindowDrops) {
     // 1000 tokens, 20% budget, the default 20% proxy window: positions
     // [800, 1000). 180 distractors (100..279, key e1) take nearly all the

@@ -114,7 +114,9 @@ using ProxyScorer = std::function<void(
  * none at all throws). The split (protect, proxy_keep, random) and so the
  * budget arithmetic do not depend on the mode.
  * Only NaCl has a proxy window: H2O scores with every prompt query, TOVA
- * with the last one, StreamingLLM and Random with none. proxy_tokens > 0 on
+ * with the last one (under a Sink/Window wrapper: the window's queries
+ * too, and the prompt's last query, in the window), StreamingLLM and
+ * Random with none. proxy_tokens > 0 on
  * them is refused (set_parameter, read_index), because ignoring it would
  * run the plain baseline under a "question-aware" label.
  *
