@@ -1251,7 +1251,7 @@ void IndexRoarGraph::reset_impl() {
     anchor_list_scores.clear();
     anchor_sq_norms.clear();
     anchor_groups.clear();
-    walk_codes.clear();
+    index_codes(); // under walk_bits 8, the ranges of no keys (d dimensions): what io reads back
     n_learned = 0;
     n_prompt = 0;
     entry_point = -1;

@@ -81,7 +81,9 @@ IndexTopK::IndexTopK(
         FAISS_THROW_FMT(
                 "TopK(%s): unsupported retriever: %s", retriever_string.c_str(), e.what());
     }
-    min_train_points = min_keys_to_train(retriever.get());
+    // product quantizers train k-means of 2^nbits centroids (Faiss throws on fewer keys)
+    min_train_points =
+            std::max<idx_t>(min_keys_to_train(retriever.get()), product_quantizer_centroids(retriever_string));
     set_default_knobs(retriever.get());
 }
 
@@ -178,12 +180,32 @@ void IndexTopK::search_batch(
         });
     };
     const auto* p = dynamic_cast<const SearchParametersTopK*>(params);
+    auto hnsw = dynamic_cast<faiss::IndexHNSW*>(retriever.get());
     // the per-call knobs are checked as set_index_parameters checks them,
     // whether or not the retriever is trained yet: never ignored or clamped
-    FAISS_THROW_IF_NOT_FMT(
-            !p || p->efSearch >= 0,
-            "search: efSearch=%d must be >= 1 (0: the index's own)",
-            p ? p->efSearch : 0);
+    if (p) {
+        FAISS_THROW_IF_NOT_FMT(
+                p->efSearch >= 0, "search: efSearch=%d must be >= 1 (0: the index's own)", p->efSearch);
+        if (p->nprobe > 0) {
+            auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
+            FAISS_THROW_IF_NOT_FMT(
+                    ivf, "search: nprobe does not apply to retriever %s", retriever_string.c_str());
+            FAISS_THROW_IF_NOT_FMT(
+                    p->nprobe <= ivf->nlist,
+                    "search: nprobe=%zd must be in [1, nlist=%zd] (0: the index's own)",
+                    p->nprobe,
+                    ivf->nlist);
+        }
+        if (p->efSearch > 0) {
+            FAISS_THROW_IF_NOT_FMT(
+                    hnsw, "search: efSearch does not apply to retriever %s", retriever_string.c_str());
+            FAISS_THROW_IF_NOT_FMT(
+                    p->efSearch <= kMaxEfSearch,
+                    "search: efSearch=%d must be in [1, %d]",
+                    p->efSearch,
+                    kMaxEfSearch);
+        }
+    }
     if (!retriever->is_trained) {
         scan_storage(); // too few keys to train yet
         return;
@@ -191,25 +213,12 @@ void IndexTopK::search_batch(
     faiss::SearchParametersIVF ivf_params;
     const faiss::SearchParameters* rp = nullptr;
     if (p && p->nprobe > 0) {
-        auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
-        FAISS_THROW_IF_NOT_FMT(
-                ivf, "search: nprobe does not apply to retriever %s",
-                retriever_string.c_str());
-        FAISS_THROW_IF_NOT_FMT(
-                p->nprobe <= ivf->nlist,
-                "search: nprobe=%zd must be in [1, nlist=%zd] (0: the index's own)",
-                p->nprobe,
-                ivf->nlist);
         ivf_params.nprobe = p->nprobe;
         rp = &ivf_params;
     }
     auto own_ivf = as_ivf_flat_inner_product(retriever.get());
     if (own_ivf || is_flat_inner_product(retriever.get())) {
         // our kernels scan (retriever_scan.h), each key read once
-        FAISS_THROW_IF_NOT_FMT(
-                !(p && p->efSearch > 0),
-                "search: efSearch does not apply to retriever %s",
-                retriever_string.c_str());
         if (!own_ivf) {
             // a flat retriever holds the stored keys widened to float: the
             // storage itself gives the same top-k, reading half the bytes
@@ -225,20 +234,21 @@ void IndexTopK::search_batch(
     }
     // one thread of BLAS inside OpenMP regions (Faiss's flat search uses sgemm)
     ScopedBlasThreads blas(omp_in_parallel() ? 1 : 0);
-    if (p && p->efSearch > 0) {
-        auto hnsw = dynamic_cast<faiss::IndexHNSW*>(retriever.get());
-        FAISS_THROW_IF_NOT_FMT(
-                hnsw, "search: efSearch does not apply to retriever %s",
-                retriever_string.c_str());
-        FAISS_THROW_IF_NOT_FMT(
-                p->efSearch <= kMaxEfSearch,
-                "search: efSearch=%d must be in [1, %d]",
-                p->efSearch,
-                kMaxEfSearch);
+    if (!hnsw) {
+        retriever->search(n, q, k, distances, labels, rp);
+        return;
+    }
+    if (!(p && p->efSearch > 0)) {
+        // shared with other searches, but not with a call that sets the beam
+        std::shared_lock<std::shared_mutex> lock(retriever_mutex);
+        retriever->search(n, q, k, distances, labels, rp);
+        return;
+    }
+    {
         // Faiss 1.7.3's IndexHNSW::search ignores SearchParametersHNSW, so
-        // the beam width is set on the index for this call, under a lock
-        // (restored even if the search throws).
-        std::lock_guard<std::mutex> lock(retriever_mutex);
+        // the beam width is set on the index for this call, alone (restored
+        // even if the search throws).
+        std::unique_lock<std::shared_mutex> lock(retriever_mutex);
         struct Restore {
             faiss::HNSW& h;
             int ef;
@@ -248,9 +258,7 @@ void IndexTopK::search_batch(
         } restore{hnsw->hnsw, hnsw->hnsw.efSearch};
         hnsw->hnsw.efSearch = p->efSearch;
         retriever->search(n, q, k, distances, labels, rp);
-        return;
     }
-    retriever->search(n, q, k, distances, labels, rp);
 }
 
 void IndexTopK::select_batch(

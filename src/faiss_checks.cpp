@@ -209,6 +209,18 @@ void check_retriever_string(const std::string& s, int d, int64_t max_lists) {
     }
 }
 
+int64_t product_quantizer_centroids(const std::string& s) {
+    static const std::regex pq("PQ([0-9]+)(x([0-9]+))?");
+    int64_t most = 0;
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), pq); it != std::sregex_iterator(); ++it) {
+        // a string past check_retriever_string: nbits in [1, 16]
+        int64_t nbits = (*it)[3].matched ? std::stoll((*it)[3].str()) : 8;
+        FAISS_THROW_IF_NOT_FMT(nbits >= 1 && nbits <= 16, "TopK(%s): PQ bits must be 1 to 16", s.c_str());
+        most = std::max(most, int64_t(1) << nbits);
+    }
+    return most;
+}
+
 void check_faiss_retriever(
         const faiss::Index* ret,
         const std::string& factory_string,

@@ -34,6 +34,11 @@ constexpr int kMaxEfSearch = 1 << 20;
  * dividing d with at most 16 bits. Throws naming the component. */
 void check_retriever_string(const std::string& factory_string, int d, int64_t max_lists);
 
+/// The most centroids a product quantizer of the retriever string trains
+/// ("PQ<M>[x<nbits>]": 2^nbits, 256 by default), 0 without one: the keys
+/// it needs before it can train.
+int64_t product_quantizer_centroids(const std::string& factory_string);
+
 /** Walks a serialized Faiss retriever the way faiss::read_index (v1.7.3)
  * will, before it does: Faiss's reader leaks the index it is filling when it
  * throws, so a blob must be known good before it gets there. Accepts the

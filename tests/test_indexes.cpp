@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <atomic>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -16,6 +18,7 @@
 #include <kvindex/index_factory.h>
 #include <kvindex/parameters.h>
 
+#include "expect_throw.h"
 #include "reference.h"
 
 using namespace kvindex;
@@ -197,6 +200,85 @@ TEST(IndexTopK, UntrainedRetrieverScansExactlyThenTrains) {
     expect_attention(*index, data, [&](idx_t q) {
         return kvtest::ref_topk(data.queries.data() + q * kD, data.keys.data(), kD, data.n, 10);
     }, 1e-5, &params);
+}
+
+TEST(IndexTopK, ProductQuantizersWaitForTheirCentroidsKeys) {
+    // PQ trains 2^nbits centroids: with fewer keys Faiss's k-means throws,
+    // and training began at 1 key (PQ8) or nlist keys (IVF4,PQ4), so every
+    // decode append failed
+    Data data(400, 5, 12);
+    for (const char* s : {"TopK(PQ8)", "TopK(IVF4,PQ4)", "TopK(IVF4,PQ4x4)"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(kD, s, kDv);
+        auto* topk = dynamic_cast<IndexTopK*>(index.get());
+        const idx_t need = std::string(s).find("x4") != std::string::npos ? 16 : 256;
+        EXPECT_EQ(topk->min_train_points, need);
+        index->k = 10;
+        index->add_kv(100, data.keys.data(), data.values.data());
+        EXPECT_EQ(topk->retriever->is_trained, 100 >= need);
+        for (idx_t i = 100; i < data.n; i++) {
+            index->add_kv(1, data.keys.data() + i * kD, data.values.data() + i * kDv);
+            if (i + 1 == need - 1) {
+                EXPECT_FALSE(topk->retriever->is_trained);
+            } else if (i + 1 == need) {
+                EXPECT_TRUE(topk->retriever->is_trained);
+            }
+        }
+        EXPECT_EQ(index->ntotal, data.n);
+        EXPECT_TRUE(topk->retriever->is_trained);
+        EXPECT_EQ(topk->retriever->ntotal, data.n);
+    }
+}
+
+TEST(IndexTopK, PerCallKnobsAreCheckedBeforeTheRetrieverTrains) {
+    Data data(60, 2, 13);
+    auto ivf = index_factory(kD, "TopK(IVF16,Flat)", kDv);
+    auto hnsw = index_factory(kD, "TopK(HNSW8)", kDv);
+    ivf->add_kv(5, data.keys.data(), data.values.data()); // untrained: 5 < 16 keys
+    hnsw->add_kv(5, data.keys.data(), data.values.data());
+    ASSERT_FALSE(dynamic_cast<IndexTopK*>(ivf.get())->retriever->is_trained);
+    std::vector<float> dis(4);
+    std::vector<idx_t> ids(4);
+    SearchParametersTopK p;
+    p.nprobe = 1000;
+    EXPECT_THROW_MSG(ivf->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "nprobe=1000");
+    p.nprobe = 0;
+    p.efSearch = 50;
+    EXPECT_THROW_MSG(ivf->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "efSearch does not apply");
+    p.efSearch = 0;
+    p.nprobe = 2;
+    EXPECT_THROW_MSG(hnsw->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "nprobe does not apply");
+}
+
+TEST(IndexTopK, APerCallBeamDoesNotReachConcurrentSearches) {
+    // the beam of a per-call efSearch is set on the shared HNSW for that
+    // call: plain searches running beside it read it (and raced on it)
+    Data data(3000, 8, 14);
+    auto index = index_factory(kD, "TopK(HNSW8)|efSearch=64", kDv);
+    index->add_kv(data.n, data.keys.data(), data.values.data());
+    const idx_t k = 20, nq = 8;
+    std::vector<float> dis(nq * k);
+    std::vector<idx_t> want(nq * k);
+    index->search(nq, data.queries.data(), k, dis.data(), want.data());
+    SearchParametersTopK narrow;
+    narrow.efSearch = 1; // a much worse beam, were it to leak
+    std::atomic<bool> stop{false};
+    std::thread narrowing([&] {
+        std::vector<float> d2(nq * k);
+        std::vector<idx_t> i2(nq * k);
+        while (!stop) {
+            index->search(nq, data.queries.data(), k, d2.data(), i2.data(), &narrow);
+        }
+    });
+    int differing = 0;
+    std::vector<idx_t> got(nq * k);
+    for (int it = 0; it < 300; it++) {
+        index->search(nq, data.queries.data(), k, dis.data(), got.data());
+        differing += got != want;
+    }
+    stop = true;
+    narrowing.join();
+    EXPECT_EQ(differing, 0);
 }
 
 TEST(IndexTopK, AppendsKeepSearchExactWithAllListsProbed) {

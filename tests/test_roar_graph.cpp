@@ -1452,6 +1452,18 @@ TEST(RoarGraph, WalkOnCodesRoundTripsWithAppends) {
         f.walk_codes.step.pop_back();
     });
     forged("walk_bits = 4", [](IndexRoarGraph& f) { f.walk_bits = 4; });
+    // reset under walk_bits 8: the index holds no codes and the ranges of
+    // no keys, and reads back (it wrote ranges of 0 dimensions, which the
+    // reader refused)
+    g->reset();
+    EXPECT_NO_THROW(g->check_invariants());
+    std::vector<uint8_t> empty;
+    write_index(g.get(), &empty);
+    auto empty_back = read_index(empty);
+    EXPECT_EQ(empty_back->ntotal, 0);
+    g->add_kv(100, x.keys.data(), x.values.data());
+    empty_back->add_kv(100, x.keys.data(), x.values.data());
+    EXPECT_EQ(dynamic_cast<IndexRoarGraph*>(empty_back.get())->walk_codes.codes, g->walk_codes.codes);
     // the knob: 0 or 8, nothing else
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "walk_bits=4"), "walk_bits");
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "walk_bits=-8"), "walk_bits");

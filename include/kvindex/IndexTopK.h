@@ -1,7 +1,7 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
+#include <shared_mutex>
 #include <string>
 
 #include <kvindex/KVIndex.h>
@@ -94,8 +94,9 @@ struct IndexTopK : KVIndex {
             const faiss::SearchParameters* params,
             size_t* scanned) const;
 
-    /// serialises per-call efSearch on HNSW retrievers (see search_batch)
-    mutable std::mutex retriever_mutex;
+    /// HNSW retrievers: a search with a per-call efSearch holds it alone
+    /// (it sets the index's beam for the call), the others share it
+    mutable std::shared_mutex retriever_mutex;
 
     const KVStorage* token_storage() const override {
         return &storage;
