@@ -486,6 +486,11 @@ void IndexIVFAsym::probe_buckets(const float* q, idx_t position, int n, int32_t*
 
 int IndexIVFAsym::nprobe_for(const faiss::SearchParameters* params) const {
     if (auto p = dynamic_cast<const SearchParametersTopK*>(params)) {
+        // never ignored: a knob of another retriever is an error, as in TopK
+        FAISS_THROW_IF_NOT_FMT(
+                p->efSearch == 0,
+                "SearchParametersTopK: efSearch=%d does not apply to IndexIVFAsym (it reads nprobe buckets)",
+                p->efSearch);
         if (p->nprobe > 0) {
             FAISS_THROW_IF_NOT_FMT(
                     p->nprobe <= size_t(n_centroids),

@@ -594,6 +594,11 @@ int IndexRoarGraph::beam_for(const faiss::SearchParameters* params, idx_t k) con
         FAISS_THROW_IF_NOT_FMT(
                 p->efSearch >= 0, "SearchParametersTopK: efSearch=%d must be >= 0",
                 p->efSearch);
+        // never ignored: a knob of another retriever is an error, as in TopK
+        FAISS_THROW_IF_NOT_FMT(
+                p->nprobe == 0,
+                "SearchParametersTopK: nprobe=%zd does not apply to IndexRoarGraph (its beam is efSearch)",
+                p->nprobe);
         if (p->efSearch > 0) {
             ef = p->efSearch;
         }

@@ -248,6 +248,19 @@ TEST(IndexTopK, PerCallKnobsAreCheckedBeforeTheRetrieverTrains) {
     p.efSearch = 0;
     p.nprobe = 2;
     EXPECT_THROW_MSG(hnsw->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "nprobe does not apply");
+    // the other retrievers refuse the knob they do not have, as TopK does
+    auto graph = index_factory(kD, "RoarGraph8", kDv);
+    auto buckets = index_factory(kD, "IVFAsym4_Centroid", kDv);
+    graph->add_kv(60, data.keys.data(), data.values.data());
+    buckets->add_kv(60, data.keys.data(), data.values.data());
+    EXPECT_THROW_MSG(graph->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "nprobe=2 does not apply");
+    p.nprobe = 0;
+    p.efSearch = 50;
+    EXPECT_THROW_MSG(buckets->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "efSearch=50 does not apply");
+    graph->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p);
+    p.efSearch = 0;
+    p.nprobe = 2;
+    buckets->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p);
 }
 
 TEST(IndexTopK, APerCallBeamDoesNotReachConcurrentSearches) {
