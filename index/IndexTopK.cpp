@@ -29,12 +29,14 @@ namespace kvindex {
 namespace {
 
 /// Keys an untrained retriever needs before it can train: IVF k-means needs
-/// at least one key per list.
-idx_t min_keys_to_train(const faiss::Index* retriever) {
+/// at least one key per list, a product quantizer's k-means one per
+/// centroid (2^nbits; Faiss throws on fewer keys).
+idx_t min_keys_to_train(const faiss::Index* retriever, const std::string& retriever_string) {
+    idx_t need = 1;
     if (auto ivf = faiss::ivflib::try_extract_index_ivf(retriever)) {
-        return idx_t(ivf->nlist);
+        need = idx_t(ivf->nlist);
     }
-    return 1;
+    return std::max<idx_t>(need, product_quantizer_centroids(retriever_string));
 }
 
 /// The official code's IVF default (nprobe 8), where Faiss's is 1.
@@ -81,9 +83,7 @@ IndexTopK::IndexTopK(
         FAISS_THROW_FMT(
                 "TopK(%s): unsupported retriever: %s", retriever_string.c_str(), e.what());
     }
-    // product quantizers train k-means of 2^nbits centroids (Faiss throws on fewer keys)
-    min_train_points =
-            std::max<idx_t>(min_keys_to_train(retriever.get()), product_quantizer_centroids(retriever_string));
+    min_train_points = min_keys_to_train(retriever.get(), retriever_string);
     set_default_knobs(retriever.get());
 }
 

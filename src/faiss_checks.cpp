@@ -166,11 +166,19 @@ int family(const faiss::Index* index) {
     return 0;
 }
 
+/// "PQ<M>[x<nbits>]" in a retriever string: M is group 1, nbits group 3
+/// (8 when absent).
+const std::regex& product_quantizer_spec() {
+    static const std::regex pq("PQ([0-9]+)(x([0-9]+))?");
+    return pq;
+}
+
 } // namespace
 
 void check_retriever_string(const std::string& s, int d, int64_t max_lists) {
     static const std::regex ivf("IVF([0-9]+)"), imi("IMI([0-9]+)x([0-9]+)"),
-            hnsw("HNSW([0-9]+)"), pq("PQ([0-9]+)(x([0-9]+))?");
+            hnsw("HNSW([0-9]+)");
+    const std::regex& pq = product_quantizer_spec();
     auto number = [&](const std::string& digits) {
         // more than 9 digits is out of every bound below
         return digits.size() > 9 ? int64_t(1) << 40 : std::stoll(digits);
@@ -210,7 +218,7 @@ void check_retriever_string(const std::string& s, int d, int64_t max_lists) {
 }
 
 int64_t product_quantizer_centroids(const std::string& s) {
-    static const std::regex pq("PQ([0-9]+)(x([0-9]+))?");
+    const std::regex& pq = product_quantizer_spec();
     int64_t most = 0;
     for (auto it = std::sregex_iterator(s.begin(), s.end(), pq); it != std::sregex_iterator(); ++it) {
         // a string past check_retriever_string: nbits in [1, 16]
