@@ -171,19 +171,18 @@ inline float exp_s(float x) {
     return std::exp(x);
 }
 
-/// <q, x> for one row of stored type T.
+/// <q, x> for one row of stored type T, summed in exactly dot4's order
+/// (one accumulator, then the tail): a key scores the same whether it
+/// falls in a group of four or among the rows left over, so identical keys
+/// tie wherever they sit and break the tie by id.
 template <class T>
 inline float dot(const float* q, const T* x, size_t d) {
-    vf a0 = {}, a1 = {};
+    vf a = {};
     size_t j = 0;
-    for (; j + 2 * W <= d; j += 2 * W) {
-        a0 += load(q + j) * load(x + j);
-        a1 += load(q + j + W) * load(x + j + W);
-    }
     for (; j + W <= d; j += W) {
-        a0 += load(q + j) * load(x + j);
+        a += load(q + j) * load(x + j);
     }
-    float s = hsum(a0 + a1);
+    float s = hsum(a);
     for (; j < d; j++) {
         s += q[j] * to_float(x[j]);
     }
@@ -191,7 +190,8 @@ inline float dot(const float* q, const T* x, size_t d) {
 }
 
 /// <q, x_r> for four rows at once: the query is loaded once per chunk and
-/// four independent accumulators keep the FMA units busy.
+/// four independent accumulators keep the FMA units busy. Each row is
+/// summed as dot sums it (keep the two in step).
 template <class T>
 inline void dot4(
         const float* q,

@@ -102,6 +102,36 @@ TEST_P(TopKScanTest, GaussianScoresMatchReferenceRanks) {
     }
 }
 
+TEST_P(TopKScanTest, IdenticalKeysTieWhereverTheySit) {
+    // Gaussian entries: float sums depend on their order, so a key scored
+    // in a group of four and the same key among the rows left over would
+    // differ in the last bits (and the later copy could win the tie)
+    for (size_t d : {17, 64, 128, 130}) {
+        for (size_t n : {1, 3, 7, 9, 300}) {
+            for (uint64_t seed : {2, 3, 4, 5}) {
+                auto key = kvtest::gaussian(1, d, seed);
+                auto q = kvtest::gaussian(1, d, seed + 100);
+                std::vector<float> x(n * d);
+                for (size_t i = 0; i < n; i++) {
+                    std::copy(key.begin(), key.end(), x.begin() + i * d);
+                }
+                idx_t k = idx_t(n);
+                std::vector<float> dist(k);
+                std::vector<idx_t> labels(k);
+                exact_topk_inner_product(q.data(), x.data(), d, n, k, dist.data(), labels.data());
+                for (idx_t j = 0; j < k; j++) {
+                    ASSERT_EQ(labels[j], j) << "d=" << d << " n=" << n << " seed=" << seed;
+                    ASSERT_EQ(dist[j], dist[0]) << "d=" << d << " n=" << n << " rank " << j;
+                }
+                // and the same score as the key alone
+                float alone;
+                inner_products_scaled(q.data(), key.data(), d, 1, 1.0f, &alone);
+                ASSERT_EQ(dist[0], alone) << "d=" << d << " n=" << n;
+            }
+        }
+    }
+}
+
 TEST_P(TopKScanTest, OneHeapFedByManyCallsWithIds) {
     // the IVF use: chunks of rows with arbitrary ids feed one selection
     const size_t d = 33, n = 2000;
