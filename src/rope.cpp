@@ -43,11 +43,14 @@ void rotate(int64_t n, int d, float* x, const int64_t* pos, const RopeParams& ro
     if (n > 0) {
         FAISS_THROW_IF_NOT_MSG(x && pos, "RoPE: vectors or positions missing (nullptr)");
     }
-    int half = d / 2;
+    // every position first: a refused call leaves x as it was
     for (int64_t i = 0; i < n; i++) {
         FAISS_THROW_IF_NOT_FMT(
                 pos[i] >= 0, "RoPE: position %zd at row %zd must be >= 0",
                 size_t(pos[i]), size_t(i));
+    }
+    int half = d / 2;
+    for (int64_t i = 0; i < n; i++) {
         float* v = x + i * d;
         for (int j = 0; j < half; j++) {
             double freq = std::pow(rope.theta, -2.0 * j / d);

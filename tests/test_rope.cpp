@@ -102,3 +102,16 @@ TEST(Rope, BadParametersThrow) {
     EXPECT_EQ(rope_style_from_name("half"), RopeStyle::half);
     EXPECT_EQ(rope_style_from_name("interleaved"), RopeStyle::interleaved);
 }
+
+TEST(Rope, ARefusedPositionLeavesEveryRowAsItWas) {
+    // the bad position is the third row's: the rows before it must not be
+    // rotated either (the call works in place)
+    const int d = 4;
+    std::vector<float> x(4 * d, 1.0f);
+    const std::vector<float> before = x;
+    std::vector<int64_t> pos = {5, 6, -1, 7};
+    EXPECT_THROW(apply_rope(4, d, x.data(), pos.data(), RopeParams{}), faiss::FaissException);
+    EXPECT_EQ(x, before);
+    EXPECT_THROW(invert_rope(4, d, x.data(), pos.data(), RopeParams{}), faiss::FaissException);
+    EXPECT_EQ(x, before);
+}
