@@ -106,6 +106,60 @@ idx_t KVCache::n_tokens(int layer) const {
 
 namespace {
 
+/** A prefill's hold on the cache's RoPE, taken before any head changes:
+ * refused when another layer's prefill fixed, or is fixing, another RoPE.
+ * Until commit() it is a claim, which the destructor drops, so that a
+ * failed first prefill fixes nothing. */
+class RopeClaim {
+   public:
+    RopeClaim(KVCache& cache, int layer, const RopeParams& rope) : cache_(cache) {
+        std::lock_guard<std::mutex> lock(cache_.rope_mutex.mutex);
+        bool taken = cache_.has_rope || cache_.rope_claims > 0;
+        FAISS_THROW_IF_NOT_FMT(
+                !taken || rope == cache_.rope,
+                "KVCache::prefill: RoPE parameters mismatch: layer %d has theta=%g "
+                "style=%s, the cache has theta=%g style=%s (%s)",
+                layer,
+                rope.theta,
+                rope_style_name(rope.style),
+                cache_.rope.theta,
+                rope_style_name(cache_.rope.style),
+                cache_.has_rope ? "fixed by an earlier prefill"
+                                : "claimed by a prefill of another layer running now");
+        if (!cache_.has_rope) {
+            cache_.rope = rope;
+            cache_.rope_claims++;
+            claimed_ = true;
+        }
+    }
+    RopeClaim(const RopeClaim&) = delete;
+    RopeClaim& operator=(const RopeClaim&) = delete;
+
+    /// The prefill succeeded: the cache's RoPE is fixed.
+    void commit() {
+        std::lock_guard<std::mutex> lock(cache_.rope_mutex.mutex);
+        cache_.has_rope = true;
+        drop_locked();
+    }
+
+    ~RopeClaim() {
+        if (claimed_) {
+            std::lock_guard<std::mutex> lock(cache_.rope_mutex.mutex);
+            drop_locked();
+        }
+    }
+
+   private:
+    void drop_locked() {
+        if (claimed_) {
+            cache_.rope_claims--;
+            claimed_ = false;
+        }
+    }
+    KVCache& cache_;
+    bool claimed_ = false;
+};
+
 /// Clears has_rope in `index` and every index it holds.
 void forget_rope(KVIndex* index) {
     index->has_rope = false;
@@ -116,8 +170,18 @@ void forget_rope(KVIndex* index) {
 
 } // namespace
 
+bool KVCache::fixed_rope(RopeParams* out) const {
+    std::lock_guard<std::mutex> lock(rope_mutex.mutex);
+    if (has_rope && out) {
+        *out = rope;
+    }
+    return has_rope;
+}
+
 void KVCache::check_layer_in_step(int layer, const char* what) const {
     const idx_t n = n_tokens(layer);
+    RopeParams cache_rope;
+    const bool cache_has_rope = fixed_rope(&cache_rope);
     for (int h = 0; h < n_kv_heads; h++) {
         const KVIndex* x = index(layer, h);
         FAISS_THROW_IF_NOT_FMT(
@@ -130,15 +194,15 @@ void KVCache::check_layer_in_step(int layer, const char* what) const {
                 size_t(x->ntotal),
                 size_t(n));
         FAISS_THROW_IF_NOT_FMT(
-                !x->has_rope || (has_rope && x->rope == rope),
+                !x->has_rope || (cache_has_rope && x->rope == cache_rope),
                 "%s: layer %d: KV head %d has RoPE theta=%g that the cache does not (has_rope=%d, "
                 "theta=%g)",
                 what,
                 layer,
                 h,
                 x->rope.theta,
-                int(has_rope),
-                rope.theta);
+                int(cache_has_rope),
+                cache_rope.theta);
     }
 }
 
@@ -160,15 +224,7 @@ void KVCache::prefill(
     index(layer, 0); // checks the layer
     WriteScope scope(layer_calls[layer], "KVCache::prefill", "this layer of the cache");
     check_rope_params(rope, d);
-    FAISS_THROW_IF_NOT_FMT(
-            !has_rope || rope == this->rope,
-            "KVCache::prefill: RoPE parameters mismatch: layer %d has theta=%g "
-            "style=%s, the cache has theta=%g style=%s",
-            layer,
-            rope.theta,
-            rope_style_name(rope.style),
-            this->rope.theta,
-            rope_style_name(this->rope.style));
+    RopeClaim claim(*this, layer, rope);
     // Check everything before touching any head, so that bad input leaves
     // the layer as it was.
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::prefill: n=%zd must be >= 0", size_t(n));
@@ -205,16 +261,16 @@ void KVCache::prefill(
         // empty rather than half-filled, and a first prefill fixes no RoPE
         // (reset keeps it: the other heads would be out of step with the
         // cache, and a later prefill with another RoPE refused)
+        const bool keep_rope = fixed_rope(nullptr);
         for (int h = 0; h < n_kv_heads; h++) {
             index(layer, h)->reset();
-            if (!has_rope) {
+            if (!keep_rope) {
                 forget_rope(index(layer, h));
             }
         }
         throw;
     }
-    this->rope = rope;
-    has_rope = true;
+    claim.commit();
 }
 
 void KVCache::check_tokens(idx_t n, const float* keys, const float* values, const char* what)

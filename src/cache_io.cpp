@@ -44,9 +44,10 @@ void write_payload(const KVCache& c, BufferWriter& w) {
     w.string(c.index_string);
     w.string(c.dense_string);
     w.vector(std::vector<int32_t>(c.dense_layers.begin(), c.dense_layers.end()));
-    w.value<uint8_t>(c.has_rope);
-    w.value<double>(c.rope.theta);
-    w.value<uint8_t>(uint8_t(c.rope.style));
+    RopeParams rope; // the default when none is fixed, as before
+    w.value<uint8_t>(c.fixed_rope(&rope));
+    w.value<double>(rope.theta);
+    w.value<uint8_t>(uint8_t(rope.style));
     w.value<uint32_t>(kIndexFormatVersion);
     w.value<uint64_t>(c.indexes.size());
     for (const auto& index : c.indexes) {

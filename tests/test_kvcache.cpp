@@ -2,7 +2,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -168,6 +170,56 @@ TEST(KVCache, APrefillRefusedInOneHeadLeavesTheLayerAsItWas) {
         cache.prefill(0, n, k.data(), v.data(), 0, nullptr, nullptr, other);
         EXPECT_EQ(cache.n_tokens(0), n);
         EXPECT_NO_THROW(cache.check_invariants());
+    }
+}
+
+TEST(KVCache, PrefillsOfTwoLayersAtOnceAgreeOnOneRoPE) {
+    // two layers may be prefilled at the same time, but the cache has one
+    // RoPE: of two first prefills with different RoPEs exactly one is
+    // accepted, and the cache stays usable (both used to be accepted, the
+    // later one's RoPE kept, and the other layer refused every call after)
+    const idx_t n = 2000;
+    auto k = gaussian(2 * n, kD, 31), v = gaussian(2 * n, kDv, 32);
+    RopeParams ropes[2];
+    ropes[0].theta = 10000;
+    ropes[1].theta = 500000;
+    for (int trial = 0; trial < 20; trial++) {
+        SCOPED_TRACE(trial);
+        KVCache cache(2, 2, 2, kD, kDv, "Flat");
+        std::atomic<int> ready{0};
+        bool accepted[2] = {false, false};
+        std::vector<std::thread> threads;
+        for (int l = 0; l < 2; l++) {
+            threads.emplace_back([&, l] {
+                ready++;
+                while (ready.load() < 2) {
+                }
+                try {
+                    cache.prefill(l, n, k.data(), v.data(), 0, nullptr, nullptr, ropes[l]);
+                    accepted[l] = true;
+                } catch (const faiss::FaissException& e) {
+                    EXPECT_NE(std::string(e.what()).find("RoPE parameters mismatch"),
+                              std::string::npos)
+                            << e.what();
+                }
+            });
+        }
+        for (auto& t : threads) {
+            t.join();
+        }
+        ASSERT_EQ(int(accepted[0]) + int(accepted[1]), 1);
+        const int won = accepted[0] ? 0 : 1;
+        RopeParams fixed;
+        ASSERT_TRUE(cache.fixed_rope(&fixed));
+        EXPECT_EQ(fixed, ropes[won]);
+        EXPECT_NO_THROW(cache.check_invariants());
+        EXPECT_EQ(cache.n_tokens(1 - won), 0);
+        // the refused layer takes a prefill with the cache's RoPE
+        cache.prefill(1 - won, n, k.data(), v.data(), 0, nullptr, nullptr, ropes[won]);
+        std::vector<float> q = gaussian(2, kD, 33), out(2 * kDv);
+        for (int l = 0; l < 2; l++) {
+            EXPECT_NO_THROW(cache.attend(l, 1, q.data(), out.data(), nullptr));
+        }
     }
 }
 

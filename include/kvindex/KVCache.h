@@ -1,12 +1,24 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <kvindex/KVIndex.h>
 
 namespace kvindex {
+
+/// A mutex a copy or move of its owner does not share: the new owner gets
+/// a fresh one (owners are copied or moved only while no call runs on them).
+struct OwnMutex {
+    std::mutex mutex;
+    OwnMutex() = default;
+    OwnMutex(const OwnMutex&) {}
+    OwnMutex& operator=(const OwnMutex&) {
+        return *this;
+    }
+};
 
 /** The KV cache of a model: n_layers x n_kv_heads indexes, built from one
  * factory string (and optionally another for the dense layers, e.g. layer 0).
@@ -33,8 +45,16 @@ struct KVCache {
     std::vector<int> dense_layers;  ///< layers built from dense_string
     /// size n_layers * n_kv_heads, index (layer, h) at layer * n_kv_heads + h
     std::vector<std::unique_ptr<KVIndex>> indexes;
-    RopeParams rope;       ///< fixed by the first prefill; every layer must agree
+    /// fixed by the first prefill; every layer must agree. Prefills of
+    /// different layers may run at once: read it through fixed_rope()
+    RopeParams rope;
     bool has_rope = false; ///< whether a prefill has fixed `rope`
+    /// prefills in flight that claimed `rope` before any prefill fixed it
+    /// (a second layer's prefill must agree with a claim, and the claim
+    /// goes when its prefill fails)
+    int rope_claims = 0;
+    /// guards rope, has_rope and rope_claims
+    mutable OwnMutex rope_mutex;
     /// size n_layers: the calls running on each layer. A write (prefill,
     /// append, add_queries) overlapping another call on its layer is refused
     /// before any head changes, so the heads never differ in length
@@ -63,6 +83,10 @@ struct KVCache {
             int d_value,
             const std::vector<int>& dense_layers);
 
+    /// Whether a prefill has fixed the cache's RoPE, and if so which
+    /// (copied into *out, which may be nullptr); safe beside prefills.
+    bool fixed_rope(RopeParams* out) const;
+
     int group_size() const {
         return n_q_heads / n_kv_heads;
     }
@@ -75,7 +99,9 @@ struct KVCache {
     idx_t n_tokens(int layer) const;
 
     /** Prefill of one layer. All input is checked before any head changes;
-     * if a head fails inside its index, the layer is left empty.
+     * if a head fails inside its index, the layer is left empty. The first
+     * prefill fixes the cache's RoPE; prefills of other layers running at
+     * the same time must agree with it, or are refused.
      * @param keys       size n_kv_heads * n * d
      * @param values     size n_kv_heads * n * d_value
      * @param queries    size n_q_heads * n_queries * d, or nullptr
