@@ -223,6 +223,14 @@ const KVIndex* IndexChoose::chosen_index() const {
     return chosen >= 0 ? candidates[chosen].get() : nullptr;
 }
 
+std::vector<const KVIndex*> IndexChoose::held_indexes() const {
+    std::vector<const KVIndex*> all;
+    for (const auto& c : candidates) {
+        all.push_back(c.get());
+    }
+    return all;
+}
+
 std::vector<const KVIndex*> IndexChoose::children() const {
     if (chosen >= 0 && size_t(chosen) < candidates.size()) {
         return {candidates[chosen].get()};

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include <faiss/impl/FaissAssert.h>
 
@@ -116,14 +117,16 @@ struct ParameterSnapshot {
 
     /// Records, for each index of the chain, the value its part of the
     /// chain reports: a wrapper that mirrors a child's knob (Hybrid's k)
-    /// gets its mirror back too.
+    /// gets its mirror back too. Dormant indexes are recorded as well
+    /// (held_indexes): a Choose hands a knob to its unchosen candidates,
+    /// and setting its own entry back gives them the chosen one's value.
     void take(KVIndex* index, const std::string& name) {
         double value;
         if (get_in_chain(index, name, &value)) {
             entries.push_back({index, name, value});
         }
-        for (KVIndex* child : index->mutable_children()) {
-            take(child, name);
+        for (const KVIndex* held : std::as_const(*index).held_indexes()) {
+            take(const_cast<KVIndex*>(held), name); // held by the mutable `index`
         }
     }
 

@@ -557,6 +557,26 @@ TEST(Choose, Parameters) {
     set_index_parameter(index.get(), "budget", 10); // empty again: accepted
 }
 
+TEST(Choose, ARefusedItemLeavesEachCandidatesOwnKnob) {
+    // per-candidate knobs are set on candidates[i] (the header's advice);
+    // after a choice a refused set_index_parameters must give each
+    // candidate its own value back, not the chosen one's
+    Head h = flat_head(500, 80, 1, 2, 103);
+    auto index = index_factory(kD, "Choose(Flat;TopK(Flat);ProxyEvict20)", kDv);
+    IndexChoose& choose = as_choose(index.get());
+    choose.candidates[1]->k = 7;
+    choose.candidates[2]->k = 9;
+    index->prefill(h.input());
+    ASSERT_EQ(choose.chosen, 0);
+    const idx_t before[3] = {choose.candidates[0]->k, 7, 9};
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "k=50,no_such_knob=1"), "no_such_knob");
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "k=60,n_holdout=8"), "prefill-time");
+    for (size_t c = 0; c < 3; c++) {
+        EXPECT_EQ(choose.candidates[c]->k, before[c]) << "candidate " << c;
+    }
+    EXPECT_EQ(get_index_parameter(index.get(), "k"), double(before[0]));
+}
+
 TEST(Choose, IoRoundTripIsBitIdentical) {
     Head h = sparse_head(400, 60, 3, 5, 111);
     auto index = index_factory(kD, "Choose(TopK(Flat);LSHSample6x20;Sink4,Window16,Flat)|k=8", kDv);

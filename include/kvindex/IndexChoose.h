@@ -117,6 +117,8 @@ struct IndexChoose : KVIndex {
     std::string factory_string() const override;
     /// Every candidate before a choice, the chosen one after.
     std::vector<const KVIndex*> children() const override;
+    /// Every candidate, chosen or not.
+    std::vector<const KVIndex*> held_indexes() const override;
     std::vector<ParameterInfo> parameter_info() const override;
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;

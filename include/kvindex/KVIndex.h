@@ -333,6 +333,14 @@ struct KVIndex : faiss::Index {
     virtual std::vector<const KVIndex*> children() const;
     std::vector<KVIndex*> mutable_children();
 
+    /// Every index this one holds, in use or not: children(), and the
+    /// indexes a type keeps dormant (IndexChoose's unchosen candidates).
+    /// For walks that must reach them all, as setting parameters back
+    /// after a refused item does.
+    virtual std::vector<const KVIndex*> held_indexes() const {
+        return children();
+    }
+
     /// This type's own knobs (k included); set_index_parameters walks the
     /// children, so wrappers list only what they read themselves.
     virtual std::vector<ParameterInfo> parameter_info() const;
