@@ -97,6 +97,8 @@ void assign_keys_to_buckets(
     check_not_null(centroids, "assign_keys_to_buckets: centroids");
     check_not_null(out, "assign_keys_to_buckets: out");
     check_input(keys, n, d, "assign_keys_to_buckets: keys");
+    // a NaN centroid wins no comparison: every key would land in bucket 0
+    check_finite(centroids, n_centroids, d, "assign_keys_to_buckets: centroids");
     std::vector<float> k = de_rope(keys, n, d, first_position, rope);
     assign_to_centroids(k.data(), n, d, centroids, n_centroids, out);
 }
@@ -112,14 +114,20 @@ IVFAsymTrainer::IVFAsymTrainer(int d, const IVFAsymTrainingParams& p)
             p.hidden);
     FAISS_THROW_IF_NOT_FMT(
             p.kmeans_iterations >= 1 && p.kmeans_points_per_centroid >= 1 &&
+                    p.kmeans_points_per_centroid <= kMaxKmeansPointsPerCentroid &&
                     p.min_distance >= 0 && p.n_sink >= 0 && p.queries_per_prompt >= 1 &&
                     p.max_samples >= 1 && p.held_out_fraction >= 0 && p.held_out_fraction < 1,
-            "IVFAsymTrainer: invalid parameters (kmeans_iterations=%d min_distance=%zd "
+            "IVFAsymTrainer: invalid parameters (kmeans_iterations=%d "
+            "kmeans_points_per_centroid=%zd (at most %zd) min_distance=%zd "
             "queries_per_prompt=%zd held_out_fraction=%g)",
             p.kmeans_iterations,
+            ssize_t(p.kmeans_points_per_centroid),
+            ssize_t(kMaxKmeansPointsPerCentroid),
             size_t(p.min_distance),
             size_t(p.queries_per_prompt),
             p.held_out_fraction);
+    // checked here, not after every prompt has been read
+    check_qmodel_train_params(p.adam, "IVFAsymTrainer: adam");
 }
 
 void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
@@ -197,7 +205,7 @@ void IVFAsymTrainer::run_kmeans() {
     cp.niter = params.kmeans_iterations;
     cp.seed = int(params.seed & 0x7fffffff);
     cp.min_points_per_centroid = 1; // the caller sized the sample
-    cp.max_points_per_centroid = int(std::min<idx_t>(params.kmeans_points_per_centroid, 1 << 30));
+    cp.max_points_per_centroid = int(params.kmeans_points_per_centroid);
     faiss::Clustering clus(d, params.n_centroids, cp);
     faiss::IndexFlatL2 quantizer(d);
     clus.train(n, kmeans_sample_.data(), quantizer);
@@ -307,12 +315,16 @@ const IVFAsymTrainingReport& IVFAsymTrainer::train(
         std::copy_n(rows_t_.data() + order[i] * C, C, t.data() + i * C);
     }
     auto t0 = std::chrono::steady_clock::now();
-    qmodel = QModel(d, params.hidden, C, params.seed);
+    // trained aside: a failed run (or a throwing `progress`) leaves the
+    // trainer's model as it was, not a random one that looks trained
+    QModel m(d, params.hidden, C, params.seed);
     const float* hx = x.data() + n_train * d;
     const float* ht = t.data() + n_train * C;
-    report.initial_held_out_loss =
-            n_held > 0 ? qmodel_eval_loss(qmodel, n_held, hx, ht) : std::nan("");
-    report.curve = train_qmodel(qmodel, n_train, x.data(), t.data(), n_held, hx, ht, params.adam, progress);
+    double initial = n_held > 0 ? qmodel_eval_loss(m, n_held, hx, ht) : std::nan("");
+    auto curve = train_qmodel(m, n_train, x.data(), t.data(), n_held, hx, ht, params.adam, progress);
+    qmodel = std::move(m);
+    report.initial_held_out_loss = initial;
+    report.curve = std::move(curve);
     report.qmodel_seconds = seconds_since(t0);
     return report;
 }

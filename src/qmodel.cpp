@@ -355,18 +355,18 @@ void fill_normal(std::vector<float>& v, size_t size, float stddev, std::mt19937_
     }
 }
 
-void check_train_params(const QModelTrainParams& p) {
-    FAISS_THROW_IF_NOT_FMT(p.batch_size >= 2, "train_qmodel: batch_size = %d, needs >= 2", p.batch_size);
-    FAISS_THROW_IF_NOT_FMT(p.iterations >= 0 && p.eval_every > 0, "train_qmodel: iterations = %d, eval_every = %d",
-                           p.iterations, p.eval_every);
+} // namespace
+
+void check_qmodel_train_params(const QModelTrainParams& p, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(p.batch_size >= 2, "%s: batch_size = %d, needs >= 2", what, p.batch_size);
+    FAISS_THROW_IF_NOT_FMT(p.iterations >= 0 && p.eval_every > 0, "%s: iterations = %d, eval_every = %d",
+                           what, p.iterations, p.eval_every);
     // finite too: an infinite rate or epsilon trains the model into NaN
     FAISS_THROW_IF_NOT_FMT(p.learning_rate > 0 && std::isfinite(p.learning_rate) && p.beta1 >= 0 && p.beta1 < 1 &&
                                    p.beta2 >= 0 && p.beta2 < 1 && p.adam_eps > 0 && std::isfinite(p.adam_eps),
-                           "train_qmodel: Adam parameters lr = %g, beta1 = %g, beta2 = %g, eps = %g out of range",
-                           p.learning_rate, p.beta1, p.beta2, p.adam_eps);
+                           "%s: Adam parameters lr = %g, beta1 = %g, beta2 = %g, eps = %g out of range",
+                           what, p.learning_rate, p.beta1, p.beta2, p.adam_eps);
 }
-
-} // namespace
 
 QModel::QModel(int d, int hidden, int n_classes, uint64_t seed) : d(d), hidden(hidden), n_classes(n_classes) {
     check_dims(d, hidden, n_classes, "QModel");
@@ -476,7 +476,7 @@ std::vector<QModelLossPoint> train_qmodel(QModel& m, idx_t n, const float* x, co
     check_usable(m);
     m.check(); // a scan of the weights costs less than one step, and training NaNs is pointless
     FAISS_THROW_IF_NOT_FMT(n >= 2, "train_qmodel: n = %zd training rows, needs >= 2", size_t(n));
-    check_train_params(params);
+    check_qmodel_train_params(params, "train_qmodel");
     check_x(n, x, m.d, "x");
     check_targets(n, targets, m.n_classes, "targets");
     check_x(n_held, held_x, m.d, "held_x");

@@ -389,6 +389,48 @@ TEST(IVFAsym, TrainingLowersHeldOutLoss) {
             << "initial " << r.initial_held_out_loss;
 }
 
+TEST(IVFAsym, TheTrainerRefusesBadKnobsAtOnceAndAFailedRunKeepsItsModel) {
+    // Adam's knobs used to be checked only by train(), after every prompt
+    IVFAsymTrainingParams p = test_training_params();
+    p.adam.learning_rate = 0;
+    EXPECT_THROW_MSG(IVFAsymTrainer(kD, p), "IVFAsymTrainer: adam: Adam parameters lr = 0");
+    p = test_training_params();
+    p.adam.batch_size = 1;
+    EXPECT_THROW_MSG(IVFAsymTrainer(kD, p), "batch_size = 1");
+    // the k-means sample size (points per centroid x C) used to wrap
+    p = test_training_params();
+    p.kmeans_points_per_centroid = idx_t(1) << 61;
+    EXPECT_THROW_MSG(IVFAsymTrainer(kD, p), "kmeans_points_per_centroid=2305843009213693952");
+
+    // a run that fails inside train_qmodel (knobs changed after
+    // construction) used to leave a random model that reported itself trained
+    IVFAsymTrainer t(kD, test_training_params());
+    Head h = ood_head(1500, 100);
+    std::vector<float> scratch;
+    t.add_prompt(h.prefill(h.n, scratch));
+    t.params.adam.learning_rate = -1;
+    EXPECT_THROW_MSG(t.train(), "Adam parameters");
+    EXPECT_FALSE(t.qmodel_trained());
+    EXPECT_TRUE(t.qmodel.w1.empty());
+    // a progress callback that throws stops the run the same way
+    t.params.adam = test_training_params().adam;
+    EXPECT_THROW_MSG(
+            t.train([](const QModelLossPoint&) { FAISS_THROW_MSG("stopped by the caller"); }),
+            "stopped by the caller");
+    EXPECT_FALSE(t.qmodel_trained());
+    t.train();
+    EXPECT_TRUE(t.qmodel_trained());
+
+    // a NaN centroid won no comparison: every key went to bucket 0
+    std::vector<float> centroids = t.centroids;
+    centroids[1] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<int32_t> buckets(h.n);
+    EXPECT_THROW_MSG(
+            assign_keys_to_buckets(h.keys.data(), h.n, kD, 0, t.rope, centroids.data(), kC,
+                                   buckets.data()),
+            "assign_keys_to_buckets: centroids: non-finite value nan at row 0");
+}
+
 TEST(IVFAsym, TrainedClassifierCapturesMoreMassThanNearestCentroid) {
     const IVFAsymTrainer& t = trained_on_ood();
     Head h = ood_head(2000, 999); // a new prompt

@@ -12,11 +12,16 @@ namespace kvindex {
 
 /** What SAAP trains per (layer, KV head) and how (saap.txt §4, Appendix A),
  * with defaults sized for a 2-core machine and 8k-token prompts. */
+/// largest IVFAsymTrainingParams::kmeans_points_per_centroid (Faiss's
+/// k-means takes an int)
+constexpr idx_t kMaxKmeansPointsPerCentroid = idx_t(1) << 30;
+
 struct IVFAsymTrainingParams {
     int n_centroids = 64;      ///< C, the buckets
     int hidden = 256;          ///< width of the Q-model's hidden layer (the paper: 1024)
     int kmeans_iterations = 10;
-    /// k-means runs on at most this many keys per centroid (Faiss's own cap)
+    /// k-means runs on at most this many keys per centroid (Faiss's own
+    /// cap), at most kMaxKmeansPointsPerCentroid
     idx_t kmeans_points_per_centroid = 256;
     /** Long range: a training query is kept only when its best key (sinks
      * excluded) is more than min_distance tokens back, and its target is the

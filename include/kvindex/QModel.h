@@ -98,6 +98,11 @@ struct QModelTrainParams {
     bool keep_best = true;
 };
 
+/// Throws, with messages starting with `what`, unless train_qmodel can run
+/// with p (batch of 2 or more, Adam's rate and epsilon finite and > 0,
+/// betas in [0, 1)).
+void check_qmodel_train_params(const QModelTrainParams& p, const char* what);
+
 /// One point of a training run's loss curve.
 struct QModelLossPoint {
     int iteration;
