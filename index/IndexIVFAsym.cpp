@@ -837,6 +837,22 @@ void IndexIVFAsym::check_invariants() const {
             size_t(first_position),
             size_t(n_after),
             group_size);
+    // what the reader refuses in the header (the fields are public)
+    FAISS_THROW_IF_NOT_FMT(
+            int(probe) >= 0 && int(probe) <= int(IVFAsymProbe::moment) && d % 2 == 0 &&
+                    std::isfinite(var_weight) && var_weight >= 0 && var_weight <= 1,
+            "IndexIVFAsym: invalid probe=%d, d=%d or var_weight=%g",
+            int(probe),
+            d,
+            double(var_weight));
+    // positions first_position .. + ntotal + n_after must not wrap
+    FAISS_THROW_IF_NOT_FMT(
+            first_position <= kMaxPosition && n_after <= kMaxPosition &&
+                    ntotal <= kMaxPosition - first_position - n_after,
+            "IndexIVFAsym: first_position=%zd + ntotal=%zd + n_after=%zd must be <= 2^62",
+            ssize_t(first_position),
+            ssize_t(ntotal),
+            ssize_t(n_after));
     FAISS_THROW_IF_NOT_FMT(
             centroids.empty() || centroids.size() == size_t(n_centroids) * d,
             "IndexIVFAsym: %zd centroid floats, expected 0 or C * d = %d * %d",

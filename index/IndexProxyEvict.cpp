@@ -643,6 +643,10 @@ void IndexProxyEvict::check_children_in_step() const {
 void IndexProxyEvict::check_invariants() const {
     KVIndex::check_invariants();
     FAISS_THROW_IF_NOT_MSG(inner, "IndexProxyEvict: inner index missing");
+    FAISS_THROW_IF_NOT_FMT(
+            int(policy) >= 0 && int(policy) <= int(EvictPolicy::random),
+            "IndexProxyEvict: invalid eviction policy %d",
+            int(policy));
     check_scoring_knobs("IndexProxyEvict: record inconsistent");
     bool sorted = true;
     for (size_t i = 0; i < positions.size(); i++) {

@@ -1502,19 +1502,7 @@ void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
         anchor_lists.clear();
     }
     walk_bits = version >= 3 ? r.value<int32_t>("walk_bits") : 0;
-    FAISS_THROW_IF_NOT_FMT(
-            M >= 2 && M <= kMaxM && Nq >= 1 && build_L >= 1 && max_train_queries >= 1 &&
-                    efSearch >= 1 && n_train_queries >= 0 && n_hubs >= -1 && n_anchors >= 0 &&
-                    recent_queries >= 0 && seed_anchors >= 0 && (walk_bits == 0 || walk_bits == 8),
-            "read_index: invalid RoarGraph parameters M=%d Nq=%d build_L=%d efSearch=%d "
-            "recent_queries=%zd seed_anchors=%d walk_bits=%d",
-            M,
-            Nq,
-            build_L,
-            efSearch,
-            size_t(recent_queries),
-            seed_anchors,
-            walk_bits);
+    check_knobs("read_index");
     storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "RoarGraph storage");
     degrees = r.vector<uint16_t>("RoarGraph degrees");
@@ -1614,8 +1602,26 @@ void IndexRoarGraph::check_graph() const {
     }
 }
 
+void IndexRoarGraph::check_knobs(const char* what) const {
+    FAISS_THROW_IF_NOT_FMT(
+            M >= 2 && M <= kMaxM && Nq >= 1 && build_L >= 1 && max_train_queries >= 1 &&
+                    efSearch >= 1 && n_train_queries >= 0 && n_hubs >= -1 && n_anchors >= 0 &&
+                    recent_queries >= 0 && seed_anchors >= 0 && (walk_bits == 0 || walk_bits == 8),
+            "%s: invalid RoarGraph parameters M=%d Nq=%d build_L=%d efSearch=%d "
+            "recent_queries=%zd seed_anchors=%d walk_bits=%d",
+            what,
+            M,
+            Nq,
+            build_L,
+            efSearch,
+            ssize_t(recent_queries),
+            seed_anchors,
+            walk_bits);
+}
+
 void IndexRoarGraph::check_invariants() const {
     KVIndex::check_invariants();
+    check_knobs("IndexRoarGraph");
     FAISS_THROW_IF_NOT_FMT(
             storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
                     storage.type == kv_type,

@@ -460,8 +460,9 @@ bool IndexTopK::get_parameter(const std::string& name, double* value) const {
 
 namespace {
 
-/// The training sizes a record may hold: checked by the reader, and by the
-/// writer too (the fields are public), so that a saved index reads back.
+/// The training sizes a record may hold: checked by the reader, and by
+/// check_invariants, which the writer runs (the fields are public), so
+/// that a saved index reads back.
 void check_training_sizes(idx_t min_points, idx_t max_points, const char* where) {
     FAISS_THROW_IF_NOT_FMT(
             max_points >= 1 && max_points <= IndexTopK::kMaxTrainPoints && min_points >= 1 &&
@@ -475,7 +476,6 @@ void check_training_sizes(idx_t min_points, idx_t max_points, const char* where)
 } // namespace
 
 void IndexTopK::write_fields(BufferWriter& w) const {
-    check_training_sizes(min_train_points, max_train_points, "write_index");
     w.string(retriever_string);
     w.value<int64_t>(max_train_points);
     w.value<int64_t>(min_train_points);
@@ -525,10 +525,11 @@ void IndexTopK::check_invariants() const {
                     retriever->ntotal == (retriever->is_trained ? ntotal : 0) &&
                     storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
                     storage.type == kv_type &&
-                    storage.size() == ntotal && max_train_points > 0 && min_train_points > 0,
+                    storage.size() == ntotal,
             "IndexTopK(%s): retriever, storage and ntotal=%zd disagree",
             retriever_string.c_str(),
             size_t(ntotal));
+    check_training_sizes(min_train_points, max_train_points, "IndexTopK");
 }
 
 } // namespace kvindex

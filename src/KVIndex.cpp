@@ -160,6 +160,12 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     check_input(values, n, d_value, "add_kv: values");
     check_kv_type_fits(kv_type, keys, size_t(n) * d, d, "add_kv: keys");
     check_kv_type_fits(kv_type, values, size_t(n) * d_value, d_value, "add_kv: values");
+    // a count (or an eviction index's position) near the top would wrap
+    FAISS_THROW_IF_NOT_FMT(
+            ntotal <= kMaxPosition && n <= kMaxPosition - ntotal,
+            "add_kv: ntotal=%zd + n=%zd tokens is more than an index counts (2^62)",
+            ssize_t(ntotal),
+            ssize_t(n));
     write_tokens([&] { add_kv_impl(n, keys, values); });
     ntotal += n;
 }
@@ -190,7 +196,6 @@ void check_prompt(const PrefillInput& in, int d, const char* what) {
     FAISS_THROW_IF_NOT_FMT(in.n_after >= 0, "%s: n_after=%zd must be >= 0", what, ssize_t(in.n_after));
     // every position (first_position + j, + n_after) must be representable:
     // checked by subtraction, the sum itself could overflow
-    constexpr idx_t kMaxPosition = idx_t(1) << 62;
     FAISS_THROW_IF_NOT_FMT(
             in.first_position <= kMaxPosition && in.n_after <= kMaxPosition &&
                     in.n_tokens <= kMaxPosition - in.first_position - in.n_after,
@@ -662,8 +667,24 @@ void KVIndex::check_invariants() const {
             type_name(),
             d,
             d_value);
-    FAISS_THROW_IF_NOT_FMT(ntotal >= 0, "%s: invalid ntotal %zd", type_name(), size_t(ntotal));
-    FAISS_THROW_IF_NOT_FMT(k > 0, "%s: invalid k %zd", type_name(), size_t(k));
+    FAISS_THROW_IF_NOT_FMT(
+            ntotal >= 0 && ntotal <= kMaxPosition,
+            "%s: invalid ntotal %zd (must be in [0, 2^62])",
+            type_name(),
+            ssize_t(ntotal));
+    FAISS_THROW_IF_NOT_FMT(k > 0, "%s: invalid k %zd", type_name(), ssize_t(k));
+    FAISS_THROW_IF_NOT_FMT(
+            estimator == Estimator::topk || estimator == Estimator::unbiased,
+            "%s: invalid estimator %d",
+            type_name(),
+            int(estimator));
+    FAISS_THROW_IF_NOT_FMT(
+            std::isfinite(rope.theta) && rope.theta > 0 &&
+                    (rope.style == RopeStyle::half || rope.style == RopeStyle::interleaved),
+            "%s: invalid RoPE theta=%g style=%d",
+            type_name(),
+            rope.theta,
+            int(rope.style));
     FAISS_THROW_IF_NOT_FMT(
             metric_type == faiss::METRIC_INNER_PRODUCT,
             "%s: metric must be inner product",

@@ -76,6 +76,16 @@ void check_ivf(const faiss::IndexIVF* ivf, idx_t ntotal) {
             "read_index: IVF lists hold %zd ids for %zd vectors",
             total,
             size_t(ntotal));
+    // each id once: a repeated id (and so a missing one) would be selected
+    // twice and count twice in attention. Sized by the ids the file holds.
+    std::vector<bool> seen(size_t(ntotal), false);
+    for (size_t l = 0; l < ivf->nlist; l++) {
+        for (idx_t id : lists->ids[l]) {
+            FAISS_THROW_IF_NOT_FMT(
+                    !seen[id], "read_index: IVF list %zd holds id %zd a second time", l, size_t(id));
+            seen[id] = true;
+        }
+    }
 }
 
 void check_hnsw(const faiss::IndexHNSW* index, idx_t n) {

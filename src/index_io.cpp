@@ -71,7 +71,10 @@ void write_index_record(const KVIndex* index, BufferWriter& w) {
         write_index_record(twin.get(), w); // e.g. a GPU index: its CPU twin's record
         return;
     }
-    index->check_children(); // else the record would not read back
+    // what read_index_record checks, so that no record is saved that does
+    // not read back (e.g. a field assigned out of range through C++)
+    index->check_children();
+    index->check_invariants();
     IndexTypeInfo t = index_type_of(index);
     w.value(t.fourcc);
     w.value(t.record_version);

@@ -12,7 +12,12 @@
 
 #include <gtest/gtest.h>
 
+#include <kvindex/KVIndex.h>
+#include <kvindex/impl/io.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
+#include <kvindex/registry.h>
 
 namespace kvtest {
 
@@ -38,6 +43,35 @@ inline void forge_header(std::vector<uint8_t>& buf) {
     std::memcpy(buf.data() + 8, &payload, 8);
     uint32_t crc = crc32_ref(buf.data() + kIndexHeaderSize, payload);
     std::memcpy(buf.data() + 16, &crc, 4);
+}
+
+/** The file write_index would save for `index`, without the checks the
+ * writer runs first (check_invariants): how the io tests turn an index
+ * broken in memory into the record a forger would write, which the
+ * reader must refuse. The outer record is written here from the payload
+ * grammar of index_io.h, independently of src/index_io.cpp; the type's
+ * own fields through its write_fields (inner records stay checked). */
+inline std::vector<uint8_t> write_unchecked(const kvindex::KVIndex* index) {
+    // the frame's magic and format version, as the library writes them
+    std::vector<uint8_t> buf;
+    kvindex::write_index(kvindex::index_factory(4, "Flat").get(), &buf);
+    buf.resize(kIndexHeaderSize);
+    kvindex::BufferWriter w(&buf);
+    kvindex::IndexTypeInfo t = kvindex::index_type_of(index);
+    w.value<uint32_t>(t.fourcc);
+    w.value<uint32_t>(t.record_version);
+    w.value<int32_t>(index->d);
+    w.value<int32_t>(index->d_value);
+    w.value<int64_t>(index->ntotal);
+    w.value<int64_t>(index->k);
+    w.value<uint8_t>(uint8_t(index->estimator));
+    w.value<uint8_t>(index->has_rope);
+    w.value<double>(index->rope.theta);
+    w.value<uint8_t>(uint8_t(index->rope.style));
+    w.value<uint8_t>(uint8_t(index->kv_type));
+    index->write_fields(w);
+    forge_header(buf);
+    return buf;
 }
 
 /// Every knob of `knobs` ("a=1,b=2") reads back with its value.

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -25,7 +27,13 @@
 #include <faiss/index_io.h>
 #include <faiss/invlists/InvertedLists.h>
 
+#include <kvindex/IndexHybrid.h>
+#include <kvindex/IndexIVFAsym.h>
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexProxyEvict.h>
+#include <kvindex/IndexLSHSample.h>
+#include <kvindex/IndexRoarGraph.h>
+#include <kvindex/KVCache.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/index_factory.h>
@@ -348,6 +356,82 @@ TEST(IO, TopKTrainingSizesAreCheckedAtWrite) {
     EXPECT_EQ(dynamic_cast<IndexTopK*>(read_index(buf).get())->max_train_points, 1000);
 }
 
+TEST(IO, AFieldOutOfRangeIsRefusedAtWrite) {
+    // public fields assigned through C++: each value is one read_index
+    // refuses, so write_index and write_cache refuse it first
+    auto filled = [](const char* s) {
+        auto index = index_factory(kDim, s);
+        std::vector<float> k = kvtest::gaussian(300, kDim, 81), v = kvtest::gaussian(300, kDim, 82);
+        PrefillInput in;
+        in.n_tokens = 300;
+        in.keys = k.data();
+        in.values = v.data();
+        in.n_queries = 64;
+        in.queries = k.data() + 236 * kDim;
+        index->prefill(in);
+        return index;
+    };
+    struct Case {
+        const char* factory;
+        std::function<void(KVIndex*)> spoil;
+        const char* message;
+    };
+    const Case cases[] = {
+            {"Flat", [](KVIndex* x) { x->k = 0; }, "invalid k"},
+            {"Flat", [](KVIndex* x) { x->estimator = Estimator(7); }, "invalid estimator 7"},
+            {"Flat", [](KVIndex* x) { x->rope.theta = -1; }, "invalid RoPE theta=-1"},
+            {"LSHSample4x8",
+             [](KVIndex* x) { dynamic_cast<IndexLSHSample*>(x)->min_hits = 99; },
+             "min_hits"},
+            {"RoarGraph8", [](KVIndex* x) { dynamic_cast<IndexRoarGraph*>(x)->efSearch = 0; },
+             "efSearch"},
+            {"Hybrid(TopK(Flat),Uniform)",
+             [](KVIndex* x) { dynamic_cast<IndexHybrid*>(x)->delta = 2; }, "delta"},
+            {"IVFAsym8",
+             [](KVIndex* x) { dynamic_cast<IndexIVFAsym*>(x)->var_weight = 3; }, "var_weight=3"},
+            {"ProxyEvict20",
+             [](KVIndex* x) { dynamic_cast<IndexProxyEvict*>(x)->policy = EvictPolicy(9); },
+             "invalid eviction policy 9"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.factory);
+        auto index = filled(c.factory);
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        read_index(buf); // as built, it reads back
+        c.spoil(index.get());
+        buf.clear();
+        EXPECT_THROW_MSG(write_index(index.get(), &buf), c.message);
+    }
+    // a cache saves its indexes' records: one spoilt head refuses the file
+    KVCache cache(1, 1, 1, kDim, kDim, "Flat");
+    cache.index(0, 0)->k = -3;
+    std::vector<uint8_t> buf;
+    EXPECT_THROW_MSG(write_cache(cache, &buf), "invalid k -3");
+}
+
+TEST(IO, ATokenCountNearTheTopIsRefused) {
+    // a forged count used to be accepted: the next append wrapped it
+    // negative, and the index refused every call after
+    auto index = index_factory(kDim, "ProxyEvict20_StreamingLLM");
+    std::vector<float> k = kvtest::gaussian(40, kDim, 83), v = kvtest::gaussian(40, kDim, 84);
+    index->add_kv(40, k.data(), v.data());
+    std::vector<uint8_t> buf;
+    write_index(index.get(), &buf);
+    // header, then the outer record: fourcc, record version, d, d_value, ntotal
+    const size_t at = kvtest::kIndexHeaderSize + 4 + 4 + 4 + 4;
+    int64_t stored;
+    std::memcpy(&stored, buf.data() + at, 8);
+    ASSERT_EQ(stored, 40);
+    const int64_t forged = std::numeric_limits<int64_t>::max() - 2;
+    std::memcpy(buf.data() + at, &forged, 8);
+    kvtest::forge_header(buf);
+    EXPECT_THROW_MSG(read_index(buf), "invalid ntotal 9223372036854775805");
+    // and an append that would carry a count past 2^62 is refused
+    index->ntotal = kMaxPosition - 2;
+    EXPECT_THROW_MSG(index->add_kv(5, k.data(), v.data()), "more than an index counts");
+}
+
 TEST(IO, UntrainedRetriever) {
     // Fewer keys than IVF lists: the retriever is saved untrained, and the
     // copy trains on the same sample as the original when keys arrive.
@@ -583,6 +667,21 @@ TEST(IO, ForgedRetrieverStructureIsRefused) {
         std::vector<uint8_t> buf;
         write_index(index.get(), &buf);
         EXPECT_THROW_MSG(read_index(buf), "out of");
+    }
+    {
+        // an id repeated (and so another missing): the count still agrees,
+        // and the token would be selected, and weighed, twice
+        auto index = topk_with("TopK(IVF4,Flat)", 200);
+        auto* ivf = faiss::ivflib::extract_index_ivf(mutable_topk(index.get())->retriever.get());
+        auto* lists = dynamic_cast<faiss::ArrayInvertedLists*>(ivf->invlists);
+        size_t l = 0;
+        while (lists->ids[l].size() < 2) {
+            l++;
+        }
+        lists->ids[l][1] = lists->ids[l][0];
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        EXPECT_THROW_MSG(read_index(buf), "a second time");
     }
     {
         auto index = topk_with("TopK(HNSW8)", 200);

@@ -418,6 +418,9 @@ struct IndexRoarGraph : KVIndex {
     }
     /// Throws naming the first inconsistency of the edges (read, invariants).
     void check_graph() const;
+    /// Throws (messages start with `what`) unless the knobs are in the
+    /// ranges the reader accepts: read_fields and check_invariants.
+    void check_knobs(const char* what) const;
 };
 
 } // namespace kvindex

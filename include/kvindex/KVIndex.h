@@ -149,6 +149,11 @@ struct AccessCount {
  * process on overflowed distances); activations are far below it. */
 constexpr float kMaxInputMagnitude = 1e12f;
 
+/// Largest token count or position an index accepts (2^62): a sum of two
+/// of them stays within idx_t, so counts and positions add without
+/// wrapping. Far above any context (and any buffer: 2^56 bytes).
+constexpr idx_t kMaxPosition = idx_t(1) << 62;
+
 /** The KV cache of one (layer, KV head) as a Faiss index.
  *
  * Row id = token position. The index owns its keys (dimension d) and values
