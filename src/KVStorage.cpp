@@ -119,8 +119,10 @@ void KVStorage::erase_front(idx_t n) {
 
 void KVStorage::truncate(idx_t n) {
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVStorage::truncate: n=%zd must be >= 0", ssize_t(n));
-    keys.resize(std::min(keys.size(), n * key_bytes()));
-    values.resize(std::min(values.size(), n * value_bytes()));
+    // n above size() keeps everything; capped first, n * bytes could wrap
+    n = std::min(n, size());
+    keys.resize(size_t(n) * key_bytes());
+    values.resize(size_t(n) * value_bytes());
 }
 
 void KVStorage::clear() {

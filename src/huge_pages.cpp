@@ -1,6 +1,7 @@
 #include <kvindex/impl/huge_pages.h>
 
 #include <cstdlib>
+#include <limits>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -16,7 +17,11 @@ void* allocate_rows(size_t bytes) {
         }
         return p;
     }
-    // whole huge pages: the last one is then the array's alone
+    // whole huge pages: the last one is then the array's alone (a size
+    // within a page of SIZE_MAX would round to 0)
+    if (bytes > std::numeric_limits<size_t>::max() - kHugePageBytes) {
+        throw std::bad_alloc();
+    }
     const size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
     void* p = nullptr;
     if (posix_memalign(&p, kHugePageBytes, rounded) != 0) {

@@ -304,6 +304,16 @@ std::string meta_problem(const TraceMeta& m) {
             return strfmt("%s=%lld must be > 0", name, (long long)v);
         }
     }
+    // an array's element count (query heads x tokens x head_dim, the
+    // largest) must not wrap: the writer would otherwise accept a shape
+    // and no data, and save arrays its reader refuses
+    constexpr uint64_t kMaxElements = uint64_t(1) << 54; // 2^56 bytes of float32
+    const uint64_t heads = uint64_t(std::max(m.n_q_heads, m.n_kv_heads));
+    if (uint64_t(m.n_tokens) > kMaxElements / heads / uint64_t(m.head_dim)) {
+        return strfmt("n_tokens=%lld x %llu heads x head_dim=%d values are more than an array "
+                      "holds (2^54)",
+                      (long long)m.n_tokens, (unsigned long long)heads, m.head_dim);
+    }
     if (m.n_q_heads % m.n_kv_heads != 0) {
         return strfmt("n_q_heads=%d is not a multiple of n_kv_heads=%d", m.n_q_heads, m.n_kv_heads);
     }

@@ -735,6 +735,8 @@ TEST(BadInput, KVStorageRefusesRangesOutsideItsTokens) {
     EXPECT_THROW_MSG(t.append_from(s, 8, 100), "outside the 10 stored");
     EXPECT_THROW_MSG(s.erase_front(100), "outside the 10 stored");
     EXPECT_THROW_MSG(s.truncate(-1), "n=-1");
+    s.truncate(idx_t(1) << 60); // more than it holds keeps all (n * bytes used to wrap to 0)
+    EXPECT_EQ(s.size(), 10);
     std::vector<float> kk, vv;
     EXPECT_THROW_MSG(s.to_float(5, 6, &kk, &vv), "outside the 10 stored");
     EXPECT_EQ(s.size(), 10);

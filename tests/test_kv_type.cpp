@@ -611,6 +611,10 @@ TEST(KVStorage, LargeArraysAreHugePageAlignedAndKeepTheirRows) {
     free_rows(small);
     free_rows(large);
     free_rows(nullptr);
+    // a size within a page of SIZE_MAX used to round to 0 and return a block
+    EXPECT_THROW(allocate_rows(std::numeric_limits<size_t>::max()), std::bad_alloc);
+    EXPECT_THROW(allocate_rows(std::numeric_limits<size_t>::max() - kHugePageBytes / 2),
+                 std::bad_alloc);
 
     const size_t d = 64, dv = 32, per_key = d * sizeof(float);
     const idx_t n = idx_t(kHugePageMinBytes / per_key) * 3 / 2; // crosses the threshold

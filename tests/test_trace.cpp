@@ -387,6 +387,12 @@ TEST(TraceMeta, Check) {
     m = small_meta();
     m.rope_theta = std::numeric_limits<double>::infinity();
     EXPECT_THROW_MSG(m.check(), "rope_theta=inf");
+    // sizes whose product wraps: the writer accepted the shape and no data
+    m = small_meta();
+    m.n_tokens = idx_t(1) << 62;
+    m.n_ctx = 1;
+    m.head_dim = 4;
+    EXPECT_THROW_MSG(m.check(), "more than an array holds");
     m = small_meta();
     m.dtype = "bfloat16";
     EXPECT_THROW_MSG(m.check(), "dtype 'bfloat16'");
