@@ -1,5 +1,6 @@
 #include <kvindex/trace.h>
 
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdarg>
@@ -292,6 +293,9 @@ __attribute__((format(printf, 1, 2))) std::string strfmt(const char* fmt, ...) {
 }
 
 /// The first inconsistent field of m, described; empty when m is consistent.
+/// The arrays of a layer, in the order of TraceLayer's fields.
+constexpr const char* kLayerArrays[3] = {"keys", "values", "queries"};
+
 std::string meta_problem(const TraceMeta& m) {
     if (m.format != "kvindex-trace-v1") {
         return strfmt("format '%s' is not 'kvindex-trace-v1'", m.format.c_str());
@@ -511,22 +515,43 @@ TraceLayer read_trace_layer(const std::string& dir, const TraceMeta& meta, int l
     return t;
 }
 
+namespace {
+
+/// The three arrays of a layer encoded in meta.dtype (keys, values,
+/// queries), each checked; `path_of(name)` names an array in messages.
+template <class PathOf>
+std::array<std::vector<uint8_t>, 3> encode_layer(
+        const TraceMeta& meta, const TraceLayer& t, PathOf&& path_of) {
+    size_t n = meta.n_tokens, d = meta.head_dim;
+    size_t kv = meta.n_kv_heads, q = meta.n_q_heads;
+    const std::vector<float>* arrays[3] = {&t.keys, &t.values, &t.queries};
+    std::vector<size_t> shapes[3] = {{kv, n, d}, {kv, n, d}, {q, n, d}};
+    std::array<std::vector<uint8_t>, 3> bytes;
+    for (int i = 0; i < 3; i++) {
+        bytes[i] = encode_layer_array(path_of(kLayerArrays[i]), meta, shapes[i], *arrays[i]);
+    }
+    return bytes;
+}
+
+} // namespace
+
+void check_trace_layer(const TraceMeta& meta, const TraceLayer& t, const std::string& what) {
+    std::string problem = meta_problem(meta);
+    TRACE_CHECK(problem.empty(), "%s: trace meta: %s", what.c_str(), problem.c_str());
+    encode_layer(meta, t, [&](const char* name) { return what + "['" + name + "']"; });
+}
+
 void write_trace_layer(
         const std::string& dir, const TraceMeta& meta, int layer, const TraceLayer& t) {
     check_meta_and_layer(dir, meta, layer);
+    // every array is checked before any file is written: no half-written layer
+    auto bytes = encode_layer(meta, t, [&](const char* name) { return layer_file(dir, layer, name); });
+    make_dirs(dir + "/layer_" + std::to_string(layer));
     size_t n = meta.n_tokens, d = meta.head_dim;
     size_t kv = meta.n_kv_heads, q = meta.n_q_heads;
-    const char* names[3] = {"keys", "values", "queries"};
-    const std::vector<float>* arrays[3] = {&t.keys, &t.values, &t.queries};
     std::vector<size_t> shapes[3] = {{kv, n, d}, {kv, n, d}, {q, n, d}};
-    // every array is checked before any file is written: no half-written layer
-    std::vector<uint8_t> bytes[3];
     for (int i = 0; i < 3; i++) {
-        bytes[i] = encode_layer_array(layer_file(dir, layer, names[i]), meta, shapes[i], *arrays[i]);
-    }
-    make_dirs(dir + "/layer_" + std::to_string(layer));
-    for (int i = 0; i < 3; i++) {
-        write_npy(layer_file(dir, layer, names[i]), meta.dtype == "float32" ? "<f4" : "<f2",
+        write_npy(layer_file(dir, layer, kLayerArrays[i]), meta.dtype == "float32" ? "<f4" : "<f2",
                   shapes[i], bytes[i].data());
     }
 }

@@ -475,6 +475,9 @@ TEST(TraceLayer, WriteChecks) {
     t = small_layer(m, 3);
     t.keys[5] = 1e5f;
     EXPECT_THROW_MSG(write_trace_layer(dir, m, 0, t), "layer_0/keys.npy: value 100000 at index 5 overflows float16");
+    // the same checks, writing nothing: a writer of many layers runs them first
+    EXPECT_THROW_MSG(check_trace_layer(m, t, "layer 0"), "layer 0['keys']: value 100000 at index 5 overflows float16");
+    EXPECT_NO_THROW(check_trace_layer(m, small_layer(m, 3), "layer 0"));
     EXPECT_THROW_MSG(write_trace_layer(dir, m, 2, small_layer(m, 3)), "layer 2");
     // nothing was written by the failed calls
     EXPECT_FALSE(fs::exists(dir + "/layer_0"));

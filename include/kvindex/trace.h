@@ -57,6 +57,10 @@ void write_trace_meta(const std::string& dir, const TraceMeta& meta);
 
 /// Reads layer `layer`, checking shapes against meta, dtype and finiteness.
 TraceLayer read_trace_layer(const std::string& dir, const TraceMeta& meta, int layer);
+/// Throws, naming the array (`what` + "['keys']", ...), unless
+/// write_trace_layer would write `data` under meta: shapes, finite
+/// values, float16 range. Writes nothing.
+void check_trace_layer(const TraceMeta& meta, const TraceLayer& data, const std::string& what);
 /// Writes layer `layer` in meta.dtype (creates DIR/layer_<l>).
 void write_trace_layer(
         const std::string& dir, const TraceMeta& meta, int layer, const TraceLayer& data);

@@ -107,7 +107,15 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
             .def_readonly("dense_string", &KVCache::dense_string)
             .def_readonly("dense_layers", &KVCache::dense_layers)
             .def("group_size", &KVCache::group_size)
-            .def("kv_head_of", &KVCache::kv_head_of, py::arg("q_head"))
+            .def("kv_head_of",
+                 [](const KVCache& c, int q_head) {
+                     if (q_head < 0 || q_head >= c.n_q_heads) {
+                         throw py::index_error("q_head " + std::to_string(q_head) + " outside [0, " +
+                                               std::to_string(c.n_q_heads) + ")");
+                     }
+                     return c.kv_head_of(q_head);
+                 },
+                 py::arg("q_head"), "the KV head query head q_head reads (GQA)")
             .def("index",
                  [](KVCache& c, int layer, int kv_head) {
                      check_layer(c, layer);

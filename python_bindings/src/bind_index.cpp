@@ -190,8 +190,16 @@ kvindex::KVType kv_type_of(const std::string& name) {
     throw py::value_error("kv_type must be 'f32', 'bf16' or 'f16'; got '" + name + "'");
 }
 
+/// The value dimension of a constructor (None: d), both dimensions checked
+/// as index_factory and read_index check them: an index built with others
+/// would pickle but not unpickle.
 int d_value_or(int d, py::object d_value) {
-    return d_value.is_none() ? d : d_value.cast<int>();
+    const int dv = d_value.is_none() ? d : d_value.cast<int>();
+    if (d < 1 || d > kvindex::kMaxDimension || dv < 1 || dv > kvindex::kMaxDimension) {
+        throw py::value_error("dimensions d=" + std::to_string(d) + ", d_value=" + std::to_string(dv) +
+                              " must be in [1, " + std::to_string(kvindex::kMaxDimension) + "]");
+    }
+    return dv;
 }
 
 std::string repr(const KVIndex& index) {
@@ -342,14 +350,19 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
             .def_property_readonly("ntotal", [](const KVIndex& s) { return s.ntotal; }, "tokens held")
             .def_property_readonly("is_trained", [](const KVIndex& s) { return s.is_trained; })
             .def_property(
-                    "k", [](const KVIndex& s) { return s.k; },
+                    // through the parameter walk, so that a wrapper's k is its
+                    // inner index's (the budget a select uses), as
+                    // set_index_parameter(index, "k", k) sets and reads it
+                    "k", [](const KVIndex& s) { return idx_t(kvindex::get_index_parameter(&s, "k")); },
                     [](KVIndex& s, idx_t k) {
                         if (k <= 0) {
                             throw py::value_error("k must be > 0; got " + std::to_string(k));
                         }
-                        s.k = k;
+                        py::gil_scoped_release release;
+                        kvindex::set_index_parameter(&s, "k", double(k));
                     },
-                    "default top-k budget of the types that have one")
+                    "default top-k budget of the types that have one (the whole chain's, as "
+                    "set_index_parameter sets it)")
             .def_property(
                     "estimator", [](const KVIndex& s) { return std::string(kvindex::estimator_name(s.estimator)); },
                     [](KVIndex& s, const std::string& e) {

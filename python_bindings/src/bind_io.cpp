@@ -157,7 +157,10 @@ void write_trace(const std::string& dir_in, const py::dict& meta_in, const py::l
                               std::to_string(layers.size()) + " given");
     }
     m.check();
-    kvindex::write_trace_meta(dir, m);
+    // every layer converted and checked before anything is written, so
+    // that a refused call leaves the directory as it was (a trace already
+    // there is not mixed with the new meta and first layers)
+    std::vector<kvindex::TraceLayer> converted(m.n_layers);
     for (int l = 0; l < m.n_layers; l++) {
         auto d = layers[l].cast<py::dict>();
         std::string at = "layers[" + std::to_string(l) + "]";
@@ -170,12 +173,16 @@ void write_trace(const std::string& dir_in, const py::dict& meta_in, const py::l
             check_shape(a, {heads, m.n_tokens, m.head_dim}, what.c_str());
             return std::vector<float>(a.data(), a.data() + a.size());
         };
-        kvindex::TraceLayer t;
+        kvindex::TraceLayer& t = converted[l];
         t.keys = get("keys", m.n_kv_heads);
         t.values = get("values", m.n_kv_heads);
         t.queries = get("queries", m.n_q_heads);
-        py::gil_scoped_release release;
-        kvindex::write_trace_layer(dir, m, l, t);
+        kvindex::check_trace_layer(m, t, at.c_str());
+    }
+    py::gil_scoped_release release;
+    kvindex::write_trace_meta(dir, m);
+    for (int l = 0; l < m.n_layers; l++) {
+        kvindex::write_trace_layer(dir, m, l, converted[l]);
     }
 }
 

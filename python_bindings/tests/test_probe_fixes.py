@@ -131,3 +131,69 @@ def test_a_cache_head_written_through_is_refused_by_its_layer():
         cache.check_invariants()
     out, lse = cache.attend(0, q)  # the other layer is untouched
     assert np.isfinite(out).all()
+
+
+def _trace_layers(seed, n_layers=2):
+    r = np.random.default_rng(seed)
+    f = lambda h: r.standard_normal((h, 10, 8)).astype(np.float32)
+    return [{"keys": f(2), "values": f(2), "queries": f(4)} for _ in range(n_layers)]
+
+
+def test_a_refused_write_trace_writes_nothing(tmp_path):
+    # layer 1 is refused: the meta and layer 0 used to be written already,
+    # and mixed with an older trace in the same directory
+    d = str(tmp_path / "trace")
+    old = _trace_layers(1)
+    kvindex.write_trace(d, {"n_ctx": 8, "source": "old"}, old)
+    new = _trace_layers(2)
+    new[1]["values"] = new[1]["values"][:, :, :4]
+    with pytest.raises(ValueError, match=r"layers\[1\]\['values'\]"):
+        kvindex.write_trace(d, {"n_ctx": 5, "source": "new"}, new)
+    new = _trace_layers(2)
+    new[1]["keys"][0, 3, 2] = 1e6  # beyond float16
+    with pytest.raises(RuntimeError, match=r"layers\[1\]\['keys'\].*overflows float16"):
+        kvindex.write_trace(d, {"n_ctx": 5, "source": "new", "dtype": "float16"}, new)
+    meta, layers = kvindex.read_trace(d)
+    assert meta["source"] == "old" and meta["n_ctx"] == 8
+    for got, want in zip(layers, old):
+        assert np.array_equal(got["keys"], want["keys"])
+    fresh = tmp_path / "fresh"
+    with pytest.raises(ValueError):
+        kvindex.write_trace(str(fresh), {"n_ctx": 5}, new[:1] + [{"keys": new[1]["keys"][:1]}])
+    assert not fresh.exists()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: kvindex.IndexKVFlat(70000),
+    lambda: kvindex.IndexKVFlat(8, d_value=0),
+    lambda: kvindex.IndexKVFlat(0),
+    lambda: kvindex.IndexRoarGraph(0),
+    lambda: kvindex.IndexTopK(8, "Flat", d_value=70000),
+])
+def test_constructors_refuse_dimensions_the_reader_refuses(make):
+    # such an index used to work, pickle, and then fail to unpickle
+    with pytest.raises(ValueError, match="must be in"):
+        make()
+
+
+@pytest.mark.parametrize("spec", ["TopK(Flat)", "Sink4,Window16,TopK(Flat)", "Hybrid(TopK(Flat),Uniform)"])
+def test_setting_k_reaches_the_budget_a_select_uses(spec):
+    rng = np.random.default_rng(5)
+    keys = rng.standard_normal((300, 16)).astype(np.float32)
+    index = kvindex.index_factory(16, spec)
+    index.add_kv(keys, keys)
+    q = rng.standard_normal((1, 16)).astype(np.float32)
+    before = len(index.select(q)[0].ids)
+    index.k = 5
+    assert index.k == 5
+    assert kvindex.get_index_parameter(index, "k") == 5
+    after = len(index.select(q)[0].ids)
+    assert after < before  # the wrapper's inner budget, not an unused field
+
+
+def test_kv_head_of_refuses_a_query_head_out_of_range():
+    cache = kvindex.KVCache(1, 4, 2, 8, "Flat")
+    assert [cache.kv_head_of(h) for h in range(4)] == [0, 0, 1, 1]
+    for bad in (-1, 4, 7):
+        with pytest.raises(IndexError, match="q_head"):
+            cache.kv_head_of(bad)
