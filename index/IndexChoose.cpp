@@ -237,11 +237,7 @@ std::vector<const KVIndex*> IndexChoose::children() const {
     }
     // (an out-of-range choice, read from a forged file, is refused by
     // check_invariants: every candidate is checked meanwhile)
-    std::vector<const KVIndex*> all;
-    for (const auto& c : candidates) {
-        all.push_back(c.get());
-    }
-    return all;
+    return held_indexes();
 }
 
 // ---- prefill: the choice ---------------------------------------------------------
