@@ -34,6 +34,10 @@ idx_t GpuIndexHostTwin::top_k_budget() const {
     return host ? host->top_k_budget() : 0;
 }
 
+bool GpuIndexHostTwin::reads_search_knob(const std::string& name) const {
+    return host && host->reads_search_knob(name);
+}
+
 std::vector<ParameterInfo> GpuIndexHostTwin::parameter_info() const {
     return host ? index_parameter_info(host.get()) : KVIndex::parameter_info();
 }

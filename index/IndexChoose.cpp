@@ -419,7 +419,8 @@ void IndexChoose::search_batch(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
-    candidates[chosen]->search(n, q, k, distances, labels, params);
+    std::unique_ptr<SearchParametersKV> copy; // the knobs the chosen one reads
+    candidates[chosen]->search(n, q, k, distances, labels, params_for(*candidates[chosen], params, copy));
 }
 
 void IndexChoose::select_batch(
@@ -427,7 +428,8 @@ void IndexChoose::select_batch(
         const float* q,
         Selection* sel,
         const faiss::SearchParameters* params) const {
-    candidates[chosen]->select(n, q, sel, params);
+    std::unique_ptr<SearchParametersKV> copy; // the knobs the chosen one reads
+    candidates[chosen]->select(n, q, sel, params_for(*candidates[chosen], params, copy));
 }
 
 void IndexChoose::attend_batch(
@@ -436,7 +438,8 @@ void IndexChoose::attend_batch(
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
-    candidates[chosen]->attend(n, q, out, lse, params);
+    std::unique_ptr<SearchParametersKV> copy; // the knobs the chosen one reads
+    candidates[chosen]->attend(n, q, out, lse, params_for(*candidates[chosen], params, copy));
 }
 
 void IndexChoose::select_outside_one(
@@ -445,7 +448,8 @@ void IndexChoose::select_outside_one(
         size_t n_excluded,
         Selection& sel,
         const faiss::SearchParameters* params) const {
-    candidates[chosen]->select_outside(q, excluded, n_excluded, sel, params);
+    std::unique_ptr<SearchParametersKV> copy; // the knobs the chosen one reads
+    candidates[chosen]->select_outside(q, excluded, n_excluded, sel, params_for(*candidates[chosen], params, copy));
 }
 
 void IndexChoose::reconstruct_impl(idx_t key, float* recons) const {
@@ -651,6 +655,7 @@ void IndexChoose::check_children_in_step() const {
 
 void IndexChoose::check_invariants() const {
     KVIndex::check_invariants();
+    check_seed_knob(seed, "IndexChoose");
     size_t n = candidates.size();
     FAISS_THROW_IF_NOT_FMT(
             n >= 2 && n <= size_t(kMaxCandidates),

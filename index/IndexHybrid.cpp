@@ -322,7 +322,8 @@ void IndexHybrid::search_batch(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
-    heavy->search(n, q, k, distances, labels, params);
+    std::unique_ptr<SearchParametersKV> copy; // without the tail's knobs
+    heavy->search(n, q, k, distances, labels, params_for(*heavy, params, copy));
 }
 
 void IndexHybrid::select_batch(
@@ -330,7 +331,8 @@ void IndexHybrid::select_batch(
         const float* q,
         Selection* sel,
         const faiss::SearchParameters* params) const {
-    heavy->select(n, q, sel, params);
+    std::unique_ptr<SearchParametersKV> copy; // without the tail's knobs
+    heavy->select(n, q, sel, params_for(*heavy, params, copy));
     // the tail's k is `sample`; the caller's LSH knobs are the tail's
     // (the heavy part has none), the rest are the heavy part's
     SearchParametersLSH tail_params;
@@ -338,6 +340,8 @@ void IndexHybrid::select_batch(
         tail_params = *p;
     }
     tail_params.k = std::max<idx_t>(sample, 0); // 0: the tail's own k
+    std::unique_ptr<SearchParametersKV> tail_copy; // a uniform tail reads none
+    const faiss::SearchParameters* tail_knobs = params_for(*tail, &tail_params, tail_copy);
     parallel_for(n, [&](idx_t i) {
         Selection& s = sel[i];
         for (float u : s.inclusion) {
@@ -353,7 +357,7 @@ void IndexHybrid::select_batch(
             return;
         }
         Selection t;
-        tail->select_outside(q + i * d, s.ids.data(), s.ids.size(), t, &tail_params);
+        tail->select_outside(q + i * d, s.ids.data(), s.ids.size(), t, tail_knobs);
         s.ids.insert(s.ids.end(), t.ids.begin(), t.ids.end());
         s.inclusion.insert(s.inclusion.end(), t.inclusion.begin(), t.inclusion.end());
         s.n_scanned += t.n_scanned;
@@ -382,6 +386,11 @@ void IndexHybrid::reset_impl() {
 
 size_t IndexHybrid::memory_bytes() const {
     return storage.memory_bytes() + heavy->memory_bytes() + tail->memory_bytes();
+}
+
+bool IndexHybrid::reads_search_knob(const std::string& name) const {
+    const bool lsh_knob = name == "min_hits" || name == "max_sample";
+    return heavy->reads_search_knob(name) || (lsh_knob && tail->reads_search_knob(name));
 }
 
 std::vector<ParameterInfo> IndexHybrid::parameter_info() const {

@@ -486,11 +486,6 @@ void IndexIVFAsym::probe_buckets(const float* q, idx_t position, int n, int32_t*
 
 int IndexIVFAsym::nprobe_for(const faiss::SearchParameters* params) const {
     if (auto p = dynamic_cast<const SearchParametersTopK*>(params)) {
-        // never ignored: a knob of another retriever is an error, as in TopK
-        FAISS_THROW_IF_NOT_FMT(
-                p->efSearch == 0,
-                "SearchParametersTopK: efSearch=%d does not apply to IndexIVFAsym (it reads nprobe buckets)",
-                p->efSearch);
         if (p->nprobe > 0) {
             FAISS_THROW_IF_NOT_FMT(
                     p->nprobe <= size_t(n_centroids),
@@ -632,6 +627,10 @@ void IndexIVFAsym::attend_batch(
 }
 
 // ---- parameters ----------------------------------------------------------------
+
+bool IndexIVFAsym::reads_search_knob(const std::string& name) const {
+    return name == "nprobe";
+}
 
 std::vector<ParameterInfo> IndexIVFAsym::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
@@ -822,6 +821,7 @@ void IndexIVFAsym::read_fields(BufferReader& r, uint32_t version) {
 
 void IndexIVFAsym::check_invariants() const {
     KVIndex::check_invariants();
+    check_seed_knob(seed, "IndexIVFAsym");
     FAISS_THROW_IF_NOT_FMT(
             n_centroids >= 1 && n_centroids <= kMaxCentroids && nprobe >= 0 &&
                     nprobe <= n_centroids && hidden >= 1 && hidden <= 65536 &&

@@ -892,6 +892,33 @@ size_t IndexLSHSample::memory_bytes() const {
     return storage.memory_bytes() + table_bytes() + (planes.size() + mean.size()) * sizeof(float);
 }
 
+std::vector<SearchKnob> SearchParametersLSH::set_knobs() const {
+    std::vector<SearchKnob> knobs;
+    if (min_hits >= 0) { // < 0: the index's own
+        knobs.push_back({"min_hits", double(min_hits)});
+    }
+    if (max_sample >= 0) {
+        knobs.push_back({"max_sample", double(max_sample)});
+    }
+    return knobs;
+}
+
+std::unique_ptr<SearchParametersKV> SearchParametersLSH::without_knob(const std::string& name) const {
+    auto copy = std::make_unique<SearchParametersLSH>(*this);
+    if (name == "min_hits") {
+        copy->min_hits = -1;
+    } else if (name == "max_sample") {
+        copy->max_sample = -1;
+    } else {
+        return SearchParametersKV::without_knob(name);
+    }
+    return copy;
+}
+
+bool IndexLSHSample::reads_search_knob(const std::string& name) const {
+    return name == "min_hits" || name == "max_sample";
+}
+
 std::vector<ParameterInfo> IndexLSHSample::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
     info.push_back({"min_hits", false, "tables a key must collide in to be sampled, 0..L (0: every token)"});

@@ -642,6 +642,7 @@ void IndexProxyEvict::check_children_in_step() const {
 
 void IndexProxyEvict::check_invariants() const {
     KVIndex::check_invariants();
+    check_seed_knob(seed, "IndexProxyEvict");
     FAISS_THROW_IF_NOT_MSG(inner, "IndexProxyEvict: inner index missing");
     FAISS_THROW_IF_NOT_FMT(
             int(policy) >= 0 && int(policy) <= int(EvictPolicy::random),

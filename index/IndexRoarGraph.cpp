@@ -594,11 +594,6 @@ int IndexRoarGraph::beam_for(const faiss::SearchParameters* params, idx_t k) con
         FAISS_THROW_IF_NOT_FMT(
                 p->efSearch >= 0, "SearchParametersTopK: efSearch=%d must be >= 0",
                 p->efSearch);
-        // never ignored: a knob of another retriever is an error, as in TopK
-        FAISS_THROW_IF_NOT_FMT(
-                p->nprobe == 0,
-                "SearchParametersTopK: nprobe=%zd does not apply to IndexRoarGraph (its beam is efSearch)",
-                p->nprobe);
         if (p->efSearch > 0) {
             ef = p->efSearch;
         }
@@ -1281,6 +1276,10 @@ size_t IndexRoarGraph::memory_bytes() const {
 
 // ---- parameters ----------------------------------------------------------------
 
+bool IndexRoarGraph::reads_search_knob(const std::string& name) const {
+    return name == "efSearch";
+}
+
 std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
     info.push_back({"efSearch", false, "beam width of the search, >= 1 (the beam is max(efSearch, k))"});
@@ -1622,6 +1621,7 @@ void IndexRoarGraph::check_knobs(const char* what) const {
 void IndexRoarGraph::check_invariants() const {
     KVIndex::check_invariants();
     check_knobs("IndexRoarGraph");
+    check_seed_knob(seed, "IndexRoarGraph");
     FAISS_THROW_IF_NOT_FMT(
             storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
                     storage.type == kv_type,

@@ -77,6 +77,7 @@ void IndexSampleBase::read_fields(BufferReader& r, uint32_t) {
 
 void IndexSampleBase::check_invariants() const {
     KVIndex::check_invariants();
+    check_seed_knob(seed, type_name());
     FAISS_THROW_IF_NOT_FMT(
             storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
                     storage.type == kv_type && storage.size() == ntotal,

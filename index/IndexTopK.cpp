@@ -183,13 +183,13 @@ void IndexTopK::search_batch(
     auto hnsw = dynamic_cast<faiss::IndexHNSW*>(retriever.get());
     // the per-call knobs are checked as set_index_parameters checks them,
     // whether or not the retriever is trained yet: never ignored or clamped
+    // (check_params refused a knob this retriever does not have)
     if (p) {
         FAISS_THROW_IF_NOT_FMT(
                 p->efSearch >= 0, "search: efSearch=%d must be >= 1 (0: the index's own)", p->efSearch);
         if (p->nprobe > 0) {
             auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
-            FAISS_THROW_IF_NOT_FMT(
-                    ivf, "search: nprobe does not apply to retriever %s", retriever_string.c_str());
+            FAISS_THROW_IF_NOT_MSG(ivf, "search: nprobe needs an IVF retriever");
             FAISS_THROW_IF_NOT_FMT(
                     p->nprobe <= ivf->nlist,
                     "search: nprobe=%zd must be in [1, nlist=%zd] (0: the index's own)",
@@ -197,8 +197,7 @@ void IndexTopK::search_batch(
                     ivf->nlist);
         }
         if (p->efSearch > 0) {
-            FAISS_THROW_IF_NOT_FMT(
-                    hnsw, "search: efSearch does not apply to retriever %s", retriever_string.c_str());
+            FAISS_THROW_IF_NOT_MSG(hnsw, "search: efSearch needs an HNSW retriever");
             FAISS_THROW_IF_NOT_FMT(
                     p->efSearch <= kMaxEfSearch,
                     "search: efSearch=%d must be in [1, %d]",
@@ -417,6 +416,33 @@ void IndexTopK::set_retriever_parameter(const std::string& name, double value) {
                 kMaxEfSearch);
     }
     faiss::ParameterSpace().set_index_parameter(retriever.get(), name, value);
+}
+
+std::vector<SearchKnob> SearchParametersTopK::set_knobs() const {
+    std::vector<SearchKnob> knobs;
+    if (nprobe != 0) {
+        knobs.push_back({"nprobe", double(nprobe)});
+    }
+    if (efSearch != 0) {
+        knobs.push_back({"efSearch", double(efSearch)});
+    }
+    return knobs;
+}
+
+std::unique_ptr<SearchParametersKV> SearchParametersTopK::without_knob(const std::string& name) const {
+    auto copy = std::make_unique<SearchParametersTopK>(*this);
+    if (name == "nprobe") {
+        copy->nprobe = 0;
+    } else if (name == "efSearch") {
+        copy->efSearch = 0;
+    } else {
+        return SearchParametersKV::without_knob(name);
+    }
+    return copy;
+}
+
+bool IndexTopK::reads_search_knob(const std::string& name) const {
+    return retriever_has_knob(retriever.get(), name);
 }
 
 std::vector<ParameterInfo> IndexTopK::parameter_info() const {

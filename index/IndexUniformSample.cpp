@@ -5,6 +5,9 @@
 
 #include <kvindex/index_factory.h>
 
+#include <faiss/impl/FaissAssert.h>
+
+#include "checks.h"
 #include "random.h"
 
 namespace kvindex {
@@ -24,6 +27,8 @@ std::unique_ptr<KVIndex> IndexUniformSample::from_factory(FactoryChain& chain) {
 
 std::vector<idx_t> IndexUniformSample::draw(
         const float* q, idx_t n, idx_t budget, const idx_t* excluded, size_t n_excluded) const {
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "IndexUniformSample::draw: n=%zd must be >= 0", size_t(n));
+    check_excluded(excluded, n_excluded, n, "IndexUniformSample::draw");
     const uint64_t n_free = uint64_t(n) - n_excluded;
     const uint64_t m = std::min<uint64_t>(uint64_t(std::max<idx_t>(budget, 0)), n_free);
     std::vector<idx_t> ranks;

@@ -301,7 +301,53 @@ void KVIndex::check_params(const faiss::SearchParameters* params) const {
                 p->k >= 0,
                 "search parameters: k=%zd must be > 0 (0: index default)",
                 size_t(p->k));
+        // a knob of another retriever would be ignored: refused, so that a
+        // sweep over nprobe on a chain without IVF does not measure nothing
+        for (const SearchKnob& knob : p->set_knobs()) {
+            FAISS_THROW_IF_NOT_FMT(
+                    reads_search_knob(knob.name),
+                    "search parameters: %s=%g does not apply to %s (no index of it reads %s)",
+                    knob.name,
+                    knob.value,
+                    factory_string().c_str(),
+                    knob.name);
+        }
     }
+}
+
+std::unique_ptr<SearchParametersKV> SearchParametersKV::without_knob(const std::string& name) const {
+    FAISS_THROW_FMT(
+            "SearchParametersKV::without_knob: %s is not a knob of %s (a subclass listing "
+            "knobs in set_knobs must drop them in without_knob)",
+            name.c_str(),
+            typeid(*this).name());
+}
+
+bool KVIndex::reads_search_knob(const std::string& name) const {
+    for (const KVIndex* held : held_indexes()) {
+        if (held->reads_search_knob(name)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+const faiss::SearchParameters* KVIndex::params_for(
+        const KVIndex& reader,
+        const faiss::SearchParameters* params,
+        std::unique_ptr<SearchParametersKV>& copy) {
+    auto p = dynamic_cast<const SearchParametersKV*>(params);
+    if (!p) {
+        return params;
+    }
+    const SearchParametersKV* out = p;
+    for (const SearchKnob& knob : p->set_knobs()) {
+        if (!reader.reads_search_knob(knob.name)) {
+            copy = out->without_knob(knob.name);
+            out = copy.get();
+        }
+    }
+    return out;
 }
 
 idx_t KVIndex::effective_k(const faiss::SearchParameters* params) const {
@@ -389,16 +435,7 @@ void KVIndex::select_outside(
     check_children();
     check_query_args(1, q, "select_outside: query");
     check_params(params);
-    FAISS_THROW_IF_NOT_MSG(
-            excluded || n_excluded == 0, "select_outside: excluded is nullptr");
-    for (size_t j = 0; j < n_excluded; j++) {
-        FAISS_THROW_IF_NOT_FMT(
-                excluded[j] >= 0 && excluded[j] < ntotal && (j == 0 || excluded[j] > excluded[j - 1]),
-                "select_outside: excluded[%zd] = %zd: ids must be increasing, in [0, %zd)",
-                j,
-                size_t(excluded[j]),
-                size_t(ntotal));
-    }
+    check_excluded(excluded, n_excluded, ntotal, "select_outside");
     sel.clear();
     if (ntotal == 0) {
         return;

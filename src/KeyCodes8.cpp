@@ -62,6 +62,9 @@ void KeyCodes8::encode(const KVStorage& keys, size_t i0) {
 
 void KeyCodes8::truncate(size_t n) {
     codes.resize(std::min(n, size()) * d);
+    // ranges taken from more keys still cover the kept ones; what counts is
+    // that no more keys are claimed than there are (read refuses that)
+    n_trained = std::min(n_trained, n);
 }
 
 void KeyCodes8::clear() {

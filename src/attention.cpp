@@ -40,6 +40,14 @@ float estimate_attention(
         std::memset(out, 0, sizeof(float) * dv);
         return -std::numeric_limits<float>::infinity();
     }
+    for (size_t i = 0; i < n; i++) {
+        // the rows are the caller's, so only this bound can be checked here
+        FAISS_THROW_IF_NOT_FMT(
+                sel.ids[i] >= 0,
+                "estimate_attention: sel.ids[%zd] = %lld is not a token (negative; -1 pads search results)",
+                i,
+                (long long)sel.ids[i]);
+    }
     std::vector<float> w(n);
     inner_products_by_ids(
             q, keys, sel.ids.data(), n, float(1.0 / std::sqrt(double(d))), w.data());

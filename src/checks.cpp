@@ -71,6 +71,27 @@ uint64_t count_parameter(const std::string& name, double value) {
     return uint64_t(value);
 }
 
+void check_excluded(const idx_t* excluded, size_t n_excluded, idx_t n, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(excluded || n_excluded == 0, "%s: excluded is nullptr", what);
+    for (size_t j = 0; j < n_excluded; j++) {
+        FAISS_THROW_IF_NOT_FMT(
+                excluded[j] >= 0 && excluded[j] < n && (j == 0 || excluded[j] > excluded[j - 1]),
+                "%s: excluded[%zd] = %zd: ids must be increasing, in [0, %zd)",
+                what,
+                j,
+                size_t(excluded[j]),
+                size_t(n));
+    }
+}
+
+void check_seed_knob(uint64_t seed, const char* what) {
+    FAISS_THROW_IF_NOT_FMT(
+            seed <= (uint64_t(1) << 53),
+            "%s: seed=%llu must be at most 2^53 (the seed knob is exact as a double up to there)",
+            what,
+            (unsigned long long)seed);
+}
+
 void check_child_in_step(const KVIndex* child, idx_t expected, const char* wrapper, const char* what) {
     FAISS_THROW_IF_NOT_FMT(child, "%s: %s index missing", wrapper, what);
     FAISS_THROW_IF_NOT_FMT(

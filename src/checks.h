@@ -51,6 +51,15 @@ bool is_count(double x);
 /// must be a non-negative integer". The check of set_parameter's counts.
 uint64_t count_parameter(const std::string& name, double value);
 
+/// Throws unless excluded (size n_excluded) holds increasing ids in [0, n).
+void check_excluded(const idx_t* excluded, size_t n_excluded, idx_t n, const char* what);
+
+/** Throws unless a seed that is also a knob ("seed") is at most 2^53:
+ * get_index_parameter returns it as a double, and set_index_parameters
+ * sets it back through one when a later item is refused, so a larger seed
+ * would come back changed. Messages start with `what`. */
+void check_seed_knob(uint64_t seed, const char* what);
+
 /** Throws unless the child `what` of the wrapper holds `expected` tokens
  * (KVIndex::check_children_in_step): a child written through a reference
  * is named, with the way back (reset the wrapper). */

@@ -14,7 +14,14 @@
 #include <faiss/impl/FaissException.h>
 
 #include <kvindex/IVFAsymTrainer.h>
+#include <kvindex/IndexChoose.h>
+#include <kvindex/IndexIVFAsym.h>
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexProxyEvict.h>
+#include <kvindex/IndexRoarGraph.h>
+#include <kvindex/IndexUniformSample.h>
+#include <kvindex/attention.h>
+#include <kvindex/IndexLSHSample.h>
 #include <kvindex/KVStorage.h>
 #include <kvindex/impl/io.h>
 #include <kvindex/IndexSinkWindow.h>
@@ -26,6 +33,7 @@
 #include <kvindex/rope.h>
 
 #include "expect_throw.h"
+#include "forge.h"
 #include "reference.h"
 
 using namespace kvindex;
@@ -567,6 +575,150 @@ TEST(BadInput, EfSearchOutOfRangeIsRefused) {
     std::vector<uint8_t> buf;
     write_index(index.get(), &buf);
     EXPECT_EQ(get_index_parameter(read_index(buf).get(), "efSearch"), 1048576.0);
+}
+
+TEST(BadInput, ASeedKnobAboveTwoToThe53IsRefusedAtWriteAndRead) {
+    // a seed set on the field, or read from a file, above 2^53 came back
+    // rounded from get_index_parameter, and a refused set_index_parameters
+    // could not set it back (seed=5 stayed)
+    const uint64_t big = 0x9E3779B97F4A7C15ull, top = uint64_t(1) << 53;
+    auto uniform = index_factory(kDim, "Uniform");
+    auto choose = index_factory(kDim, "Choose(Flat;Uniform)");
+    auto buckets = index_factory(kDim, "IVFAsym4_Centroid");
+    auto evict = index_factory(kDim, "ProxyEvict50_TOVA,Flat");
+    auto graph = index_factory(kDim, "RoarGraph8");
+    struct Seeded {
+        KVIndex* index;
+        uint64_t* seed;
+    };
+    const Seeded all[] = {
+            {uniform.get(), &dynamic_cast<IndexUniformSample&>(*uniform).seed},
+            {choose.get(), &dynamic_cast<IndexChoose&>(*choose).seed},
+            {buckets.get(), &dynamic_cast<IndexIVFAsym&>(*buckets).seed},
+            {evict.get(), &dynamic_cast<IndexProxyEvict&>(*evict).seed},
+            {graph.get(), &dynamic_cast<IndexRoarGraph&>(*graph).seed},
+    };
+    for (const Seeded& s : all) {
+        SCOPED_TRACE(s.index->type_name());
+        *s.seed = big;
+        std::vector<uint8_t> buf;
+        EXPECT_THROW_MSG(write_index(s.index, &buf), "must be at most 2^53");
+        std::vector<uint8_t> forged = kvtest::write_unchecked(s.index);
+        EXPECT_THROW_MSG(read_index(forged), "must be at most 2^53");
+        // the top of the range: exact through a refused item's rollback
+        *s.seed = top;
+        EXPECT_THROW(set_index_parameters(s.index, "seed=5,k=0"), faiss::FaissException);
+        EXPECT_EQ(*s.seed, top);
+        write_index(s.index, &buf);
+        EXPECT_EQ(get_index_parameter(read_index(buf).get(), "seed"), double(top));
+    }
+}
+
+TEST(BadInput, PublicHelpersRefuseIdsOutOfRange) {
+    // Uniform's draw wrapped n - n_excluded and returned ids far beyond n;
+    // estimate_attention read before the rows for a -1 (search's padding)
+    IndexUniformSample uniform(kDim, kDim);
+    std::vector<float> q = kvtest::gaussian(1, kDim, 3);
+    const idx_t beyond[] = {20, 30, 40};
+    EXPECT_THROW_MSG(uniform.draw(q.data(), 2, 1, beyond, 3), "excluded[0] = 20");
+    const idx_t unsorted[] = {1, 0};
+    EXPECT_THROW_MSG(uniform.draw(q.data(), 5, 1, unsorted, 2), "increasing");
+    EXPECT_THROW_MSG(uniform.draw(q.data(), -1, 1, nullptr, 0), "n=");
+    const idx_t kept[] = {0, 2};
+    std::vector<idx_t> ids = uniform.draw(q.data(), 4, 10, kept, 2);
+    EXPECT_EQ(ids, (std::vector<idx_t>{1, 3}));
+
+    std::vector<float> keys = kvtest::gaussian(4, kDim, 4), out(kDim);
+    Selection sel;
+    sel.push_back(0);
+    sel.push_back(-1);
+    EXPECT_THROW_MSG(
+            estimate_attention(Estimator::topk, q.data(), KVRows(keys.data(), kDim),
+                               KVRows(keys.data(), kDim), sel, out.data()),
+            "sel.ids[1] = -1");
+}
+
+TEST(BadInput, PerCallKnobsThatNoIndexReadsAreRefused) {
+    // SearchParametersTopK{nprobe} on Flat or LSH knobs on TopK were
+    // ignored: a sweep over them measured the same index at every value
+    std::vector<float> q = kvtest::gaussian(1, kDim, 3), out(kDim), dis(4);
+    std::vector<idx_t> ids(4);
+    SearchParametersTopK nprobe, ef;
+    nprobe.nprobe = 2;
+    ef.efSearch = 16;
+    SearchParametersLSH hits;
+    hits.min_hits = 1;
+    struct Case {
+        const char* factory;
+        const SearchParametersKV* params;
+        const char* message;
+    };
+    const Case unread[] = {
+            {"Flat", &nprobe, "nprobe=2 does not apply to Flat"},
+            {"Uniform", &ef, "efSearch=16 does not apply"},
+            {"Weighted", &nprobe, "nprobe=2 does not apply"},
+            {"Sink4,Window8,Flat", &nprobe, "nprobe=2 does not apply to Sink4,Window8,Flat"},
+            {"TopK(Flat)", &hits, "min_hits=1 does not apply"},
+            {"RoarGraph8", &hits, "min_hits=1 does not apply"},
+            {"IVFAsym4_Centroid", &hits, "min_hits=1 does not apply"},
+            {"LSHSample6x8", &nprobe, "nprobe=2 does not apply"},
+            {"Hybrid(TopK(Flat),Uniform)", &hits, "min_hits=1 does not apply"},
+            {"Choose(Flat;Uniform)", &ef, "efSearch=16 does not apply"},
+            // the tail is handed only LSH knobs: its retriever's are read by none
+            {"Hybrid(TopK(Flat),TopK(IVF16,Flat))", &nprobe, "nprobe=2 does not apply"},
+    };
+    for (const Case& c : unread) {
+        SCOPED_TRACE(c.factory);
+        auto index = filled(c.factory, 300);
+        Selection sel;
+        EXPECT_THROW_MSG(index->attend(1, q.data(), out.data(), nullptr, c.params), c.message);
+        EXPECT_THROW_MSG(index->select(1, q.data(), &sel, c.params), c.message);
+        EXPECT_THROW_MSG(index->search(1, q.data(), 4, dis.data(), ids.data(), c.params), c.message);
+    }
+    // read somewhere in the chain: taken
+    const Case read[] = {
+            {"Sink4,Window8,TopK(IVF16,Flat)", &nprobe, ""},
+            {"Sink4,Window8,LSHSample6x8", &hits, ""},
+            {"Hybrid(TopK(IVF16,Flat),LSHSample6x8)", &nprobe, ""},
+            {"Hybrid(TopK(IVF16,Flat),LSHSample6x8)", &hits, ""},
+            {"Hybrid(TopK(HNSW8),Uniform)", &ef, ""},
+    };
+    for (const Case& c : read) {
+        SCOPED_TRACE(c.factory);
+        auto index = filled(c.factory, 300);
+        EXPECT_NO_THROW(index->attend(1, q.data(), out.data(), nullptr, c.params));
+    }
+}
+
+TEST(BadInput, AChooseHandsItsCandidateOnlyTheKnobsItReads) {
+    // a decode loop passes one knob to every head: a head that chose a
+    // candidate without an IVF retriever takes nprobe, and answers as
+    // without it; the knob still reaches a candidate that reads it
+    std::vector<float> q = kvtest::gaussian(2, kDim, 3);
+    SearchParametersTopK nprobe;
+    nprobe.nprobe = 1;
+    nprobe.k = 5;
+    SearchParametersKV plain;
+    plain.k = 5;
+    auto flat_first = filled("Choose(TopK(Flat);TopK(IVF16,Flat))", 400); // add_kv: the first is chosen
+    auto ivf_first = filled("Choose(TopK(IVF16,Flat);TopK(Flat))", 400);
+    std::vector<Selection> got(2), want(2);
+    flat_first->select(2, q.data(), got.data(), &nprobe);
+    flat_first->select(2, q.data(), want.data(), &plain);
+    for (int i = 0; i < 2; i++) {
+        EXPECT_EQ(got[i].ids, want[i].ids);
+    }
+    // the chosen IVF candidate reads it: the centroids and one list of 16,
+    // against all 400 keys with every list
+    SearchParametersTopK all_lists = nprobe;
+    all_lists.nprobe = 16;
+    nprobe.count_scanned = all_lists.count_scanned = true;
+    Selection one, all;
+    ivf_first->select(1, q.data(), &one, &nprobe);
+    ivf_first->select(1, q.data(), &all, &all_lists);
+    EXPECT_EQ(all.n_scanned, size_t(16 + 400));
+    EXPECT_LT(one.n_scanned, size_t(16 + 400));
+    EXPECT_GT(one.n_scanned, size_t(16));
 }
 
 TEST(BadInput, PerCallKnobsAreCheckedLikeTheIndexKnobs) {

@@ -244,10 +244,10 @@ TEST(IndexTopK, PerCallKnobsAreCheckedBeforeTheRetrieverTrains) {
     EXPECT_THROW_MSG(ivf->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "nprobe=1000");
     p.nprobe = 0;
     p.efSearch = 50;
-    EXPECT_THROW_MSG(ivf->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "efSearch does not apply");
+    EXPECT_THROW_MSG(ivf->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "efSearch=50 does not apply");
     p.efSearch = 0;
     p.nprobe = 2;
-    EXPECT_THROW_MSG(hnsw->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "nprobe does not apply");
+    EXPECT_THROW_MSG(hnsw->search(1, data.queries.data(), 4, dis.data(), ids.data(), &p), "nprobe=2 does not apply");
     // the other retrievers refuse the knob they do not have, as TopK does
     auto graph = index_factory(kD, "RoarGraph8", kDv);
     auto buckets = index_factory(kD, "IVFAsym4_Centroid", kDv);

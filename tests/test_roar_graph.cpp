@@ -1365,6 +1365,28 @@ TEST(RoarGraph, KeyCodesDecodeWithinHalfAStep) {
     EXPECT_THROW(r.read(rd4, st, "codes"), faiss::FaissException);
 }
 
+TEST(RoarGraph, TruncatedCodesReadBack) {
+    // the rollback of a refused append truncates the codes after a retrain
+    // on more keys: n_trained stayed above the keys, and read refused what
+    // write had written
+    std::vector<float> keys = kvtest::gaussian(10, kD, 5);
+    KVStorage st(kD, kD);
+    st.append(10, keys.data(), keys.data());
+    KeyCodes8 c;
+    c.train(st);
+    c.truncate(4);
+    st.truncate(4);
+    EXPECT_EQ(c.n_trained, size_t(4));
+    std::vector<uint8_t> buf;
+    BufferWriter w(&buf);
+    c.write(w);
+    KeyCodes8 r;
+    BufferReader rd(buf.data(), buf.size());
+    r.read(rd, st, "codes");
+    EXPECT_EQ(r.codes, c.codes);
+    EXPECT_EQ(r.vmin, c.vmin);
+}
+
 TEST(RoarGraph, WalkOnCodesKeepsRecallAndReadsLess) {
     Data x = make_data(3000, kD, 2, 3000, 200, 1230);
     auto g = built(x);

@@ -56,6 +56,10 @@ struct FactoryChain;
  * string cannot carry "|params" (the '|' ends the factory string): set
  * per-candidate knobs on `candidates[i]`.
  *
+ * Per-call parameters: a knob is refused only when no candidate reads it
+ * (a decode loop hands one SearchParameters to every head, whatever each
+ * chose); the chosen candidate gets the knobs it reads.
+ *
  * Parameters. A knob set on the chain reaches every candidate that has it:
  * children() are all candidates before a choice and the chosen one after,
  * when set_parameter hands the knob to the dormant candidates too (so that
@@ -88,7 +92,7 @@ struct IndexChoose : KVIndex {
     /// prefill queries held back to measure errors, 1..kMaxHoldout (fewer
     /// when the prompt has fewer than 4 * n_holdout queries)
     idx_t n_holdout = 32;
-    uint64_t seed = 1234;  ///< with `stream`, seeds the holdout sample
+    uint64_t seed = 1234;  ///< with `stream`, seeds the holdout sample; <= 2^53 (a knob)
     uint64_t stream = 0;   ///< one stream per (layer, head): set by KVCache
 
     explicit IndexChoose(std::vector<std::unique_ptr<KVIndex>> candidates);

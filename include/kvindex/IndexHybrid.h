@@ -92,9 +92,10 @@ double normal_two_sided_quantile(double delta);
  *    top-k alone gets it.
  * calibrated_k and calibrated_sample report the choice.
  *
- * Per-call parameters go to the heavy part whole (its k, nprobe,
- * efSearch); the tail gets their LSH knobs (SearchParametersLSH: min_hits,
- * max_sample) with `sample` as its k.
+ * Per-call parameters go to the heavy part (its k, nprobe, efSearch;
+ * without the knobs only the tail reads); the tail gets their LSH knobs
+ * (SearchParametersLSH: min_hits, max_sample) with `sample` as its k. A
+ * knob that neither reads is refused.
  *
  * The hybrid keeps the tokens itself for the estimator; the heavy and the
  * tail index hold their own copies for retrieval (memory_bytes counts all).
@@ -134,6 +135,9 @@ struct IndexHybrid : KVIndex {
     std::vector<const KVIndex*> children() const override {
         return {heavy.get(), tail.get()};
     }
+    /// the heavy part's knobs, and the tail's LSH knobs (the only ones it
+    /// is handed)
+    bool reads_search_knob(const std::string& name) const override;
     std::vector<ParameterInfo> parameter_info() const override;
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;

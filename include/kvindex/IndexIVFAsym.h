@@ -107,7 +107,7 @@ struct IndexIVFAsym : KVIndex {
     int hidden = 256;                        ///< Q-model width
     int train_iterations = -1;               ///< Adam steps; -1: 10 epochs of the rows, 50..2000
     idx_t min_distance = -1;                 ///< -1: n_after (the window)
-    uint64_t seed = 1234;
+    uint64_t seed = 1234;                    ///< with `stream`, seeds self-training; <= 2^53 (a knob)
     uint64_t stream = 0;                     ///< one stream per (layer, head): set by KVCache
 
     // the trained models
@@ -175,6 +175,8 @@ struct IndexIVFAsym : KVIndex {
     bool needs_contiguous_positions() const override {
         return true; // keys and queries are de-RoPEd at their positions
     }
+    /// nprobe, the buckets read (SearchParametersTopK)
+    bool reads_search_knob(const std::string& name) const override;
     std::vector<ParameterInfo> parameter_info() const override;
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;

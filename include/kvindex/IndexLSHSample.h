@@ -16,6 +16,9 @@ struct FactoryChain;
 struct SearchParametersLSH : SearchParametersKV {
     int min_hits = -1;       ///< tables a key must collide in to be sampled
     idx_t max_sample = -1;   ///< cap on the sample size (0: none)
+
+    std::vector<SearchKnob> set_knobs() const override;
+    std::unique_ptr<SearchParametersKV> without_knob(const std::string& name) const override;
 };
 
 /** Probability that a key collides with the query in at least min_hits of
@@ -181,6 +184,8 @@ struct IndexLSHSample : KVIndex {
     std::string factory_string() const override {
         return "LSHSample" + std::to_string(K) + "x" + std::to_string(L);
     }
+    /// min_hits and max_sample (SearchParametersLSH)
+    bool reads_search_knob(const std::string& name) const override;
     std::vector<ParameterInfo> parameter_info() const override;
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;

@@ -186,7 +186,7 @@ struct IndexRoarGraph : KVIndex {
     int build_L = 64;                ///< beam of the connectivity searches and inserts
     idx_t max_train_queries = 16384; ///< training queries at most (seeded sample)
     int efSearch = 128;              ///< beam of the searches (at least k)
-    uint64_t seed = 1234;            ///< with `stream`, seeds the query sample
+    uint64_t seed = 1234;            ///< with `stream`, seeds the query sample; <= 2^53 (a knob)
     uint64_t stream = 0;             ///< one stream per (layer, head): set by KVCache
     idx_t n_hubs = -1;               ///< hubs to keep at prefill; -1: one per 256 prompt keys
     idx_t n_anchors = 1024;          ///< training queries kept as anchors (appends, seeds)
@@ -308,6 +308,8 @@ struct IndexRoarGraph : KVIndex {
     std::string factory_string() const override {
         return "RoarGraph" + std::to_string(M);
     }
+    /// efSearch, its beam (SearchParametersTopK)
+    bool reads_search_knob(const std::string& name) const override;
     std::vector<ParameterInfo> parameter_info() const override;
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;

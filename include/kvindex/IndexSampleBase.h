@@ -17,7 +17,7 @@ namespace kvindex {
  * its factory element.
  */
 struct IndexSampleBase : KVIndex {
-    uint64_t seed = 1234;  ///< with `stream`, seeds every draw
+    uint64_t seed = 1234;  ///< with `stream`, seeds every draw; <= 2^53 (a knob)
     uint64_t stream = 0;   ///< one stream per (layer, head): set by KVCache
     KVStorage storage;     ///< keys and values of all tokens
 

@@ -15,6 +15,9 @@ struct FactoryChain;
 struct SearchParametersTopK : SearchParametersKV {
     size_t nprobe = 0; ///< IVF retrievers: inverted lists visited
     int efSearch = 0;  ///< graph retrievers (HNSW, IndexRoarGraph): beam width
+
+    std::vector<SearchKnob> set_knobs() const override;
+    std::unique_ptr<SearchParametersKV> without_knob(const std::string& name) const override;
 };
 
 /** Top-k attention with any Faiss index as the retriever ("Exploiting
@@ -69,6 +72,8 @@ struct IndexTopK : KVIndex {
     std::string factory_string() const override {
         return "TopK(" + retriever_string + ")";
     }
+    /// nprobe with an IVF retriever, efSearch with an HNSW one
+    bool reads_search_knob(const std::string& name) const override;
     std::vector<ParameterInfo> parameter_info() const override;
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;

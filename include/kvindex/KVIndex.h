@@ -64,8 +64,21 @@ struct Selection {
     }
 };
 
-/// Search-time parameters common to every KV index. Index types that have
-/// knobs of their own subclass this; each index checks with dynamic_cast.
+/// One per-call knob that a SearchParametersKV subclass sets.
+struct SearchKnob {
+    const char* name; ///< as in set_index_parameters ("nprobe", "min_hits", ...)
+    double value;
+};
+
+/** Search-time parameters common to every KV index. Index types that have
+ * knobs of their own subclass this; each index checks with dynamic_cast.
+ *
+ * A subclass lists the knobs it sets (set_knobs), so that a call setting a
+ * knob that no index of the chain reads is refused rather than ignored
+ * (KVIndex::reads_search_knob), and can drop one (without_knob), so that an
+ * index holding indexes that read different knobs (IndexChoose, IndexHybrid)
+ * hands each only its own. A subclass that lists nothing is passed as it is.
+ */
 struct SearchParametersKV : faiss::SearchParameters {
     /// number of keys an index with a top-k budget selects per query;
     /// 0 means "use the index's own default" (KVIndex::k); < 0 is an error
@@ -73,6 +86,14 @@ struct SearchParametersKV : faiss::SearchParameters {
     /// select fills Selection::n_scanned (costs an extra coarse search for
     /// IVF; exact for HNSW only when one thread searches the index at a time)
     bool count_scanned = false;
+
+    /// The subclass's knobs set away from "the index's own" value; k and
+    /// count_scanned, which every index takes, are not listed.
+    virtual std::vector<SearchKnob> set_knobs() const {
+        return {};
+    }
+    /// A copy with the knob `name` (one of set_knobs) back at "the index's own".
+    virtual std::unique_ptr<SearchParametersKV> without_knob(const std::string& name) const;
 };
 
 /** Everything prefill knows, handed to the index in one call. Query-aware
@@ -346,6 +367,13 @@ struct KVIndex : faiss::Index {
         return children();
     }
 
+    /** Whether a search of this index reads the per-call knob `name` of a
+     * SearchParametersKV subclass (SearchKnob::name), itself or through an
+     * index it hands the call to. check_params refuses a call that sets a
+     * knob it does not read. The default: whether any held index reads it
+     * (none for a leaf); a type reading a knob itself says so. */
+    virtual bool reads_search_knob(const std::string& name) const;
+
     /// This type's own knobs (k included); set_index_parameters walks the
     /// children, so wrappers list only what they read themselves.
     virtual std::vector<ParameterInfo> parameter_info() const;
@@ -529,10 +557,22 @@ struct KVIndex : faiss::Index {
     /// Checks the queries of a call (n >= 0, q present and finite).
     void check_query_args(idx_t n, const float* q, const char* what) const;
 
-    /// Throws for search parameters no kvindex type accepts: an IDSelector
-    /// (not supported), a Faiss subclass (SearchParametersIVF: its knobs
-    /// would be ignored) or SearchParametersKV::k < 0.
+    /// Throws for search parameters this index would not read: an
+    /// IDSelector (not supported), a Faiss subclass (SearchParametersIVF:
+    /// its knobs would be ignored), SearchParametersKV::k < 0, or a knob
+    /// that no index of this chain reads (reads_search_knob).
     void check_params(const faiss::SearchParameters* params) const;
+
+    /** `params` as `reader`, an index this one hands the call to, takes
+     * them: params itself when the reader reads each knob it sets, else a
+     * copy (held in `copy`) without the others. For types whose held
+     * indexes read different knobs (IndexChoose's candidates, IndexHybrid's
+     * heavy part and tail), so that a knob is refused only when none of
+     * them reads it. */
+    static const faiss::SearchParameters* params_for(
+            const KVIndex& reader,
+            const faiss::SearchParameters* params,
+            std::unique_ptr<SearchParametersKV>& copy);
 
    private:
     friend class ReadScope;

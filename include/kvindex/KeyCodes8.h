@@ -43,7 +43,8 @@ struct KeyCodes8 {
      * then cover them all); retrains first when the keys have doubled
      * since the ranges were taken. */
     void append(const KVStorage& keys);
-    /// Keeps the codes of the first n keys (their ranges stay).
+    /// Keeps the codes of the first n keys (their ranges stay; n_trained
+    /// is capped at n).
     void truncate(size_t n);
     void clear();
 

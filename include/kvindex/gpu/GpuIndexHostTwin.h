@@ -44,6 +44,9 @@ struct GpuIndexHostTwin : GpuIndexKV {
     void copy_knobs_to(KVIndex* cpu) const override;
     idx_t top_k_budget() const override;
 
+    /// The twin's per-call knobs (a type refuses the values its device
+    /// path cannot run when it reads them).
+    bool reads_search_knob(const std::string& name) const override;
     std::vector<ParameterInfo> parameter_info() const override;
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;
