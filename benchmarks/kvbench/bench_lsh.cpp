@@ -63,6 +63,9 @@ int run_bench(int argc, char** argv) {
         return 0;
     }
 
+    if (n_q < 1) { // evaluation_positions reads 0 as "every position"
+        throw std::invalid_argument("--queries " + std::to_string(n_q) + " must be >= 1");
+    }
     TraceMeta meta = read_trace_meta(trace);
     TraceLayer layer = read_trace_layer(trace, meta, layer_id);
     int d = meta.head_dim, g = meta.n_q_heads / meta.n_kv_heads;

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <numeric>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,10 @@ int run_bench(int argc, char** argv) {
     }
     std::vector<idx_t> lengths = kvtools::parse_list<idx_t>(tokens_list);
     const int d = 128, k = 100;
+    kvbench::check_scaling_options(lengths, n_queries, 1, k);
+    if (repeats < 1) { // the median of no pass
+        throw std::invalid_argument("--repeats " + std::to_string(repeats) + " must be >= 1");
+    }
     // builds may use every core; every timed call runs on one thread
     const int build_threads = omp_get_max_threads();
     std::printf("%-34s %9s %10s %10s %10s %9s %9s %8s %10s\n", "index", "tokens", "us/query",

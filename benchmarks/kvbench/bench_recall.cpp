@@ -22,6 +22,7 @@
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -238,6 +239,18 @@ int run_bench(int argc, char** argv) {
         return 0;
     }
     const int d = 128, k = 100, group = 3;
+    // the recall per head kind divides by its queries: one of each at least
+    kvbench::check_scaling_options({n}, n_queries, 3, k);
+    if (n_append < 0) {
+        throw std::invalid_argument("--append " + std::to_string(n_append) + " must be >= 0");
+    }
+    // options of the other mode would be dropped without a word
+    if (n_append > 0 && (!json.empty() || overlap)) {
+        throw std::invalid_argument("--json and --overlap do not apply with --append");
+    }
+    if (n_append == 0 && (learn || eval_next)) {
+        throw std::invalid_argument("--learn and --eval-next apply only with --append");
+    }
     long nlist = std::max(1L, long(std::ceil(n / 1000.0)));
     if (specs.empty()) {
         specs = {"RoarGraph32@efSearch=100,150,200,300,500",

@@ -62,6 +62,7 @@ int run_bench(int argc, char** argv) {
         return 2;
     }
     const int d = 128, k = 100;
+    kvbench::check_scaling_options(lengths, n_queries, 1, k);
     std::printf("%-24s %9s %10s %10s %9s %9s %8s %10s\n", "index", "tokens", "us/query",
                 "dense_us", "speedup", "recall", "build_s", "bytes/tok");
     for (idx_t n : lengths) {

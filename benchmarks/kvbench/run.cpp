@@ -149,13 +149,34 @@ RunResult run_kvbench(const RunOptions& opt) {
     // strings with an offline-trained type in them (IVFAsym) adopt from
     // --trained; the others (the baselines of the same run) run as given.
     std::vector<bool> adopts(opt.indexes.size(), false);
+    std::vector<bool> reportable(opt.report.size(), false);
     for (size_t ix = 0; ix < opt.indexes.size(); ix++) {
         auto index = make_index(meta.head_dim, opt.indexes[ix], opt.params, meta.n_ctx);
         adopts[ix] = trained && kvindex::ivf_asym_in_chain(index.get());
         if (adopts[ix]) {
             index->adopt_trained(*trained->index(layers[0], 0));
         }
+        for (size_t i = 0; i < opt.report.size(); i++) {
+            reportable[i] = reportable[i] || has_parameter(index.get(), opt.report[i]);
+        }
     }
+    // a file or a name that nothing takes would be recorded as if it had
+    // been used, or print nothing: a misspelt option
+    FAISS_THROW_IF_NOT_FMT(
+            !trained || std::find(adopts.begin(), adopts.end(), true) != adopts.end(),
+            "kvbench run: --trained %s: no index string has an offline-trained type (IVFAsym) "
+            "to adopt it",
+            opt.trained.c_str());
+    for (size_t i = 0; i < opt.report.size(); i++) {
+        FAISS_THROW_IF_NOT_FMT(
+                reportable[i],
+                "kvbench run: --report %s: no index string has a parameter of that name",
+                opt.report[i].c_str());
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            opt.max_queries >= 0,
+            "kvbench run: --max-queries %lld must be >= 0 (0: every position)",
+            (long long)opt.max_queries);
     int d = meta.head_dim, g = meta.n_q_heads / meta.n_kv_heads;
     idx_t n = meta.n_tokens, n_ctx = meta.n_ctx;
     std::vector<idx_t> positions = evaluation_positions(n_ctx, n, opt.max_queries);

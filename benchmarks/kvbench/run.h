@@ -21,8 +21,9 @@ struct RunOptions {
     std::string params;
     std::vector<int> layers;          ///< empty: every layer
     /// cache file of `kvllm train` (read_cache) for the trace's model: each
-    /// (layer, KV head) index adopts its models before its prefill; every
-    /// index string must adopt something
+    /// (layer, KV head) index with an offline-trained type (IVFAsym) adopts
+    /// its models before its prefill, the others (baselines) run as given;
+    /// at least one index string must adopt
     std::string trained;
     idx_t max_queries = 0;            ///< evaluation positions per (layer, q head); 0: all
     /// knobs read from every (layer, KV head) index after its prefill, where

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 
 #include <faiss/impl/FaissAssert.h>
 
@@ -240,6 +241,11 @@ kvindex::TraceMeta synthetic_meta(const SyntheticConfig& cfg) {
     FAISS_THROW_IF_NOT_MSG(
             cfg.n_kv_heads >= 1 && cfg.group >= 1 && cfg.n_layers >= 1,
             "gen: kv-heads, group and layers must be >= 1");
+    // n_q_heads is an int: the product must fit before it is formed
+    FAISS_THROW_IF_NOT_FMT(
+            int64_t(cfg.n_kv_heads) * cfg.group <= 65536,
+            "gen: kv-heads x group = %lld query heads, more than 65536",
+            (long long)cfg.n_kv_heads * cfg.group);
     head_kind(cfg, 0, 0); // checks the preset name
     kvindex::TraceMeta meta;
     meta.n_layers = cfg.n_layers;
@@ -315,6 +321,21 @@ std::vector<double> attention_entropy_profile(
         }
     }
     return profile;
+}
+
+void check_scaling_options(
+        const std::vector<int64_t>& lengths, int n_queries, int min_queries, int top_k) {
+    if (n_queries < min_queries) {
+        throw std::invalid_argument("--queries " + std::to_string(n_queries) +
+                                    " must be >= " + std::to_string(min_queries));
+    }
+    for (int64_t n : lengths) {
+        if (n < top_k) {
+            throw std::invalid_argument("--tokens " + std::to_string(n) +
+                                        " must be >= " + std::to_string(top_k) +
+                                        " (the recall is of the exact top-" + std::to_string(top_k) + ")");
+        }
+    }
 }
 
 ScalingHead scaling_head(int64_t n, int n_queries, int head_dim) {

@@ -52,6 +52,13 @@ struct ScalingHead {
 };
 ScalingHead scaling_head(int64_t n, int n_queries, int head_dim);
 
+/** The options of a scaling tool, checked before any work: at least
+ * min_queries queries (bench_recall: 3, one per head kind), and every
+ * context length at least top_k tokens (the recall is of the exact top_k).
+ * Throws std::invalid_argument naming the option (run_tool names the tool). */
+void check_scaling_options(
+        const std::vector<int64_t>& lengths, int n_queries, int min_queries, int top_k);
+
 /// Generates and writes the trace; deterministic in cfg (seed included).
 kvindex::TraceMeta write_synthetic_trace(const std::string& dir, const SyntheticConfig& cfg);
 

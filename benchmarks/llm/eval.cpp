@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <kvindex/IndexIVFAsym.h>
+#include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
 #include <kvindex/trace.h>
 
@@ -375,6 +377,26 @@ IndexSet::IndexSet(const std::vector<std::string>& indexes, const std::string& d
 }
 
 void IndexSet::check(const LlamaModel& llm, const std::vector<int64_t>& n_prefilled) const {
+    if (trained) {
+        // make_cache adopts only into strings with IVFAsym: a file of another
+        // model, or one that no string takes, would pass unnoticed
+        if (trained->n_layers != llm.cfg.n_layers || trained->n_kv_heads != llm.cfg.n_kv_heads ||
+            trained->d != llm.cfg.head_dim) {
+            throw std::invalid_argument(
+                    "--trained: the cache has " + std::to_string(trained->n_layers) + " layers x " +
+                    std::to_string(trained->n_kv_heads) + " KV heads, d=" + std::to_string(trained->d) +
+                    "; the model " + std::to_string(llm.cfg.n_layers) + " x " +
+                    std::to_string(llm.cfg.n_kv_heads) + ", d=" + std::to_string(llm.cfg.head_dim));
+        }
+        bool adopted = false;
+        for (const kvindex::IndexSpec& spec : specs) {
+            adopted = adopted || kvindex::ivf_asym_in_chain(kvindex::index_factory(llm.cfg.head_dim, spec.factory).get());
+        }
+        if (!adopted) {
+            throw std::invalid_argument(
+                    "--trained: no index string has an offline-trained type (IVFAsym) to adopt it");
+        }
+    }
     for (const kvindex::IndexSpec& spec : specs) {
         for (int64_t n : n_prefilled) {
             // "question" stands for a count of at least one token

@@ -104,8 +104,10 @@ struct IndexRunConfig {
     std::vector<std::string> indexes;    ///< the indexes under test
     std::string dense_index = "Flat";
     std::vector<int> dense_layers;       ///< layers built from dense_index; empty: every layer uses the index
-    /// cache file of `kvllm train` (read_cache): the sparse layers' indexes
-    /// adopt its models before their prefill; every index must adopt something
+    /// cache file of `kvllm train` (read_cache) of the model's shape: the
+    /// sparse layers' indexes with IVFAsym adopt its models before their
+    /// prefill (the others, baselines, run as given); one string at least
+    /// must adopt
     std::string trained;
     std::string json_out;                ///< where the JSON results go; "" for none
 };

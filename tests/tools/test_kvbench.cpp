@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <kvindex/KVCache.h>
+#include <kvindex/index_io.h>
 #include <kvindex/trace.h>
 
 #include "expect_throw.h"
@@ -232,4 +234,39 @@ TEST(KVBench, UnknownParameterNamesIt) {
     std::string dir = tiny_trace("params");
     EXPECT_THROW_MSG(run(dir, {"Flat", "TopK(HNSW16)"}, "nprobe=4"), "nprobe");
     EXPECT_THROW_MSG(run(dir, {"Nope"}), "Nope");
+}
+
+TEST(KVBench, OptionsThatNothingTakesAreRefused) {
+    // --trained with no IVFAsym string was recorded in the JSON as used,
+    // --report with an unknown name printed nothing, --max-queries -3 ran
+    // every position
+    std::string dir = tiny_trace("unused_options");
+    kvindex::KVCache shaped(2, 4, 2, 16, 16, "Flat"); // the trace's shape
+    std::string cache = ::testing::TempDir() + "/kvbench_unused.kvc";
+    kvindex::write_cache(shaped, cache);
+    kvbench::RunOptions opt;
+    opt.trace_dir = dir;
+    opt.indexes = {"Flat", "TopK(Flat)|k=7"};
+    opt.max_queries = 2;
+    opt.progress = false;
+    opt.trained = cache;
+    EXPECT_THROW_MSG(kvbench::run_kvbench(opt), "no index string has an offline-trained type");
+    opt.trained.clear();
+    opt.report = {"nprobee"};
+    EXPECT_THROW_MSG(kvbench::run_kvbench(opt), "--report nprobee");
+    opt.report = {"k"};
+    EXPECT_NO_THROW(kvbench::run_kvbench(opt));
+    opt.report.clear();
+    opt.max_queries = -3;
+    EXPECT_THROW_MSG(kvbench::run_kvbench(opt), "--max-queries -3");
+}
+
+TEST(KVBench, ScalingToolsRefuseLengthsBelowTheirTopK) {
+    // bench_recall / bench_scaling / bench_peers sorted the top 100 of
+    // fewer keys (a crash), and bench_recall divided by a head kind with no
+    // query (NaN in its JSON)
+    EXPECT_THROW_MSG_AS(std::invalid_argument, kvbench::check_scaling_options({4096, 50}, 30, 1, 100), "--tokens 50 must be >= 100");
+    EXPECT_THROW_MSG_AS(std::invalid_argument, kvbench::check_scaling_options({4096}, 2, 3, 100), "--queries 2 must be >= 3");
+    EXPECT_THROW_MSG_AS(std::invalid_argument, kvbench::check_scaling_options({4096}, 0, 1, 100), "--queries 0");
+    EXPECT_NO_THROW(kvbench::check_scaling_options({100, 4096}, 3, 3, 100));
 }

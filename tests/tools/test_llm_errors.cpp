@@ -18,6 +18,9 @@
 
 #include <gtest/gtest.h>
 
+#include <kvindex/KVCache.h>
+#include <kvindex/index_io.h>
+
 #include "eval.h"
 #include "expect_throw.h"
 #include "gguf.h"
@@ -127,6 +130,20 @@ TEST(KvllmErrors, E2eChecksEveryContextAndIndexBeforeTheFirstPrefill) {
     c = good;
     c.indexes = {"Flat", "NoSuchIndex"};
     EXPECT_NE(error_of([&] { run_e2e(m.llm, ids, c, out); }), "");
+    // --trained of another model's shape, or that no string adopts, was
+    // recorded in the JSON as used
+    const auto& cfg = m.llm.cfg;
+    std::string other = ::testing::TempDir() + "/trained_other_shape.kvc";
+    std::string same = ::testing::TempDir() + "/trained_same_shape.kvc";
+    kvindex::write_cache(kvindex::KVCache(2, 2, 2, 16, 16, "Flat"), other);
+    kvindex::write_cache(
+            kvindex::KVCache(cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.head_dim, "Flat"),
+            same);
+    c = good;
+    c.trained = other;
+    EXPECT_THROW_MSG_AS(std::exception, run_e2e(m.llm, ids, c, out), "--trained: the cache has 2 layers");
+    c.trained = same;
+    EXPECT_THROW_MSG_AS(std::exception, run_e2e(m.llm, ids, c, out), "no index string has an offline-trained type");
     EXPECT_EQ(out.str(), "") << "a context ran before the error";
 }
 
