@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include <boost/program_options.hpp>
@@ -24,7 +25,24 @@ inline bool parse_options(
         boost::program_options::options_description& opts,
         boost::program_options::variables_map& vm) {
     opts.add_options()("help,h", "this help");
-    boost::program_options::store(boost::program_options::parse_command_line(argc, argv, opts), vm);
+    auto parsed = boost::program_options::parse_command_line(argc, argv, opts);
+    boost::program_options::store(parsed, vm);
+    // Boost reads "-1" into an unsigned option as 2^64 - 1 (a seed that is
+    // not the one typed): refused
+    for (const auto& o : parsed.options) {
+        auto it = vm.find(o.string_key);
+        if (it == vm.end() || it->second.empty()) {
+            continue;
+        }
+        const std::type_info& t = it->second.value().type();
+        bool is_unsigned = t == typeid(unsigned) || t == typeid(unsigned long) ||
+                t == typeid(unsigned long long);
+        for (const std::string& v : o.value) {
+            if (is_unsigned && v.find('-') != std::string::npos) {
+                throw std::invalid_argument("--" + o.string_key + " " + v + ": must be >= 0");
+            }
+        }
+    }
     if (vm.count("help")) {
         std::cout << opts << "\n";
         return false;
