@@ -697,40 +697,42 @@ idx_t KVIndex::top_k_budget() const {
     return 0;
 }
 
-void KVIndex::check_invariants() const {
+void KVIndex::check_fields(const char* what) const {
     FAISS_THROW_IF_NOT_FMT(
             d > 0 && d_value > 0 && d <= (1 << 16) && d_value <= (1 << 16),
             "%s: invalid dimensions d=%d d_value=%d",
-            type_name(),
+            what,
             d,
             d_value);
     FAISS_THROW_IF_NOT_FMT(
             ntotal >= 0 && ntotal <= kMaxPosition,
             "%s: invalid ntotal %zd (must be in [0, 2^62])",
-            type_name(),
+            what,
             ssize_t(ntotal));
-    FAISS_THROW_IF_NOT_FMT(k > 0, "%s: invalid k %zd", type_name(), ssize_t(k));
+    FAISS_THROW_IF_NOT_FMT(k > 0, "%s: invalid k %zd", what, ssize_t(k));
     FAISS_THROW_IF_NOT_FMT(
             estimator == Estimator::topk || estimator == Estimator::unbiased,
             "%s: invalid estimator %d",
-            type_name(),
+            what,
             int(estimator));
     FAISS_THROW_IF_NOT_FMT(
             std::isfinite(rope.theta) && rope.theta > 0 &&
                     (rope.style == RopeStyle::half || rope.style == RopeStyle::interleaved),
             "%s: invalid RoPE theta=%g style=%d",
-            type_name(),
+            what,
             rope.theta,
             int(rope.style));
     FAISS_THROW_IF_NOT_FMT(
-            metric_type == faiss::METRIC_INNER_PRODUCT,
-            "%s: metric must be inner product",
-            type_name());
+            metric_type == faiss::METRIC_INNER_PRODUCT, "%s: metric must be inner product", what);
     FAISS_THROW_IF_NOT_FMT(
             int(kv_type) >= 0 && int(kv_type) < kNumKVTypes,
             "%s: invalid storage type %d",
-            type_name(),
+            what,
             int(kv_type));
+}
+
+void KVIndex::check_invariants() const {
+    check_fields(type_name());
     for (const KVIndex* c : children()) {
         FAISS_THROW_IF_NOT_FMT(
                 c && c->kv_type == kv_type,

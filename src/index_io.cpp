@@ -41,26 +41,13 @@ void read_kvindex_fields(KVIndex* idx, BufferReader& r) {
     uint8_t style = r.value<uint8_t>("rope style");
     // formats 1 and 2 stored float32 only
     uint8_t kv_type = r.format_version >= 3 ? r.value<uint8_t>("storage type") : 0;
-    // checked now: the type's fields are sized by d and d_value
-    FAISS_THROW_IF_NOT_FMT(
-            idx->d > 0 && idx->d_value > 0 && idx->d <= (1 << 16) &&
-                    idx->d_value <= (1 << 16),
-            "read_index: invalid dimensions d=%d d_value=%d",
-            idx->d,
-            idx->d_value);
-    FAISS_THROW_IF_NOT_FMT(idx->ntotal >= 0, "read_index: invalid ntotal %zd", size_t(idx->ntotal));
-    FAISS_THROW_IF_NOT_FMT(idx->k > 0, "read_index: invalid k %zd", size_t(idx->k));
-    FAISS_THROW_IF_NOT_FMT(est <= 1, "read_index: invalid estimator %d", int(est));
-    FAISS_THROW_IF_NOT_FMT(style <= 1, "read_index: invalid RoPE style %d", int(style));
-    FAISS_THROW_IF_NOT_FMT(
-            std::isfinite(idx->rope.theta) && idx->rope.theta > 0,
-            "read_index: invalid RoPE theta %g",
-            idx->rope.theta);
-    FAISS_THROW_IF_NOT_FMT(
-            kv_type < kNumKVTypes, "read_index: invalid storage type %d", int(kv_type));
+    // enum classes with a fixed underlying type hold any raw value: the
+    // checks below name it
     idx->estimator = Estimator(est);
     idx->kv_type = KVType(kv_type);
     idx->rope.style = RopeStyle(style);
+    // checked now: the type's fields are sized by d, d_value and ntotal
+    idx->check_fields("read_index");
 }
 
 } // namespace

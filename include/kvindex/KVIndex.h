@@ -440,8 +440,14 @@ struct KVIndex : faiss::Index {
     /** Throws naming the first inconsistency between the fields (sizes,
      * ranges, children): called after read_fields, so that a forged file
      * is refused before any search can read out of bounds. The base checks
-     * the KVIndex fields and that children share d and d_value. */
+     * the KVIndex fields (check_fields) and that children share d and
+     * d_value. */
     virtual void check_invariants() const;
+
+    /** The KVIndex fields' ranges: dimensions, ntotal, k, estimator, RoPE,
+     * metric and storage type; throws naming `what`. check_invariants runs
+     * it, and the reader before the type's own fields, which they size. */
+    void check_fields(const char* what) const;
 
     /** Throws when an inner index holds other tokens than this index put
      * there: a write (add_kv, reset, ...) through a reference to a child,
