@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <numeric>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -57,12 +58,11 @@ int run_bench(int argc, char** argv) {
         return 0;
     }
     std::vector<idx_t> lengths = kvtools::parse_list<idx_t>(tokens_list);
-    if (repeat < 1 || n_queries < 1) {
-        std::fprintf(stderr, "bench_scaling: --queries and --repeat must be >= 1\n");
-        return 2;
-    }
     const int d = 128, k = 100;
-    kvbench::check_scaling_options(lengths, n_queries, 1, k);
+    kvbench::check_scaling_options(lengths, n_queries, 1, k); // --queries, --tokens
+    if (repeat < 1) {
+        throw std::invalid_argument("--repeat " + std::to_string(repeat) + " must be >= 1");
+    }
     std::printf("%-24s %9s %10s %10s %9s %9s %8s %10s\n", "index", "tokens", "us/query",
                 "dense_us", "speedup", "recall", "build_s", "bytes/tok");
     for (idx_t n : lengths) {
