@@ -11,6 +11,44 @@
 
 namespace kvindex {
 
+namespace {
+
+/// The free functions read the caller's rows unchecked (the index API
+/// checks its rows once, at add), so a NaN, an Inf or a score that
+/// overflows float (|x| far above kMaxInputMagnitude) shows only in the
+/// result: refuse it there, an O(dv) check, rather than return NaN. lse =
+/// -inf with out = 0 is an empty set (every score -inf), not an error.
+float checked_result(const char* what, float lse, const float* out, size_t dv) {
+    bool finite = !std::isnan(lse) && lse != std::numeric_limits<float>::infinity();
+    for (size_t j = 0; finite && j < dv; j++) {
+        finite = std::isfinite(out[j]);
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            finite,
+            "%s: the result is not finite (lse %g): the query, a key or a value "
+            "holds NaN or Inf, or scores overflow float (the index API refuses "
+            "|x| > %g)",
+            what,
+            double(lse),
+            double(kMaxInputMagnitude));
+    return lse;
+}
+
+/// attention_from_scores without the check of its result.
+float weights_to_output(
+        float* s, const float* log_u, KVRows values, const idx_t* ids, size_t n, float* out) {
+    if (n == 0) {
+        std::memset(out, 0, sizeof(float) * values.dim);
+        return -std::numeric_limits<float>::infinity();
+    }
+    float lse = softmax_inplace(s, log_u, n);
+    static_assert(sizeof(idx_t) == sizeof(int64_t), "token ids are 64-bit");
+    weighted_sum_by_ids(s, values, reinterpret_cast<const int64_t*>(ids), n, out);
+    return lse;
+}
+
+} // namespace
+
 const char* estimator_name(Estimator e) {
     return e == Estimator::topk ? "topk" : "unbiased";
 }
@@ -51,6 +89,18 @@ float estimate_attention(
     std::vector<float> w(n);
     inner_products_by_ids(
             q, keys, sel.ids.data(), n, float(1.0 / std::sqrt(double(d))), w.data());
+    for (size_t i = 0; i < n; i++) {
+        // here -inf is an overflow, not a mask, so the result's check would
+        // miss a set whose scores all overflowed to -inf
+        FAISS_THROW_IF_NOT_FMT(
+                std::isfinite(w[i]),
+                "estimate_attention: the score of token %lld is %g: the query or its key "
+                "holds NaN or Inf, or the score overflows float (the index API refuses "
+                "|x| > %g)",
+                (long long)sel.ids[i],
+                double(w[i]),
+                double(kMaxInputMagnitude));
+    }
     std::vector<float> log_u;
     if (estimator == Estimator::unbiased) {
         FAISS_THROW_IF_NOT_MSG(
@@ -68,8 +118,9 @@ float estimate_attention(
             log_u[i] = std::log(u);
         }
     }
-    return attention_from_scores(
+    float lse = weights_to_output(
             w.data(), log_u.empty() ? nullptr : log_u.data(), values, sel.ids.data(), n, out);
+    return checked_result("estimate_attention", lse, out, dv);
 }
 
 float attention_from_scores(
@@ -85,15 +136,8 @@ float attention_from_scores(
 
 float attention_from_scores(
         float* s, const float* log_u, KVRows values, const idx_t* ids, size_t n, float* out) {
-    size_t dv = values.dim;
-    if (n == 0) {
-        std::memset(out, 0, sizeof(float) * dv);
-        return -std::numeric_limits<float>::infinity();
-    }
-    float lse = softmax_inplace(s, log_u, n);
-    static_assert(sizeof(idx_t) == sizeof(int64_t), "token ids are 64-bit");
-    weighted_sum_by_ids(s, values, reinterpret_cast<const int64_t*>(ids), n, out);
-    return lse;
+    return checked_result(
+            "attention_from_scores", weights_to_output(s, log_u, values, ids, n, out), out, values.dim);
 }
 
 float exact_attention(
@@ -108,7 +152,8 @@ float exact_attention(
 }
 
 float exact_attention(const float* q, KVRows keys, KVRows values, size_t n, float* out) {
-    return dense_attention(q, keys, values, n, float(1.0 / std::sqrt(double(keys.dim))), out);
+    float lse = dense_attention(q, keys, values, n, float(1.0 / std::sqrt(double(keys.dim))), out);
+    return checked_result("exact_attention", lse, out, values.dim);
 }
 
 float merge_attention(

@@ -7,6 +7,7 @@
 // Why vector extensions rather than intrinsics: one body serves every width,
 // and the compiler still emits the fused multiply-adds and wide loads.
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -461,6 +462,17 @@ float softmax_inplace(float* s, const float* bias, size_t n) {
         }
     }
     float m = max_of(s, n);
+    if (m == -std::numeric_limits<float>::infinity()) {
+        // every score -inf (all masked): the empty set, weights 0 and lse
+        // -inf, as merge_attention reads it, rather than 0/0. max_of skips
+        // NaN, so a NaN among them still makes the result NaN.
+        float fill = 0.0f;
+        for (size_t i = 0; i < n; i++) {
+            fill = std::isnan(s[i]) ? s[i] : fill;
+        }
+        std::fill(s, s + n, fill);
+        return fill == 0.0f ? m : fill;
+    }
     float sum = exp_shift_sum(s, n, m);
     float inv = 1.0f / sum;
     vf iv = splat(inv);

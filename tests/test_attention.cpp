@@ -208,3 +208,63 @@ TEST(Attention, MergeRefusesAnLseThatIsNone) {
     EXPECT_EQ(out, b);
     EXPECT_THROW_MSG(set_simd_level(SimdLevel(7)), "7 is no SimdLevel");
 }
+
+TEST(Attention, ANonFiniteResultIsRefused) {
+    // the free functions read the caller's rows unchecked: NaN, Inf or
+    // scores that overflow float showed only as a NaN output
+    Tokens t(40, 16, 8, 13);
+    std::vector<float> out(t.dv);
+    Selection all = random_subset(t.n, t.n, 14, true);
+    auto exact = [&](const Tokens& x) {
+        return exact_attention(x.q.data(), x.keys.data(), x.values.data(), x.d, x.dv, x.n, out.data());
+    };
+    auto topk = [&](const Tokens& x) {
+        return estimate_attention(
+                Estimator::topk, x.q.data(), x.keys.data(), x.values.data(), x.d, x.dv, all, out.data());
+    };
+    Tokens overflow = t; // |q . k| ~ 1e40 > FLT_MAX
+    for (float& x : overflow.keys) {
+        x *= 1e20f;
+    }
+    for (float& x : overflow.q) {
+        x *= 1e20f;
+    }
+    Tokens nan_value = t;
+    nan_value.values[5 * t.dv + 2] = std::numeric_limits<float>::quiet_NaN();
+    Tokens inf_key = t;
+    inf_key.keys[7 * t.d] = std::copysign(std::numeric_limits<float>::infinity(), t.q[0]);
+    Tokens minus_inf_key = t; // a score of -inf: weight 0 in exact_attention, refused by estimate
+    minus_inf_key.keys[7 * t.d] = -std::copysign(std::numeric_limits<float>::infinity(), t.q[0]);
+    for (const Tokens* bad : {&overflow, &nan_value, &inf_key}) {
+        EXPECT_THROW_MSG(exact(*bad), "exact_attention: the result is not finite");
+    }
+    EXPECT_THROW_MSG(topk(overflow), "estimate_attention: the score of token");
+    EXPECT_THROW_MSG(topk(inf_key), "estimate_attention: the score of token 7 is");
+    EXPECT_THROW_MSG(topk(minus_inf_key), "estimate_attention: the score of token 7 is -inf");
+    EXPECT_THROW_MSG(topk(nan_value), "estimate_attention: the result is not finite");
+    // the same rows, finite, are answered
+    EXPECT_TRUE(std::isfinite(exact(t)));
+    EXPECT_TRUE(std::isfinite(topk(t)));
+
+    // attention_from_scores: -inf is a masked token, +inf or NaN no score
+    const float inf = std::numeric_limits<float>::infinity();
+    std::vector<idx_t> ids = {0, 1, 2, 3};
+    std::vector<float> s = {0.5f, -inf, 1.5f, -inf};
+    float lse = attention_from_scores(s.data(), nullptr, t.values.data(), t.dv, ids.data(), 4, out.data());
+    std::vector<double> ref(t.dv);
+    double e0 = std::exp(0.5), e2 = std::exp(1.5);
+    for (size_t j = 0; j < t.dv; j++) {
+        ref[j] = (e0 * t.values[j] + e2 * t.values[2 * t.dv + j]) / (e0 + e2);
+    }
+    EXPECT_NEAR(lse, std::log(e0 + e2), 1e-6);
+    EXPECT_LT(kvtest::rel_max_err(out.data(), ref), 1e-6);
+    std::vector<float> masked(4, -inf);
+    EXPECT_EQ(attention_from_scores(masked.data(), nullptr, t.values.data(), t.dv, ids.data(), 4, out.data()), -inf);
+    EXPECT_EQ(out, std::vector<float>(t.dv, 0.0f));
+    for (float bad : {inf, std::numeric_limits<float>::quiet_NaN()}) {
+        std::vector<float> b = {0.5f, bad, 1.5f, 0.0f};
+        EXPECT_THROW_MSG(
+                attention_from_scores(b.data(), nullptr, t.values.data(), t.dv, ids.data(), 4, out.data()),
+                "attention_from_scores: the result is not finite");
+    }
+}

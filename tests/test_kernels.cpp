@@ -114,6 +114,50 @@ TEST_P(KernelsTest, SoftmaxMatchesReferenceAndIsStable) {
     }
 }
 
+TEST_P(KernelsTest, SoftmaxReadsMinusInfAsAMaskedToken) {
+    // -inf scores weigh 0; when all are -inf the set is empty (weights 0,
+    // lse -inf) rather than 0/0 = NaN; a NaN among them stays NaN (max_of
+    // skips NaN, so the empty-set branch must not hide it)
+    const float neg_inf = -std::numeric_limits<float>::infinity();
+    for (size_t n : kCounts) {
+        if (n == 0) {
+            continue;
+        }
+        auto s = gaussian(1, n, 40 + n, 5.0f);
+        std::vector<float> masked = s;
+        for (size_t i = 0; i < n; i += 3) {
+            masked[i] = neg_inf;
+        }
+        std::vector<float> w = masked;
+        float lse = softmax_inplace(w.data(), nullptr, n);
+        double m = -INFINITY, z = 0;
+        for (size_t i = 1; i < n; i++) {
+            m = std::max(m, double(i % 3 ? s[i] : -INFINITY));
+        }
+        for (size_t i = 1; i < n; i++) {
+            z += i % 3 ? std::exp(double(s[i]) - m) : 0.0;
+        }
+        if (n == 1) {
+            EXPECT_EQ(lse, neg_inf);
+        } else {
+            EXPECT_NEAR(lse, m + std::log(z), 1e-5 * std::max(1.0, std::abs(m)));
+        }
+        for (size_t i = 0; i < n; i++) {
+            double ref = i % 3 ? std::exp(double(s[i]) - m) / z : 0.0;
+            EXPECT_NEAR(w[i], ref, 1e-6 + 1e-5 * ref) << "n=" << n << " i=" << i;
+        }
+        std::vector<float> all(n, neg_inf);
+        EXPECT_EQ(softmax_inplace(all.data(), nullptr, n), neg_inf) << "n=" << n;
+        EXPECT_EQ(all, std::vector<float>(n, 0.0f));
+        // a bias of +inf masks too
+        std::vector<float> finite = s, bias(n, std::numeric_limits<float>::infinity());
+        EXPECT_EQ(softmax_inplace(finite.data(), bias.data(), n), neg_inf);
+        std::vector<float> with_nan(n, neg_inf);
+        with_nan[n - 1] = std::numeric_limits<float>::quiet_NaN();
+        EXPECT_TRUE(std::isnan(softmax_inplace(with_nan.data(), nullptr, n))) << "n=" << n;
+    }
+}
+
 TEST_P(KernelsTest, WeightedSumsMatchReference) {
     for (size_t dv : kDims) {
         for (size_t n : kCounts) {

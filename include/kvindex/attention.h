@@ -7,9 +7,13 @@
 
 /* The attention-estimator layer: it turns what an index selected into an
  * attention output and a log-sum-exp (lse). Scores are s_i = <q, k_i> / sqrt(d);
- * all sums run in log space with the maximum subtracted, so scores of any
- * magnitude are safe. An empty set gives out = 0 and lse = -inf, which merges
- * as "nothing".
+ * all sums run in log space with the maximum subtracted, so finite scores of
+ * any magnitude are safe. An empty set gives out = 0 and lse = -inf, which
+ * merges as "nothing"; attention_from_scores reads a score of -inf as a
+ * masked token, and a set of masked tokens as empty.
+ * These functions read the caller's rows unchecked; a result that is not
+ * finite (NaN or Inf in the query or the rows, or scores that overflow
+ * float) is refused with an exception rather than returned.
  */
 
 namespace kvindex {

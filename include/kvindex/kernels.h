@@ -57,7 +57,10 @@ void inner_products_by_ids(
 
 /** In place s[i] <- exp(s[i] - bias[i] - m) / Z with m the max, Z the sum;
  * bias may be nullptr (0). Returns log sum_i exp(s[i] - bias[i]),
- * -infinity when n == 0.
+ * -infinity when n == 0. A score of -inf is a masked token (weight 0); when
+ * every score is -inf the weights are 0 and the result -inf, as for n == 0.
+ * A NaN or +inf score makes the result NaN (the kernels do not check:
+ * the callers in attention.h refuse a non-finite result).
  */
 float softmax_inplace(float* s, const float* bias, size_t n);
 
