@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <numeric>
+#include <limits>
 #include <random>
+#include <typeinfo>
 #include <vector>
 
 #include <faiss/AutoTune.h>
@@ -10,10 +12,14 @@
 #include <faiss/IVFlib.h>
 #include <faiss/IndexIVF.h>
 #include <faiss/IndexIVFFlat.h>
+#include <faiss/impl/AuxIndexStructures.h>
+#include <faiss/impl/DistanceComputer.h>
 #include <faiss/impl/FaissAssert.h>
+#include <faiss/impl/HNSW.h>
 #include <faiss/impl/io.h>
 #include <faiss/index_factory.h>
 #include <faiss/index_io.h>
+#include <faiss/utils/Heap.h>
 
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/impl/io.h>
@@ -113,6 +119,81 @@ void reseed_hnsw_levels(faiss::Index* retriever) {
     }
 }
 
+/// Inner products as the distances HNSW minimises (-<q, x>), as Faiss's
+/// own IndexHNSW does for METRIC_INNER_PRODUCT.
+struct NegatedDistances : faiss::DistanceComputer {
+    std::unique_ptr<faiss::DistanceComputer> inner;
+    explicit NegatedDistances(faiss::DistanceComputer* inner) : inner(inner) {}
+    void set_query(const float* x) override {
+        inner->set_query(x);
+    }
+    float operator()(idx_t i) override {
+        return -(*inner)(i);
+    }
+    float symmetric_dis(idx_t i, idx_t j) override {
+        return -inner->symmetric_dis(i, j);
+    }
+};
+
+/// The HNSW types whose search is HNSW::search over their storage (not
+/// IndexHNSW2Level, which overrides it, nor a reordering one).
+bool searches_through_hnsw(const faiss::IndexHNSW* h) {
+    if (!h || !h->storage || h->reconstruct_from_neighbors) {
+        return false;
+    }
+    const std::type_info& t = typeid(*h);
+    return t == typeid(faiss::IndexHNSWFlat) || t == typeid(faiss::IndexHNSWSQ) ||
+            t == typeid(faiss::IndexHNSWPQ);
+}
+
+/** What Faiss 1.7.3's IndexHNSW::search does (the same graph walk, the same
+ * results), but returning the distances each query computed, which Faiss
+ * only adds to a process-wide counter (faiss::hnsw_stats): searches of
+ * other indexes running at the same time mix into that one. The beam is
+ * hnsw.efSearch (1.7.3 sizes its candidate heap from the field, whatever
+ * SearchParametersHNSW says). scanned may be nullptr.
+ */
+void search_hnsw(
+        const faiss::IndexHNSW& h,
+        idx_t n,
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        size_t* scanned) {
+    FAISS_THROW_IF_NOT_FMT(
+            k <= std::numeric_limits<int>::max(), "search: k=%zd is beyond HNSW's int", size_t(k));
+    // a chunk of queries per thread: the visited table (ntotal bytes) is
+    // made once per chunk, not once per query
+    idx_t chunks = std::min<idx_t>(n, std::max(1, omp_get_max_threads()));
+    parallel_for(chunks, [&](idx_t c) {
+        faiss::VisitedTable visited(h.ntotal);
+        std::unique_ptr<faiss::DistanceComputer> dis(h.storage->get_distance_computer());
+        if (h.metric_type == faiss::METRIC_INNER_PRODUCT) {
+            dis.reset(new NegatedDistances(dis.release()));
+        }
+        for (idx_t i = n * c / chunks; i < n * (c + 1) / chunks; i++) {
+            float* D = distances + i * k;
+            idx_t* I = labels + i * k;
+            dis->set_query(q + i * h.d);
+            faiss::maxheap_heapify(k, D, I);
+            faiss::HNSWStats stats = h.hnsw.search(*dis, int(k), I, D, visited);
+            faiss::maxheap_reorder(k, D, I);
+            if (h.metric_type == faiss::METRIC_INNER_PRODUCT) {
+                for (idx_t j = 0; j < k; j++) {
+                    D[j] = -D[j];
+                }
+            }
+            if (scanned) {
+                // 1.7.3 counts the base layer's distances in n3 and leaves
+                // ndis 0 (the greedy steps of the upper layers are not
+                // counted)
+                scanned[i] = stats.n3 + stats.ndis;
+            }
+        }
+    });
+}
+
 } // namespace
 
 void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
@@ -172,6 +253,17 @@ void IndexTopK::search_batch(
         float* distances,
         idx_t* labels,
         const faiss::SearchParameters* params) const {
+    search_retriever(n, q, k, distances, labels, params, nullptr);
+}
+
+void IndexTopK::search_retriever(
+        idx_t n,
+        const float* q,
+        idx_t k,
+        float* distances,
+        idx_t* labels,
+        const faiss::SearchParameters* params,
+        size_t* hnsw_scanned) const {
     // exact scan of what is stored, one query per thread
     auto scan_storage = [&]() {
         parallel_for(n, [&](idx_t i) {
@@ -237,10 +329,17 @@ void IndexTopK::search_batch(
         retriever->search(n, q, k, distances, labels, rp);
         return;
     }
+    auto search = [&]() {
+        if (searches_through_hnsw(hnsw)) {
+            search_hnsw(*hnsw, n, q, k, distances, labels, hnsw_scanned);
+        } else {
+            retriever->search(n, q, k, distances, labels, rp);
+        }
+    };
     if (!(p && p->efSearch > 0)) {
         // shared with other searches, but not with a call that sets the beam
         std::shared_lock<std::shared_mutex> lock(retriever_mutex);
-        retriever->search(n, q, k, distances, labels, rp);
+        search();
         return;
     }
     {
@@ -256,7 +355,7 @@ void IndexTopK::search_batch(
             }
         } restore{hnsw->hnsw, hnsw->hnsw.efSearch};
         hnsw->hnsw.efSearch = p->efSearch;
-        retriever->search(n, q, k, distances, labels, rp);
+        search();
     }
 }
 
@@ -276,12 +375,16 @@ void IndexTopK::select_batch(
     std::vector<idx_t> ids(n * kk);
     auto kv_params = dynamic_cast<const SearchParametersKV*>(params);
     bool count = kv_params && kv_params->count_scanned;
-    if (count) {
+    // HNSW counts as it searches; the others are counted after
+    bool hnsw_counts = retriever->is_trained &&
+            searches_through_hnsw(dynamic_cast<const faiss::IndexHNSW*>(retriever.get()));
+    std::vector<size_t> scanned(n, 0);
+    if (count && !hnsw_counts) {
         faiss::hnsw_stats.reset();
     }
-    search_batch(n, q, kk, dis.data(), ids.data(), params);
-    std::vector<size_t> scanned(n, 0);
-    if (count) {
+    search_retriever(
+            n, q, kk, dis.data(), ids.data(), params, count && hnsw_counts ? scanned.data() : nullptr);
+    if (count && !hnsw_counts) {
         count_scanned(n, q, params, scanned.data());
     }
     for (idx_t i = 0; i < n; i++) {
@@ -331,9 +434,9 @@ void IndexTopK::count_scanned(
             }
         }
     } else {
-        // Faiss counts HNSW distance computations in a global, reset by
-        // select; 1.7.3 counts the base-layer ones in n3 and leaves ndis 0
-        // (the few greedy steps of the upper layers are not counted)
+        // the HNSW types that search_hnsw does not serve (IndexHNSW2Level,
+        // reordering): Faiss's process-wide counter, reset by select, exact
+        // only while no other HNSW search runs, and averaged over the batch
         size_t ndis = faiss::hnsw_stats.n3 + faiss::hnsw_stats.ndis;
         std::fill(scanned, scanned + n, (ndis + n - 1) / n);
     }

@@ -6,11 +6,16 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <thread>
 #include <vector>
+
+#include <omp.h>
 
 #include <gtest/gtest.h>
 
+#include <faiss/IndexHNSW.h>
 #include <faiss/IndexIVF.h>
+#include <faiss/impl/HNSW.h>
 
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexTopK.h>
@@ -215,4 +220,90 @@ TEST(RetrieverScan, IvfFlatScanEqualsFaissSearch) {
         std::sort(b.begin(), b.end());
         EXPECT_EQ(a, b) << "nprobe=" << nprobe;
     }
+}
+
+TEST(RetrieverScan, HnswSearchEqualsFaissAndCountsEachQuery) {
+    // kvindex walks the HNSW graph itself to count each query's distances;
+    // Faiss's own search of the same retriever is the reference for the
+    // results, and Faiss's process-wide counter, read around a search of
+    // one query on one thread, for the count. Before, every query of a
+    // batch got the batch's average, and concurrent searches of other
+    // indexes mixed into the counter.
+    const int d = 32;
+    const idx_t n = 3000, k = 20, nq = 12;
+    auto keys = kvtest::gaussian(n, d, 61);
+    auto q = kvtest::gaussian(nq, d, 62);
+    std::vector<std::unique_ptr<KVIndex>> indexes;
+    for (const char* s : {"TopK(HNSW16)", "TopK(HNSW8,SQ8)"}) {
+        indexes.push_back(index_factory(d, s));
+        indexes.back()->add_kv(n, keys.data(), keys.data());
+    }
+    std::vector<std::vector<size_t>> expected(indexes.size());
+    for (size_t x = 0; x < indexes.size(); x++) {
+        auto topk = dynamic_cast<IndexTopK*>(indexes[x].get());
+        auto hnsw = dynamic_cast<faiss::IndexHNSW*>(topk->retriever.get());
+        ASSERT_NE(hnsw, nullptr);
+        SCOPED_TRACE(topk->retriever_string);
+        for (int ef : {0, 64}) {
+            SearchParametersTopK params;
+            params.k = k;
+            params.efSearch = ef;
+            params.count_scanned = true;
+            std::vector<Selection> sel(nq);
+            indexes[x]->select(nq, q.data(), sel.data(), &params);
+            std::vector<float> dist(nq * k), fdist(k);
+            std::vector<idx_t> labels(nq * k), flabels(k);
+            indexes[x]->search(nq, q.data(), k, dist.data(), labels.data(), &params);
+            int own_ef = hnsw->hnsw.efSearch;
+            hnsw->hnsw.efSearch = ef > 0 ? ef : own_ef;
+            std::vector<size_t> counts;
+            for (idx_t i = 0; i < nq; i++) {
+                int threads = omp_get_max_threads();
+                omp_set_num_threads(1);
+                faiss::hnsw_stats.reset();
+                hnsw->search(1, q.data() + i * d, k, fdist.data(), flabels.data());
+                size_t faiss_count = faiss::hnsw_stats.n3 + faiss::hnsw_stats.ndis;
+                omp_set_num_threads(threads);
+                for (idx_t j = 0; j < k; j++) {
+                    EXPECT_EQ(dist[i * k + j], fdist[j]) << "query " << i << " rank " << j;
+                    EXPECT_EQ(labels[i * k + j], flabels[j]) << "query " << i << " rank " << j;
+                }
+                std::vector<idx_t> ids = sel[i].ids, fids = flabels;
+                std::sort(ids.begin(), ids.end());
+                std::sort(fids.begin(), fids.end());
+                EXPECT_EQ(ids, fids) << "query " << i;
+                EXPECT_EQ(sel[i].n_scanned, faiss_count) << "query " << i << " efSearch " << ef;
+                counts.push_back(sel[i].n_scanned);
+            }
+            hnsw->hnsw.efSearch = own_ef;
+            EXPECT_GT(*std::max_element(counts.begin(), counts.end()),
+                      *std::min_element(counts.begin(), counts.end()))
+                    << "the queries should differ, or the test shows nothing";
+            if (ef == 0) {
+                expected[x] = counts;
+            }
+        }
+    }
+    // two threads selecting on different indexes at once count what each
+    // counts alone
+    std::vector<std::thread> threads;
+    std::vector<int> wrong(indexes.size(), 0);
+    for (size_t x = 0; x < indexes.size(); x++) {
+        threads.emplace_back([&, x]() {
+            SearchParametersTopK params;
+            params.k = k;
+            params.count_scanned = true;
+            for (int round = 0; round < 30; round++) {
+                std::vector<Selection> sel(nq);
+                indexes[x]->select(nq, q.data(), sel.data(), &params);
+                for (idx_t i = 0; i < nq; i++) {
+                    wrong[x] += sel[i].n_scanned != expected[x][i];
+                }
+            }
+        });
+    }
+    for (auto& t : threads) {
+        t.join();
+    }
+    EXPECT_EQ(wrong, std::vector<int>(indexes.size(), 0));
 }

@@ -92,7 +92,19 @@ struct IndexTopK : KVIndex {
     /// IVF lists the retriever may have: no more than the keys it trains on
     idx_t max_lists() const;
 
-    /// Vectors the retriever read per query (Selection::n_scanned).
+    /// search_batch; an HNSW retriever also fills scanned (size n, when
+    /// not nullptr) with the keys each query read (Selection::n_scanned).
+    void search_retriever(
+            idx_t n,
+            const float* q,
+            idx_t k,
+            float* distances,
+            idx_t* labels,
+            const faiss::SearchParameters* params,
+            size_t* hnsw_scanned) const;
+
+    /// Vectors the retriever read per query (Selection::n_scanned), for
+    /// the retrievers whose search does not count them.
     void count_scanned(
             idx_t n,
             const float* q,

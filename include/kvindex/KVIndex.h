@@ -84,7 +84,7 @@ struct SearchParametersKV : faiss::SearchParameters {
     /// 0 means "use the index's own default" (KVIndex::k); < 0 is an error
     idx_t k = 0;
     /// select fills Selection::n_scanned (costs an extra coarse search for
-    /// IVF; exact for HNSW only when one thread searches the index at a time)
+    /// IVF; HNSW counts as it searches)
     bool count_scanned = false;
 
     /// The subclass's knobs set away from "the index's own" value; k and
