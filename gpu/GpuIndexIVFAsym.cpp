@@ -113,10 +113,13 @@ size_t GpuIndexIVFAsym::memory_bytes() const {
 
 int GpuIndexIVFAsym::adopt_trained(const KVIndex& trained) {
     // a GPU index adopts from a CPU one or from another GPU index's twin
-    if (auto g = dynamic_cast<const GpuIndexIVFAsym*>(&trained)) {
-        return host->adopt_trained(*g->host);
-    }
-    return host->adopt_trained(trained);
+    auto g = dynamic_cast<const GpuIndexIVFAsym*>(&trained);
+    int adopted = host->adopt_trained(g ? *g->host : trained);
+    // the device holds its own copy of the model and of the buckets: made
+    // again from the twin, as after a prefill (before, it kept probing no
+    // bucket while the twin routed every new token into one)
+    rebuild_device();
+    return adopted;
 }
 
 // ---- layout ----------------------------------------------------------------------

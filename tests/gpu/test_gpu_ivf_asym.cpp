@@ -319,6 +319,26 @@ TEST(GpuIVFAsym, PrefillOnTheGpuIndexTrainsAsTheCpu) {
     expect_twins_agree(*cpu, g, p.x.queries.data(), 4, "untrained");
 }
 
+TEST(GpuIVFAsym, AnAdoptedModelRoutesAsTheCpu) {
+    // kvllm --trained: an index adopts a model trained elsewhere, then
+    // takes tokens without a prefill
+    KVINDEX_REQUIRE_GPU();
+    const int d = 64;
+    Prompt p = make_prompt(2000, 256, d, 1, 53);
+    auto trained = index_factory(d, "Sink4,Window32,IVFAsym8_Centroid");
+    trained->prefill(p.input());
+    auto cpu = index_factory(d, "Sink4,Window32,IVFAsym8_Centroid");
+    auto gpu = index_factory(d, "GPU,Sink4,Window32,IVFAsym8_Centroid");
+    EXPECT_EQ(cpu->adopt_trained(*trained), 1);
+    EXPECT_EQ(gpu->adopt_trained(*trained), 1);
+    ASSERT_TRUE(ivf_asym_in_chain(cpu.get())->is_trained_models());
+    auto more = make_kv(600, 1, d, 7, true);
+    cpu->add_kv(600, more.keys.data(), more.values.data());
+    gpu->add_kv(600, more.keys.data(), more.values.data());
+    auto& g = dynamic_cast<GpuIndexIVFAsym&>(*gpu);
+    expect_twins_agree(*cpu, g, p.x.queries.data(), 8, "adopted");
+}
+
 TEST(GpuIVFAsym, SearchIsTheTopKOfTheProbedTokens) {
     KVINDEX_REQUIRE_GPU();
     const int d = 128;
