@@ -9,6 +9,7 @@
 #include <kvindex/gpu/GpuCloner.h>
 #include <kvindex/index_factory.h>
 
+#include "checks.h"
 #include "device_memory.h"
 
 namespace kvindex {
@@ -31,13 +32,6 @@ std::string without_gpu(const std::string& s) {
     return prefix + rest;
 }
 
-void check_finite_array(const float* x, size_t n, const char* what) {
-    for (size_t i = 0; i < n; i++) {
-        FAISS_THROW_IF_NOT_FMT(std::isfinite(x[i]), "%s: non-finite value %g at element %zd", what,
-                               double(x[i]), i);
-    }
-}
-
 } // namespace
 
 GpuKVCache::GpuKVCache(
@@ -58,7 +52,8 @@ GpuKVCache::GpuKVCache(
           index_string(index_string),
           dense_string(dense_string),
           dense_layers(dense_layers),
-          resources(std::move(res)) {
+          resources(std::move(res)),
+          layer_calls(size_t(std::max(n_layers, 0))) {
     // the shape first: a bad one is named even where no device is present
     KVCache::check_shape("GpuKVCache", n_layers, n_q_heads, n_kv_heads, d, d_value, dense_layers);
     register_gpu_index_types();
@@ -99,13 +94,19 @@ void GpuKVCache::check_tokens(idx_t n, const float* keys, const float* values, c
     if (n == 0) {
         return;
     }
-    FAISS_THROW_IF_NOT_FMT(keys && values, "%s: keys or values missing (nullptr)", what);
-    check_finite_array(keys, size_t(n_kv_heads) * n * d, what);
-    check_finite_array(values, size_t(n_kv_heads) * n * d_value, what);
+    // as KVCache::check_tokens: the sizes first (n_kv_heads * n below must
+    // not overflow), then finite values within kMaxInputMagnitude
+    std::string w(what);
+    check_input_size(n, size_t(n_kv_heads) * std::max(d, d_value), what);
+    check_not_null(keys, (w + ": keys").c_str());
+    check_not_null(values, (w + ": values").c_str());
+    check_input(keys, n_kv_heads * n, d, (w + ": keys").c_str());
+    check_input(values, n_kv_heads * n, d_value, (w + ": values").c_str());
 }
 
 idx_t GpuKVCache::n_tokens(int layer) const {
     check_layer(layer, "GpuKVCache::n_tokens");
+    ReadScope calls(layer_calls[layer], "GpuKVCache::n_tokens", "this layer of the cache");
     return layers[layer].size;
 }
 
@@ -119,6 +120,8 @@ void GpuKVCache::prefill(
         const idx_t*,
         const RopeParams& r) {
     check_layer(layer, "GpuKVCache::prefill");
+    WriteScope calls(layer_calls[layer], "GpuKVCache::prefill", "this layer of the cache");
+    check_rope_params(r, d);
     FAISS_THROW_IF_NOT_FMT(
             layers[layer].size == 0,
             "GpuKVCache::prefill: layer %d already holds %zd tokens",
@@ -134,8 +137,9 @@ void GpuKVCache::prefill(
     FAISS_THROW_IF_NOT_FMT(
             n_queries >= 0, "GpuKVCache::prefill: n_queries=%zd must be >= 0", size_t(n_queries));
     if (n_queries > 0) {
-        FAISS_THROW_IF_NOT_MSG(queries, "GpuKVCache::prefill: queries missing (nullptr)");
-        check_finite_array(queries, size_t(n_q_heads) * n_queries * d, "GpuKVCache::prefill: queries");
+        check_input_size(n_queries, size_t(n_q_heads) * d, "GpuKVCache::prefill: queries");
+        check_not_null(queries, "GpuKVCache::prefill: queries");
+        check_input(queries, n_q_heads * n_queries, d, "GpuKVCache::prefill: queries");
     }
     layers[layer].append(n, keys, values, resources->stream());
     rope = r;
@@ -144,6 +148,7 @@ void GpuKVCache::prefill(
 
 void GpuKVCache::append(int layer, idx_t n, const float* keys, const float* values) {
     check_layer(layer, "GpuKVCache::append");
+    WriteScope calls(layer_calls[layer], "GpuKVCache::append", "this layer of the cache");
     check_tokens(n, keys, values, "GpuKVCache::append");
     layers[layer].append(n, keys, values, resources->stream());
 }
@@ -156,13 +161,11 @@ bool GpuKVCache::check_attend(int layer, idx_t n, const faiss::SearchParameters*
     }
     FAISS_THROW_IF_NOT_FMT(
             layers[layer].size > 0, "GpuKVCache::attend: layer %d is empty", layer);
-    FAISS_THROW_IF_NOT_MSG(
-            !params || !params->sel, "GpuKVCache::attend: IDSelector is not supported");
-    auto kv_params = dynamic_cast<const SearchParametersKV*>(params);
-    FAISS_THROW_IF_NOT_FMT(
-            !kv_params || kv_params->k >= 0,
-            "GpuKVCache::attend: k=%zd must be >= 0",
-            size_t(kv_params ? kv_params->k : 0));
+    check_input_size(n, size_t(n_q_heads) * std::max(d, d_value), "GpuKVCache::attend");
+    // the layer's index refuses what it would not read (an IDSelector, a
+    // Faiss subclass, a knob of another retriever), as each head's index
+    // does in KVCache
+    layer_index[layer]->check_params(params);
     return true;
 }
 
@@ -173,6 +176,8 @@ void GpuKVCache::attend_device(
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
+    check_layer(layer, "GpuKVCache::attend");
+    ReadScope calls(layer_calls[layer], "GpuKVCache::attend", "this layer of the cache");
     if (!check_attend(layer, n, params)) {
         return;
     }
@@ -189,11 +194,13 @@ void GpuKVCache::attend(
         float* out,
         float* lse,
         const faiss::SearchParameters* params) const {
+    check_layer(layer, "GpuKVCache::attend");
+    ReadScope calls(layer_calls[layer], "GpuKVCache::attend", "this layer of the cache");
     if (!check_attend(layer, n, params)) {
         return;
     }
     FAISS_THROW_IF_NOT_MSG(q && out, "GpuKVCache::attend: q or out missing (nullptr)");
-    check_finite_array(q, size_t(n_q_heads) * n * d, "GpuKVCache::attend: queries");
+    check_input(q, n_q_heads * n, d, "GpuKVCache::attend: queries");
     DeviceScope scope(resources->device());
     cudaStream_t stream = resources->stream();
     const size_t rows = size_t(n_q_heads) * n;

@@ -8,6 +8,9 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <faiss/IndexIVF.h>
+
+#include <kvindex/IndexTopK.h>
 #include <kvindex/KVCache.h>
 #include <kvindex/gpu/GpuKVCache.h>
 
@@ -156,6 +159,35 @@ TEST(GpuKVCache, BadInputThrows) {
     EXPECT_THROW_MSG(c.attend(0, 1, q.data(), out.data(), lse.data()), "non-finite");
     RopeParams rope;
     EXPECT_THROW_MSG(c.prefill(0, 10, k.data(), v.data(), 0, nullptr, nullptr, rope), "already");
+
+    // what KVCache refuses, the GPU cache refuses too (it checked only
+    // that values were finite): values above kMaxInputMagnitude, whose
+    // scores overflow float on the device
+    q[3] = 0.5f;
+    std::vector<float> huge = k;
+    huge[5] = 1e20f;
+    EXPECT_THROW_MSG(c.append(0, 10, huge.data(), v.data()), "too large a value");
+    std::vector<float> huge_q = q;
+    huge_q[2] = -1e20f;
+    EXPECT_THROW_MSG(c.attend(0, 1, huge_q.data(), out.data(), lse.data()), "too large a value");
+    // a count whose buffer size wraps (the product read nothing, and
+    // reserve took 2^60 tokens of a null array)
+    EXPECT_THROW_MSG(c.append(1, idx_t(1) << 60, k.data(), v.data()), "more than any buffer");
+    EXPECT_EQ(c.n_tokens(1), 0);
+    // RoPE theta 0: to_cpu refused it later
+    RopeParams no_theta;
+    no_theta.theta = 0;
+    EXPECT_THROW_MSG(c.prefill(1, 10, k.data(), v.data(), 0, nullptr, nullptr, no_theta), "theta=0");
+    EXPECT_EQ(c.n_tokens(1), 0);
+    // knobs the layer's index would not read (Flat reads no nprobe), and
+    // Faiss's own subclasses, are refused, not ignored
+    SearchParametersTopK nprobe;
+    nprobe.nprobe = 8;
+    EXPECT_THROW_MSG(c.attend(0, 1, q.data(), out.data(), lse.data(), &nprobe), "does not apply");
+    faiss::SearchParametersIVF ivf;
+    EXPECT_THROW_MSG(c.attend(0, 1, q.data(), out.data(), lse.data(), &ivf), "Faiss SearchParameters subclass");
+    c.attend(0, 1, q.data(), out.data(), lse.data());
+    EXPECT_EQ(c.n_tokens(0), 10);
 }
 
 TEST(GpuKVCache, FromCpuAnswersAsTheCpuCache) {

@@ -55,6 +55,9 @@ struct GpuIndexKV : KVIndex {
     virtual bool shares_layer_storage() const {
         return true;
     }
+    /// KVIndex::check_params, for GpuKVCache, which calls attend_heads
+    /// with the knobs of a whole layer.
+    using KVIndex::check_params;
     /** Takes the tokens, the top-k budget, the estimator and the RoPE
      * record of `cpu`, its twin (index_cpu_to_gpu), into this empty index.
      * Throws when d, d_value or the storage type differ. */

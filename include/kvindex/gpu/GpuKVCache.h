@@ -39,6 +39,10 @@ struct GpuKVCache {
     std::vector<GpuKVStorage> layers;
     RopeParams rope;       ///< fixed by the first prefill
     bool has_rope = false;
+    /// size n_layers: the calls running on each layer, for the
+    /// thread-safety contract of KVCache (reads alone or together, a write
+    /// alone: an append may move the layer's arrays)
+    mutable std::vector<AccessCount> layer_calls;
 
     /** Throws naming the string when it has no GPU twin (GpuCloner.h), and
      * for shapes the kernels lack (d = d_value in 64, 128, 256).
