@@ -52,6 +52,19 @@ kvindex::gpu::KVHeadsView view(const void* keys, const void* values, int64_t hea
     return v;
 }
 
+/// The caller's workspace. A null one would put the kernels in sizing
+/// mode (Workspace::counting): they would launch nothing and return 0, and
+/// a negative size would wrap to 2^64 and defeat the overflow check.
+kvindex::gpu::Workspace given_workspace(void* workspace, int64_t workspace_bytes) {
+    if (!workspace || workspace_bytes < 0) {
+        throw std::runtime_error(
+                (workspace ? "workspace_bytes=" + std::to_string(workspace_bytes) + " is negative"
+                           : std::string("workspace is NULL")) +
+                ": pass a device buffer of the bytes the matching kvgpu_*_workspace returns");
+    }
+    return kvindex::gpu::Workspace(workspace, size_t(workspace_bytes));
+}
+
 template <class F>
 int guarded(F&& f) {
     try {
@@ -109,7 +122,7 @@ int kvgpu_dense_attention(
         int64_t workspace_bytes,
         void* stream) {
     return guarded([&] {
-        kvindex::gpu::Workspace ws(workspace, size_t(workspace_bytes));
+        kvindex::gpu::Workspace ws = given_workspace(workspace, workspace_bytes);
         kvindex::gpu::dense_attention(
                 view(keys, values, head_stride, n_tokens, n_heads, d, type), q, rows_per_head,
                 out, lse, ws, static_cast<cudaStream_t>(stream));
@@ -151,7 +164,7 @@ int kvgpu_topk_attention(
         int64_t workspace_bytes,
         void* stream) {
     return guarded([&] {
-        kvindex::gpu::Workspace ws(workspace, size_t(workspace_bytes));
+        kvindex::gpu::Workspace ws = given_workspace(workspace, workspace_bytes);
         kvindex::gpu::topk_attention(
                 view(keys, values, head_stride, n_tokens, n_heads, d, type), q, rows_per_head,
                 n_sink, n_window, k, out, lse, ws, static_cast<cudaStream_t>(stream));
@@ -224,7 +237,7 @@ int kvgpu_ivf_attention(
         int64_t max_list, float* out, float* lse, void* workspace, int64_t workspace_bytes,
         void* stream) {
     return guarded([&] {
-        kvindex::gpu::Workspace ws(workspace, size_t(workspace_bytes));
+        kvindex::gpu::Workspace ws = given_workspace(workspace, workspace_bytes);
         kvindex::gpu::IVFBucketLayout layout;
         layout.begin = begin;
         layout.end = end;
@@ -252,7 +265,7 @@ int kvgpu_ivf_probe(
         int nprobe, int group, int64_t position, int32_t* probed, void* workspace,
         int64_t workspace_bytes, void* stream) {
     return guarded([&] {
-        kvindex::gpu::Workspace ws(workspace, size_t(workspace_bytes));
+        kvindex::gpu::Workspace ws = given_workspace(workspace, workspace_bytes);
         kvindex::gpu::ivf_probe(
                 view(nullptr, nullptr, n_tokens, n_tokens, n_heads, d, type), q, rows_per_head,
                 ivf_model(kind, n_centroids, hidden, w1, bn_scale, bn_shift, w2, b2, centroids,
@@ -295,7 +308,7 @@ int kvgpu_proxy_scores(
         int64_t workspace_bytes,
         void* stream) {
     return guarded([&] {
-        kvindex::gpu::Workspace ws(workspace, size_t(workspace_bytes));
+        kvindex::gpu::Workspace ws = given_workspace(workspace, workspace_bytes);
         kvindex::gpu::proxy_scores(keys, n, d, queries, n_heads, n_q, q_pos, first_pos,
                                    causal != 0, scores, ws, static_cast<cudaStream_t>(stream));
     });
@@ -410,7 +423,7 @@ int kvgpu_lsh_attention(
         int64_t workspace_bytes,
         void* stream) {
     return guarded([&] {
-        kvindex::gpu::Workspace ws(workspace, size_t(workspace_bytes));
+        kvindex::gpu::Workspace ws = given_workspace(workspace, workspace_bytes);
         kvindex::gpu::lsh_attention(
                 view(keys, values, head_stride, n_tokens, n_heads, d, type), q, rows_per_head,
                 n_sink, n_window,
@@ -473,7 +486,7 @@ int kvgpu_lsh_select(
         int64_t workspace_bytes,
         void* stream) {
     return guarded([&] {
-        kvindex::gpu::Workspace ws(workspace, size_t(workspace_bytes));
+        kvindex::gpu::Workspace ws = given_workspace(workspace, workspace_bytes);
         kvindex::gpu::lsh_select(
                 view(keys, values, head_stride, n_tokens, n_heads, d, type), q, rows_per_head,
                 lsh_tables(n_tokens, n_sink, n_window, K, L, planes, planes_head_stride, mean,
