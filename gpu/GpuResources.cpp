@@ -29,8 +29,6 @@ GpuResources::GpuResources(int device) : device_(device) {
             device,
             n);
     DeviceScope scope(device);
-    gpu::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                    "GpuResources: cudaStreamCreate");
     // keep freed scratch in the pool instead of returning it to the driver
     // at every synchronisation
     cudaMemPool_t pool;
@@ -38,6 +36,10 @@ GpuResources::GpuResources(int device) : device_(device) {
     uint64_t keep = UINT64_MAX;
     gpu::check_cuda(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
                     "GpuResources: memory pool release threshold");
+    // the stream last: a throw above would leak it (no destructor runs for
+    // a constructor that throws)
+    gpu::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                    "GpuResources: cudaStreamCreate");
 }
 
 GpuResources::~GpuResources() {
