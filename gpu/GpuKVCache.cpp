@@ -53,9 +53,11 @@ GpuKVCache::GpuKVCache(
           dense_string(dense_string),
           dense_layers(dense_layers),
           resources(std::move(res)),
-          layer_calls(size_t(std::max(n_layers, 0))) {
-    // the shape first: a bad one is named even where no device is present
-    KVCache::check_shape("GpuKVCache", n_layers, n_q_heads, n_kv_heads, d, d_value, dense_layers);
+          // the shape first (before layer_calls is sized by it): a bad one
+          // is named even where no device is present
+          layer_calls((KVCache::check_shape("GpuKVCache", n_layers, n_q_heads, n_kv_heads, d,
+                                            d_value, dense_layers),
+                       size_t(n_layers))) {
     register_gpu_index_types();
     if (!resources) {
         resources = default_gpu_resources(0);
@@ -121,6 +123,10 @@ void GpuKVCache::prefill(
         const RopeParams& r) {
     check_layer(layer, "GpuKVCache::prefill");
     WriteScope calls(layer_calls[layer], "GpuKVCache::prefill", "this layer of the cache");
+    // rope and has_rope belong to every layer: prefills of two layers run
+    // one after the other here, so that the second sees the first's RoPE
+    // (the copy to the device is all they would overlap)
+    std::lock_guard<std::mutex> rope_lock(rope_mutex.mutex);
     check_rope_params(r, d);
     FAISS_THROW_IF_NOT_FMT(
             layers[layer].size == 0,
@@ -254,6 +260,7 @@ std::unique_ptr<KVCache> GpuKVCache::to_cpu() const {
         for (int h = 0; h < n_kv_heads; h++) {
             layer_index[l]->copy_knobs_to(cpu->index(l, h));
         }
+        ReadScope calls(layer_calls[l], "GpuKVCache::to_cpu", "this layer of the cache");
         const idx_t n = layers[l].size;
         if (n == 0) {
             continue;

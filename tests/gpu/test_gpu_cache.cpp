@@ -1,6 +1,7 @@
 // GpuKVCache against KVCache (its CPU twin): GQA, dense and sparse layers,
 // prefill then decode appends, device arrays, the CPU copy, bad input.
 
+#include <climits>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -135,6 +136,8 @@ TEST(GpuKVCache, ABadShapeIsNamedBeforeTheDevice) {
     EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, 0, kD, "Flat"), "d=0");
     EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, kD, 1 << 20, "Flat"), "d_value=1048576");
     EXPECT_THROW_MSG(GpuKVCache(2, 4, 2, kD, kD, "Flat", "Flat", {-1}), "dense layer -1");
+    // named before any member is sized by it (16 GiB of per-layer counters)
+    EXPECT_THROW_MSG(GpuKVCache(INT_MAX, 4, 2, kD, kD, "Flat"), "n_layers=2147483647");
 }
 
 TEST(GpuKVCache, BadInputThrows) {

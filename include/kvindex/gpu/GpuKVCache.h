@@ -43,6 +43,8 @@ struct GpuKVCache {
     /// thread-safety contract of KVCache (reads alone or together, a write
     /// alone: an append may move the layer's arrays)
     mutable std::vector<AccessCount> layer_calls;
+    /// held by prefill, which reads and fixes rope / has_rope for every layer
+    OwnMutex rope_mutex;
 
     /** Throws naming the string when it has no GPU twin (GpuCloner.h), and
      * for shapes the kernels lack (d = d_value in 64, 128, 256).
