@@ -19,10 +19,21 @@ from collections import defaultdict
 
 def load(directory):
     rows = defaultdict(dict)  # index -> layer -> result
-    for path in sorted(glob.glob(os.path.join(directory, "*_L*.json"))):
+    paths = sorted(glob.glob(os.path.join(directory, "*_L*.json")))
+    prefixes = {re.sub(r"_L\d+\.json$", "", os.path.basename(p)) for p in paths}
+    for path in paths:
         layer = int(re.search(r"_L(\d+)\.json$", path).group(1))
-        # self_L*.json: the same strings trained on the prompt itself
-        tag = " (self-trained)" if os.path.basename(path).startswith("self_") else ""
+        prefix = re.sub(r"_L\d+\.json$", "", os.path.basename(path))
+        # self_L*.json: the same strings trained on the prompt itself; the
+        # other runs beside the sweep (w255, w255_tasks: other trained
+        # models) hold the same strings too, which must not overwrite each
+        # other's rows
+        if prefix == "self":
+            tag = " (self-trained)"
+        elif prefix == "sweep" or len(prefixes) == 1:
+            tag = ""
+        else:
+            tag = f" ({prefix})"
         for r in json.load(open(path))["results"]:
             rows[r["index"] + tag][layer] = r
     return rows
@@ -32,8 +43,9 @@ def method_of(index):
     """The curve an index string belongs to (its string without nprobe / k)."""
     base = index.split("|")[0]
     params = index.split("|")[1] if "|" in index else ""
+    tag = re.search(r" \([^()]*\)$", index)
     if "IVFAsym" in base:
-        return base + (" (self-trained)" if "self-trained" in index else "")
+        return base + (tag.group(0) if tag else "")
     return base
 
 

@@ -18,20 +18,45 @@ import re
 import sys
 
 LINE = re.compile(r'\s+(\S+)\s+ctx\s+(\d+)\s+#(\d+)\s+(.+?)\s+([\d.]+)\s+(same|diff)?\s*"')
+# a summary row: task, context, dense score, index, ...
+SUMMARY = re.compile(r'(?:\S+)\s+(\d+)\s+[\d.]+\s+\S.*\s[\d.]+\s+[\d.–-]+\s+[\d.]+$')
 
 
 def main(paths, by_index=False):
     score = collections.defaultdict(dict)  # (task, index) -> {sample: score}
     agree = collections.defaultdict(dict)
+    rows = []  # (task, context block, sample, index, score, agreement)
+    several = False
     for path in paths:
-        for line in open(path):
+        # A log of several contexts (--context 512,1024) lists every case
+        # of the first, then of the next: the same (task, index, sample)
+        # again. Its per-case lines give the prompt's tokens, not the
+        # context asked for; the summary at the end names the contexts in
+        # order (absent when the run was stopped).
+        lines = open(path).read().splitlines()
+        contexts = []
+        for line in lines:
+            m = SUMMARY.match(line)
+            if m and m.group(1) not in contexts:
+                contexts.append(m.group(1))
+        seen = collections.Counter()
+        for line in lines:
             m = LINE.match(line)
             if not m:
                 continue
             task, _, sample, index, s, ag = m.groups()
-            score[(task, index.strip())][int(sample)] = float(s)
-            if ag:
-                agree[(task, index.strip())][int(sample)] = ag == "same"
+            block = seen[(task, index.strip(), sample)]
+            seen[(task, index.strip(), sample)] += 1
+            several |= block > 0
+            label = contexts[block] if block < len(contexts) else f"context #{block + 1}"
+            rows.append((task, label, int(sample), index.strip(), float(s), ag))
+    if not rows:
+        sys.exit("ruler_table: no per-case line of kvllm ruler in " + " ".join(paths))
+    for task, label, sample, index, s, ag in rows:
+        key = (f"{task} at {label}" if several else task, index)
+        score[key][sample] = s
+        if ag:
+            agree[key][sample] = ag == "same"
     tasks = sorted({t for t, _ in score})
     indexes = sorted({i for _, i in score if i != "dense"})
 
@@ -42,6 +67,8 @@ def main(paths, by_index=False):
         if not s:
             return None
         common = sorted(set(s) & set(dense))
+        if not common:
+            return "no dense run"
         mi = sum(s[k] for k in common) / len(common)
         md = sum(dense[k] for k in common) / len(common)
         a = agree.get((t, i), {})

@@ -31,7 +31,10 @@ for b in 5 20; do budgeted+=(--index "ProxyEvict${b}_H2O" --index "ProxyEvict${b
 others=(--index Flat --index "TopK(IVF64,Flat)|k=5%"
         --index "Sink4,Window64,LSHSample10x150" --index "Sink4,Window64,LSHSample8x150")
 
-for what in "${@:-e2e needle trace}"; do
+# no arguments: the first three parts, each on its own ("${@:-a b c}" would
+# be one word, "a b c", which no part matches)
+[ $# -gt 0 ] || set -- e2e needle trace
+for what in "$@"; do
   case "$what" in
     e2e)
       $KVLLM e2e --text-file "$DOC" --context 2048,4096,8192 --eval 64 \
