@@ -24,6 +24,9 @@ def main():
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--index", default="Flat")
     args = ap.parse_args()
+    if args.repeats < 10 or args.repeats % 10:
+        # timed in rounds of 10 calls (time_attend's and Python's alternate)
+        ap.error(f"--repeats {args.repeats}: a positive multiple of 10")
     d = 128
     rng = np.random.default_rng(0)
     print(f"{'index':<12} {'tokens':>8} {'C++ us':>10} {'Python us':>10} {'overhead':>9}")

@@ -34,6 +34,12 @@ def main():
         meta = json.load(f)
     d, n, total = meta["head_dim"], meta["n_ctx"], meta["n_tokens"]
     g = meta["n_q_heads"] // meta["n_kv_heads"]
+    # checked against meta before any array is read (they gave a numpy
+    # IndexError or a missing file)
+    if not 0 <= a.kv_head < meta["n_kv_heads"]:
+        raise SystemExit(f"--kv-head {a.kv_head}: the trace has {meta['n_kv_heads']} KV heads")
+    if not 0 <= a.layer < meta["n_layers"]:
+        raise SystemExit(f"--layer {a.layer}: the trace has {meta['n_layers']} layers")
     layer = os.path.join(a.trace, f"layer_{a.layer}")
     keys = np.load(os.path.join(layer, "keys.npy")).reshape(meta["n_kv_heads"], total, d)[a.kv_head, :n]
     queries = np.load(os.path.join(layer, "queries.npy")).reshape(meta["n_q_heads"], total, d)
@@ -45,7 +51,7 @@ def main():
         ev = queries[qh, n:n + a.eval]
         truth = np.argsort(-(ev @ keys.T), axis=1, kind="stable")[:, :a.k]
         train = queries[qh, rng.choice(n, a.sample, replace=False)]
-        lists = np.argpartition(-(train @ keys.T), a.k, axis=1)[:, :a.k]
+        lists = np.argpartition(-(train @ keys.T), a.k - 1, axis=1)[:, :a.k]
         for m in (1, 8, 64):
             covered, size = [], []
             for i in range(a.eval):

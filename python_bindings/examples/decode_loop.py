@@ -75,6 +75,8 @@ def replay(spec, meta, layer, steps, refs):
     keys, values, queries = layer["keys"], layer["values"], layer["queries"]
     cache = kvindex.KVCache(1, hq, hkv, d, factory)
     if params:
+        # budgets in percent ("k=2%") are of the prompt, as kvbench reads them
+        params = kvindex.resolve_percentages(params, n_ctx)
         for h in range(hkv):
             kvindex.set_index_parameters(cache.index(0, h), params)
     t0 = time.perf_counter()

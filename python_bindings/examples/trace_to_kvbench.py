@@ -1,6 +1,6 @@
 """Capture attention inputs in Python, write them as a kvindex trace, and
 replay that trace with kvbench: the round trip a user takes with their own
-model (here the "model" is random RoPE'd keys and queries with a recency bias).
+model (here the "model" is random keys and queries, rotated by RoPE).
 
     python trace_to_kvbench.py OUT_DIR [--tokens 1024 --n-ctx 960]
 

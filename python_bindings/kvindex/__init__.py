@@ -45,6 +45,7 @@ from ._kvindex import (  # noqa: F401
     parse_index_spec,
     read_index,
     read_trace,
+    resolve_percentages,
     serialize_index,
     set_index_parameter,
     set_index_parameters,

@@ -782,6 +782,11 @@ Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
     m.def("set_index_parameters", [](KVIndex& index, const std::string& s) { kvindex::set_index_parameters(&index, s); },
           py::arg("index"), py::arg("description"),
           "sets \"name=value,...\" on the index and everything it wraps, like faiss.ParameterSpace");
+    m.def("resolve_percentages",
+          [](const std::string& s, idx_t n_context) { return kvindex::resolve_percentages(s, n_context); },
+          py::arg("description"), py::arg("n_context"),
+          "\"k=2%,nprobe=4\" with each percentage made a count of the context, as kvbench and "
+          "kvllm read a budget: ceil(p / 100 * n_context), at least 1");
     m.def("set_index_parameter",
           [](KVIndex& index, const std::string& name, double value) { kvindex::set_index_parameter(&index, name, value); },
           py::arg("index"), py::arg("name"), py::arg("value"));

@@ -71,6 +71,18 @@ def test_params_unknown_name_raises_value_error(rdata):
     assert index.k == 100  # nothing changed
 
 
+def test_resolve_percentages_as_kvbench_reads_a_budget():
+    # decode_loop.py's "TopK(Flat)|k=2%": set_index_parameters needs a count
+    assert kvindex.resolve_percentages("k=2%,nprobe=4", 1000) == "k=20,nprobe=4"
+    assert kvindex.resolve_percentages("k=0.01%", 1000) == "k=1"   # ceil, at least 1
+    assert kvindex.resolve_percentages("k=2.5%", 999) == "k=25"    # ceil(24.975)
+    assert kvindex.resolve_percentages("", 1000) == ""
+    with pytest.raises((ValueError, RuntimeError), match="percentage must be in"):
+        kvindex.resolve_percentages("k=0%", 1000)
+    with pytest.raises((ValueError, RuntimeError), match="context length"):
+        kvindex.resolve_percentages("k=2%", 0)
+
+
 def test_params_bad_values(rdata):
     index = build("TopK(Flat)", rdata)
     q = rdata.queries[:2]
