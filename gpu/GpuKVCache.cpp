@@ -96,14 +96,8 @@ void GpuKVCache::check_tokens(idx_t n, const float* keys, const float* values, c
     if (n == 0) {
         return;
     }
-    // as KVCache::check_tokens: the sizes first (n_kv_heads * n below must
-    // not overflow), then finite values within kMaxInputMagnitude
-    std::string w(what);
-    check_input_size(n, size_t(n_kv_heads) * std::max(d, d_value), what);
-    check_not_null(keys, (w + ": keys").c_str());
-    check_not_null(values, (w + ": values").c_str());
-    check_input(keys, n_kv_heads * n, d, (w + ": keys").c_str());
-    check_input(values, n_kv_heads * n, d_value, (w + ": values").c_str());
+    // as KVCache::check_tokens
+    check_head_tokens(n, n_kv_heads, d, d_value, keys, values, what);
 }
 
 idx_t GpuKVCache::n_tokens(int layer) const {

@@ -275,16 +275,7 @@ void KVCache::prefill(
 
 void KVCache::check_tokens(idx_t n, const float* keys, const float* values, const char* what)
         const {
-    if (n == 0) {
-        return;
-    }
-    std::string w(what);
-    // the sizes first: n_kv_heads * n below must not overflow
-    check_input_size(n, size_t(n_kv_heads) * std::max(d, d_value), what);
-    check_not_null(keys, (w + ": keys").c_str());
-    check_not_null(values, (w + ": values").c_str());
-    check_input(keys, n_kv_heads * n, d, (w + ": keys").c_str());
-    check_input(values, n_kv_heads * n, d_value, (w + ": values").c_str());
+    check_head_tokens(n, n_kv_heads, d, d_value, keys, values, what);
 }
 
 void KVCache::append(int layer, idx_t n, const float* keys, const float* values) {

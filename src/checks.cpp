@@ -1,8 +1,10 @@
 #include "checks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string>
 
 #include <faiss/impl/FaissAssert.h>
 
@@ -109,6 +111,25 @@ void check_child_in_step(const KVIndex* child, idx_t expected, const char* wrapp
 
 void check_not_null(const void* ptr, const char* what) {
     FAISS_THROW_IF_NOT_FMT(ptr != nullptr, "%s is missing (nullptr)", what);
+}
+
+void check_head_tokens(
+        idx_t n,
+        int n_heads,
+        int d,
+        int d_value,
+        const float* keys,
+        const float* values,
+        const char* what) {
+    if (n == 0) {
+        return;
+    }
+    std::string w(what);
+    check_input_size(n, size_t(n_heads) * std::max(d, d_value), what);
+    check_not_null(keys, (w + ": keys").c_str());
+    check_not_null(values, (w + ": values").c_str());
+    check_input(keys, n_heads * n, d, (w + ": keys").c_str());
+    check_input(values, n_heads * n, d_value, (w + ": values").c_str());
 }
 
 } // namespace kvindex

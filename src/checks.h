@@ -65,6 +65,19 @@ void check_seed_knob(uint64_t seed, const char* what);
  * is named, with the way back (reset the wrapper). */
 void check_child_in_step(const KVIndex* child, idx_t expected, const char* wrapper, const char* what);
 
+/** The tokens of an append to a cache's layer (KVCache, GpuKVCache): n
+ * tokens of each of n_heads heads, keys of d and values of d_value floats.
+ * The sizes first (n_heads * n must not overflow), then present, finite
+ * and within kMaxInputMagnitude; nothing to check when n == 0. */
+void check_head_tokens(
+        idx_t n,
+        int n_heads,
+        int d,
+        int d_value,
+        const float* keys,
+        const float* values,
+        const char* what);
+
 /// Throws unless ptr is non-null; names the argument.
 void check_not_null(const void* ptr, const char* what);
 
