@@ -28,6 +28,18 @@ import torch.nn.functional as F
 BF16 = 1  # kvindex KVType
 
 
+
+def parse_heads(text):
+    """"q/kv" (e.g. "32/8") as (q_heads, kv_heads); a GQA group needs kv_heads
+    dividing q_heads (a reshape deep in a timing loop failed otherwise)."""
+    try:
+        h_q, h_kv = (int(x) for x in text.split("/"))
+    except ValueError:
+        sys.exit(f"heads '{text}': expected q_heads/kv_heads, e.g. 32/8")
+    if h_kv < 1 or h_q < h_kv or h_q % h_kv:
+        sys.exit(f"heads '{text}': kv_heads must be >= 1 and divide q_heads")
+    return h_q, h_kv
+
 def load(lib_path):
     lib = ctypes.CDLL(lib_path)
     i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
@@ -327,7 +339,7 @@ def main():
     if args.sweep_slices:
         values = [int(v) for v in args.sweep_slices.split(",")]
         for heads in args.heads.split(","):
-            h_q, h_kv = (int(x) for x in heads.split("/"))
+            h_q, h_kv = parse_heads(heads)
             for n in (int(t) for t in args.tokens.split(",")):
                 rows += sweep_slices(lib, n, h_kv, h_q, args.d, args.reps, copy_bps, values)
         if args.json:
@@ -335,7 +347,7 @@ def main():
                 json.dump({"info": info, "sweep": rows}, f, indent=1)
         return 0
     for heads in args.heads.split(","):
-        h_q, h_kv = (int(x) for x in heads.split("/"))
+        h_q, h_kv = parse_heads(heads)
         for n in (int(t) for t in args.tokens.split(",")):
             row = bench_config(lib, n, h_kv, h_q, args.d, args.reps, copy_bps,
                                check_ref=n <= 131072)

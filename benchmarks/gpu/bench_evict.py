@@ -38,7 +38,7 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode import (check, copy_bandwidth, dense_step, load, sdpa_timings,  # noqa: E402
+from bench_decode import (parse_heads, check, copy_bandwidth, dense_step, load, sdpa_timings,  # noqa: E402
                           time_graph_us, time_us)
 
 
@@ -246,7 +246,7 @@ def main():
         copy_bps = copy_bandwidth()
         info["copy_bps"] = copy_bps
         print(f"# decode after eviction: device-to-device copy {copy_bps / 1e12:.3f} TB/s")
-        h_q, h_kv = (int(x) for x in args.decode_heads.split("/"))
+        h_q, h_kv = parse_heads(args.decode_heads)
         for n in (int(t) for t in args.decode_tokens.split(",")):
             decode.append(decode_step(lib, n, args.keep, args.d, h_q, h_kv, args.reps, copy_bps))
     if args.json:

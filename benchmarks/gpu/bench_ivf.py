@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode import (BF16, check, copy_bandwidth, cur_stream, dense_step, kernel_profile,  # noqa: E402
+from bench_decode import (parse_heads, BF16, check, copy_bandwidth, cur_stream, dense_step, kernel_profile,  # noqa: E402
                           load, print_profile, sdpa_timings, time_graph_us, time_us)
 
 QMODEL, CENTROID = 0, 1  # gpu::IVFProbeKind
@@ -239,7 +239,7 @@ def main():
     print(f"# {props.name}; device-to-device copy {copy_bps / 1e12:.3f} TB/s (read + written)")
     rows = []
     for heads in args.heads.split(","):
-        h_q, h_kv = (int(x) for x in heads.split("/"))
+        h_q, h_kv = parse_heads(heads)
         for n in (int(t) for t in args.tokens.split(",")):
             r = bench_config(lib, n, h_kv, h_q, args.d, args.reps, copy_bps, args.centroids,
                              args.nprobe, args.hidden, args.sink, args.window,

@@ -35,7 +35,7 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_decode import (BF16, check, cur_stream, dense_step, device_info, kernel_profile,  # noqa: E402
+from bench_decode import (parse_heads, BF16, check, cur_stream, dense_step, device_info, kernel_profile,  # noqa: E402
                           load, print_profile, sdpa_timings, time_graph_us, time_us)
 
 N_SINK, N_WINDOW = 4, 64
@@ -287,7 +287,7 @@ def main():
     print(f"# LSH K x L = {args.K} x {args.L}, min_hits {args.min_hits}, Sink{N_SINK},Window{N_WINDOW}")
     rows, skipped = [], []
     for heads in args.heads.split(","):
-        h_q, h_kv = (int(x) for x in heads.split("/"))
+        h_q, h_kv = parse_heads(heads)
         for n in (int(t) for t in args.tokens.split(",")):
             what = f"n={n} heads {h_q}/{h_kv}"
             torch.cuda.empty_cache()
