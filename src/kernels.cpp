@@ -20,7 +20,9 @@ bool cpu_supports(SimdLevel level) {
             return true;
 #if defined(__x86_64__) || defined(__i386__)
         case SimdLevel::avx2:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+            // F16C converts stored fp16 rows; every AVX2 CPU has it
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
         case SimdLevel::avx512:
             return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
 #endif

@@ -1,6 +1,6 @@
 // The attention kernels, written once with GCC vector extensions and
 // compiled once per instruction set: kernels_generic.cpp (no -m flags),
-// kernels_avx2.cpp (-mavx2 -mfma), kernels_avx512.cpp (-mavx512f).
+// kernels_avx2.cpp (-mavx2 -mfma -mf16c), kernels_avx512.cpp (-mavx512f).
 // The including file defines KVINDEX_SIMD_NS (namespace) and
 // KVINDEX_SIMD_BYTES (vector width in bytes).
 //
@@ -14,7 +14,7 @@
 
 #include "kernels_internal.h"
 
-#if KVINDEX_SIMD_BYTES == 64
+#if KVINDEX_SIMD_BYTES >= 32
 #include <immintrin.h>
 #endif
 
@@ -89,6 +89,10 @@ inline vf load(const f16_t* p) {
     // AVX512F converts halves itself (vcvtph2ps), subnormals and inf / nan
     // included: one instruction for the bit work below
     return bitcast<vf>(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&p->bits))));
+#elif KVINDEX_SIMD_BYTES == 32
+    // F16C, which the avx2 level requires (kernels.cpp): the bit work below
+    // costs ~2.5x the dense pass's time at 128k keys, vcvtph2ps nothing
+    return bitcast<vf>(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&p->bits))));
 #else
     vu h = load_u16(&p->bits);
     vu sign = (h & 0x8000u) << 16;

@@ -20,6 +20,7 @@
 
 namespace kvindex {
 
+/// avx2 means AVX2 + FMA + F16C; avx512 means AVX-512 F + DQ.
 enum class SimdLevel { generic = 0, avx2 = 1, avx512 = 2 };
 
 const char* simd_level_name(SimdLevel level);
