@@ -81,9 +81,8 @@ inline vf load(const bf16_t* p) {
     return bitcast<vf>(load_u16(&p->bits) << 16);
 }
 
-/// IEEE half, as to_float(f16_t) in kv_type.h: exponent and mantissa moved
-/// to float position read as 2^-112 times the value (subnormals included),
-/// a multiply rescales; inf / nan get the all-ones exponent; the sign ORed.
+/// IEEE half, as to_float(f16_t) in kv_type.h, whose integer steps keep it
+/// exact under denormals-are-zero (vcvtph2ps ignores DAZ too).
 inline vf load(const f16_t* p) {
 #if KVINDEX_SIMD_BYTES == 64
     // AVX512F converts halves itself (vcvtph2ps), subnormals and inf / nan
@@ -96,13 +95,17 @@ inline vf load(const f16_t* p) {
 #else
     vu h = load_u16(&p->bits);
     vu sign = (h & 0x8000u) << 16;
-    vu em = h & 0x7fffu;
-    vu shifted = em << 13;
-    vu scaled = bitcast<vu>(bitcast<vf>(shifted) * (vf{} + 0x1p112f));
-    // all ones where inf / nan (em < 2^15: a signed compare is exact and cheaper)
-    vu special = bitcast<vu>(bitcast<vi>(em) > (vi{} + 0x7bff));
-    vu bits = (scaled & ~special) | ((shifted | 0x7f800000u) & special);
-    return bitcast<vf>(bits | sign);
+    vi em = bitcast<vi>(h & 0x7fffu);
+    // em < 2^15: signed compares are exact and cheaper
+    vu subnormal = bitcast<vu>(em < 0x400);
+    vu special = bitcast<vu>(em > 0x7bff); // inf / nan
+    // exponent rebiased (15 -> 127); inf / nan rebiased once more to the
+    // all-ones exponent; a subnormal m * 2^-24 is read as the normal
+    // 2^-14 + m * 2^-24, less 2^-14 (both normal floats: exact, DAZ-proof)
+    vu bits = (bitcast<vu>(em) << 13) + 0x38000000u + (special & 0x38000000u) +
+            (subnormal & 0x00800000u);
+    vf mag = bitcast<vf>(bits) - bitcast<vf>(subnormal & 0x38800000u);
+    return bitcast<vf>(bitcast<vu>(mag) | sign);
 #endif
 }
 /// W 8-bit codes (unsigned), widened to floats 0..255.

@@ -10,6 +10,8 @@
 #include <iterator>
 
 #include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/kv_type.h>
 #include <nlohmann/json.hpp>
 
 /* Like FAISS_THROW_IF_NOT_FMT, but without the condition's source text in
@@ -29,20 +31,10 @@ namespace fs = std::filesystem;
 // ---- float16 ----------------------------------------------------------------
 
 float half_to_float(uint16_t h) {
-    uint32_t sign = uint32_t(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
-    uint32_t bits;
-    if (exp == 0x1F) { // inf / nan; nan made quiet as the F16C instruction does
-        bits = sign | 0x7F800000u | (mant << 13) | (mant ? 0x400000u : 0);
-    } else if (exp != 0) {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);
-    } else { // zero or subnormal: mant * 2^-24, exact in float
-        float f = std::ldexp(float(mant), -24);
-        return sign ? -f : f;
+    if ((h & 0x7fffu) > 0x7c00u) {
+        h |= 0x0200u; // nan made quiet, as the F16C instruction does
     }
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
+    return to_float(f16_t{h});
 }
 
 uint16_t float_to_half(float f) {

@@ -15,6 +15,10 @@
 
 #include <gtest/gtest.h>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 #include <kvindex/KVStorage.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
@@ -311,6 +315,69 @@ TEST_P(KVTypeKernels, HalfLoadHandlesInfNanAndSubnormals) {
             }
         }
     }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+namespace {
+/// Sets MXCSR's denormals-are-zero and flush-to-zero bits, as a host built
+/// with -ffast-math runs, and gives the caller's MXCSR back on scope exit.
+struct DenormalsAreZero {
+    unsigned saved = _mm_getcsr();
+    DenormalsAreZero() {
+        _mm_setcsr(saved | 0x8040u);
+    }
+    ~DenormalsAreZero() {
+        _mm_setcsr(saved);
+    }
+};
+} // namespace
+#endif
+
+// A half below 2^-14 (subnormal) is a normal float: widening it must not go
+// through a float subnormal, which DAZ reads as zero. Every finite half is
+// checked, so this is also the exhaustive test of the vector widening.
+TEST_P(KVTypeKernels, Fp16SubnormalsWidenExactlyUnderDenormalsAreZero) {
+#if defined(__x86_64__) || defined(__i386__)
+    // every finite half (subnormals, zeros and normals of both signs), and
+    // the smallest subnormal again for an odd length: the scalar tails run
+    std::vector<f16_t> row;
+    std::vector<float> expected;
+    for (uint32_t bits = 0; bits < 0x10000; bits++) {
+        uint32_t e = (bits >> 10) & 0x1f, m = bits & 0x3ff;
+        if (e == 0x1f) {
+            continue;
+        }
+        float mag = e == 0 ? std::ldexp(float(m), -24)
+                           : std::ldexp(1.0f + float(m) / 1024, int(e) - 15);
+        row.push_back(f16_t{uint16_t(bits)});
+        expected.push_back(bits & 0x8000 ? -mag : mag);
+    }
+    row.push_back(f16_t{0x0001});
+    expected.push_back(std::ldexp(1.0f, -24));
+    size_t d = row.size();
+    ASSERT_EQ(d % 2, 1u);
+
+    std::vector<float> summed(d), converted(d), scalar(d);
+    const float one = 1.0f;
+    {
+        DenormalsAreZero daz;
+        weighted_sum(&one, KVRows(row.data(), d, KVType::f16), 1, summed.data());
+        convert_to_float(KVType::f16, row.data(), d, converted.data());
+        for (size_t j = 0; j < d; j++) {
+            scalar[j] = to_float(row[j]);
+        }
+    }
+    for (size_t j = 0; j < d; j++) {
+        char name[16];
+        std::snprintf(name, sizeof(name), "half 0x%04x", unsigned(row[j].bits));
+        SCOPED_TRACE(name);
+        ASSERT_EQ(summed[j], expected[j]); // a sum's zero may lose its sign
+        ASSERT_EQ(float_bits(converted[j]), float_bits(expected[j]));
+        ASSERT_EQ(float_bits(scalar[j]), float_bits(expected[j]));
+    }
+#else
+    GTEST_SKIP() << "MXCSR is x86 only";
+#endif
 }
 
 KVTEST_AT_EVERY_SIMD_LEVEL(KVTypeKernels);

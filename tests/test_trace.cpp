@@ -172,6 +172,11 @@ TEST(TraceHalf, KnownBitPatterns) {
     EXPECT_EQ(nan & 0x7C00, 0x7C00);
     EXPECT_NE(nan & 0x03FF, 0);
     EXPECT_TRUE(std::isnan(half_to_float(0x7E00)));
+    // a signalling half nan comes back quiet (float bit 22), payload and sign kept
+    float snan = half_to_float(0xFC01);
+    uint32_t snan_bits;
+    std::memcpy(&snan_bits, &snan, 4);
+    EXPECT_EQ(snan_bits, 0xFFC02000u);
     EXPECT_EQ(half_to_float(0x7C00), inf);
     EXPECT_EQ(half_to_float(0xFC00), -inf);
     EXPECT_EQ(half_to_float(0x3C00), 1.0f);

@@ -60,15 +60,17 @@ inline float to_float(bf16_t h) {
     return bits_float(uint32_t(h.bits) << 16);
 }
 
-/// Half -> float: exact (normals, subnormals, zeros, inf, nan). The
-/// exponent and mantissa shifted into float position read as a float 2^-112
-/// times the value, whatever the exponent (subnormals included): one
-/// multiply by 2^112 rescales; inf / nan get the float's all-ones exponent.
+/// Half -> float: exact (normals, subnormals, zeros, inf, nan), in integer
+/// steps: a normal's exponent is rebiased (15 -> 127), a subnormal is its
+/// mantissa times 2^-24 (a normal float), inf / nan get the float's all-ones
+/// exponent. No float subnormal is read, so the result is the same under
+/// MXCSR's denormals-are-zero (a host built with -ffast-math).
 inline float to_float(f16_t h) {
     uint32_t sign = uint32_t(h.bits & 0x8000u) << 16;
     uint32_t em = h.bits & 0x7fffu;
-    uint32_t bits = em >= 0x7c00u ? (em << 13) | 0x7f800000u
-                                  : float_bits(bits_float(em << 13) * 0x1p112f);
+    uint32_t bits = em < 0x400u    ? float_bits(float(em) * 0x1p-24f)
+            : em >= 0x7c00u ? (em << 13) | 0x7f800000u
+                            : (em << 13) + 0x38000000u;
     return bits_float(bits | sign);
 }
 
