@@ -93,10 +93,7 @@ void GpuKVCache::check_layer(int layer, const char* what) const {
 void GpuKVCache::check_tokens(idx_t n, const float* keys, const float* values, const char* what)
         const {
     FAISS_THROW_IF_NOT_FMT(n >= 0, "%s: n=%zd must be >= 0", what, size_t(n));
-    if (n == 0) {
-        return;
-    }
-    // as KVCache::check_tokens
+    // as KVCache::check_tokens (n = 0 passes)
     check_head_tokens(n, n_kv_heads, d, d_value, keys, values, what);
 }
 
