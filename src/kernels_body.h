@@ -14,7 +14,7 @@
 
 #include "kernels_internal.h"
 
-#if KVINDEX_SIMD_BYTES >= 32
+#if KVINDEX_SIMD_BYTES >= 32 || defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
@@ -57,15 +57,21 @@ typedef uint16_t vh2 __attribute__((vector_size(KVINDEX_SIMD_BYTES)));
 /// GCC 12 lowers __builtin_convertvector(vh, vu) to two half-width
 /// extensions and an insert, where this gives one vpmovzxwd.
 inline vu load_u16(const uint16_t* p) {
-#if KVINDEX_SIMD_BYTES == 16 || KVINDEX_SIMD_BYTES == 32
+#if KVINDEX_SIMD_BYTES == 16 && defined(__SSE2__)
+    // one movq and one punpcklwd: GCC 12 builds the generic shuffle below
+    // at this width through general registers, 5x slower than float rows
+    return bitcast<vu>(_mm_unpacklo_epi16(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)), _mm_setzero_si128()));
+#elif KVINDEX_SIMD_BYTES == 16
     vh h;
     std::memcpy(&h, p, sizeof(h));
     const vh z = {};
-#if KVINDEX_SIMD_BYTES == 16
-    vh2 r = __builtin_shufflevector(h, z, 0, 4, 1, 4, 2, 4, 3, 4);
-#else
+    return bitcast<vu>(__builtin_shufflevector(h, z, 0, 4, 1, 4, 2, 4, 3, 4));
+#elif KVINDEX_SIMD_BYTES == 32
+    vh h;
+    std::memcpy(&h, p, sizeof(h));
+    const vh z = {};
     vh2 r = __builtin_shufflevector(h, z, 0, 8, 1, 8, 2, 8, 3, 8, 4, 8, 5, 8, 6, 8, 7, 8);
-#endif
     return bitcast<vu>(r);
 #elif KVINDEX_SIMD_BYTES == 64
     // one vpmovzxwd (AVX512F); the generic shuffles of a zmm would need
