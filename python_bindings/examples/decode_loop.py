@@ -76,7 +76,7 @@ def replay(spec, meta, layer, steps, refs):
     cache = kvindex.KVCache(1, hq, hkv, d, factory)
     if params:
         # budgets in percent ("k=2%") are of the prompt, as kvbench reads them
-        params = kvindex.resolve_percentages(params, n_ctx)
+        params = kvindex.resolve_percentages(params, n_ctx, cache.index(0, 0))
         for h in range(hkv):
             kvindex.set_index_parameters(cache.index(0, h), params)
     t0 = time.perf_counter()

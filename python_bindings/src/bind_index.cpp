@@ -61,24 +61,11 @@ constexpr CallKnob kCallKnobs[] = {
 std::vector<std::pair<std::string, double>> parse_params(py::handle params) {
     std::vector<std::pair<std::string, double>> out;
     if (py::isinstance<py::str>(params)) {
-        std::string s = params.cast<std::string>();
-        std::stringstream ss(s);
-        for (std::string item; std::getline(ss, item, ',');) {
-            size_t eq = item.find('=');
-            if (eq == std::string::npos || eq == 0) {
-                throw py::value_error("params: '" + item + "' is not name=value (in \"" + s + "\")");
-            }
-            try {
-                size_t used = 0;
-                std::string v = item.substr(eq + 1);
-                double x = std::stod(v, &used);
-                if (used != v.size()) {
-                    throw std::invalid_argument(v);
-                }
-                out.emplace_back(item.substr(0, eq), x);
-            } catch (const std::logic_error&) {
-                throw py::value_error("params: the value of '" + item + "' is not a number");
-            }
+        // the library's parser: decimal values only, each name once
+        try {
+            out = kvindex::parse_parameters(params.cast<std::string>());
+        } catch (const faiss::FaissException& e) {
+            throw py::value_error(std::string("params: ") + e.what());
         }
     } else if (py::isinstance<py::dict>(params)) {
         for (auto kv : py::reinterpret_borrow<py::dict>(params)) {
@@ -129,6 +116,12 @@ std::unique_ptr<faiss::SearchParameters> call_parameters(const KVIndex& index, p
         // range first: converting a double above 2^63 to an integer is undefined
         if (!(value >= 0 && value <= 9007199254740992.0) || value != std::floor(value)) {
             throw py::value_error("params: " + name + "=" + std::to_string(value) + " must be a non-negative integer");
+        }
+        // the carrier reads 0 as "the index's own value": a sweep starting at
+        // k, nprobe or efSearch 0 would report the default under that label
+        // (min_hits and max_sample 0 are settings: every token, no cap)
+        if (value == 0 && (name == "k" || name == "nprobe" || name == "efSearch")) {
+            throw py::value_error("params: " + name + "=0 must be >= 1 (omit it for the index's own value)");
         }
         if ((name == "efSearch" || name == "min_hits") && value > double(INT_MAX)) {
             throw py::value_error("params: " + name + "=" + std::to_string(value) + " must be <= " +
@@ -369,6 +362,8 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
                         if (e != "topk" && e != "unbiased") {
                             throw py::value_error("estimator must be 'topk' or 'unbiased'; got '" + e + "'");
                         }
+                        // a write: refused while a call runs, as every setter
+                        kvindex::WriteScope scope(s, "estimator");
                         s.estimator = e == "topk" ? kvindex::Estimator::topk : kvindex::Estimator::unbiased;
                     },
                     "'unbiased' (softmax of s_i - log u_i over the selection) or 'topk' (u_i ignored)")
@@ -471,10 +466,17 @@ the first add. Factory string: "TopK(<faiss string>)". Knobs: k, nprobe
                             throw py::value_error("max_train_points=" + std::to_string(v) + " must be in [min_train_points=" +
                                                   std::to_string(x.min_train_points) + ", 2^26]");
                         }
+                        kvindex::WriteScope scope(x, "max_train_points");
                         x.max_train_points = v;
                     },
                     "cap on the training sample, in [min_train_points, 2^26]")
-            .def_readwrite("train_seed", &kvindex::IndexTopK::train_seed, "seed of the training sample");
+            .def_property(
+                    "train_seed", [](const kvindex::IndexTopK& x) { return x.train_seed; },
+                    [](kvindex::IndexTopK& x, decltype(kvindex::IndexTopK::train_seed) v) {
+                        kvindex::WriteScope scope(x, "train_seed");
+                        x.train_seed = v;
+                    },
+                    "seed of the training sample");
 
     py::class_<kvindex::IndexSinkWindow, KVIndex, std::shared_ptr<kvindex::IndexSinkWindow>>(
             m, "IndexSinkWindow",
@@ -756,6 +758,9 @@ Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
                   throw py::value_error("repeats must be >= 1");
               }
               idx_t n = qa.shape(0);
+              if (n == 0) {
+                  throw py::value_error("time_attend: q has no rows (nothing to time)");
+              }
               std::vector<float> out(size_t(n) * index.d_value), lse(n);
               py::gil_scoped_release release;
               std::vector<double> t(repeats);
@@ -783,10 +788,14 @@ Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
           py::arg("index"), py::arg("description"),
           "sets \"name=value,...\" on the index and everything it wraps, like faiss.ParameterSpace");
     m.def("resolve_percentages",
-          [](const std::string& s, idx_t n_context) { return kvindex::resolve_percentages(s, n_context); },
-          py::arg("description"), py::arg("n_context"),
+          [](const std::string& s, idx_t n_context, const KVIndex* index) {
+              return kvindex::resolve_percentages(s, n_context, index);
+          },
+          py::arg("description"), py::arg("n_context"), py::arg("index") = nullptr,
           "\"k=2%,nprobe=4\" with each percentage made a count of the context, as kvbench and "
-          "kvllm read a budget: ceil(p / 100 * n_context), at least 1");
+          "kvllm read a budget: ceil(p / 100 * n_context), at least 1. With the index the "
+          "parameters are for, a percentage on a knob that is not a count of tokens is refused "
+          "(ProxyEvict's protect is a percent already: \"protect=1%\" is not 1% of the context).");
     m.def("set_index_parameter",
           [](KVIndex& index, const std::string& name, double value) { kvindex::set_index_parameter(&index, name, value); },
           py::arg("index"), py::arg("name"), py::arg("value"));

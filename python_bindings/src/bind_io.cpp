@@ -134,6 +134,11 @@ void write_trace(const std::string& dir_in, const py::dict& meta_in, const py::l
         throw py::value_error("write_trace: no layers");
     }
     auto first = layers[0].cast<py::dict>();
+    for (const char* key : {"keys", "queries"}) {
+        if (!first.contains(key)) {
+            throw py::value_error(std::string("write_trace: layers[0] has no '") + key + "'");
+        }
+    }
     FloatArray k0 = as_float_array(first["keys"], "layers[0]['keys']");
     FloatArray q0 = as_float_array(first["queries"], "layers[0]['queries']");
     check_shape(k0, {"n_kv_heads", "n_tokens", "head_dim"}, "layers[0]['keys']");

@@ -94,6 +94,44 @@ def test_params_bad_values(rdata):
         index.attend(q, params=3.5)
 
 
+def test_params_zero_and_malformed_per_call_values_raise(rdata):
+    # 0 is "the index's own value" to the carrier: a sweep from 0 would
+    # report the default under the label 0
+    ivf = build("TopK(IVF16,Flat)", rdata)
+    hnsw = build("TopK(HNSW8)", rdata)
+    q = rdata.queries[:2]
+    for index, params in [(ivf, "nprobe=0"), (ivf, {"nprobe": 0}), (ivf, "k=0"), (hnsw, "efSearch=0")]:
+        with pytest.raises(ValueError, match="must be >= 1"):
+            index.attend(q, params=params)
+    # the library's own parser: no hex, no repeated name, no trailing comma
+    for params, what in [("k=0x10", "not a decimal number"), ("k=5,k=6", "given twice"),
+                         ("k=5,", "expected name=value")]:
+        with pytest.raises(ValueError, match=what):
+            ivf.attend(q, params=params)
+    # LSH knobs where 0 is a setting stay accepted
+    lsh = build("LSHSample6x20", rdata)
+    lsh.attend(q, params="min_hits=0,max_sample=0")
+
+
+def test_resolve_percentages_refuses_a_knob_that_is_not_in_tokens(rdata):
+    evict = kvindex.index_factory(8, "ProxyEvict50")
+    with pytest.raises(RuntimeError, match="not a count of tokens"):
+        kvindex.resolve_percentages("protect=1%", 2000, evict)
+    assert kvindex.resolve_percentages("budget=5%", 2000, evict) == "budget=100"
+    ivf = kvindex.index_factory(8, "TopK(IVF16,Flat)")
+    assert kvindex.resolve_percentages("k=2%,nprobe=4", 1000, ivf) == "k=20,nprobe=4"
+    with pytest.raises(RuntimeError, match="nprobe"):
+        kvindex.resolve_percentages("nprobe=50%", 1000, ivf)
+
+
+def test_time_attend_and_write_trace_name_the_problem(rdata, tmp_path):
+    index = build("Flat", rdata)
+    with pytest.raises(ValueError, match="no rows"):
+        kvindex.time_attend(index, rdata.queries[:0], 1)
+    with pytest.raises(ValueError, match=r"layers\[0\] has no 'keys'"):
+        kvindex.write_trace(str(tmp_path / "t"), {"n_ctx": 4}, [{"queries": np.zeros((1, 8, 4), np.float32)}])
+
+
 def test_parameter_functions(rdata):
     index = build("Sink4,Window8,TopK(IVF16,Flat)", rdata)
     kvindex.set_index_parameter(index, "nprobe", 4)
