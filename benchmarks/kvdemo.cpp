@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
             auto index = index_factory(d, parsed.factory);
             // before prefill, so that prefill-time knobs (budget, epsilon) apply
             if (!parsed.params.empty()) {
-                set_index_parameters(index.get(), resolve_percentages(parsed.params, n));
+                set_index_parameters(index.get(), resolve_percentages(parsed.params, n, index.get()));
             }
             PrefillInput in;
             in.n_tokens = n;

@@ -169,6 +169,18 @@ IndexHybrid::IndexHybrid(std::unique_ptr<KVIndex> heavy_index, std::unique_ptr<K
             d_value);
     FAISS_THROW_IF_NOT_MSG(
             heavy->ntotal == 0 && tail->ntotal == 0, "IndexHybrid: heavy and tail must be empty");
+    check_heavy_is_deterministic();
+}
+
+void IndexHybrid::check_heavy_is_deterministic() const {
+    // the estimate adds the tail's sample to a set counted in full: a
+    // sampled heavy part would be weighted as if read whole (refused here,
+    // not at the first select, which a prompt shorter than k never reaches)
+    FAISS_THROW_IF_NOT_FMT(
+            heavy->selects_deterministically(),
+            "IndexHybrid: the heavy part %s samples its keys; it must select "
+            "deterministically (TopK, RoarGraph, IVFAsym, ...)",
+            heavy->factory_string().c_str());
 }
 
 std::unique_ptr<KVIndex> IndexHybrid::from_factory(FactoryChain& chain) {
@@ -395,11 +407,11 @@ bool IndexHybrid::reads_search_knob(const std::string& name) const {
 
 std::vector<ParameterInfo> IndexHybrid::parameter_info() const {
     return {{"sample", false,
-             "tail budget, its k (tokens a uniform tail draws), >= 0; 0: no tail; -1: the tail's own k (default)"},
+             "tail budget, its k (tokens a uniform tail draws), >= 0; 0: no tail; -1: the tail's own k (default)", true},
             {"epsilon", true,
              "relative error target of a uniform tail: > 0 sets its sample per head at prefill, 0: off"},
             {"budget", true,
-             "tokens per query (k + sample) split per head at prefill by predicted error, >= 0; 0: off"},
+             "tokens per query (k + sample) split per head at prefill by predicted error, >= 0; 0: off", true},
             {"delta", true, "failure probability of the epsilon target, in (0, 1)"},
             {"n_calibration", true, "last prompt positions whose queries set the tail budget, >= 1"},
             {"calibrated_k", false, "read-only: the heavy k the last prefill chose (-1: none)"},
@@ -497,6 +509,7 @@ void IndexHybrid::check_children_in_step() const {
 void IndexHybrid::check_invariants() const {
     KVIndex::check_invariants();
     FAISS_THROW_IF_NOT_MSG(heavy && tail, "IndexHybrid: heavy or tail index missing");
+    check_heavy_is_deterministic();
     FAISS_THROW_IF_NOT_FMT(
             sample >= -1 && std::isfinite(epsilon) && epsilon >= 0 && budget >= 0 &&
                     delta > 0 && delta < 1 && n_calibration >= 1 && calibrated_k >= -1 &&

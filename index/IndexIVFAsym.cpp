@@ -645,6 +645,17 @@ std::vector<ParameterInfo> IndexIVFAsym::parameter_info() const {
 }
 
 bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
+    // the Q-model's training knobs: away from their defaults, the probes
+    // that train no classifier would take them without effect
+    const bool qmodel_knob = (name == "hidden" && value != kDefaultHidden) ||
+            ((name == "train_iterations" || name == "min_distance") && value != -1);
+    FAISS_THROW_IF_NOT_FMT(
+            !qmodel_knob || probe == IVFAsymProbe::qmodel,
+            "parameter %s=%g: only the Q-model probe (IVFAsym<C>) trains a classifier "
+            "(this is %s)",
+            name.c_str(),
+            value,
+            factory_string().c_str());
     if (name == "nprobe") {
         FAISS_THROW_IF_NOT_FMT(
                 is_count(value) && value <= n_centroids,
@@ -661,6 +672,12 @@ bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
                 std::isfinite(value) && value >= 0 && value <= 1,
                 "parameter var_weight=%g must be in [0, 1]",
                 value);
+        // the other probes would take it without effect
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || probe == IVFAsymProbe::moment,
+                "parameter var_weight=%g: only the _Moment probe reads it (this is %s)",
+                value,
+                factory_string().c_str());
         var_weight = float(value);
     } else if (name == "hidden") {
         FAISS_THROW_IF_NOT_FMT(

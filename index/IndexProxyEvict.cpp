@@ -494,14 +494,14 @@ size_t IndexProxyEvict::memory_bytes() const {
 
 std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
-    info.push_back({"budget", true, "tokens kept at prefill, > 0 (overrides the percent of the string); 0 = the percent (default)"});
+    info.push_back({"budget", true, "tokens kept at prefill, > 0 (overrides the percent of the string); 0 = the percent (default)", true});
     info.push_back({"protect", true, "NaCl: sinks + recent tokens kept, percent of the prompt; -1 = Table 4 (default)"});
     info.push_back({"proxy_keep", true, "NaCl: tokens kept by proxy score, percent of the prompt; -1 = Table 4 (default)"});
     info.push_back({"proxy_window", true, "NaCl: proxy queries beyond the protected ones, percent of the prompt; -1 = Table 4 (default)"});
     info.push_back({"proxy_tokens", true,
                     "NaCl: proxy queries = the last N prompt positions (the question), tokens, "
                     "integer >= 0, clamped to the prompt; 0 = the proxy_window percent (default); "
-                    "other policies: 0 only"});
+                    "other policies: 0 only", true});
     info.push_back({"pool", true,
                     "NaCl, H2O, TOVA: scores max-pooled over this many tokens centred on each "
                     "before keeping (SnapKV), odd; 0 = off (default)"});
@@ -544,6 +544,24 @@ bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
         pool = idx_t(value);
         return true;
     }
+    // a knob this policy does not read, away from its default, would be
+    // taken without effect ("ProxyEvict50_Random|protect=1" ran as before)
+    const bool nacl_knob = (name == "protect" || name == "proxy_keep" || name == "proxy_window") &&
+            value != -1;
+    const bool sink_knob = name == "n_sink" && value != kDefaultSinks;
+    const bool seed_knob = name == "seed" && value != kDefaultSeed;
+    FAISS_THROW_IF_NOT_FMT(
+            !(nacl_knob && policy != EvictPolicy::nacl) &&
+                    !(sink_knob && policy != EvictPolicy::nacl &&
+                      policy != EvictPolicy::streaming) &&
+                    !(seed_knob && policy != EvictPolicy::nacl && policy != EvictPolicy::random),
+            "parameter %s=%g: %s does not read it (%s)",
+            name.c_str(),
+            value,
+            evict_policy_name(policy),
+            name == "seed" ? "only NaCl and Random draw"
+                    : name == "n_sink" ? "only NaCl and StreamingLLM keep sinks"
+                                       : "a NaCl knob");
     if (name == "budget" || name == "n_sink" || name == "seed") {
         // budget=0 is the default, "off": back to the percent of the string
         FAISS_THROW_IF_NOT_FMT(

@@ -1282,18 +1282,18 @@ bool IndexRoarGraph::reads_search_knob(const std::string& name) const {
 
 std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
-    info.push_back({"efSearch", false, "beam width of the search, >= 1 (the beam is max(efSearch, k))"});
+    info.push_back({"efSearch", false, "beam width of the search, >= 1 (the beam is max(efSearch, k))", true});
     info.push_back({"M", true, "out-degree of the projection (degree bound 2M), 2..512; empty index only"});
     info.push_back({"Nq", true, "exact neighbours per training query, 1..100000"});
     info.push_back({"build_L", true, "beam of the linking searches (build and appends), >= 1"});
     info.push_back({"max_train_queries", true, "training queries at most (a seeded sample beyond), >= 1"});
-    info.push_back({"n_hubs", true, "keys scored as extra entry points of every search (the keys in most training lists); -1: one per 256 prompt keys"});
+    info.push_back({"n_hubs", true, "keys scored as extra entry points of every search (the keys in most training lists); -1: one per 256 prompt keys", true});
     info.push_back({"n_anchors", true, "training queries kept to link decode-time keys (0: none), >= 0"});
     info.push_back({"recent_queries", true, "the last positions of every query head always in the training queries, >= 0"});
     info.push_back({"seed_anchors", false, "the anchors nearest the query whose lists seed the search (0: none), >= 0"});
     info.push_back({"walk_bits", false, "0: the search scores the stored keys; 8: it walks on 8-bit codes of the keys and scores its beam again on them"});
     info.push_back({"learn_efSearch", false, "beam of the searches that learn decode queries (add_queries), >= 0; 0: twice efSearch"});
-    info.push_back({"learn_scan_keys", false, "add_queries lists a decode query by an exact scan of the keys while the index holds at most this many, by a beam of learn_efSearch above; >= 0"});
+    info.push_back({"learn_scan_keys", false, "add_queries lists a decode query by an exact scan of the keys while the index holds at most this many, by a beam of learn_efSearch above; >= 0", true});
     info.push_back({"decode_anchors", false, "decode queries (add_queries) kept as anchors, the most recent; 0: none; setting it drops those learned"});
     info.push_back({"seed", true, "seed of the training sample (with the per-head stream), >= 0"});
     return info;

@@ -554,7 +554,7 @@ std::vector<ParameterInfo> IndexTopK::parameter_info() const {
         info.push_back({"nprobe", false, "IVF retriever: inverted lists visited, 1..nlist"});
     }
     if (dynamic_cast<const faiss::IndexHNSW*>(retriever.get())) {
-        info.push_back({"efSearch", false, "HNSW retriever: beam width of the search, >= 1"});
+        info.push_back({"efSearch", false, "HNSW retriever: beam width of the search, >= 1", true});
     }
     return info;
 }

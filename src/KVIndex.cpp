@@ -639,7 +639,7 @@ std::vector<KVIndex*> KVIndex::mutable_children() {
 }
 
 std::vector<ParameterInfo> KVIndex::parameter_info() const {
-    return {{"k", false, "top-k budget: keys selected per query (types with a budget), >= 1"}};
+    return {{"k", false, "top-k budget: keys selected per query (types with a budget), >= 1", true}};
 }
 
 bool KVIndex::set_parameter(const std::string& name, double value) {
@@ -686,6 +686,15 @@ int KVIndex::adopt_trained(const KVIndex& trained) {
         adopted += mine[i]->adopt_trained(*theirs[i]);
     }
     return adopted;
+}
+
+bool KVIndex::selects_deterministically() const {
+    for (const KVIndex* held : held_indexes()) {
+        if (!held->selects_deterministically()) {
+            return false;
+        }
+    }
+    return true;
 }
 
 idx_t KVIndex::top_k_budget() const {

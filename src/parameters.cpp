@@ -170,8 +170,7 @@ void set_index_parameter(KVIndex* index, const std::string& name, double value) 
     set_all(index, {{name, value}});
 }
 
-void set_index_parameters(KVIndex* index, const std::string& description) {
-    // every item is parsed before any is set
+std::vector<std::pair<std::string, double>> parse_parameters(const std::string& description) {
     std::vector<std::pair<std::string, double>> items;
     for_each_item(description, [&](const std::string& name, const std::string& text) {
         double value;
@@ -186,9 +185,21 @@ void set_index_parameters(KVIndex* index, const std::string& description) {
                 "parameter '%s': value '%s' is not a decimal number",
                 name.c_str(),
                 text.c_str());
+        for (const auto& item : items) {
+            FAISS_THROW_IF_NOT_FMT(
+                    item.first != name,
+                    "parameter '%s' given twice in '%s'",
+                    name.c_str(),
+                    description.c_str());
+        }
         items.emplace_back(name, value);
     });
-    set_all(index, items);
+    return items;
+}
+
+void set_index_parameters(KVIndex* index, const std::string& description) {
+    // every item is parsed before any is set
+    set_all(index, parse_parameters(description));
 }
 
 double get_index_parameter(const KVIndex* index, const std::string& name) {
@@ -217,6 +228,15 @@ IndexSpec parse_index_spec(const std::string& s) {
             !spec.factory.empty() || bar == std::string::npos,
             "index spec '%s': empty factory string before '|'",
             s.c_str());
+    // a '|' inside "Choose(TopK(Flat)|k=3;...)": the factory parser would
+    // name the cut-off string's parentheses, not the '|'
+    FAISS_THROW_IF_NOT_FMT(
+            bar == std::string::npos ||
+                    std::count(spec.factory.begin(), spec.factory.end(), '(') ==
+                            std::count(spec.factory.begin(), spec.factory.end(), ')'),
+            "index spec '%s': '|' inside parentheses: parameters follow the whole "
+            "factory string (\"STRING|name=value,...\")",
+            s.c_str());
     if (bar != std::string::npos) {
         spec.params = s.substr(bar + 1);
         FAISS_THROW_IF_NOT_FMT(
@@ -225,14 +245,30 @@ IndexSpec parse_index_spec(const std::string& s) {
     return spec;
 }
 
-std::string resolve_percentages(const std::string& params, idx_t n_context) {
+std::string resolve_percentages(const std::string& params, idx_t n_context, const KVIndex* index) {
     if (params.empty()) {
         return params;
+    }
+    std::vector<ParameterInfo> info;
+    if (index) {
+        info = index_parameter_info(index);
     }
     std::string out;
     for_each_item(params, [&](const std::string& name, const std::string& text) {
         std::string value = text;
         if (text.back() == '%') {
+            // a name the chain lacks is named by set_index_parameters
+            for (const ParameterInfo& p : info) {
+                FAISS_THROW_IF_NOT_FMT(
+                        p.name != name || p.in_tokens,
+                        "parameter '%s=%s': %s of %s is not a count of tokens, so it "
+                        "cannot be a share of the context (%s); give its value",
+                        name.c_str(),
+                        text.c_str(),
+                        name.c_str(),
+                        index_factory_string(index).c_str(),
+                        p.doc.c_str());
+            }
             double pct;
             FAISS_THROW_IF_NOT_FMT(
                     parse_decimal(text.substr(0, text.size() - 1), &pct) && pct > 0 &&

@@ -242,6 +242,14 @@ TEST(Factory, ParametersErrors) {
     EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "=5"), "'=5'");
     EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "nprobe=0"), "nprobe");
     EXPECT_THROW_MSG(set_index_parameters(hnsw.get(), "efSearch=-1"), "efSearch");
+    // a repeated name would silently win
+    EXPECT_THROW_MSG(set_index_parameters(ivf.get(), "k=5,nprobe=2,k=6"), "'k' given twice");
+    EXPECT_THROW_MSG(parse_parameters("k=0x10"), "not a decimal number");
+    EXPECT_EQ(parse_parameters("k=5,nprobe=2"),
+              (std::vector<std::pair<std::string, double>>{{"k", 5.0}, {"nprobe", 2.0}}));
+    // a '|' inside parentheses is named as such, not as unbalanced ones
+    EXPECT_THROW_MSG(parse_index_spec("Choose(TopK(Flat)|k=3;Uniform)"), "'|' inside parentheses");
+    EXPECT_EQ(parse_index_spec("Choose(TopK(Flat);Uniform)|k=3").params, "k=3");
 
     // the failed calls left the valid settings alone
     auto t = dynamic_cast<IndexTopK*>(dynamic_cast<IndexSinkWindow*>(ivf.get())->inner.get());
@@ -318,4 +326,61 @@ TEST(Factory, PercentagesResolveAgainstTheContext) {
     EXPECT_THROW_MSG(resolve_percentages("k=100%", std::numeric_limits<idx_t>::max()), "2^53");
     EXPECT_THROW_MSG(resolve_percentages("k=5%", 0), "context length");
     EXPECT_THROW_MSG(resolve_percentages("k=101%", 100), "(0, 100]");
+}
+
+// Only a count of tokens can be a share of the context: ProxyEvict's protect
+// is a percent already ("protect=1%" became 20 tokens' worth of percent at
+// 2000 tokens), nprobe a list count, seed a seed.
+TEST(Factory, PercentagesOnlyOnKnobsInTokens) {
+    auto evict = index_factory(kDim, "ProxyEvict50");
+    EXPECT_THROW_MSG(resolve_percentages("protect=1%", 2000, evict.get()), "not a count of tokens");
+    EXPECT_THROW_MSG(resolve_percentages("seed=5%", 2000, evict.get()), "seed");
+    EXPECT_EQ(resolve_percentages("budget=5%,protect=3", 2000, evict.get()), "budget=100,protect=3");
+    auto ivf = index_factory(kDim, "Sink4,Window8,TopK(IVF16,Flat)");
+    EXPECT_EQ(resolve_percentages("k=2%", 500, ivf.get()), "k=10");
+    EXPECT_THROW_MSG(resolve_percentages("nprobe=50%", 500, ivf.get()), "nprobe");
+    auto hybrid = index_factory(kDim, "Hybrid(TopK(Flat),Uniform)");
+    EXPECT_EQ(resolve_percentages("k=1%,sample=2%", 1000, hybrid.get()), "k=10,sample=20");
+    EXPECT_THROW_MSG(resolve_percentages("epsilon=10%", 1000, hybrid.get()), "epsilon");
+    // every knob that says it is in tokens takes a percentage
+    for (const char* s : {"Choose(TopK(HNSW8);RoarGraph8;LSHSample6x20)", "ProxyEvict20,Hybrid(TopK(Flat),Uniform)"}) {
+        auto index = index_factory(kDim, s);
+        for (const ParameterInfo& p : index_parameter_info(index.get())) {
+            std::string item = p.name + "=2%";
+            if (p.in_tokens) {
+                EXPECT_EQ(resolve_percentages(item, 1000, index.get()), p.name + "=20") << s;
+            } else {
+                EXPECT_THROW_MSG(resolve_percentages(item, 1000, index.get()), "not a count of tokens");
+            }
+        }
+    }
+}
+
+// A knob the chain's mode does not read, away from its default, is refused
+// rather than taken without effect (a sweep over it would measure nothing).
+TEST(Factory, KnobsTheModeDoesNotReadAreRefused) {
+    auto random = index_factory(kDim, "ProxyEvict50_Random");
+    EXPECT_THROW_MSG(set_index_parameters(random.get(), "protect=1"), "NaCl knob");
+    EXPECT_THROW_MSG(set_index_parameters(random.get(), "n_sink=2"), "n_sink=2");
+    set_index_parameters(random.get(), "seed=7,protect=-1,n_sink=4"); // read, or defaults
+    auto h2o = index_factory(kDim, "ProxyEvict50_H2O");
+    EXPECT_THROW_MSG(set_index_parameters(h2o.get(), "seed=7"), "only NaCl and Random draw");
+    EXPECT_THROW_MSG(set_index_parameters(h2o.get(), "proxy_window=10"), "H2O");
+    auto streaming = index_factory(kDim, "ProxyEvict50_StreamingLLM");
+    set_index_parameters(streaming.get(), "n_sink=2");
+    EXPECT_THROW_MSG(set_index_parameters(streaming.get(), "proxy_keep=5"), "NaCl knob");
+    auto nacl = index_factory(kDim, "ProxyEvict50");
+    set_index_parameters(nacl.get(), "protect=1,proxy_keep=5,proxy_window=10,n_sink=2,seed=7");
+
+    auto centroid = index_factory(kDim, "IVFAsym16_Centroid");
+    EXPECT_THROW_MSG(set_index_parameters(centroid.get(), "var_weight=0.5"), "_Moment");
+    EXPECT_THROW_MSG(set_index_parameters(centroid.get(), "hidden=8"), "Q-model");
+    EXPECT_THROW_MSG(set_index_parameters(centroid.get(), "min_distance=5"), "Q-model");
+    set_index_parameters(centroid.get(), "var_weight=0,hidden=256,train_iterations=-1,nprobe=3");
+    auto moment = index_factory(kDim, "IVFAsym16_Moment");
+    set_index_parameters(moment.get(), "var_weight=0.5");
+    EXPECT_THROW_MSG(set_index_parameters(moment.get(), "train_iterations=100"), "Q-model");
+    auto qmodel = index_factory(kDim, "IVFAsym16");
+    set_index_parameters(qmodel.get(), "hidden=8,train_iterations=100,min_distance=5");
+    EXPECT_THROW_MSG(set_index_parameters(qmodel.get(), "var_weight=0.5"), "_Moment");
 }

@@ -560,11 +560,14 @@ TEST(Hybrid, FactoryIoAndErrors) {
     EXPECT_THROW_MSG(set_index_parameter(index.get(), "calibrated_sample", 3), "read-only");
     EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat),Uniform)|delta=1"), "delta=1");
 
-    // a sampler as the heavy part: refused at the first selection
-    auto sampled_heavy = build("Hybrid(Uniform,Uniform)|k=10", h);
-    std::vector<float> out(kD);
-    float lse;
-    EXPECT_THROW_MSG(sampled_heavy->attend(1, h.q(0), out.data(), &lse), "deterministically");
+    // a sampler as the heavy part: refused by the factory, not at the first
+    // selection (which a prompt shorter than k never reaches)
+    for (const char* s : {"Hybrid(Uniform,Uniform)", "Hybrid(Weighted,Uniform)",
+                          "Hybrid(LSHSample6x10,Uniform)", "Hybrid(Choose(TopK(Flat);Uniform),Uniform)"}) {
+        SCOPED_TRACE(s);
+        EXPECT_THROW_MSG(index_factory(kD, s), "deterministically");
+    }
+    EXPECT_NO_THROW(index_factory(kD, "Hybrid(Choose(TopK(Flat);RoarGraph8),Uniform)"));
     // epsilon needs a tail with a sample size
     auto lsh_tail = index_factory(kD, "Hybrid(TopK(Flat),LSHSample6x10)|epsilon=0.1");
     PrefillInput in;

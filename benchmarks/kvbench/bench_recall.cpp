@@ -307,14 +307,14 @@ int run_bench(int argc, char** argv) {
         auto index = index_factory(d, factory);
         // budgets in percent ("k=2%") are of the prompt, as in every tool
         if (!parsed.params.empty()) {
-            set_index_parameters(index.get(), resolve_percentages(parsed.params, in.n_tokens));
+            set_index_parameters(index.get(), resolve_percentages(parsed.params, in.n_tokens, index.get()));
         }
         auto tb = Clock::now();
         index->prefill(in);
         double build_s = seconds_since(tb);
         for (const std::string& v : values) {
             if (!knob.empty()) {
-                set_index_parameters(index.get(), resolve_percentages(knob + "=" + v, in.n_tokens));
+                set_index_parameters(index.get(), resolve_percentages(knob + "=" + v, in.n_tokens, index.get()));
             }
             SearchParametersKV counting;
             counting.count_scanned = true;

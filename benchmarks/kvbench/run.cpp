@@ -40,7 +40,7 @@ std::unique_ptr<kvindex::KVIndex> make_index(
     auto index = kvindex::index_factory(d, spec.factory);
     for (const std::string& p : {params, spec.params}) {
         if (!p.empty()) {
-            kvindex::set_index_parameters(index.get(), kvindex::resolve_percentages(p, n_ctx));
+            kvindex::set_index_parameters(index.get(), kvindex::resolve_percentages(p, n_ctx, index.get()));
         }
     }
     return index;

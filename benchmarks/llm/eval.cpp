@@ -15,6 +15,7 @@
 #include <kvindex/IndexIVFAsym.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
+#include <kvindex/parameters.h>
 #include <kvindex/trace.h>
 
 namespace kvllm {
@@ -25,6 +26,15 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// params ("k=2%", already free of "question") for a prompt of n tokens:
+/// percentages resolved, and refused on a knob of the spec's index that
+/// is not a count of tokens (an empty index of the spec says which).
+std::string resolve_spec_params(
+        const LlamaModel& llm, const kvindex::IndexSpec& spec, const std::string& params, int64_t n) {
+    auto probe = kvindex::index_factory(llm.cfg.head_dim, spec.factory);
+    return kvindex::resolve_percentages(params, n, probe.get());
 }
 
 /// log-softmax of one row of logits, in double.
@@ -239,7 +249,7 @@ void run_e2e(const LlamaModel& llm, const std::vector<int>& ids, const E2eConfig
                       "KL_max", "ppl_dense", "ppl_index", "build_s", "ms/token");
         out << line;
         for (const kvindex::IndexSpec& spec : specs) {
-            std::string params = kvindex::resolve_percentages(spec.params, P);
+            std::string params = resolve_spec_params(llm, spec, spec.params, P);
             t0 = Clock::now();
             kvindex::KVCache cache =
                     llm.make_cache(rec, spec.factory, set.dense_index, set.dense_layers, params, set.trained.get());
@@ -400,7 +410,7 @@ void IndexSet::check(const LlamaModel& llm, const std::vector<int64_t>& n_prefil
     for (const kvindex::IndexSpec& spec : specs) {
         for (int64_t n : n_prefilled) {
             // "question" stands for a count of at least one token
-            const std::string params = kvindex::resolve_percentages(resolve_question(spec.params, 1), n);
+            const std::string params = resolve_spec_params(llm, spec, resolve_question(spec.params, 1), n);
             llm.check_cache_args(spec.factory, dense_index, dense_layers, params);
         }
     }
@@ -474,7 +484,7 @@ PromptAnswers answer_prompt(
         read_reference(llm.make_cache(rec, "Flat"), a.dense.reference);
     }
     for (const kvindex::IndexSpec& spec : set.specs) {
-        std::string params = kvindex::resolve_percentages(resolve_question(spec.params, n - question_start), n);
+        std::string params = resolve_spec_params(llm, spec, resolve_question(spec.params, n - question_start), n);
         auto cache = [&] {
             return llm.make_cache(rec, spec.factory, set.dense_index, set.dense_layers, params, set.trained.get());
         };

@@ -139,6 +139,9 @@ struct IndexHybrid : KVIndex {
     /// is handed)
     bool reads_search_knob(const std::string& name) const override;
     std::vector<ParameterInfo> parameter_info() const override;
+    bool selects_deterministically() const override {
+        return false; // a sample: inclusion u <= 1
+    }
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;
     idx_t top_k_budget() const override {
@@ -151,6 +154,10 @@ struct IndexHybrid : KVIndex {
 
     /// Registry parser: "Hybrid(<heavy>,<tail>)".
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
+   private:
+    /// Throws when the heavy part samples (selects_deterministically).
+    void check_heavy_is_deterministic() const;
 
    protected:
     void prefill_impl(const PrefillInput& input) override;

@@ -104,7 +104,8 @@ struct IndexIVFAsym : KVIndex {
     float var_weight = 0.0f;                 ///< moment probe: weight of the variance term
 
     // prefill-time knobs of self-training
-    int hidden = 256;                        ///< Q-model width
+    static constexpr int kDefaultHidden = 256;
+    int hidden = kDefaultHidden;             ///< Q-model width
     int train_iterations = -1;               ///< Adam steps; -1: 10 epochs of the rows, 50..2000
     idx_t min_distance = -1;                 ///< -1: n_after (the window)
     uint64_t seed = 1234;                    ///< with `stream`, seeds self-training; <= 2^53 (a knob)

@@ -187,6 +187,9 @@ struct IndexLSHSample : KVIndex {
     /// min_hits and max_sample (SearchParametersLSH)
     bool reads_search_knob(const std::string& name) const override;
     std::vector<ParameterInfo> parameter_info() const override;
+    bool selects_deterministically() const override {
+        return false; // a sample: inclusion u <= 1
+    }
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;
     void write_fields(BufferWriter& w) const override;

@@ -146,8 +146,10 @@ struct IndexProxyEvict : KVIndex {
     /// `pool` consecutive tokens centred on each before anything is kept
     /// (SnapKV's pooling), odd; 0: off
     idx_t pool = 0;
-    idx_t n_sink = 4;          ///< first tokens among the protected ones (NaCl, StreamingLLM)
-    uint64_t seed = 1234;      ///< with `stream`, seeds the random part; <= 2^53 (a knob)
+    static constexpr idx_t kDefaultSinks = 4;
+    static constexpr uint64_t kDefaultSeed = 1234;
+    idx_t n_sink = kDefaultSinks;  ///< first tokens among the protected ones (NaCl, StreamingLLM)
+    uint64_t seed = kDefaultSeed;  ///< with `stream`, seeds the random part; <= 2^53 (a knob)
     uint64_t stream = 0;       ///< one stream per (layer, head): set by KVCache
 
     std::unique_ptr<KVIndex> inner; ///< the kept tokens, in position order

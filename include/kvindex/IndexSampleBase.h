@@ -26,6 +26,9 @@ struct IndexSampleBase : KVIndex {
 
     size_t memory_bytes() const override;
     std::vector<ParameterInfo> parameter_info() const override;
+    bool selects_deterministically() const override {
+        return false; // a sample: inclusion u <= 1
+    }
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;
     void set_stream(uint64_t stream) override;

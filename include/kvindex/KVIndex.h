@@ -150,6 +150,9 @@ struct ParameterInfo {
     /// prefill); the others are read by every search / select / attend
     bool prefill_time = false;
     std::string doc; ///< meaning, unit and range, one line
+    /// a count of tokens (k, a sample, a budget): only such a knob may be
+    /// given in percent of the context ("k=2%", resolve_percentages)
+    bool in_tokens = false;
 };
 
 /** How many calls run on one index, for the thread-safety contract below:
@@ -412,6 +415,12 @@ struct KVIndex : faiss::Index {
     virtual bool needs_contiguous_positions() const {
         return false;
     }
+
+    /// Whether every selection of this index has inclusion 1 (a top-k or a
+    /// fixed set, not a sample): the heavy part of IndexHybrid must. The
+    /// default: whether every index it holds does (true for a leaf); the
+    /// samplers say false.
+    virtual bool selects_deterministically() const;
 
     /// Whether select draws its budget k uniformly at random among the
     /// tokens (u = k / n): the (epsilon, delta) tail budgets of IndexHybrid

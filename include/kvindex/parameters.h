@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <kvindex/KVIndex.h>
@@ -27,6 +28,12 @@ namespace kvindex {
  * indexes of the chain that took it are set back to their earlier values.
  */
 void set_index_parameters(KVIndex* index, const std::string& description);
+
+/** The (name, value) items of a parameter string, as set_index_parameters
+ * reads it: decimal values only (no hex, spaces, inf, nan or junk), each
+ * name at most once (a repeated one would silently win), no value in
+ * percent (resolve_percentages first). Throws naming the item. */
+std::vector<std::pair<std::string, double>> parse_parameters(const std::string& description);
 
 /// One parameter; throws if no index in the chain has it.
 void set_index_parameter(KVIndex* index, const std::string& name, double value);
@@ -57,7 +64,15 @@ struct IndexSpec {
 IndexSpec parse_index_spec(const std::string& s);
 
 /** params with every "name=<x>%" replaced by max(1, ceil(x / 100 *
- * n_context)), x in (0, 100]: budgets given as a share of the prompt. */
-std::string resolve_percentages(const std::string& params, idx_t n_context);
+ * n_context)), x in (0, 100]: budgets given as a share of the prompt.
+ * With the index the params are for, a percentage is refused on a knob
+ * of its chain that is not a count of tokens (ParameterInfo::in_tokens):
+ * ProxyEvict's protect is a percent already, IVF's nprobe a list count,
+ * and "protect=1%" would otherwise become 1% of the context as a percent.
+ * Without it (nullptr) every '%' is read as tokens: the caller vouches. */
+std::string resolve_percentages(
+        const std::string& params,
+        idx_t n_context,
+        const KVIndex* index = nullptr);
 
 } // namespace kvindex
