@@ -44,4 +44,17 @@ std::string shape_string(const py::array& a);
 /// A new float32 array of this shape (C order), uninitialised.
 FloatArray empty_float(const std::vector<py::ssize_t>& shape);
 
+/** h as a T (an int, a float, a list of ints, a str), or TypeError naming
+ * `what` and the type given: pybind11's own cast error names neither. */
+template <class T>
+T cast_arg(py::handle h, const std::string& what) {
+    try {
+        return h.cast<T>();
+    } catch (const py::cast_error&) {
+        throw py::type_error(what + ": cannot read a " +
+                             std::string(py::str(py::type::handle_of(h).attr("__name__"))) + " (" +
+                             std::string(py::repr(h)) + ") here");
+    }
+}
+
 } // namespace kvpy

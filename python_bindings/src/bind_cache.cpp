@@ -91,7 +91,7 @@ queries (n_q_heads, n, d), outputs (n_q_heads, n, d_value). The heads of a
 layer run in parallel (OpenMP), with the GIL released.)doc")
             .def(py::init([](int n_layers, int n_q_heads, int n_kv_heads, int d, const std::string& index_string,
                              py::object d_value, const std::string& dense_string, const std::vector<int>& dense_layers) {
-                     int dv = d_value.is_none() ? d : d_value.cast<int>();
+                     int dv = d_value.is_none() ? d : cast_arg<int>(d_value, "d_value (an int or None)");
                      return std::make_unique<KVCache>(n_layers, n_q_heads, n_kv_heads, d, dv, index_string,
                                                       dense_string, dense_layers);
                  }),

@@ -187,7 +187,7 @@ kvindex::KVType kv_type_of(const std::string& name) {
 /// as index_factory and read_index check them: an index built with others
 /// would pickle but not unpickle.
 int d_value_or(int d, py::object d_value) {
-    const int dv = d_value.is_none() ? d : d_value.cast<int>();
+    const int dv = d_value.is_none() ? d : cast_arg<int>(d_value, "d_value (an int or None)");
     if (d < 1 || d > kvindex::kMaxDimension || dv < 1 || dv > kvindex::kMaxDimension) {
         throw py::value_error("dimensions d=" + std::to_string(d) + ", d_value=" + std::to_string(dv) +
                               " must be in [1, " + std::to_string(kvindex::kMaxDimension) + "]");
@@ -639,7 +639,7 @@ train_iterations, min_distance, seed.)doc")
                          throw py::value_error("probe_buckets: one query (1, d)");
                      }
                      std::vector<int32_t> out(std::max(nprobe, 0));
-                     idx_t pos = position.is_none() ? x.query_position() : position.cast<idx_t>();
+                     idx_t pos = position.is_none() ? x.query_position() : cast_arg<idx_t>(position, "position (an int or None)");
                      x.probe_buckets(qa.data(), pos, nprobe, out.data());
                      return to_numpy(out);
                  },
@@ -776,7 +776,7 @@ Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
           "the loop), to set beside the same call timed from Python.");
     m.def("index_factory",
           [](int d, const std::string& description, py::object d_value) {
-              int dv = d_value.is_none() ? -1 : d_value.cast<int>();
+              int dv = d_value.is_none() ? -1 : cast_arg<int>(d_value, "d_value (an int or None)");
               return std::shared_ptr<KVIndex>(kvindex::index_factory(d, description, dv));
           },
           py::arg("d"), py::arg("description"), py::arg("d_value") = py::none(),

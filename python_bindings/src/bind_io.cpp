@@ -96,7 +96,7 @@ py::tuple read_trace(const std::string& dir_in, py::object layers) {
             which.push_back(l);
         }
     } else {
-        which = layers.cast<std::vector<int>>();
+        which = cast_arg<std::vector<int>>(layers, "read_trace: layers (a list of layer numbers)");
     }
     py::list out;
     for (int l : which) {
@@ -125,7 +125,7 @@ py::tuple read_trace(const std::string& dir_in, py::object layers) {
 
 template <class T>
 T meta_get(const py::dict& d, const char* key, T fallback) {
-    return d.contains(key) ? d[key].cast<T>() : fallback;
+    return d.contains(key) ? cast_arg<T>(d[key], std::string("meta['") + key + "']") : fallback;
 }
 
 void write_trace(const std::string& dir_in, const py::dict& meta_in, const py::list& layers) {
@@ -152,7 +152,7 @@ void write_trace(const std::string& dir_in, const py::dict& meta_in, const py::l
     if (!meta_in.contains("n_ctx")) {
         throw py::value_error("write_trace: meta must give n_ctx (the prompt length; later tokens are evaluated)");
     }
-    m.n_ctx = meta_in["n_ctx"].cast<idx_t>();
+    m.n_ctx = cast_arg<idx_t>(meta_in["n_ctx"], "meta['n_ctx']");
     m.rope_theta = meta_get<double>(meta_in, "rope_theta", 10000.0);
     m.rope_style = kvindex::rope_style_from_name(meta_get<std::string>(meta_in, "rope_style", "half"));
     m.source = meta_get<std::string>(meta_in, "source", "python");

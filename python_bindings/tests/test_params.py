@@ -130,6 +130,17 @@ def test_time_attend_and_write_trace_name_the_problem(rdata, tmp_path):
         kvindex.time_attend(index, rdata.queries[:0], 1)
     with pytest.raises(ValueError, match=r"layers\[0\] has no 'keys'"):
         kvindex.write_trace(str(tmp_path / "t"), {"n_ctx": 4}, [{"queries": np.zeros((1, 8, 4), np.float32)}])
+    # a value of the wrong type names its field, not pybind11's "C++ type '?'"
+    with pytest.raises(TypeError, match="d_value"):
+        kvindex.index_factory(16, "Flat", d_value=8.0)
+    with pytest.raises(TypeError, match="d_value"):
+        kvindex.KVCache(1, 2, 1, 8, "Flat", d_value="8")
+    layer = {"keys": np.zeros((1, 8, 4), np.float32), "values": np.zeros((1, 8, 4), np.float32),
+             "queries": np.zeros((1, 8, 4), np.float32)}
+    with pytest.raises(TypeError, match=r"meta\['n_ctx'\]"):
+        kvindex.write_trace(str(tmp_path / "t"), {"n_ctx": 6.5}, [layer])
+    with pytest.raises(TypeError, match=r"meta\['head_dim'\]"):
+        kvindex.write_trace(str(tmp_path / "t"), {"n_ctx": 4, "head_dim": "4"}, [layer])
 
 
 def test_parameter_functions(rdata):
