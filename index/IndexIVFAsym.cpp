@@ -641,21 +641,28 @@ std::vector<ParameterInfo> IndexIVFAsym::parameter_info() const {
     info.push_back({"train_iterations", true, "Adam steps of self-training; -1: 10 epochs of its rows, 50..2000"});
     info.push_back({"min_distance", true, "self-training: long range = more than this many tokens back; -1: the window (n_after)"});
     info.push_back({"seed", true, "seed of self-training (with the per-head stream), >= 0"});
+    info.erase(std::remove_if(info.begin(), info.end(),
+                              [&](const ParameterInfo& p) { return !probe_reads(p.name); }),
+               info.end());
     return info;
 }
 
+bool IndexIVFAsym::probe_reads(const std::string& name) const {
+    // a knob of another probe is not one of this index's: it would be taken
+    // without effect, and a Choose of two probes hands it to both
+    if (name == "var_weight") {
+        return probe == IVFAsymProbe::moment;
+    }
+    if (name == "hidden" || name == "train_iterations" || name == "min_distance") {
+        return probe == IVFAsymProbe::qmodel; // the Q-model's training
+    }
+    return true;
+}
+
 bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
-    // the Q-model's training knobs: away from their defaults, the probes
-    // that train no classifier would take them without effect
-    const bool qmodel_knob = (name == "hidden" && value != kDefaultHidden) ||
-            ((name == "train_iterations" || name == "min_distance") && value != -1);
-    FAISS_THROW_IF_NOT_FMT(
-            !qmodel_knob || probe == IVFAsymProbe::qmodel,
-            "parameter %s=%g: only the Q-model probe (IVFAsym<C>) trains a classifier "
-            "(this is %s)",
-            name.c_str(),
-            value,
-            factory_string().c_str());
+    if (!probe_reads(name)) {
+        return false;
+    }
     if (name == "nprobe") {
         FAISS_THROW_IF_NOT_FMT(
                 is_count(value) && value <= n_centroids,
@@ -672,12 +679,6 @@ bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
                 std::isfinite(value) && value >= 0 && value <= 1,
                 "parameter var_weight=%g must be in [0, 1]",
                 value);
-        // the other probes would take it without effect
-        FAISS_THROW_IF_NOT_FMT(
-                value == 0 || probe == IVFAsymProbe::moment,
-                "parameter var_weight=%g: only the _Moment probe reads it (this is %s)",
-                value,
-                factory_string().c_str());
         var_weight = float(value);
     } else if (name == "hidden") {
         FAISS_THROW_IF_NOT_FMT(
@@ -706,6 +707,9 @@ bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
 }
 
 bool IndexIVFAsym::get_parameter(const std::string& name, double* value) const {
+    if (!probe_reads(name)) {
+        return false;
+    }
     if (name == "nprobe") {
         *value = nprobe;
     } else if (name == "group_probe") {

@@ -507,10 +507,33 @@ std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
                     "before keeping (SnapKV), odd; 0 = off (default)"});
     info.push_back({"n_sink", true, "first tokens among the protected ones (NaCl, StreamingLLM), >= 0"});
     info.push_back({"seed", true, "seed of the random part (with the per-head stream), >= 0"});
+    info.erase(std::remove_if(info.begin(), info.end(),
+                              [&](const ParameterInfo& p) { return !policy_reads(p.name); }),
+               info.end());
     return info;
 }
 
+bool IndexProxyEvict::policy_reads(const std::string& name) const {
+    // a knob of another policy is not one of this index's: it would be
+    // taken without effect ("ProxyEvict50_Random|protect=1" ran as before),
+    // and a chain hands each name to every index that has it (a seed meant
+    // for a sibling sampler stays the sibling's)
+    if (name == "protect" || name == "proxy_keep" || name == "proxy_window") {
+        return policy == EvictPolicy::nacl;
+    }
+    if (name == "n_sink") {
+        return policy == EvictPolicy::nacl || policy == EvictPolicy::streaming;
+    }
+    if (name == "seed") {
+        return policy == EvictPolicy::nacl || policy == EvictPolicy::random;
+    }
+    return true;
+}
+
 bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
+    if (!policy_reads(name)) {
+        return false;
+    }
     if (name == "proxy_tokens") {
         FAISS_THROW_IF_NOT_FMT(
                 is_count(value),
@@ -544,24 +567,6 @@ bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
         pool = idx_t(value);
         return true;
     }
-    // a knob this policy does not read, away from its default, would be
-    // taken without effect ("ProxyEvict50_Random|protect=1" ran as before)
-    const bool nacl_knob = (name == "protect" || name == "proxy_keep" || name == "proxy_window") &&
-            value != -1;
-    const bool sink_knob = name == "n_sink" && value != kDefaultSinks;
-    const bool seed_knob = name == "seed" && value != kDefaultSeed;
-    FAISS_THROW_IF_NOT_FMT(
-            !(nacl_knob && policy != EvictPolicy::nacl) &&
-                    !(sink_knob && policy != EvictPolicy::nacl &&
-                      policy != EvictPolicy::streaming) &&
-                    !(seed_knob && policy != EvictPolicy::nacl && policy != EvictPolicy::random),
-            "parameter %s=%g: %s does not read it (%s)",
-            name.c_str(),
-            value,
-            evict_policy_name(policy),
-            name == "seed" ? "only NaCl and Random draw"
-                    : name == "n_sink" ? "only NaCl and StreamingLLM keep sinks"
-                                       : "a NaCl knob");
     if (name == "budget" || name == "n_sink" || name == "seed") {
         // budget=0 is the default, "off": back to the percent of the string
         FAISS_THROW_IF_NOT_FMT(
@@ -596,6 +601,9 @@ bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
 }
 
 bool IndexProxyEvict::get_parameter(const std::string& name, double* value) const {
+    if (!policy_reads(name)) {
+        return false;
+    }
     const std::pair<const char*, double> knobs[] = {
             {"budget", double(budget_tokens)},
             {"protect", protect_percent},

@@ -585,7 +585,7 @@ TEST(BadInput, ASeedKnobAboveTwoToThe53IsRefusedAtWriteAndRead) {
     auto uniform = index_factory(kDim, "Uniform");
     auto choose = index_factory(kDim, "Choose(Flat;Uniform)");
     auto buckets = index_factory(kDim, "IVFAsym4_Centroid");
-    auto evict = index_factory(kDim, "ProxyEvict50_TOVA,Flat");
+    auto evict = index_factory(kDim, "ProxyEvict50_Random,Flat"); // a policy that draws
     auto graph = index_factory(kDim, "RoarGraph8");
     struct Seeded {
         KVIndex* index;

@@ -356,31 +356,41 @@ TEST(Factory, PercentagesOnlyOnKnobsInTokens) {
     }
 }
 
-// A knob the chain's mode does not read, away from its default, is refused
-// rather than taken without effect (a sweep over it would measure nothing).
-TEST(Factory, KnobsTheModeDoesNotReadAreRefused) {
+// A knob the index's mode does not read is not one of its knobs: taken by
+// nothing, it is refused as unknown, not taken without effect (a sweep over
+// it would measure nothing); a sibling in the chain that reads it keeps it.
+TEST(Factory, KnobsTheModeDoesNotReadAreNotItsKnobs) {
     auto random = index_factory(kDim, "ProxyEvict50_Random");
-    EXPECT_THROW_MSG(set_index_parameters(random.get(), "protect=1"), "NaCl knob");
-    EXPECT_THROW_MSG(set_index_parameters(random.get(), "n_sink=2"), "n_sink=2");
-    set_index_parameters(random.get(), "seed=7,protect=-1,n_sink=4"); // read, or defaults
+    EXPECT_THROW_MSG(set_index_parameters(random.get(), "protect=1"), "unknown parameter 'protect'");
+    EXPECT_THROW_MSG(set_index_parameters(random.get(), "n_sink=2"), "unknown parameter 'n_sink'");
+    set_index_parameters(random.get(), "seed=7");
     auto h2o = index_factory(kDim, "ProxyEvict50_H2O");
-    EXPECT_THROW_MSG(set_index_parameters(h2o.get(), "seed=7"), "only NaCl and Random draw");
-    EXPECT_THROW_MSG(set_index_parameters(h2o.get(), "proxy_window=10"), "H2O");
+    EXPECT_THROW_MSG(set_index_parameters(h2o.get(), "seed=7"), "unknown parameter 'seed'");
+    EXPECT_THROW_MSG(get_index_parameter(h2o.get(), "proxy_window"), "unknown parameter");
     auto streaming = index_factory(kDim, "ProxyEvict50_StreamingLLM");
     set_index_parameters(streaming.get(), "n_sink=2");
-    EXPECT_THROW_MSG(set_index_parameters(streaming.get(), "proxy_keep=5"), "NaCl knob");
+    EXPECT_THROW_MSG(set_index_parameters(streaming.get(), "proxy_keep=5"), "unknown parameter");
     auto nacl = index_factory(kDim, "ProxyEvict50");
     set_index_parameters(nacl.get(), "protect=1,proxy_keep=5,proxy_window=10,n_sink=2,seed=7");
+    // a sibling's seed: the H2O eviction does not take it, the sampler does
+    auto chain = index_factory(kDim, "ProxyEvict20_H2O,Uniform");
+    set_index_parameters(chain.get(), "seed=7");
+    EXPECT_EQ(get_index_parameter(chain.get(), "seed"), 7);
+    auto choose = index_factory(kDim, "Choose(ProxyEvict25_TOVA;TopK(Flat))");
+    set_index_parameters(choose.get(), "seed=7"); // the holdout's
 
     auto centroid = index_factory(kDim, "IVFAsym16_Centroid");
-    EXPECT_THROW_MSG(set_index_parameters(centroid.get(), "var_weight=0.5"), "_Moment");
-    EXPECT_THROW_MSG(set_index_parameters(centroid.get(), "hidden=8"), "Q-model");
-    EXPECT_THROW_MSG(set_index_parameters(centroid.get(), "min_distance=5"), "Q-model");
-    set_index_parameters(centroid.get(), "var_weight=0,hidden=256,train_iterations=-1,nprobe=3");
+    EXPECT_THROW_MSG(set_index_parameters(centroid.get(), "var_weight=0.5"), "unknown parameter");
+    EXPECT_THROW_MSG(set_index_parameters(centroid.get(), "hidden=8"), "unknown parameter");
+    EXPECT_THROW_MSG(set_index_parameters(centroid.get(), "min_distance=5"), "unknown parameter");
+    set_index_parameters(centroid.get(), "nprobe=3");
     auto moment = index_factory(kDim, "IVFAsym16_Moment");
     set_index_parameters(moment.get(), "var_weight=0.5");
-    EXPECT_THROW_MSG(set_index_parameters(moment.get(), "train_iterations=100"), "Q-model");
+    EXPECT_THROW_MSG(set_index_parameters(moment.get(), "train_iterations=100"), "unknown parameter");
     auto qmodel = index_factory(kDim, "IVFAsym16");
     set_index_parameters(qmodel.get(), "hidden=8,train_iterations=100,min_distance=5");
-    EXPECT_THROW_MSG(set_index_parameters(qmodel.get(), "var_weight=0.5"), "_Moment");
+    EXPECT_THROW_MSG(set_index_parameters(qmodel.get(), "var_weight=0.5"), "unknown parameter");
+    // two probes in a Choose: each takes its own
+    auto both = index_factory(kDim, "Choose(IVFAsym8;IVFAsym8_Moment)");
+    set_index_parameters(both.get(), "var_weight=0.5,hidden=64");
 }

@@ -198,8 +198,11 @@ TEST(IVFAsym, FactoryStringsAndBadInput) {
     auto index = index_factory(kD, "IVFAsym8", kDv);
     EXPECT_THROW_MSG(set_index_parameters(index.get(), "nprobe=9"), "nprobe=9");
     EXPECT_THROW_MSG(set_index_parameters(index.get(), "group_probe=2"), "group_probe=2");
-    EXPECT_THROW_MSG(set_index_parameters(index.get(), "var_weight=1.5"), "var_weight=1.5");
-    EXPECT_THROW_MSG(set_index_parameters(index.get(), "var_weight=-1"), "var_weight=-1");
+    // var_weight is the _Moment probe's knob (IVFAsym8 has none)
+    auto moment = index_factory(kD, "IVFAsym8_Moment", kDv);
+    EXPECT_THROW_MSG(set_index_parameters(moment.get(), "var_weight=1.5"), "var_weight=1.5");
+    EXPECT_THROW_MSG(set_index_parameters(moment.get(), "var_weight=-1"), "var_weight=-1");
+    EXPECT_THROW_MSG(set_index_parameters(index.get(), "var_weight=0.5"), "unknown parameter 'var_weight'");
     auto* ivf = ivf_asym_in_chain(index.get());
     ASSERT_NE(ivf, nullptr);
     EXPECT_THROW_MSG(ivf->set_trained(std::vector<float>(kC * kD - 1), QModel(), kRope), "centroid floats");

@@ -104,8 +104,7 @@ struct IndexIVFAsym : KVIndex {
     float var_weight = 0.0f;                 ///< moment probe: weight of the variance term
 
     // prefill-time knobs of self-training
-    static constexpr int kDefaultHidden = 256;
-    int hidden = kDefaultHidden;             ///< Q-model width
+    int hidden = 256;                        ///< Q-model width
     int train_iterations = -1;               ///< Adam steps; -1: 10 epochs of the rows, 50..2000
     idx_t min_distance = -1;                 ///< -1: n_after (the window)
     uint64_t seed = 1234;                    ///< with `stream`, seeds self-training; <= 2^53 (a knob)
@@ -240,6 +239,11 @@ struct IndexIVFAsym : KVIndex {
     /// Self-training at prefill; false when the prompt is too small.
     bool self_train(const PrefillInput& in);
     void clear_tokens();
+
+    /// Whether the probe reads knob `name`: the knobs of other modes are not
+    /// listed, set or read (set_index_parameters hands them to the rest of
+    /// the chain, and names them unknown if no index has them).
+    bool probe_reads(const std::string& name) const;
 };
 
 /// The IndexIVFAsym in a chain (the index itself or a child, outermost

@@ -146,10 +146,8 @@ struct IndexProxyEvict : KVIndex {
     /// `pool` consecutive tokens centred on each before anything is kept
     /// (SnapKV's pooling), odd; 0: off
     idx_t pool = 0;
-    static constexpr idx_t kDefaultSinks = 4;
-    static constexpr uint64_t kDefaultSeed = 1234;
-    idx_t n_sink = kDefaultSinks;  ///< first tokens among the protected ones (NaCl, StreamingLLM)
-    uint64_t seed = kDefaultSeed;  ///< with `stream`, seeds the random part; <= 2^53 (a knob)
+    idx_t n_sink = 4;          ///< first tokens among the protected ones (NaCl, StreamingLLM)
+    uint64_t seed = 1234;      ///< with `stream`, seeds the random part; <= 2^53 (a knob)
     uint64_t stream = 0;       ///< one stream per (layer, head): set by KVCache
 
     std::unique_ptr<KVIndex> inner; ///< the kept tokens, in position order
@@ -229,6 +227,11 @@ struct IndexProxyEvict : KVIndex {
     /// proxy_tokens and pool against the policy (the fields are public,
     /// records may be forged); `where` starts the message
     void check_scoring_knobs(const char* where) const;
+
+    /// Whether the policy reads knob `name`: the knobs of other modes are not
+    /// listed, set or read (set_index_parameters hands them to the rest of
+    /// the chain, and names them unknown if no index has them).
+    bool policy_reads(const std::string& name) const;
 };
 
 } // namespace kvindex

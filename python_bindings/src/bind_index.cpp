@@ -61,11 +61,18 @@ constexpr CallKnob kCallKnobs[] = {
 std::vector<std::pair<std::string, double>> parse_params(py::handle params) {
     std::vector<std::pair<std::string, double>> out;
     if (py::isinstance<py::str>(params)) {
-        // the library's parser: decimal values only, each name once
-        try {
-            out = kvindex::parse_parameters(params.cast<std::string>());
-        } catch (const faiss::FaissException& e) {
-            throw py::value_error(std::string("params: ") + e.what());
+        // the library's parser: decimal values only, each name once; ""
+        // sets nothing, as None
+        const std::string s = params.cast<std::string>();
+        if (!s.empty()) {
+            try {
+                out = kvindex::parse_parameters(s);
+            } catch (const faiss::FaissException& e) {
+                // the message, without Faiss's function and condition
+                const std::string what = e.what();
+                const size_t at = what.rfind("failed: ");
+                throw py::value_error("params: " + (at == std::string::npos ? what : what.substr(at + 8)));
+            }
         }
     } else if (py::isinstance<py::dict>(params)) {
         for (auto kv : py::reinterpret_borrow<py::dict>(params)) {

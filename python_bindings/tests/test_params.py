@@ -108,6 +108,8 @@ def test_params_zero_and_malformed_per_call_values_raise(rdata):
                          ("k=5,", "expected name=value")]:
         with pytest.raises(ValueError, match=what):
             ivf.attend(q, params=params)
+    # an empty string sets nothing, as None
+    np.testing.assert_array_equal(ivf.attend(q, params="")[0], ivf.attend(q)[0])
     # LSH knobs where 0 is a setting stay accepted
     lsh = build("LSHSample6x20", rdata)
     lsh.attend(q, params="min_hits=0,max_sample=0")

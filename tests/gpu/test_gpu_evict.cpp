@@ -643,7 +643,7 @@ TEST(GpuEvict, ClonerRoundTripKeepsPositionsKnobsAndFiles) {
         auto cpu = index_factory(d, s);
         set_index_parameters(cpu.get(), std::string(s).find("ProxyEvict20") != std::string::npos
                                                  ? "proxy_tokens=16,pool=3,seed=9,k=33"
-                                                 : "budget=150,n_sink=2,k=33");
+                                                 : "budget=150,k=33"); // H2O, TOVA keep no sinks
         cpu->set_stream(11);
         PrefillInput in = p.input();
         in.rope.theta = 12345;
@@ -657,9 +657,9 @@ TEST(GpuEvict, ClonerRoundTripKeepsPositionsKnobsAndFiles) {
         EXPECT_EQ(gpu->ntotal, n);
         EXPECT_TRUE(gpu->has_rope);
         EXPECT_EQ(gpu->rope.theta, 12345);
-        for (const char* knob : {"budget", "proxy_tokens", "pool", "n_sink", "seed", "k"}) {
-            EXPECT_EQ(get_index_parameter(gpu.get(), knob), get_index_parameter(cpu.get(), knob))
-                    << s << " " << knob;
+        for (const ParameterInfo& knob : index_parameter_info(cpu.get())) {
+            EXPECT_EQ(get_index_parameter(gpu.get(), knob.name), get_index_parameter(cpu.get(), knob.name))
+                    << s << " " << knob.name;
         }
         EXPECT_EQ(as_gpu_evict(*gpu).policy().stream, 11u);
 

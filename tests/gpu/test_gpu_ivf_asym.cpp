@@ -89,9 +89,15 @@ Prompt make_prompt(idx_t n, idx_t n_queries, int d, int heads, uint64_t seed) {
     return p;
 }
 
-/// Small, fast self-training (the models' quality is not what is tested).
+/// Small, fast self-training (the models' quality is not what is tested);
+/// only the Q-model probe trains, the others have no such knobs.
 void small_training(KVIndex* index) {
-    set_index_parameters(index, "hidden=32,train_iterations=60");
+    for (const ParameterInfo& p : index_parameter_info(index)) {
+        if (p.name == "hidden") {
+            set_index_parameters(index, "hidden=32,train_iterations=60");
+            return;
+        }
+    }
 }
 
 /** The GPU probe of query q against the CPU's bucket scores: the same set,
