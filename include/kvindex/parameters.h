@@ -18,7 +18,11 @@ namespace kvindex {
  *   min_hits, max_sample  LSHSample
  *   budget, protect, proxy_keep, proxy_window, proxy_tokens, n_sink, seed
  *             ProxyEvict (prefill-time: set them before prefill; budget and
- *             proxy_tokens in tokens, the others in percent of the prompt)
+ *             proxy_tokens in tokens, the others in percent of the prompt;
+ *             each policy has only the knobs it reads: protect, proxy_keep,
+ *             proxy_window NaCl; n_sink NaCl, StreamingLLM; seed NaCl, Random)
+ *   nprobe, group_probe, var_weight (_Moment), hidden, train_iterations,
+ *             min_distance (the Q-model probe), seed   IVFAsym
  *   sample    Hybrid's tail budget; budget, epsilon, delta, n_calibration
  *             its prefill-time calibration
  *   n_holdout Choose (prefill-time); chosen (read-only)
