@@ -6,6 +6,10 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include <faiss/impl/FaissAssert.h>
 
 #include "kernels_internal.h"
@@ -13,6 +17,15 @@
 namespace kvindex {
 
 namespace {
+
+#if defined(__x86_64__) || defined(__i386__)
+/// CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports (the fuzz
+/// build) does not know "f16c"
+bool cpu_has_f16c() {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+}
+#endif
 
 bool cpu_supports(SimdLevel level) {
     switch (level) {
@@ -22,7 +35,7 @@ bool cpu_supports(SimdLevel level) {
         case SimdLevel::avx2:
             // F16C converts stored fp16 rows; every AVX2 CPU has it
             return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
+                    cpu_has_f16c();
         case SimdLevel::avx512:
             return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
 #endif
