@@ -128,19 +128,22 @@ T meta_get(const py::dict& d, const char* key, T fallback) {
     return d.contains(key) ? cast_arg<T>(d[key], std::string("meta['") + key + "']") : fallback;
 }
 
+/// layers[l][key] as float32, or ValueError naming what is missing.
+FloatArray layer_array(const py::dict& layer, const char* key, const std::string& at) {
+    if (!layer.contains(key)) {
+        throw py::value_error("write_trace: " + at + " has no '" + key + "'");
+    }
+    return as_float_array(layer[key], (at + "['" + key + "']").c_str());
+}
+
 void write_trace(const std::string& dir_in, const py::dict& meta_in, const py::list& layers) {
     const std::string& dir = checked_path(dir_in, "write_trace");
     if (layers.size() == 0) {
         throw py::value_error("write_trace: no layers");
     }
     auto first = layers[0].cast<py::dict>();
-    for (const char* key : {"keys", "queries"}) {
-        if (!first.contains(key)) {
-            throw py::value_error(std::string("write_trace: layers[0] has no '") + key + "'");
-        }
-    }
-    FloatArray k0 = as_float_array(first["keys"], "layers[0]['keys']");
-    FloatArray q0 = as_float_array(first["queries"], "layers[0]['queries']");
+    FloatArray k0 = layer_array(first, "keys", "layers[0]");
+    FloatArray q0 = layer_array(first, "queries", "layers[0]");
     check_shape(k0, {"n_kv_heads", "n_tokens", "head_dim"}, "layers[0]['keys']");
     check_shape(q0, {"n_q_heads", "n_tokens", "head_dim"}, "layers[0]['queries']");
     kvindex::TraceMeta m;
@@ -170,12 +173,8 @@ void write_trace(const std::string& dir_in, const py::dict& meta_in, const py::l
         auto d = layers[l].cast<py::dict>();
         std::string at = "layers[" + std::to_string(l) + "]";
         auto get = [&](const char* key, int heads) {
-            if (!d.contains(key)) {
-                throw py::value_error("write_trace: " + at + " has no '" + key + "'");
-            }
-            std::string what = at + "['" + key + "']";
-            FloatArray a = as_float_array(d[key], what.c_str());
-            check_shape(a, {heads, m.n_tokens, m.head_dim}, what.c_str());
+            FloatArray a = layer_array(d, key, at);
+            check_shape(a, {heads, m.n_tokens, m.head_dim}, (at + "['" + key + "']").c_str());
             return std::vector<float>(a.data(), a.data() + a.size());
         };
         kvindex::TraceLayer& t = converted[l];
