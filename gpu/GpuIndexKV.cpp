@@ -72,7 +72,10 @@ idx_t GpuIndexKV::rows_per_batch(idx_t n) const {
 }
 
 void GpuIndexKV::copy_knobs_to(KVIndex* cpu) const {
-    set_index_parameter(cpu, "k", double(k));
+    cpu->k = k; // kept by io even where nothing reads it
+    if (cpu->reads_search_knob("k")) {
+        set_index_parameter(cpu, "k", double(k)); // the whole chain's
+    }
 }
 
 std::unique_ptr<KVIndex> GpuIndexKV::to_cpu() const {

@@ -205,21 +205,15 @@ std::vector<ParameterInfo> GpuIndexProxyEvict::parameter_info() const {
 bool GpuIndexProxyEvict::set_parameter(const std::string& name, double value) {
     IndexProxyEvict& pol = checked_policy("set_parameter");
     // as set_index_parameter on the CPU chain: the eviction's own knobs,
-    // then its Flat's (k), each checked by the CPU code
+    // then its Flat's, each checked by the CPU code (neither reads a k)
     bool found = pol.set_parameter(name, value);
     for (KVIndex* child : pol.mutable_children()) {
         found = child->set_parameter(name, value) || found;
-    }
-    if (name == "k" && found) {
-        k = pol.k; // this index's own budget (effective_k), the twin's outer k
     }
     return found;
 }
 
 bool GpuIndexProxyEvict::get_parameter(const std::string& name, double* value) const {
-    if (name == "k") {
-        return KVIndex::get_parameter(name, value);
-    }
     const IndexProxyEvict& pol = checked_policy("get_parameter");
     if (pol.get_parameter(name, value)) {
         return true;

@@ -250,6 +250,12 @@ void IndexHybrid::prefill_impl(const PrefillInput& in) {
             "IndexHybrid: epsilon and budget set the sample of a uniform tail, and %s does "
             "not sample uniformly (use Uniform)",
             tail->factory_string().c_str());
+    FAISS_THROW_IF_NOT_FMT(
+            budget == 0 || heavy->reads_search_knob("k"),
+            "IndexHybrid: budget=%zd splits the tokens between the heavy part's k and the "
+            "tail, and the heavy part %s has no k (use a top-k: TopK, RoarGraph)",
+            size_t(budget),
+            heavy->factory_string().c_str());
     heavy->prefill(in);
     tail->prefill(in);
     storage.append(in.n_tokens, in.keys, in.values);

@@ -905,7 +905,9 @@ std::vector<SearchKnob> SearchParametersLSH::set_knobs() const {
 
 std::unique_ptr<SearchParametersKV> SearchParametersLSH::without_knob(const std::string& name) const {
     auto copy = std::make_unique<SearchParametersLSH>(*this);
-    if (name == "min_hits") {
+    if (name == "k") {
+        copy->k = 0;
+    } else if (name == "min_hits") {
         copy->min_hits = -1;
     } else if (name == "max_sample") {
         copy->max_sample = -1;

@@ -1277,7 +1277,7 @@ size_t IndexRoarGraph::memory_bytes() const {
 // ---- parameters ----------------------------------------------------------------
 
 bool IndexRoarGraph::reads_search_knob(const std::string& name) const {
-    return name == "efSearch";
+    return name == "k" || name == "efSearch";
 }
 
 std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {

@@ -534,7 +534,9 @@ std::vector<SearchKnob> SearchParametersTopK::set_knobs() const {
 
 std::unique_ptr<SearchParametersKV> SearchParametersTopK::without_knob(const std::string& name) const {
     auto copy = std::make_unique<SearchParametersTopK>(*this);
-    if (name == "nprobe") {
+    if (name == "k") {
+        copy->k = 0;
+    } else if (name == "nprobe") {
         copy->nprobe = 0;
     } else if (name == "efSearch") {
         copy->efSearch = 0;
@@ -545,7 +547,7 @@ std::unique_ptr<SearchParametersKV> SearchParametersTopK::without_knob(const std
 }
 
 bool IndexTopK::reads_search_knob(const std::string& name) const {
-    return retriever_has_knob(retriever.get(), name);
+    return name == "k" || retriever_has_knob(retriever.get(), name);
 }
 
 std::vector<ParameterInfo> IndexTopK::parameter_info() const {

@@ -301,6 +301,12 @@ void KVIndex::check_params(const faiss::SearchParameters* params) const {
                 p->k >= 0,
                 "search parameters: k=%zd must be > 0 (0: index default)",
                 size_t(p->k));
+        FAISS_THROW_IF_NOT_FMT(
+                p->k == 0 || reads_search_knob("k"),
+                "search parameters: k=%zd does not apply to %s (no index of it reads a "
+                "top-k budget)",
+                size_t(p->k),
+                factory_string().c_str());
         // a knob of another retriever would be ignored: refused, so that a
         // sweep over nprobe on a chain without IVF does not measure nothing
         for (const SearchKnob& knob : p->set_knobs()) {
@@ -316,6 +322,11 @@ void KVIndex::check_params(const faiss::SearchParameters* params) const {
 }
 
 std::unique_ptr<SearchParametersKV> SearchParametersKV::without_knob(const std::string& name) const {
+    if (name == "k" && typeid(*this) == typeid(SearchParametersKV)) {
+        auto copy = std::make_unique<SearchParametersKV>(*this);
+        copy->k = 0;
+        return copy;
+    }
     FAISS_THROW_FMT(
             "SearchParametersKV::without_knob: %s is not a knob of %s (a subclass listing "
             "knobs in set_knobs must drop them in without_knob)",
@@ -341,6 +352,10 @@ const faiss::SearchParameters* KVIndex::params_for(
         return params;
     }
     const SearchParametersKV* out = p;
+    if (p->k > 0 && !reader.reads_search_knob("k")) {
+        copy = out->without_knob("k");
+        out = copy.get();
+    }
     for (const SearchKnob& knob : p->set_knobs()) {
         if (!reader.reads_search_knob(knob.name)) {
             copy = out->without_knob(knob.name);
@@ -639,11 +654,14 @@ std::vector<KVIndex*> KVIndex::mutable_children() {
 }
 
 std::vector<ParameterInfo> KVIndex::parameter_info() const {
-    return {{"k", false, "top-k budget: keys selected per query (types with a budget), >= 1", true}};
+    if (!reads_search_knob("k")) {
+        return {};
+    }
+    return {{"k", false, "top-k budget: keys selected per query, >= 1", true}};
 }
 
 bool KVIndex::set_parameter(const std::string& name, double value) {
-    if (name != "k") {
+    if (name != "k" || !reads_search_knob("k")) {
         return false;
     }
     FAISS_THROW_IF_NOT_FMT(
@@ -653,7 +671,7 @@ bool KVIndex::set_parameter(const std::string& name, double value) {
 }
 
 bool KVIndex::get_parameter(const std::string& name, double* value) const {
-    if (name != "k") {
+    if (name != "k" || !reads_search_knob("k")) {
         return false;
     }
     *value = double(k);

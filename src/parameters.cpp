@@ -172,6 +172,9 @@ void set_index_parameter(KVIndex* index, const std::string& name, double value) 
 
 std::vector<std::pair<std::string, double>> parse_parameters(const std::string& description) {
     std::vector<std::pair<std::string, double>> items;
+    if (description.empty()) {
+        return items; // nothing to set, as faiss::ParameterSpace
+    }
     for_each_item(description, [&](const std::string& name, const std::string& text) {
         double value;
         FAISS_THROW_IF_NOT_FMT(

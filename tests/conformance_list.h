@@ -11,7 +11,9 @@ namespace kvtest {
 struct ConformanceCase {
     /// canonical factory string
     const char* factory;
-    /// non-default knobs (set_index_parameters) that must survive io
+    /// non-default search-time knobs (set_index_parameters, after prefill)
+    /// that must survive io; "" for a chain without any (k is a knob only
+    /// where some index reads it)
     const char* knobs;
     /// parameters, set before prefill, that give the index its full budget
     /// (every token read, u = 1): attention is then exact. nullptr for a
@@ -21,30 +23,30 @@ struct ConformanceCase {
 
 // Sizes are small on purpose: every truncation of a saved index is tried.
 inline const ConformanceCase kConformance[] = {
-        {"Flat", "k=7", ""},
+        {"Flat", "", ""},
         {"TopK(Flat)", "k=7", "k=1000000"},
         {"TopK(IVF4,Flat)", "k=7,nprobe=3", "k=1000000"},
         {"TopK(HNSW8)", "k=7,efSearch=24", "k=1000000"},
-        {"LSHSample6x20", "k=7,min_hits=3", "min_hits=0"},
-        {"Sink0,Flat", "k=7", ""},
-        {"Sink4,Window8,Flat", "k=7", ""},
+        {"LSHSample6x20", "min_hits=3", "min_hits=0"},
+        {"Sink0,Flat", "", ""},
+        {"Sink4,Window8,Flat", "", ""},
         {"Window8,TopK(IVF4,Flat)", "k=7,nprobe=2", "k=1000000"},
-        {"Sink2,Window8,LSHSample6x20", "k=7,max_sample=30", "min_hits=0"},
-        {"ProxyEvict20", "k=7", "budget=1000000"},
+        {"Sink2,Window8,LSHSample6x20", "max_sample=30", "min_hits=0"},
+        {"ProxyEvict20", "", "budget=1000000"},
         {"ProxyEvict30_H2O,TopK(Flat)", "k=7", "budget=1000000,k=1000000"},
         {"ProxyEvict25_TOVA,TopK(HNSW8)", "k=7,efSearch=20", "budget=1000000,k=1000000"},
         {"ProxyEvict40_StreamingLLM,Sink2,Window4,TopK(IVF4,Flat)", "k=7,nprobe=2",
          "budget=1000000,k=1000000"},
-        {"ProxyEvict50_Random,LSHSample6x20", "k=7", "budget=1000000,min_hits=0"},
-        {"ProxyEvict20,Sink4,Window64,LSHSample8x50", "k=7", "budget=1000000,min_hits=0"},
+        {"ProxyEvict50_Random,LSHSample6x20", "min_hits=2", "budget=1000000,min_hits=0"},
+        {"ProxyEvict20,Sink4,Window64,LSHSample8x50", "max_sample=30", "budget=1000000,min_hits=0"},
         // keys and values stored as bfloat16 / fp16 (kv_type.h), every type
-        {"BF16,Flat", "k=7", ""},
-        {"FP16,Flat", "k=7", ""},
+        {"BF16,Flat", "", ""},
+        {"FP16,Flat", "", ""},
         {"BF16,TopK(IVF4,Flat)", "k=7,nprobe=3", "k=1000000"},
         {"FP16,TopK(HNSW8)", "k=7,efSearch=24", "k=1000000"},
-        {"BF16,LSHSample6x20", "k=7,min_hits=3", "min_hits=0"},
-        {"FP16,Sink4,Window8,Flat", "k=7", ""},
-        {"BF16,Sink2,Window8,LSHSample6x20", "k=7,max_sample=30", "min_hits=0"},
+        {"BF16,LSHSample6x20", "min_hits=3", "min_hits=0"},
+        {"FP16,Sink4,Window8,Flat", "", ""},
+        {"BF16,Sink2,Window8,LSHSample6x20", "max_sample=30", "min_hits=0"},
         {"FP16,ProxyEvict30_H2O,TopK(Flat)", "k=7", "budget=1000000,k=1000000"},
         {"BF16,ProxyEvict40_StreamingLLM,Sink2,Window4,TopK(IVF4,Flat)", "k=7,nprobe=2",
          "budget=1000000,k=1000000"},
@@ -53,9 +55,9 @@ inline const ConformanceCase kConformance[] = {
         {"Sink2,Window8,RoarGraph6", "k=7,efSearch=12", "k=1000000"},
         {"FP16,RoarGraph8", "k=7,efSearch=20", "k=1000000"},
         // SAAP's asymmetric partitions, self-trained at prefill
-        {"IVFAsym4", "k=7,nprobe=2", "nprobe=4"},
-        {"Sink2,Window8,IVFAsym4_Centroid", "k=7,nprobe=3,group_probe=1", "nprobe=4"},
-        {"BF16,IVFAsym4_CentroidRoPE", "k=7,nprobe=1", "nprobe=4"},
+        {"IVFAsym4", "nprobe=2", "nprobe=4"},
+        {"Sink2,Window8,IVFAsym4_Centroid", "nprobe=3,group_probe=1", "nprobe=4"},
+        {"BF16,IVFAsym4_CentroidRoPE", "nprobe=1", "nprobe=4"},
         // exact heavy hitters + a sampled tail; the uniform sampler alone
         {"Uniform", "k=7,seed=3", "k=1000000"},
         {"Hybrid(TopK(Flat),Uniform)", "k=7,sample=6", "k=1000000"},
@@ -68,9 +70,9 @@ inline const ConformanceCase kConformance[] = {
         {"BF16,Choose(LSHSample6x20;Sink4,Window8,TopK(Flat))", "k=7,max_sample=30",
          "k=1000000,min_hits=0"},
         // SAAP's buckets routed by their exact attention mass (the routing ceiling)
-        {"Sink2,Window8,IVFAsym4_Oracle", "k=7,nprobe=2", "nprobe=4"},
+        {"Sink2,Window8,IVFAsym4_Oracle", "nprobe=2", "nprobe=4"},
         // SAAP's buckets routed, without training, by their keys' moments
-        {"Sink2,Window8,IVFAsym4_Moment", "k=7,nprobe=2,var_weight=0.5", "nprobe=4"},
+        {"Sink2,Window8,IVFAsym4_Moment", "nprobe=2,var_weight=0.5", "nprobe=4"},
         // every key scored, values read for a sample in proportion to the weights
         {"Weighted", "k=7,seed=5", "k=1000000"},
         {"Sink2,Window8,Hybrid(TopK(Flat),Weighted)", "k=7,sample=5", "k=1000000"},

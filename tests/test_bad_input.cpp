@@ -527,7 +527,7 @@ TEST(BadInput, LSHTableSizesAreBounded) {
 TEST(BadInput, PrefillTimeParameterAfterPrefill) {
     // budget=5 set on an eviction index after prefill was accepted and did
     // nothing; now it is refused, and accepted before prefill
-    auto e = index_factory(kDim, "ProxyEvict20");
+    auto e = index_factory(kDim, "ProxyEvict20,TopK(Flat)");
     EXPECT_NO_THROW(set_index_parameters(e.get(), "budget=5"));
     std::vector<float> kv = kvtest::gaussian(40, kDim, 5), q = kvtest::gaussian(40, kDim, 6);
     PrefillInput in;

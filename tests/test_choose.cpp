@@ -225,6 +225,23 @@ void expect_same_answers(const KVIndex& a, const KVIndex& b, const float* q, idx
 // planted heads
 const char* kPair = "Choose(TopK(Flat);LSHSample6x20)|k=8";
 
+/// A candidate string built alone, with kPair's k=8 where it reads a k.
+std::unique_ptr<KVIndex> alone_with_k8(const std::string& s) {
+    auto index = index_factory(kD, s, kDv);
+    if (index->reads_search_knob("k")) {
+        set_index_parameters(index.get(), "k=8");
+    }
+    return index;
+}
+
+/// Each candidate's k: `k` where it reads one, else still the default.
+void expect_candidates_k(const IndexChoose& choose, idx_t k) {
+    for (size_t c = 0; c < choose.candidates.size(); c++) {
+        const KVIndex& x = *choose.candidates[c];
+        EXPECT_EQ(x.k, x.reads_search_knob("k") ? k : 100) << "candidate " << c;
+    }
+}
+
 } // namespace
 
 TEST(Choose, PlantedHeadsGetTheCandidateMeasuredBest) {
@@ -251,7 +268,7 @@ TEST(Choose, PlantedHeadsGetTheCandidateMeasuredBest) {
         std::vector<float> hq = held_queries(in, held);
         std::vector<double> eval_err, held_err;
         for (const std::string& s : choose.candidate_strings()) {
-            auto c = index_factory(kD, s + "|k=8", kDv);
+            auto c = alone_with_k8(s);
             c->set_stream(5);
             c->prefill(sub.in);
             eval_err.push_back(mean_error(*c, *h, h->eval_q.data(), n_eval));
@@ -290,7 +307,7 @@ TEST(Choose, AfterPrefillItIsTheChosenCandidate) {
         index->prefill(in);
         ASSERT_GE(choose.chosen, 0);
         SubInput sub = without_holdout(in, choose.choose_holdout(in));
-        auto alone = index_factory(kD, choose.chosen_string() + "|k=8", kDv);
+        auto alone = alone_with_k8(choose.chosen_string());
         alone->set_stream(17);
         alone->prefill(sub.in);
         expect_same_answers(*index, *alone, h.eval_q.data(), 6);
@@ -447,8 +464,8 @@ TEST(Choose, ResetThenPrefillAgain) {
     EXPECT_EQ(index->children().size(), 2u);
     for (const auto& c : choose.candidates) {
         EXPECT_EQ(c->ntotal, 0);
-        EXPECT_EQ(c->k, 8); // the knobs stay
     }
+    expect_candidates_k(choose, 8); // the knobs stay
     EXPECT_NO_THROW(index->check_invariants());
     index->prefill(flat.input());
     // as a fresh index given the same prompt
@@ -502,10 +519,8 @@ TEST(Choose, Parameters) {
     auto index = index_factory(kD, "Choose(Flat;TopK(Flat);ProxyEvict20)", kDv);
     IndexChoose& choose = as_choose(index.get());
     // before a choice a knob reaches every candidate that has it
-    set_index_parameters(index.get(), resolve_percentages("k=2%", 500));
-    for (const auto& c : choose.candidates) {
-        EXPECT_EQ(c->k, 10);
-    }
+    set_index_parameters(index.get(), resolve_percentages("k=2%", 500, index.get()));
+    expect_candidates_k(choose, 10);
     set_index_parameters(index.get(), "n_holdout=16,seed=7");
     EXPECT_EQ(choose.n_holdout, 16);
     EXPECT_EQ(choose.seed, 7u);
@@ -534,14 +549,10 @@ TEST(Choose, Parameters) {
     EXPECT_THROW_MSG(set_index_parameter(index.get(), "budget", 10), "prefill-time");
     // search-time knobs reach the chosen and the dormant candidates
     set_index_parameter(index.get(), "k", 5);
-    for (const auto& c : choose.candidates) {
-        EXPECT_EQ(c->k, 5);
-    }
+    expect_candidates_k(choose, 5);
     EXPECT_EQ(get_index_parameter(index.get(), "k"), 5.0);
     EXPECT_THROW_MSG(set_index_parameter(index.get(), "k", 0), "k=0");
-    for (const auto& c : choose.candidates) {
-        EXPECT_EQ(c->k, 5); // a refused value changes nothing
-    }
+    expect_candidates_k(choose, 5); // a refused value changes nothing
     EXPECT_THROW_MSG(set_index_parameter(index.get(), "no_such_knob", 1), "no_such_knob");
     // a knob only a dormant candidate has is listed and read from it
     EXPECT_EQ(get_index_parameter(index.get(), "budget"), 0.0);
@@ -551,9 +562,7 @@ TEST(Choose, Parameters) {
     }
     EXPECT_NE(std::find(names.begin(), names.end(), "budget"), names.end());
     index->reset();
-    for (const auto& c : choose.candidates) {
-        EXPECT_EQ(c->k, 5);
-    }
+    expect_candidates_k(choose, 5);
     set_index_parameter(index.get(), "budget", 10); // empty again: accepted
 }
 
@@ -574,7 +583,8 @@ TEST(Choose, ARefusedItemLeavesEachCandidatesOwnKnob) {
     for (size_t c = 0; c < 3; c++) {
         EXPECT_EQ(choose.candidates[c]->k, before[c]) << "candidate " << c;
     }
-    EXPECT_EQ(get_index_parameter(index.get(), "k"), double(before[0]));
+    // the chosen Flat reads no k: the first dormant candidate's that does
+    EXPECT_EQ(get_index_parameter(index.get(), "k"), 7.0);
 }
 
 TEST(Choose, IoRoundTripIsBitIdentical) {
@@ -597,9 +607,7 @@ TEST(Choose, IoRoundTripIsBitIdentical) {
     EXPECT_EQ(back.stream, 4u);
     EXPECT_EQ(copy->ntotal, index->ntotal);
     expect_same_answers(*index, *copy, h.eval_q.data(), 5);
-    for (const auto& c : back.candidates) {
-        EXPECT_EQ(c->k, 6); // the dormant candidates' knobs too
-    }
+    expect_candidates_k(back, 6); // the dormant candidates' knobs too
     std::vector<uint8_t> again;
     write_index(copy.get(), &again);
     EXPECT_TRUE(again == buf);
@@ -728,7 +736,7 @@ TEST(Choose, PerHeadChoiceInAKVCache) {
         const IndexChoose& c = as_choose(cache.index(0, kv));
         PrefillInput in = h.input();
         SubInput sub = without_holdout(in, c.choose_holdout(in));
-        auto alone = index_factory(kD, c.chosen_string() + "|k=8", kDv);
+        auto alone = alone_with_k8(c.chosen_string());
         alone->set_stream(c.stream);
         alone->prefill(sub.in);
         expect_same_answers(*cache.index(0, kv), *alone, h.eval_q.data(), 4);

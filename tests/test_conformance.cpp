@@ -271,7 +271,9 @@ TEST_P(Conformance, FactoryRoundTrip) {
     EXPECT_EQ(index->metric_type, faiss::METRIC_INNER_PRODUCT);
     EXPECT_NO_THROW(index->check_invariants());
     // the printed string builds the same structure; "STRING|knobs" sets them
-    auto again = index_factory(kD, index_factory_string(index.get()) + "|" + c.knobs, kDv);
+    const std::string knobs = c.knobs;
+    auto again = index_factory(
+            kD, index_factory_string(index.get()) + (knobs.empty() ? "" : "|" + knobs), kDv);
     EXPECT_EQ(index_factory_string(again.get()), c.factory);
     expect_knobs(again.get(), c.knobs, "STRING|knobs");
     // every child has the dimensions of its parent
@@ -291,13 +293,16 @@ TEST_P(Conformance, ParametersListedReadAndSet) {
     const ConformanceCase& c = GetParam();
     auto index = index_factory(kD, c.factory, kDv);
     std::vector<ParameterInfo> info = index_parameter_info(index.get());
-    ASSERT_FALSE(info.empty());
+    bool lists_k = false;
     for (const ParameterInfo& p : info) {
         SCOPED_TRACE(p.name);
         EXPECT_FALSE(p.doc.empty());
         double v = get_index_parameter(index.get(), p.name);
         EXPECT_TRUE(std::isfinite(v));
+        lists_k = lists_k || p.name == "k";
     }
+    // k is a knob exactly where a search reads it
+    EXPECT_EQ(lists_k, index->reads_search_knob("k"));
     set_index_parameters(index.get(), c.knobs);
     expect_knobs(index.get(), c.knobs, "after set");
     EXPECT_THROW_MSG(set_index_parameters(index.get(), "no_such_knob=1"), "no_such_knob");
@@ -525,6 +530,15 @@ TEST_P(Conformance, NonPositiveKThrows) {
     EXPECT_THROW_MSG(index->attend(kQ, s.q.data(), out.data(), nullptr, &p), "k=-2");
     EXPECT_THROW_MSG(index->select(kQ, s.q.data(), sel.data(), &p), "k=-2");
     EXPECT_THROW_MSG(index->search(kQ, s.q.data(), 4, dis.data(), lab.data(), &p), "k=-2");
+    if (!index->reads_search_knob("k")) {
+        // a chain that reads no top-k budget refuses one, set or per call
+        EXPECT_THROW_MSG(set_index_parameters(index.get(), "k=5"), "unknown parameter 'k'");
+        p.k = 5;
+        EXPECT_THROW_MSG(
+                index->attend(kQ, s.q.data(), out.data(), nullptr, &p), "k=5 does not apply");
+        EXPECT_THROW_MSG(index->select(kQ, s.q.data(), sel.data(), &p), "k=5 does not apply");
+        return;
+    }
     EXPECT_THROW_MSG(set_index_parameters(index.get(), "k=0"), "k=0");
     EXPECT_THROW_MSG(set_index_parameters(index.get(), "k=-1"), "k=-1");
     EXPECT_EQ(get_index_parameter(index.get(), "k"), 100.0); // left as it was

@@ -394,3 +394,51 @@ TEST(Factory, KnobsTheModeDoesNotReadAreNotItsKnobs) {
     auto both = index_factory(kDim, "Choose(IVFAsym8;IVFAsym8_Moment)");
     set_index_parameters(both.get(), "var_weight=0.5,hidden=64");
 }
+
+TEST(Factory, KIsAKnobOnlyWhereATopKIsRead) {
+    // "LSHSample8x75|k=5" was taken and did nothing: every type had a k
+    for (const char* s : {"Flat", "LSHSample8x75", "Sink4,Window64,LSHSample8x75", "IVFAsym16",
+                          "ProxyEvict20", "ProxyEvict20_H2O,LSHSample8x75", "BF16,Sink4,Flat"}) {
+        SCOPED_TRACE(s);
+        EXPECT_FALSE(index_factory(kDim, s)->reads_search_knob("k"));
+        EXPECT_THROW_MSG(index_factory(kDim, std::string(s) + "|k=5"), "unknown parameter 'k'");
+    }
+    for (const char* s : {"TopK(Flat)", "TopK(HNSW8)", "RoarGraph8", "Uniform", "Weighted",
+                          "ProxyEvict20,Sink4,TopK(Flat)", "Hybrid(TopK(Flat),LSHSample8x75)",
+                          "Choose(Flat;LSHSample8x75;TopK(Flat))"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(kDim, std::string(s) + "|k=5");
+        EXPECT_TRUE(index->reads_search_knob("k"));
+        EXPECT_EQ(get_index_parameter(index.get(), "k"), 5.0);
+    }
+
+    // per call: a hybrid hands k to its heavy part only (its LSH tail reads
+    // none and would refuse it), the same selection as the knob set
+    const idx_t n = 300;
+    std::vector<float> keys = kvtest::gaussian(n, kDim, 21), values = kvtest::gaussian(n, 8, 22);
+    std::vector<float> q = kvtest::gaussian(2, kDim, 23);
+    auto per_call = index_factory(kDim, "Hybrid(TopK(Flat),LSHSample6x20)", 8);
+    auto set = index_factory(kDim, "Hybrid(TopK(Flat),LSHSample6x20)|k=3", 8);
+    for (KVIndex* x : {per_call.get(), set.get()}) {
+        x->set_stream(4);
+        x->add_kv(n, keys.data(), values.data());
+    }
+    SearchParametersKV p;
+    p.k = 3;
+    Selection a[2], b[2];
+    per_call->select(2, q.data(), a, &p);
+    set->select(2, q.data(), b, nullptr);
+    for (int i = 0; i < 2; i++) {
+        EXPECT_EQ(a[i].ids, b[i].ids);
+        EXPECT_EQ(a[i].inclusion, b[i].inclusion);
+    }
+    // a budget split needs a heavy part with a k
+    auto flat_heavy = index_factory(kDim, "Hybrid(Flat,Uniform)|budget=10", 8);
+    PrefillInput in;
+    in.n_tokens = n;
+    in.keys = keys.data();
+    in.values = values.data();
+    in.n_queries = 2;
+    in.queries = q.data();
+    EXPECT_THROW_MSG(flat_heavy->prefill(in), "the heavy part Flat has no k");
+}

@@ -73,7 +73,7 @@ int cmd_run(int argc, char** argv) {
     opts.add_options()
             ("trace", po::value(&opt.trace_dir)->required(), "trace directory")
             ("index", po::value(&opt.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
-            ("params", po::value(&opt.params), "parameters for every index, before its own, e.g. k=100,nprobe=8")
+            ("params", po::value(&opt.params), "parameters for every index that has them, before its own, e.g. k=100,nprobe=8 (each must be a parameter of some index)")
             ("layers", po::value(&layers), "comma-separated layers (default: all)")
             ("trained", po::value(&opt.trained), "cache file of `kvllm train`: every index adopts its models")
             ("max-queries", po::value(&opt.max_queries)->default_value(0),

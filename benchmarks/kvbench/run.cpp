@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <sstream>
 #include <thread>
 
 #include <faiss/impl/FaissAssert.h>
@@ -31,14 +32,53 @@ double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-/** The index of one "STRING|params" argument: --params first, then the
- * string's own parameters; budgets in percent are of the n_ctx prompt
- * tokens. */
+/// Whether some index of the chain has the knob `name`.
+bool has_parameter(const kvindex::KVIndex* index, const std::string& name) {
+    for (const kvindex::ParameterInfo& p : kvindex::index_parameter_info(index)) {
+        if (p.name == name) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/// The "name=value" items of a --params string (values as written: "5%").
+std::vector<std::string> param_items(const std::string& params) {
+    std::vector<std::string> items;
+    std::stringstream ss(params);
+    for (std::string item; std::getline(ss, item, ',');) {
+        items.push_back(item);
+    }
+    return items;
+}
+
+/// The name of an item ("k" of "k=5%"); the whole item if it has no '='.
+std::string item_name(const std::string& item) {
+    return item.substr(0, item.find('='));
+}
+
+/** The --params items this index takes: those it has a knob of (k only
+ * where a top-k is read, nprobe only with IVF, ...). A name no index of
+ * the run has is refused up front; a malformed item is kept, so that the
+ * parser names it. */
+std::string shared_params_for(const kvindex::KVIndex* index, const std::string& params) {
+    std::string out;
+    for (const std::string& item : param_items(params)) {
+        if (item.find('=') == std::string::npos || has_parameter(index, item_name(item))) {
+            out += (out.empty() ? "" : ",") + item;
+        }
+    }
+    return out;
+}
+
+/** The index of one "STRING|params" argument: the --params items it has
+ * first, then the string's own parameters; budgets in percent are of the
+ * n_ctx prompt tokens. */
 std::unique_ptr<kvindex::KVIndex> make_index(
         int d, const std::string& spec_string, const std::string& params, idx_t n_ctx) {
     kvindex::IndexSpec spec = kvindex::parse_index_spec(spec_string);
     auto index = kvindex::index_factory(d, spec.factory);
-    for (const std::string& p : {params, spec.params}) {
+    for (const std::string& p : {shared_params_for(index.get(), params), spec.params}) {
         if (!p.empty()) {
             kvindex::set_index_parameters(index.get(), kvindex::resolve_percentages(p, n_ctx, index.get()));
         }
@@ -53,16 +93,6 @@ struct Accumulator {
     double attend_s = 0, dense_s = 0;
     idx_t n = 0, n_recall = 0;
 };
-
-/// Whether some index of the chain has the knob `name`.
-bool has_parameter(const kvindex::KVIndex* index, const std::string& name) {
-    for (const kvindex::ParameterInfo& p : kvindex::index_parameter_info(index)) {
-        if (p.name == name) {
-            return true;
-        }
-    }
-    return false;
-}
 
 double p95(std::vector<double> v) {
     if (v.empty()) {
@@ -150,6 +180,8 @@ RunResult run_kvbench(const RunOptions& opt) {
     // --trained; the others (the baselines of the same run) run as given.
     std::vector<bool> adopts(opt.indexes.size(), false);
     std::vector<bool> reportable(opt.report.size(), false);
+    const std::vector<std::string> shared = param_items(opt.params);
+    std::vector<bool> shared_taken(shared.size(), false);
     for (size_t ix = 0; ix < opt.indexes.size(); ix++) {
         auto index = make_index(meta.head_dim, opt.indexes[ix], opt.params, meta.n_ctx);
         adopts[ix] = trained && kvindex::ivf_asym_in_chain(index.get());
@@ -158,6 +190,9 @@ RunResult run_kvbench(const RunOptions& opt) {
         }
         for (size_t i = 0; i < opt.report.size(); i++) {
             reportable[i] = reportable[i] || has_parameter(index.get(), opt.report[i]);
+        }
+        for (size_t i = 0; i < shared.size(); i++) {
+            shared_taken[i] = shared_taken[i] || has_parameter(index.get(), item_name(shared[i]));
         }
     }
     // a file or a name that nothing takes would be recorded as if it had
@@ -172,6 +207,15 @@ RunResult run_kvbench(const RunOptions& opt) {
                 reportable[i],
                 "kvbench run: --report %s: no index string has a parameter of that name",
                 opt.report[i].c_str());
+    }
+    for (size_t i = 0; i < shared.size(); i++) {
+        // each index takes the --params it has: one that none has does nothing
+        FAISS_THROW_IF_NOT_FMT(
+                shared_taken[i],
+                "kvbench run: --params %s: no index string has a parameter '%s' (k is one "
+                "only of the indexes that read a top-k budget)",
+                shared[i].c_str(),
+                item_name(shared[i]).c_str());
     }
     FAISS_THROW_IF_NOT_FMT(
             opt.max_queries >= 0,

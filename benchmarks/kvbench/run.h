@@ -16,8 +16,10 @@ struct RunOptions {
     std::string trace_dir;
     /// "STRING" or "STRING|params" (parameters.h), in table order
     std::vector<std::string> indexes;
-    /// set on every index before its own parameters ("k=100,nprobe=8");
-    /// "k=5%" is 5% of the trace's n_ctx prompt tokens
+    /// set on every index that has them, before its own parameters
+    /// ("k=100,nprobe=8": k on the indexes reading a top-k budget, nprobe on
+    /// the IVF ones); each must be a parameter of some index; "k=5%" is 5%
+    /// of the trace's n_ctx prompt tokens
     std::string params;
     std::vector<int> layers;          ///< empty: every layer
     /// cache file of `kvllm train` (read_cache) for the trace's model: each

@@ -29,6 +29,9 @@ struct IndexSampleBase : KVIndex {
     bool selects_deterministically() const override {
         return false; // a sample: inclusion u <= 1
     }
+    bool reads_search_knob(const std::string& name) const override {
+        return name == "k"; // the size of the draw
+    }
     bool set_parameter(const std::string& name, double value) override;
     bool get_parameter(const std::string& name, double* value) const override;
     void set_stream(uint64_t stream) override;

@@ -87,12 +87,14 @@ struct SearchParametersKV : faiss::SearchParameters {
     /// IVF; HNSW counts as it searches)
     bool count_scanned = false;
 
-    /// The subclass's knobs set away from "the index's own" value; k and
-    /// count_scanned, which every index takes, are not listed.
+    /// The subclass's knobs set away from "the index's own" value; k
+    /// (checked on its own) and count_scanned, which every index takes,
+    /// are not listed.
     virtual std::vector<SearchKnob> set_knobs() const {
         return {};
     }
-    /// A copy with the knob `name` (one of set_knobs) back at "the index's own".
+    /// A copy with the knob `name` ("k" or one of set_knobs) back at "the
+    /// index's own"; a subclass copies itself for both.
     virtual std::unique_ptr<SearchParametersKV> without_knob(const std::string& name) const;
 };
 
@@ -214,7 +216,9 @@ constexpr idx_t kMaxPosition = idx_t(1) << 62;
  */
 struct KVIndex : faiss::Index {
     int d_value;   ///< dimension of the values
-    idx_t k = 100; ///< default top-k budget (index types with a budget), > 0
+    /// default top-k budget, > 0: read by the types that select k keys
+    /// (reads_search_knob("k")); every record keeps it
+    idx_t k = 100;
     /// how the default attend turns a selection into an output; unbiased
     /// equals topk for deterministic selections (every u_i = 1)
     Estimator estimator = Estimator::unbiased;
@@ -370,15 +374,18 @@ struct KVIndex : faiss::Index {
         return children();
     }
 
-    /** Whether a search of this index reads the per-call knob `name` of a
-     * SearchParametersKV subclass (SearchKnob::name), itself or through an
-     * index it hands the call to. check_params refuses a call that sets a
-     * knob it does not read. The default: whether any held index reads it
-     * (none for a leaf); a type reading a knob itself says so. */
+    /** Whether a search of this index reads the per-call knob `name`, "k"
+     * (the top-k budget) or one of a SearchParametersKV subclass
+     * (SearchKnob::name), itself or through an index it hands the call
+     * to. check_params refuses a call that sets a knob it does not read,
+     * and "k" is a parameter (parameter_info) only of an index that reads
+     * it, so that "LSHSample8x75|k=5" is refused, not ignored. The
+     * default: whether any held index reads it (none for a leaf); a type
+     * reading a knob itself says so. */
     virtual bool reads_search_knob(const std::string& name) const;
 
-    /// This type's own knobs (k included); set_index_parameters walks the
-    /// children, so wrappers list only what they read themselves.
+    /// This type's own knobs (k where reads_search_knob("k")); the chain
+    /// walk of set_index_parameters visits the children too.
     virtual std::vector<ParameterInfo> parameter_info() const;
 
     /** Sets one of this type's own knobs. Returns false when `name` is not
@@ -575,7 +582,7 @@ struct KVIndex : faiss::Index {
     /// Throws for search parameters this index would not read: an
     /// IDSelector (not supported), a Faiss subclass (SearchParametersIVF:
     /// its knobs would be ignored), SearchParametersKV::k < 0, or a knob
-    /// that no index of this chain reads (reads_search_knob).
+    /// (k included) that no index of this chain reads (reads_search_knob).
     void check_params(const faiss::SearchParameters* params) const;
 
     /** `params` as `reader`, an index this one hands the call to, takes

@@ -12,7 +12,9 @@ namespace kvindex {
  * faiss::ParameterSpace: "k=100,nprobe=32,efSearch=64". Each name goes to
  * every index of the chain that has it (KVIndex::set_parameter); the names
  * of the built-in types:
- *   k         top-k budget (every index type with a budget)
+ *   k         top-k budget: TopK, RoarGraph, Uniform, Weighted and the
+ *             chains holding one (KVIndex::reads_search_knob); a chain
+ *             that reads no k refuses it ("LSHSample8x75|k=5")
  *   nprobe    IVF retrievers of TopK(...)
  *   efSearch  HNSW retrievers of TopK(...)
  *   min_hits, max_sample  LSHSample
@@ -26,8 +28,8 @@ namespace kvindex {
  *   sample    Hybrid's tail budget; budget, epsilon, delta, n_calibration
  *             its prefill-time calibration
  *   n_holdout Choose (prefill-time); chosen (read-only)
- * index_parameter_info lists them for any index. A name that no index in
- * the chain has throws naming it and the index. When an item throws, no
+ * index_parameter_info lists them for any index. "" sets nothing. A name
+ * that no index in the chain has throws naming it and the index. When an item throws, no
  * index of the chain is left changed: the items set before it and the
  * indexes of the chain that took it are set back to their earlier values.
  */

@@ -84,6 +84,14 @@ std::vector<std::pair<std::string, double>> parse_params(py::handle params) {
     return out;
 }
 
+/// The `k` property exists where the chain reads a top-k budget.
+void require_k(const KVIndex& index) {
+    if (!index.reads_search_knob("k")) {
+        throw py::attribute_error(kvindex::index_factory_string(&index) +
+                                  " reads no top-k budget: it has no k");
+    }
+}
+
 } // namespace
 
 std::unique_ptr<faiss::SearchParameters> call_parameters(const KVIndex& index, py::handle params) {
@@ -353,16 +361,22 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
                     // through the parameter walk, so that a wrapper's k is its
                     // inner index's (the budget a select uses), as
                     // set_index_parameter(index, "k", k) sets and reads it
-                    "k", [](const KVIndex& s) { return idx_t(kvindex::get_index_parameter(&s, "k")); },
+                    "k",
+                    [](const KVIndex& s) {
+                        require_k(s);
+                        return idx_t(kvindex::get_index_parameter(&s, "k"));
+                    },
                     [](KVIndex& s, idx_t k) {
+                        require_k(s);
                         if (k <= 0) {
                             throw py::value_error("k must be > 0; got " + std::to_string(k));
                         }
                         py::gil_scoped_release release;
                         kvindex::set_index_parameter(&s, "k", double(k));
                     },
-                    "default top-k budget of the types that have one (the whole chain's, as "
-                    "set_index_parameter sets it)")
+                    "default top-k budget of the chains that read one (the whole chain's, as "
+                    "set_index_parameter sets it); AttributeError for the others (Flat, "
+                    "LSHSample, IVFAsym, eviction over Flat)")
             .def_property(
                     "estimator", [](const KVIndex& s) { return std::string(kvindex::estimator_name(s.estimator)); },
                     [](KVIndex& s, const std::string& e) {

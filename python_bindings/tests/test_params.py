@@ -168,3 +168,24 @@ def test_proxy_evict_prefill_time_knob(rdata):
     assert len(ids) == 123
     info = {p.name: p for p in kvindex.index_parameter_info(index)}
     assert info["budget"].prefill_time
+
+
+def test_k_is_refused_where_no_index_reads_it(rdata):
+    # "LSHSample...|k=5" used to be taken and do nothing: only the chains
+    # that read a top-k budget have k
+    q = rdata.queries
+    for factory in ["Flat", "Sink4,Window64,LSHSample6x40", "ProxyEvict20"]:
+        index = build(factory, rdata)
+        assert "k" not in [p.name for p in kvindex.index_parameter_info(index)], factory
+        assert not hasattr(index, "k"), factory
+        with pytest.raises(AttributeError, match="no k"):
+            index.k = 5
+        with pytest.raises(RuntimeError, match="unknown parameter 'k'"):
+            kvindex.set_index_parameters(index, "k=5")
+        with pytest.raises(ValueError, match="'k' is not a search-time parameter"):
+            index.attend(q, params={"k": 5})
+    # a chain holding a top-k has it, however deep
+    index = build("ProxyEvict20,Sink4,Window64,TopK(Flat)", rdata)
+    index.k = 5
+    assert kvindex.get_index_parameter(index, "k") == 5.0
+    assert all(len(s.ids) <= 5 + 4 + 64 for s in index.select(q))

@@ -93,7 +93,10 @@ TEST(GpuCloner, RoundTripKeepsTokensKnobsAndFiles) {
     auto keys = gaussian(n, d, 1, 1.0f, 0.5f), values = gaussian(n, d, 2);
     for (const char* s : {"BF16,Sink4,Window64,TopK(Flat)", "Flat", "FP16,TopK(Flat)"}) {
         auto cpu = index_factory(d, s);
-        set_index_parameter(cpu.get(), "k", 33);
+        const bool has_k = cpu->reads_search_knob("k"); // not Flat
+        if (has_k) {
+            set_index_parameter(cpu.get(), "k", 33);
+        }
         PrefillInput in;
         in.n_tokens = n;
         in.keys = keys.data();
@@ -106,7 +109,8 @@ TEST(GpuCloner, RoundTripKeepsTokensKnobsAndFiles) {
         const std::string prefix = kv_type_prefix(cpu->kv_type);
         EXPECT_EQ(index_factory_string(gpu.get()), prefix + "GPU," + str.substr(prefix.size()));
         EXPECT_EQ(gpu->ntotal, n);
-        EXPECT_EQ(gpu->top_k_budget() > 0 ? gpu->top_k_budget() : gpu->k, 33);
+        EXPECT_EQ(gpu->top_k_budget() > 0 ? gpu->top_k_budget() : gpu->k, has_k ? 33 : 100);
+        EXPECT_EQ(gpu->reads_search_knob("k"), has_k);
         EXPECT_TRUE(gpu->has_rope);
         EXPECT_EQ(gpu->rope.theta, 12345);
 

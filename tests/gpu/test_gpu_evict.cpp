@@ -642,8 +642,8 @@ TEST(GpuEvict, ClonerRoundTripKeepsPositionsKnobsAndFiles) {
     for (const char* s : {"BF16,ProxyEvict20", "ProxyEvict30_H2O,Flat", "FP16,ProxyEvict10_TOVA"}) {
         auto cpu = index_factory(d, s);
         set_index_parameters(cpu.get(), std::string(s).find("ProxyEvict20") != std::string::npos
-                                                 ? "proxy_tokens=16,pool=3,seed=9,k=33"
-                                                 : "budget=150,k=33"); // H2O, TOVA keep no sinks
+                                                 ? "proxy_tokens=16,pool=3,seed=9"
+                                                 : "budget=150"); // H2O, TOVA keep no sinks
         cpu->set_stream(11);
         PrefillInput in = p.input();
         in.rope.theta = 12345;
@@ -720,8 +720,9 @@ TEST(GpuEvict, KnobsAreTheCpuPolicys) {
     const Prompt p = ood_prompt(300, 64, 1, 71);
     gpu->prefill(p.input());
     EXPECT_THROW_MSG(set_index_parameters(gpu.get(), "budget=10"), "prefill-time");
-    set_index_parameters(gpu.get(), "k=12"); // a query-time knob
-    EXPECT_EQ(gpu->k, 12);
+    // eviction over a Flat reads no top-k budget, as on the CPU
+    EXPECT_THROW_MSG(set_index_parameters(gpu.get(), "k=12"), "unknown parameter 'k'");
+    EXPECT_THROW_MSG(set_index_parameters(cpu.get(), "k=12"), "unknown parameter 'k'");
 }
 
 // ---- bad input, caches ------------------------------------------------------

@@ -830,10 +830,10 @@ TEST(GpuLSH, KnobsAndBadInput) {
         auto index = index_factory(d, s);
         EXPECT_EQ(index_factory_string(index.get()), s);
     }
-    auto g = index_factory(d, "GPU,Sink4,Window64,LSHSample10x150|min_hits=1,k=7");
+    auto g = index_factory(d, "GPU,Sink4,Window64,LSHSample10x150|min_hits=1");
     EXPECT_STREQ(g->type_name(), "GpuIndexLSHSample");
     EXPECT_EQ(get_index_parameter(g.get(), "min_hits"), 1.0);
-    EXPECT_EQ(g->k, 7);
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "k=7"), "unknown parameter 'k'"); // as the CPU's
     EXPECT_EQ(as_lsh(*g).lsh().min_hits, 1);
     auto x = make_kv(500, 2, d, 81, true);
     g->add_kv(500, x.keys.data(), x.values.data());

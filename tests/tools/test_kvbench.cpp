@@ -236,6 +236,19 @@ TEST(KVBench, UnknownParameterNamesIt) {
     EXPECT_THROW_MSG(run(dir, {"Nope"}), "Nope");
 }
 
+TEST(KVBench, SharedParamsGoToTheIndexesThatHaveThem) {
+    // --params k=... used to be refused by a Flat (which had a k it never
+    // read); now each index takes the knobs it has
+    std::string dir = tiny_trace("shared_params");
+    auto shared = run(dir, {"Flat", "TopK(IVF4,Flat)", "LSHSample6x20"}, "k=10,nprobe=4");
+    auto own = run(dir, {"TopK(IVF4,Flat)|k=10,nprobe=4", "TopK(IVF4,Flat)"});
+    ASSERT_EQ(shared.results.size(), 3u);
+    EXPECT_EQ(shared.results[1].selected_frac, own.results[0].selected_frac);
+    EXPECT_NE(own.results[0].selected_frac, own.results[1].selected_frac); // k=10 vs 100
+    // a name that no index has would do nothing
+    EXPECT_THROW_MSG(run(dir, {"Flat", "LSHSample6x20"}, "k=10"), "--params k=10: no index string has a parameter 'k'");
+}
+
 TEST(KVBench, OptionsThatNothingTakesAreRefused) {
     // --trained with no IVFAsym string was recorded in the JSON as used,
     // --report with an unknown name printed nothing, --max-queries -3 ran

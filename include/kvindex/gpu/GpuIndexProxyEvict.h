@@ -40,9 +40,9 @@ namespace kvindex {
  *
  * Knobs (get / set / parameter_info) are the CPU type's, forwarded to the
  * policy object: budget, protect, proxy_keep, proxy_window, proxy_tokens,
- * pool, n_sink, seed, k; set_stream keeps the per-head stream of the random
- * part. to_cpu / io write the CPU IndexProxyEvict with the same knobs, kept
- * tokens and positions.
+ * pool, n_sink, seed (each where the mode reads it); set_stream keeps the
+ * per-head stream of the random part. to_cpu / io write the CPU
+ * IndexProxyEvict with the same knobs, kept tokens and positions.
  *
  * Eviction keeps different tokens in every head, so this type cannot
  * answer a GpuKVCache layer from one shared storage

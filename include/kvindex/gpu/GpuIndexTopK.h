@@ -32,6 +32,9 @@ struct GpuIndexTopK : GpuIndexKV {
         return "GpuIndexTopK";
     }
     std::string cpu_factory_string() const override;
+    bool reads_search_knob(const std::string& name) const override {
+        return name == "k";
+    }
     idx_t top_k_budget() const override {
         return k;
     }
