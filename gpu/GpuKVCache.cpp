@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <vector>
 
 #include <faiss/impl/FaissAssert.h>
 
@@ -150,7 +152,11 @@ void GpuKVCache::append(int layer, idx_t n, const float* keys, const float* valu
     layers[layer].append(n, keys, values, resources->stream());
 }
 
-bool GpuKVCache::check_attend(int layer, idx_t n, const faiss::SearchParameters* params) const {
+bool GpuKVCache::check_attend(
+        int layer,
+        idx_t n,
+        const faiss::SearchParameters*& params,
+        std::unique_ptr<SearchParametersKV>& copy) const {
     check_layer(layer, "GpuKVCache::attend");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "GpuKVCache::attend: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
@@ -160,8 +166,13 @@ bool GpuKVCache::check_attend(int layer, idx_t n, const faiss::SearchParameters*
             layers[layer].size > 0, "GpuKVCache::attend: layer %d is empty", layer);
     check_input_size(n, size_t(n_q_heads) * std::max(d, d_value), "GpuKVCache::attend");
     // the layer's index refuses what it would not read (an IDSelector, a
-    // Faiss subclass, a knob of another retriever), as each head's index
-    // does in KVCache
+    // Faiss subclass, a knob of no layer), as each head's index does in
+    // KVCache; a knob another layer reads is dropped for it
+    std::vector<const KVIndex*> peers;
+    for (const auto& index : layer_index) {
+        peers.push_back(index.get());
+    }
+    params = KVIndex::params_among(*layer_index[layer], peers, params, copy);
     layer_index[layer]->check_params(params);
     return true;
 }
@@ -175,7 +186,8 @@ void GpuKVCache::attend_device(
         const faiss::SearchParameters* params) const {
     check_layer(layer, "GpuKVCache::attend");
     ReadScope calls(layer_calls[layer], "GpuKVCache::attend", "this layer of the cache");
-    if (!check_attend(layer, n, params)) {
+    std::unique_ptr<SearchParametersKV> copy;
+    if (!check_attend(layer, n, params, copy)) {
         return;
     }
     FAISS_THROW_IF_NOT_MSG(q && out && lse, "GpuKVCache::attend: an array is missing (nullptr)");
@@ -193,7 +205,8 @@ void GpuKVCache::attend(
         const faiss::SearchParameters* params) const {
     check_layer(layer, "GpuKVCache::attend");
     ReadScope calls(layer_calls[layer], "GpuKVCache::attend", "this layer of the cache");
-    if (!check_attend(layer, n, params)) {
+    std::unique_ptr<SearchParametersKV> copy;
+    if (!check_attend(layer, n, params, copy)) {
         return;
     }
     FAISS_THROW_IF_NOT_MSG(q && out, "GpuKVCache::attend: q or out missing (nullptr)");

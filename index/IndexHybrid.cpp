@@ -305,6 +305,14 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
         size_t rank = size_t(std::ceil((1 - delta) * double(need.size())));
         m = idx_t(std::ceil(need[std::clamp<size_t>(rank, 1, need.size()) - 1]));
     } else {
+        if (k_heavy == 0) {
+            // the heavy part as prefilled has no top-k (a Choose that chose
+            // Flat: every token read): there is no k to split off, and the
+            // knobs stay as given; prefill refused heavy types without any
+            calibrated_k = -1;
+            calibrated_sample = -1;
+            return;
+        }
         // the split of `budget` with the lowest mean predicted error
         constexpr int kSteps = 8;
         std::vector<idx_t> ks;

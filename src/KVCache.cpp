@@ -1,7 +1,9 @@
 #include <kvindex/KVCache.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <faiss/impl/FaissAssert.h>
 
@@ -313,14 +315,30 @@ void KVCache::attend(
     // once per group instead of once per query head.
     idx_t g = group_size();
     parallel_for(n_kv_heads, [&](idx_t h) {
+        std::unique_ptr<SearchParametersKV> copy;
         index(layer, int(h))
                 ->attend(
                         g * n,
                         q + h * g * n * d,
                         out + h * g * n * d_value,
                         lse ? lse + h * g * n : nullptr,
-                        params);
+                        params_for_head(layer, int(h), params, copy));
     });
+}
+
+const faiss::SearchParameters* KVCache::params_for_head(
+        int layer,
+        int h,
+        const faiss::SearchParameters* params,
+        std::unique_ptr<SearchParametersKV>& copy) const {
+    if (!params) {
+        return params;
+    }
+    std::vector<const KVIndex*> layers;
+    for (int l = 0; l < n_layers; l++) {
+        layers.push_back(index(l, 0));
+    }
+    return KVIndex::params_among(*index(layer, h), layers, params, copy);
 }
 
 void KVCache::add_queries(int layer, idx_t n, const float* q) {

@@ -322,7 +322,10 @@ void KVIndex::check_params(const faiss::SearchParameters* params) const {
 }
 
 std::unique_ptr<SearchParametersKV> SearchParametersKV::without_knob(const std::string& name) const {
-    if (name == "k" && typeid(*this) == typeid(SearchParametersKV)) {
+    if (name == "k") {
+        // a subclass listing no knobs of its own (a user's carrier of a
+        // tag) is copied as its SearchParametersKV part: no index reads
+        // more of it
         auto copy = std::make_unique<SearchParametersKV>(*this);
         copy->k = 0;
         return copy;
@@ -363,6 +366,34 @@ const faiss::SearchParameters* KVIndex::params_for(
         }
     }
     return out;
+}
+
+const faiss::SearchParameters* KVIndex::params_among(
+        const KVIndex& reader,
+        const std::vector<const KVIndex*>& peers,
+        const faiss::SearchParameters* params,
+        std::unique_ptr<SearchParametersKV>& copy) {
+    auto p = dynamic_cast<const SearchParametersKV*>(params);
+    if (!p) {
+        return params; // the reader checks what it is
+    }
+    std::vector<std::string> names;
+    if (p->k > 0) {
+        names.push_back("k");
+    }
+    for (const SearchKnob& knob : p->set_knobs()) {
+        names.push_back(knob.name);
+    }
+    for (const std::string& name : names) {
+        bool read = reader.reads_search_knob(name);
+        for (size_t i = 0; i < peers.size() && !read; i++) {
+            read = peers[i]->reads_search_knob(name);
+        }
+        if (!read) {
+            return params; // no peer reads it: the reader refuses it, naming it
+        }
+    }
+    return params_for(reader, params, copy);
 }
 
 idx_t KVIndex::effective_k(const faiss::SearchParameters* params) const {

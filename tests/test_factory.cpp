@@ -432,13 +432,35 @@ TEST(Factory, KIsAKnobOnlyWhereATopKIsRead) {
         EXPECT_EQ(a[i].ids, b[i].ids);
         EXPECT_EQ(a[i].inclusion, b[i].inclusion);
     }
-    // a budget split needs a heavy part with a k
-    auto flat_heavy = index_factory(kDim, "Hybrid(Flat,Uniform)|budget=10", 8);
+    // a user's carrier of its own fields (no knobs listed) with a k: the
+    // chosen LSH reads no k and gets the SearchParametersKV part without it
+    struct TaggedParams : SearchParametersKV {
+        int tag = 3;
+    };
+    auto choose = index_factory(kDim, "Choose(LSHSample6x20;TopK(Flat))", 8);
+    choose->add_kv(n, keys.data(), values.data());
+    TaggedParams tagged;
+    tagged.k = 3;
+    std::vector<float> out_tagged(2 * 8), out_plain(2 * 8);
+    choose->attend(2, q.data(), out_tagged.data(), nullptr, &tagged);
+    choose->attend(2, q.data(), out_plain.data(), nullptr, &p);
+    EXPECT_EQ(out_tagged, out_plain);
+
+    // a budget split needs a heavy part with a k: refused for a type
+    // without one, not split where a Choose chose Flat
+    const idx_t nq = 64;
+    std::vector<float> pq = kvtest::gaussian(nq, kDim, 24);
     PrefillInput in;
     in.n_tokens = n;
     in.keys = keys.data();
     in.values = values.data();
-    in.n_queries = 2;
-    in.queries = q.data();
+    in.n_queries = nq;
+    in.queries = pq.data();
+    auto flat_heavy = index_factory(kDim, "Hybrid(Flat,Uniform)|budget=10", 8);
     EXPECT_THROW_MSG(flat_heavy->prefill(in), "the heavy part Flat has no k");
+    auto chose_flat = index_factory(kDim, "Hybrid(Choose(Flat;TopK(Flat)),Uniform)|budget=40", 8);
+    chose_flat->prefill(in);
+    ASSERT_EQ(get_index_parameter(chose_flat.get(), "chosen"), 0.0); // exact: no error
+    EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_k"), -1.0);
+    EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_sample"), -1.0);
 }

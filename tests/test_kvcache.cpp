@@ -12,6 +12,7 @@
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexTopK.h>
 #include <kvindex/KVCache.h>
 #include <kvindex/index_factory.h>
 
@@ -62,8 +63,18 @@ TEST(KVCache, GQAAndDecodeMatchTheReference) {
             std::vector<float> out(kQHeads * kDv), lse(kQHeads);
             SearchParametersKV params;
             params.k = 1 << 20; // TopK over everything: exact, so the reference is simple
-            // the dense layer reads no k, and refuses one
-            cache.attend(l, 1, q.data(), out.data(), lse.data(), l == 0 ? nullptr : &params);
+            // one params for every layer, as a decode loop hands it: the
+            // dense Flat layer reads no k, which layer 1 reads, so it drops it
+            cache.attend(l, 1, q.data(), out.data(), lse.data(), &params);
+            if (p == n_prompt) {
+                // a knob that no layer reads is refused, on every layer
+                SearchParametersTopK nprobe;
+                nprobe.nprobe = 2;
+                std::vector<float> o(out.size());
+                EXPECT_THROW_MSG(
+                        cache.attend(l, 1, q.data(), o.data(), nullptr, &nprobe),
+                        "nprobe=2 does not apply");
+            }
             for (int h = 0; h < kQHeads; h++) {
                 int kv = h / (kQHeads / kKVHeads);
                 EXPECT_EQ(cache.kv_head_of(h), kv);

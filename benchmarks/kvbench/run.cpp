@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
-#include <sstream>
 #include <thread>
 
 #include <faiss/impl/FaissAssert.h>
@@ -42,14 +41,22 @@ bool has_parameter(const kvindex::KVIndex* index, const std::string& name) {
     return false;
 }
 
-/// The "name=value" items of a --params string (values as written: "5%").
+/// The "name=value" items of a --params string (values as written: "5%"),
+/// empty ones kept ("k=10,": the parser names them).
 std::vector<std::string> param_items(const std::string& params) {
     std::vector<std::string> items;
-    std::stringstream ss(params);
-    for (std::string item; std::getline(ss, item, ',');) {
-        items.push_back(item);
+    if (params.empty()) {
+        return items;
     }
-    return items;
+    size_t pos = 0;
+    while (true) {
+        const size_t end = std::min(params.find(',', pos), params.size());
+        items.push_back(params.substr(pos, end - pos));
+        if (end == params.size()) {
+            return items;
+        }
+        pos = end + 1;
+    }
 }
 
 /// The name of an item ("k" of "k=5%"); the whole item if it has no '='.
@@ -63,9 +70,12 @@ std::string item_name(const std::string& item) {
  * parser names it. */
 std::string shared_params_for(const kvindex::KVIndex* index, const std::string& params) {
     std::string out;
+    bool first = true;
     for (const std::string& item : param_items(params)) {
-        if (item.find('=') == std::string::npos || has_parameter(index, item_name(item))) {
-            out += (out.empty() ? "" : ",") + item;
+        if (item.find('=') == std::string::npos || item_name(item).empty() ||
+            has_parameter(index, item_name(item))) {
+            out += (first ? "" : ",") + item; // an empty item stays one
+            first = false;
         }
     }
     return out;
@@ -182,8 +192,10 @@ RunResult run_kvbench(const RunOptions& opt) {
     std::vector<bool> reportable(opt.report.size(), false);
     const std::vector<std::string> shared = param_items(opt.params);
     std::vector<bool> shared_taken(shared.size(), false);
+    std::vector<std::string> taken_params(opt.indexes.size()); // each index's share of --params
     for (size_t ix = 0; ix < opt.indexes.size(); ix++) {
         auto index = make_index(meta.head_dim, opt.indexes[ix], opt.params, meta.n_ctx);
+        taken_params[ix] = shared_params_for(index.get(), opt.params);
         adopts[ix] = trained && kvindex::ivf_asym_in_chain(index.get());
         if (adopts[ix]) {
             index->adopt_trained(*trained->index(layers[0], 0));
@@ -360,7 +372,7 @@ RunResult run_kvbench(const RunOptions& opt) {
         IndexResult& r = res.results[ix];
         const Accumulator& a = acc[ix];
         r.index = opt.indexes[ix];
-        r.params = opt.params;
+        r.params = taken_params[ix];
         r.n_queries = a.n;
         double nq = std::max<idx_t>(a.n, 1);
         r.rel_err_mean = std::accumulate(a.rel_err.begin(), a.rel_err.end(), 0.0) / nq;

@@ -38,7 +38,7 @@ struct RunOptions {
 /// The figures of one index string over every evaluated (layer, q head, position).
 struct IndexResult {
     std::string index;
-    std::string params;
+    std::string params; ///< the --params items this index took (those it has)
     idx_t n_queries = 0;
     double rel_err_mean = 0, rel_err_p95 = 0;
     double mass_mean = 0;              ///< exact attention mass of the selected set

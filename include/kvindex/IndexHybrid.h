@@ -117,7 +117,9 @@ struct IndexHybrid : KVIndex {
     idx_t budget = 0;           ///< tokens per query split at prefill (0: off)
     double delta = 0.05;        ///< failure probability of the target
     idx_t n_calibration = 64;   ///< last prompt positions whose queries set the budget
-    /// heavy k and tail sample chosen at the last prefill (-1: none chosen)
+    /// heavy k and tail sample chosen at the last prefill (-1: none chosen;
+    /// also with budget > 0 when the heavy part as prefilled has no top-k,
+    /// a Choose that chose Flat; a heavy type without k is refused)
     idx_t calibrated_k = -1;
     idx_t calibrated_sample = -1;
 

@@ -127,7 +127,10 @@ struct KVCache {
     /** Attention of n queries per query head of one layer. Each KV head
      * gets the queries of its whole GQA group in one attend call (g * n
      * queries), so that an index that batches reads its tokens once per
-     * group; the KV heads run in parallel.
+     * group; the KV heads run in parallel. A decode loop hands one
+     * `params` to every layer: a knob a layer's index does not read but
+     * another layer's does (k of the sparse string, on a dense Flat layer)
+     * is dropped for it; one that no layer reads is refused.
      * @param q    size n_q_heads * n * d
      * @param out  size n_q_heads * n * d_value
      * @param lse  size n_q_heads * n, or nullptr
@@ -169,6 +172,13 @@ struct KVCache {
 
    private:
     void check_layer_in_step(int layer, const char* what) const;
+    /// `params` as index (layer, h) takes them (see attend); `copy` holds
+    /// the reduced copy when one is made.
+    const faiss::SearchParameters* params_for_head(
+            int layer,
+            int h,
+            const faiss::SearchParameters* params,
+            std::unique_ptr<SearchParametersKV>& copy) const;
     /// Throws unless keys / values of n tokens per KV head are present and finite.
     void check_tokens(idx_t n, const float* keys, const float* values, const char* what) const;
 };

@@ -77,7 +77,9 @@ struct SearchKnob {
  * knob that no index of the chain reads is refused rather than ignored
  * (KVIndex::reads_search_knob), and can drop one (without_knob), so that an
  * index holding indexes that read different knobs (IndexChoose, IndexHybrid)
- * hands each only its own. A subclass that lists nothing is passed as it is.
+ * hands each only its own. A subclass that lists nothing is passed as it is,
+ * except to a held index that reads no k while k is set: that one gets the
+ * SearchParametersKV part with k = 0.
  */
 struct SearchParametersKV : faiss::SearchParameters {
     /// number of keys an index with a top-k budget selects per query;
@@ -94,7 +96,8 @@ struct SearchParametersKV : faiss::SearchParameters {
         return {};
     }
     /// A copy with the knob `name` ("k" or one of set_knobs) back at "the
-    /// index's own"; a subclass copies itself for both.
+    /// index's own". A subclass with knobs copies itself for both; the
+    /// default copies the SearchParametersKV part (for "k" only).
     virtual std::unique_ptr<SearchParametersKV> without_knob(const std::string& name) const;
 };
 
@@ -384,6 +387,28 @@ struct KVIndex : faiss::Index {
      * reading a knob itself says so. */
     virtual bool reads_search_knob(const std::string& name) const;
 
+    /** `params` as `reader`, an index the caller hands the call to, takes
+     * them: params itself when the reader reads each knob it sets, else a
+     * copy (held in `copy`) without the others. For holders whose indexes
+     * read different knobs (IndexChoose's candidates, IndexHybrid's heavy
+     * part and tail, KVCache's dense and sparse layers), so that a knob is
+     * refused only when none of them reads it. */
+    static const faiss::SearchParameters* params_for(
+            const KVIndex& reader,
+            const faiss::SearchParameters* params,
+            std::unique_ptr<SearchParametersKV>& copy);
+
+    /** `params` as `reader`, one of `peers` that are all handed the same
+     * params (the layers of a cache: k of the sparse layers also reaches a
+     * dense Flat), takes them: params_for when each knob it sets is read by
+     * the reader or a peer; params itself otherwise, for the reader to
+     * refuse the knob that no peer reads. */
+    static const faiss::SearchParameters* params_among(
+            const KVIndex& reader,
+            const std::vector<const KVIndex*>& peers,
+            const faiss::SearchParameters* params,
+            std::unique_ptr<SearchParametersKV>& copy);
+
     /// This type's own knobs (k where reads_search_knob("k")); the chain
     /// walk of set_index_parameters visits the children too.
     virtual std::vector<ParameterInfo> parameter_info() const;
@@ -585,16 +610,6 @@ struct KVIndex : faiss::Index {
     /// (k included) that no index of this chain reads (reads_search_knob).
     void check_params(const faiss::SearchParameters* params) const;
 
-    /** `params` as `reader`, an index this one hands the call to, takes
-     * them: params itself when the reader reads each knob it sets, else a
-     * copy (held in `copy`) without the others. For types whose held
-     * indexes read different knobs (IndexChoose's candidates, IndexHybrid's
-     * heavy part and tail), so that a knob is refused only when none of
-     * them reads it. */
-    static const faiss::SearchParameters* params_for(
-            const KVIndex& reader,
-            const faiss::SearchParameters* params,
-            std::unique_ptr<SearchParametersKV>& copy);
 
    private:
     friend class ReadScope;

@@ -16,6 +16,7 @@ namespace kvpy {
 
 using kvindex::idx_t;
 using kvindex::KVCache;
+using kvindex::KVIndex;
 
 namespace {
 
@@ -67,9 +68,16 @@ py::tuple attend(const KVCache& c, int layer, py::handle queries, py::handle par
     FloatArray q = as_float_array(queries, "q");
     check_shape(q, {c.n_q_heads, "n", c.d}, "q");
     idx_t n = q.shape(1);
-    // every head of the layer shares the factory string, so one set of
-    // per-call parameters fits each (checked against head (layer, 0))
-    auto p = call_parameters(*c.index(layer, 0), params);
+    // a decode loop hands one set of per-call parameters to every layer:
+    // each name must be read by some layer (KVCache::attend drops it for
+    // the others, and refuses it when no layer reads it)
+    std::vector<const KVIndex*> layers;
+    for (int l = 0; l < c.n_layers; l++) {
+        layers.push_back(c.index(l, 0));
+    }
+    auto p = call_parameters(layers, "this cache's layers (" + c.index_string +
+                                     (c.dense_layers.empty() ? "" : "; dense: " + c.dense_string) + ")",
+                             params);
     FloatArray out({idx_t(c.n_q_heads), n, idx_t(c.d_value)});
     FloatArray lse({idx_t(c.n_q_heads), n});
     {

@@ -2,6 +2,7 @@
 // registry. Every method converts and checks its arrays with the GIL held,
 // then releases it for the C++ call.
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -84,9 +85,11 @@ std::vector<std::pair<std::string, double>> parse_params(py::handle params) {
     return out;
 }
 
-/// The `k` property exists where the chain reads a top-k budget.
+/// The `k` property exists where the chain has the knob (an index of it
+/// reads a top-k budget).
 void require_k(const KVIndex& index) {
-    if (!index.reads_search_knob("k")) {
+    const auto info = kvindex::index_parameter_info(&index);
+    if (std::none_of(info.begin(), info.end(), [](const kvindex::ParameterInfo& p) { return p.name == "k"; })) {
         throw py::attribute_error(kvindex::index_factory_string(&index) +
                                   " reads no top-k budget: it has no k");
     }
@@ -95,14 +98,21 @@ void require_k(const KVIndex& index) {
 } // namespace
 
 std::unique_ptr<faiss::SearchParameters> call_parameters(const KVIndex& index, py::handle params) {
+    return call_parameters({&index}, kvindex::index_factory_string(&index), params);
+}
+
+std::unique_ptr<faiss::SearchParameters> call_parameters(
+        const std::vector<const KVIndex*>& readers, const std::string& what, py::handle params) {
     if (params.is_none()) {
         return nullptr;
     }
     auto items = parse_params(params);
     std::set<std::string> search_time;
-    for (const auto& p : kvindex::index_parameter_info(&index)) {
-        if (!p.prefill_time) {
-            search_time.insert(p.name);
+    for (const KVIndex* index : readers) {
+        for (const auto& p : kvindex::index_parameter_info(index)) {
+            if (!p.prefill_time) {
+                search_time.insert(p.name);
+            }
         }
     }
     Family family = Family::any;
@@ -119,7 +129,7 @@ std::unique_ptr<faiss::SearchParameters> call_parameters(const KVIndex& index, p
                 }
             }
             throw py::value_error("params: '" + name + "' is not a search-time parameter of " +
-                                  kvindex::index_factory_string(&index) + " (per-call names: " + known +
+                                  what + " (per-call names: " + known +
                                   "; set_index_parameters sets the others)");
         }
         if (knob->family != Family::any) {

@@ -3,6 +3,8 @@
 // The parts of the module, each in its own file, and what they share.
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include <pybind11/pybind11.h>
 
@@ -20,5 +22,11 @@ void bind_io(py::module_& m);    ///< io, registry, RoPE, traces
  * dict) for this index: nullptr for None; ValueError for a name that is
  * not one of the index's search-time parameters. */
 std::unique_ptr<faiss::SearchParameters> call_parameters(const kvindex::KVIndex& index, py::handle params);
+
+/// The same for a call handed to several indexes (the layers of a cache):
+/// each name must be a search-time parameter of one of them; `what` names
+/// them in the message.
+std::unique_ptr<faiss::SearchParameters> call_parameters(
+        const std::vector<const kvindex::KVIndex*>& readers, const std::string& what, py::handle params);
 
 } // namespace kvpy

@@ -189,3 +189,30 @@ def test_k_is_refused_where_no_index_reads_it(rdata):
     index.k = 5
     assert kvindex.get_index_parameter(index, "k") == 5.0
     assert all(len(s.ids) <= 5 + 4 + 64 for s in index.select(q))
+
+
+def test_a_cache_hands_one_params_to_every_layer(rdata):
+    # a decode loop passes the sparse string's k to every layer: the dense
+    # layer drops it (another layer reads it); a knob no layer reads raises
+    d, n = rdata.keys.shape[1], 200
+    cache = kvindex.KVCache(2, 2, 1, d, "TopK(Flat)", dense_layers=[0])
+    for layer in range(2):
+        cache.prefill(layer, rdata.keys[None, :n], rdata.values[None, :n])
+    q = rdata.queries[:1]
+    q2 = np.concatenate([q, q])[:, None, :]
+    dense, _ = cache.attend(0, q2, params={"k": 5})
+    ref, _ = kvref.attend(q, rdata.keys[:n], rdata.values[:n])
+    assert kvref.rel_err(dense[0], ref).max() < 1e-5
+    sparse, _ = cache.attend(1, q2, params={"k": 5})
+    ref5, _ = kvref.topk_attend(q, rdata.keys[:n], rdata.values[:n], 5)
+    assert kvref.rel_err(sparse[0], ref5).max() < 1e-5
+    with pytest.raises(ValueError, match="nprobe"):
+        cache.attend(1, q2, params={"nprobe": 2})
+
+
+def test_k_attribute_exactly_where_k_is_listed(rdata):
+    # a Hybrid whose heavy part reads no k still lists its Uniform tail's
+    index = build("Hybrid(IVFAsym4,Uniform)", rdata)
+    assert "k" in [p.name for p in kvindex.index_parameter_info(index)]
+    index.k = 5
+    assert index.k == 5 == kvindex.get_index_parameter(index, "k")

@@ -245,6 +245,13 @@ TEST(KVBench, SharedParamsGoToTheIndexesThatHaveThem) {
     ASSERT_EQ(shared.results.size(), 3u);
     EXPECT_EQ(shared.results[1].selected_frac, own.results[0].selected_frac);
     EXPECT_NE(own.results[0].selected_frac, own.results[1].selected_frac); // k=10 vs 100
+    // each row records the share it took
+    EXPECT_EQ(shared.results[0].params, "");
+    EXPECT_EQ(shared.results[1].params, "k=10,nprobe=4");
+    EXPECT_EQ(shared.results[2].params, "");
+    // an empty item is named, as set_index_parameters names it
+    EXPECT_THROW_MSG(run(dir, {"TopK(Flat)"}, "k=10,"), "cannot parse parameter ''");
+    EXPECT_THROW_MSG(run(dir, {"TopK(Flat)"}, ",k=10"), "cannot parse parameter ''");
     // a name that no index has would do nothing
     EXPECT_THROW_MSG(run(dir, {"Flat", "LSHSample6x20"}, "k=10"), "--params k=10: no index string has a parameter 'k'");
 }

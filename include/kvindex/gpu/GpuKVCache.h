@@ -117,8 +117,14 @@ struct GpuKVCache {
 
    private:
     void check_layer(int layer, const char* what) const;
-    /// Checks an attend call's layer, count and parameters; false for n = 0.
-    bool check_attend(int layer, idx_t n, const faiss::SearchParameters* params) const;
+    /** Checks an attend call's layer, count and parameters; false for n = 0.
+     * `params` becomes what the layer's index takes (a knob another layer
+     * reads is dropped, as in KVCache::attend; `copy` holds the copy). */
+    bool check_attend(
+            int layer,
+            idx_t n,
+            const faiss::SearchParameters*& params,
+            std::unique_ptr<SearchParametersKV>& copy) const;
     void check_tokens(idx_t n, const float* keys, const float* values, const char* what) const;
     /// The CPU string of a layer (without "GPU,").
     std::string cpu_string(int layer) const;
