@@ -250,11 +250,11 @@ void IndexHybrid::prefill_impl(const PrefillInput& in) {
             "IndexHybrid: epsilon and budget set the sample of a uniform tail, and %s does "
             "not sample uniformly (use Uniform)",
             tail->factory_string().c_str());
+    // both calibrations model the heavy part as the exact top-k of its k
     FAISS_THROW_IF_NOT_FMT(
-            budget == 0 || heavy->reads_search_knob("k"),
-            "IndexHybrid: budget=%zd splits the tokens between the heavy part's k and the "
-            "tail, and the heavy part %s has no k (use a top-k: TopK, RoarGraph)",
-            size_t(budget),
+            (epsilon == 0 && budget == 0) || heavy->reads_search_knob("k"),
+            "IndexHybrid: epsilon and budget calibrate the tail against the heavy part's "
+            "top-k, and the heavy part %s has no k (use a top-k: TopK, RoarGraph)",
             heavy->factory_string().c_str());
     heavy->prefill(in);
     tail->prefill(in);
@@ -293,6 +293,14 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
                 n_keys.data(), ks);
     };
     idx_t k_heavy = heavy->top_k_budget(), m = 0;
+    if (k_heavy == 0) {
+        // the heavy part as prefilled has no top-k (a Choose that chose
+        // Flat: every token read): nothing to calibrate, the knobs stay as
+        // given; prefill refused heavy types without any
+        calibrated_k = -1;
+        calibrated_sample = -1;
+        return;
+    }
     if (epsilon > 0) {
         const double z = normal_two_sided_quantile(delta);
         std::vector<TailStatistics> st = stats_for({k_heavy});
@@ -305,14 +313,6 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
         size_t rank = size_t(std::ceil((1 - delta) * double(need.size())));
         m = idx_t(std::ceil(need[std::clamp<size_t>(rank, 1, need.size()) - 1]));
     } else {
-        if (k_heavy == 0) {
-            // the heavy part as prefilled has no top-k (a Choose that chose
-            // Flat: every token read): there is no k to split off, and the
-            // knobs stay as given; prefill refused heavy types without any
-            calibrated_k = -1;
-            calibrated_sample = -1;
-            return;
-        }
         // the split of `budget` with the lowest mean predicted error
         constexpr int kSteps = 8;
         std::vector<idx_t> ks;

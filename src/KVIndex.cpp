@@ -384,16 +384,22 @@ const faiss::SearchParameters* KVIndex::params_among(
     for (const SearchKnob& knob : p->set_knobs()) {
         names.push_back(knob.name);
     }
+    // drop what only a peer reads; a knob no peer reads stays, for the
+    // reader's check_params to refuse naming it
+    const SearchParametersKV* out = p;
     for (const std::string& name : names) {
-        bool read = reader.reads_search_knob(name);
-        for (size_t i = 0; i < peers.size() && !read; i++) {
-            read = peers[i]->reads_search_knob(name);
+        if (reader.reads_search_knob(name)) {
+            continue;
         }
-        if (!read) {
-            return params; // no peer reads it: the reader refuses it, naming it
+        for (const KVIndex* peer : peers) {
+            if (peer->reads_search_knob(name)) {
+                copy = out->without_knob(name);
+                out = copy.get();
+                break;
+            }
         }
     }
-    return params_for(reader, params, copy);
+    return out;
 }
 
 idx_t KVIndex::effective_k(const faiss::SearchParameters* params) const {

@@ -456,11 +456,17 @@ TEST(Factory, KIsAKnobOnlyWhereATopKIsRead) {
     in.values = values.data();
     in.n_queries = nq;
     in.queries = pq.data();
-    auto flat_heavy = index_factory(kDim, "Hybrid(Flat,Uniform)|budget=10", 8);
-    EXPECT_THROW_MSG(flat_heavy->prefill(in), "the heavy part Flat has no k");
-    auto chose_flat = index_factory(kDim, "Hybrid(Choose(Flat;TopK(Flat)),Uniform)|budget=40", 8);
-    chose_flat->prefill(in);
-    ASSERT_EQ(get_index_parameter(chose_flat.get(), "chosen"), 0.0); // exact: no error
-    EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_k"), -1.0);
-    EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_sample"), -1.0);
+    for (const char* mode : {"budget=10", "epsilon=0.1"}) {
+        SCOPED_TRACE(mode);
+        auto flat_heavy = index_factory(kDim, std::string("Hybrid(Flat,Uniform)|") + mode, 8);
+        EXPECT_THROW_MSG(flat_heavy->prefill(in), "the heavy part Flat has no k");
+        auto ivf_heavy = index_factory(kDim, std::string("Hybrid(IVFAsym4,Uniform)|") + mode, 8);
+        EXPECT_THROW_MSG(ivf_heavy->prefill(in), "the heavy part IVFAsym4 has no k");
+        auto chose_flat = index_factory(
+                kDim, std::string("Hybrid(Choose(Flat;TopK(Flat)),Uniform)|") + mode, 8);
+        chose_flat->prefill(in);
+        ASSERT_EQ(get_index_parameter(chose_flat.get(), "chosen"), 0.0); // exact: no error
+        EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_k"), -1.0);
+        EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_sample"), -1.0);
+    }
 }

@@ -70,6 +70,7 @@ TEST(KVCache, GQAAndDecodeMatchTheReference) {
                 // a knob that no layer reads is refused, on every layer
                 SearchParametersTopK nprobe;
                 nprobe.nprobe = 2;
+                nprobe.k = 5; // read by layer 1: the dense layer names nprobe
                 std::vector<float> o(out.size());
                 EXPECT_THROW_MSG(
                         cache.attend(l, 1, q.data(), o.data(), nullptr, &nprobe),

@@ -118,8 +118,8 @@ struct IndexHybrid : KVIndex {
     double delta = 0.05;        ///< failure probability of the target
     idx_t n_calibration = 64;   ///< last prompt positions whose queries set the budget
     /// heavy k and tail sample chosen at the last prefill (-1: none chosen;
-    /// also with budget > 0 when the heavy part as prefilled has no top-k,
-    /// a Choose that chose Flat; a heavy type without k is refused)
+    /// also when the heavy part as prefilled has no top-k, a Choose that
+    /// chose Flat; epsilon or budget with a heavy type without k is refused)
     idx_t calibrated_k = -1;
     idx_t calibrated_sample = -1;
 

@@ -93,7 +93,7 @@ enum class IVFAsymProbe {
  * analysis, it reads every key), "IVFAsym<C>_Moment" (training-free
  * routing by each bucket's key moments, see IVFAsymProbe::moment: our
  * addition, not in the paper; self-training then runs k-means only).
- * Knobs: nprobe, group_probe, var_weight (_Moment only), k (search's default); prefill-time:
+ * Knobs: nprobe, group_probe, var_weight (_Moment only); prefill-time:
  * hidden, train_iterations, min_distance (-1: n_after; the three the Q-model probe's only), seed.
  */
 struct IndexIVFAsym : KVIndex {

@@ -137,7 +137,8 @@ class LSHInclusionTable {
  * and value rows are prefetched ahead of the gathered dot products and
  * weighted sum; u comes from an LSHInclusionTable (no acos / binomial per
  * key), and attend feeds log u straight to the softmax.
- * Factory string: "LSHSample<K>x<L>". Knobs: k, min_hits, max_sample.
+ * Factory string: "LSHSample<K>x<L>". Knobs: min_hits, max_sample (no k:
+ * the sample size is set by K and L).
  */
 struct IndexLSHSample : KVIndex {
     int K = 10;            ///< bits per table, 1..16

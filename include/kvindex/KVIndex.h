@@ -400,9 +400,9 @@ struct KVIndex : faiss::Index {
 
     /** `params` as `reader`, one of `peers` that are all handed the same
      * params (the layers of a cache: k of the sparse layers also reaches a
-     * dense Flat), takes them: params_for when each knob it sets is read by
-     * the reader or a peer; params itself otherwise, for the reader to
-     * refuse the knob that no peer reads. */
+     * dense Flat), takes them: without the knobs the reader does not read
+     * but a peer does; a knob no peer reads is kept, for the reader to
+     * refuse naming it. */
     static const faiss::SearchParameters* params_among(
             const KVIndex& reader,
             const std::vector<const KVIndex*>& peers,

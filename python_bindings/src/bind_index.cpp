@@ -107,11 +107,14 @@ std::unique_ptr<faiss::SearchParameters> call_parameters(
         return nullptr;
     }
     auto items = parse_params(params);
+    // the C++ rule (check_params): a per-call knob some index reads, not
+    // merely one listed (a Hybrid lists its Uniform tail's k, which a call
+    // hands to the heavy part only)
     std::set<std::string> search_time;
     for (const KVIndex* index : readers) {
-        for (const auto& p : kvindex::index_parameter_info(index)) {
-            if (!p.prefill_time) {
-                search_time.insert(p.name);
+        for (const auto& c : kCallKnobs) {
+            if (index->reads_search_knob(c.name)) {
+                search_time.insert(c.name);
             }
         }
     }
@@ -544,7 +547,8 @@ by SimHash (K bits per table, L tables); the keys that share the query's
 bucket in at least min_hits tables form the sample, each with its exact
 inclusion probability u_i, and attention is softmax(s_i - log u_i) over the
 sample. Compose with the static part: "Sink4,Window64,LSHSample10x150".
-Factory string: "LSHSample<K>x<L>". Knobs: k, min_hits, max_sample.)doc")
+Factory string: "LSHSample<K>x<L>". Knobs: min_hits, max_sample (no k: K and L set
+the sample).)doc")
             .def(py::init([](int d, int K, int L, py::object d_value, const std::string& kv_type) {
                      return std::make_shared<kvindex::IndexLSHSample>(d, d_value_or(d, d_value), K, L, kv_type_of(kv_type));
                  }),
@@ -626,7 +630,7 @@ baselines), "IVFAsym<C>_Oracle" (the buckets of largest exact mass: a
 routing ceiling that scores every key), "IVFAsym<C>_Moment" (training-free:
 the buckets of largest estimated mass log n_b + s <q, mean_b> + var_weight
 s^2/2 sum_j q_j^2 var_bj from each bucket's stored keys). Knobs: nprobe,
-group_probe, var_weight, k; prefill-time: hidden,
+group_probe, var_weight; prefill-time: hidden,
 train_iterations, min_distance, seed.)doc")
             .def(py::init([](int d, int C, const std::string& probe, py::object d_value, const std::string& kv_type) {
                      kvindex::IVFAsymProbe p = probe == "qmodel" ? kvindex::IVFAsymProbe::qmodel

@@ -20,7 +20,7 @@ void bind_io(py::module_& m);    ///< io, registry, RoPE, traces
 
 /** The per-call search parameters of `params` (None, "name=value,..." or a
  * dict) for this index: nullptr for None; ValueError for a name that is
- * not one of the index's search-time parameters. */
+ * not a per-call knob the index reads (KVIndex::reads_search_knob). */
 std::unique_ptr<faiss::SearchParameters> call_parameters(const kvindex::KVIndex& index, py::handle params);
 
 /// The same for a call handed to several indexes (the layers of a cache):

@@ -216,3 +216,7 @@ def test_k_attribute_exactly_where_k_is_listed(rdata):
     assert "k" in [p.name for p in kvindex.index_parameter_info(index)]
     index.k = 5
     assert index.k == 5 == kvindex.get_index_parameter(index, "k")
+    # a call hands k to the heavy part only, which has none: a ValueError
+    # naming it, as for any per-call name no index reads
+    with pytest.raises(ValueError, match="'k' is not a search-time parameter"):
+        index.attend(rdata.queries[:1], params={"k": 5})

@@ -133,7 +133,7 @@ void read_index_and_factory_seeds(const fs::path& out) {
     // strings with percentages and several knobs
     for (const char* f : {"TopK(Flat)|k=5%", "TopK(IVF4,Flat)|k=7,nprobe=2",
                           "TopK(HNSW8)|k=7,efSearch=24", "LSHSample6x20|min_hits=3,max_sample=30",
-                          "ProxyEvict20|budget=16,protect=10", "Sink4,Window8,Flat|k=7"}) {
+                          "ProxyEvict20|budget=16,protect=10", "Sink4,Window8,TopK(Flat)|k=7"}) {
         put(fac / ("p_" + stem_of(f)), std::string(f));
     }
     // the golden files of every format version

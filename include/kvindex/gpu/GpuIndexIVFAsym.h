@@ -49,7 +49,7 @@ namespace kvindex {
  * the type (KVCache with the GPU string runs one index per head).
  *
  * Knobs are the twin's (set_index_parameter and SearchParametersTopK
- * reach it): nprobe, group_probe, var_weight, k; prefill-time: hidden,
+ * reach it): nprobe, group_probe, var_weight; prefill-time: hidden,
  * train_iterations, min_distance, seed.
  */
 struct GpuIndexIVFAsym : GpuIndexHostTwin {
