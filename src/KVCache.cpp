@@ -314,31 +314,23 @@ void KVCache::attend(
     // batches (Flat: one pass over its keys and values) reads its tokens
     // once per group instead of once per query head.
     idx_t g = group_size();
+    // one params for every layer: each head drops what only another layer reads
+    std::vector<const KVIndex*> layers;
+    if (params) {
+        for (int l = 0; l < n_layers; l++) {
+            layers.push_back(index(l, 0));
+        }
+    }
     parallel_for(n_kv_heads, [&](idx_t h) {
         std::unique_ptr<SearchParametersKV> copy;
-        index(layer, int(h))
-                ->attend(
-                        g * n,
-                        q + h * g * n * d,
-                        out + h * g * n * d_value,
-                        lse ? lse + h * g * n : nullptr,
-                        params_for_head(layer, int(h), params, copy));
+        const KVIndex* head = index(layer, int(h));
+        head->attend(
+                g * n,
+                q + h * g * n * d,
+                out + h * g * n * d_value,
+                lse ? lse + h * g * n : nullptr,
+                KVIndex::params_among(*head, layers, params, copy));
     });
-}
-
-const faiss::SearchParameters* KVCache::params_for_head(
-        int layer,
-        int h,
-        const faiss::SearchParameters* params,
-        std::unique_ptr<SearchParametersKV>& copy) const {
-    if (!params) {
-        return params;
-    }
-    std::vector<const KVIndex*> layers;
-    for (int l = 0; l < n_layers; l++) {
-        layers.push_back(index(l, 0));
-    }
-    return KVIndex::params_among(*index(layer, h), layers, params, copy);
 }
 
 void KVCache::add_queries(int layer, idx_t n, const float* q) {

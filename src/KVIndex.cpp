@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -346,33 +348,15 @@ bool KVIndex::reads_search_knob(const std::string& name) const {
     return false;
 }
 
-const faiss::SearchParameters* KVIndex::params_for(
-        const KVIndex& reader,
-        const faiss::SearchParameters* params,
-        std::unique_ptr<SearchParametersKV>& copy) {
-    auto p = dynamic_cast<const SearchParametersKV*>(params);
-    if (!p) {
-        return params;
-    }
-    const SearchParametersKV* out = p;
-    if (p->k > 0 && !reader.reads_search_knob("k")) {
-        copy = out->without_knob("k");
-        out = copy.get();
-    }
-    for (const SearchKnob& knob : p->set_knobs()) {
-        if (!reader.reads_search_knob(knob.name)) {
-            copy = out->without_knob(knob.name);
-            out = copy.get();
-        }
-    }
-    return out;
-}
+namespace {
 
-const faiss::SearchParameters* KVIndex::params_among(
-        const KVIndex& reader,
-        const std::vector<const KVIndex*>& peers,
+/// `params` without the knobs it sets (its k, then its subclass's) that
+/// `drop(name)` picks; a copy, held in `copy`, when one is dropped.
+template <class Drop>
+const faiss::SearchParameters* without_knobs(
         const faiss::SearchParameters* params,
-        std::unique_ptr<SearchParametersKV>& copy) {
+        std::unique_ptr<SearchParametersKV>& copy,
+        Drop drop) {
     auto p = dynamic_cast<const SearchParametersKV*>(params);
     if (!p) {
         return params; // the reader checks what it is
@@ -384,22 +368,40 @@ const faiss::SearchParameters* KVIndex::params_among(
     for (const SearchKnob& knob : p->set_knobs()) {
         names.push_back(knob.name);
     }
-    // drop what only a peer reads; a knob no peer reads stays, for the
-    // reader's check_params to refuse naming it
     const SearchParametersKV* out = p;
     for (const std::string& name : names) {
-        if (reader.reads_search_knob(name)) {
-            continue;
-        }
-        for (const KVIndex* peer : peers) {
-            if (peer->reads_search_knob(name)) {
-                copy = out->without_knob(name);
-                out = copy.get();
-                break;
-            }
+        if (drop(name)) {
+            copy = out->without_knob(name);
+            out = copy.get();
         }
     }
     return out;
+}
+
+} // namespace
+
+const faiss::SearchParameters* KVIndex::params_for(
+        const KVIndex& reader,
+        const faiss::SearchParameters* params,
+        std::unique_ptr<SearchParametersKV>& copy) {
+    return without_knobs(params, copy, [&](const std::string& name) {
+        return !reader.reads_search_knob(name);
+    });
+}
+
+const faiss::SearchParameters* KVIndex::params_among(
+        const KVIndex& reader,
+        const std::vector<const KVIndex*>& peers,
+        const faiss::SearchParameters* params,
+        std::unique_ptr<SearchParametersKV>& copy) {
+    // drop what only a peer reads; a knob no peer reads stays, for the
+    // reader's check_params to refuse naming it
+    return without_knobs(params, copy, [&](const std::string& name) {
+        return !reader.reads_search_knob(name) &&
+                std::any_of(peers.begin(), peers.end(), [&](const KVIndex* peer) {
+                    return peer->reads_search_knob(name);
+                });
+    });
 }
 
 idx_t KVIndex::effective_k(const faiss::SearchParameters* params) const {

@@ -36,10 +36,7 @@ bool parse_decimal(const std::string& text, double* value) {
 /// throws naming an item that is not of that shape.
 template <class F>
 void for_each_item(const std::string& description, F&& f) {
-    size_t pos = 0;
-    while (true) {
-        size_t end = std::min(description.find(',', pos), description.size());
-        std::string item = description.substr(pos, end - pos);
+    for (const std::string& item : parameter_items(description)) {
         size_t eq = item.find('=');
         FAISS_THROW_IF_NOT_FMT(
                 eq != std::string::npos && eq > 0 && eq + 1 < item.size(),
@@ -47,10 +44,6 @@ void for_each_item(const std::string& description, F&& f) {
                 item.c_str(),
                 description.c_str());
         f(item.substr(0, eq), item.substr(eq + 1));
-        if (end == description.size()) {
-            break;
-        }
-        pos = end + 1;
     }
 }
 
@@ -165,6 +158,22 @@ void set_all(KVIndex* index, const std::vector<std::pair<std::string, double>>& 
 }
 
 } // namespace
+
+std::vector<std::string> parameter_items(const std::string& description) {
+    std::vector<std::string> items;
+    if (description.empty()) {
+        return items;
+    }
+    size_t pos = 0;
+    while (true) {
+        const size_t end = std::min(description.find(',', pos), description.size());
+        items.push_back(description.substr(pos, end - pos));
+        if (end == description.size()) {
+            return items;
+        }
+        pos = end + 1;
+    }
+}
 
 void set_index_parameter(KVIndex* index, const std::string& name, double value) {
     set_all(index, {{name, value}});

@@ -41,24 +41,6 @@ bool has_parameter(const kvindex::KVIndex* index, const std::string& name) {
     return false;
 }
 
-/// The "name=value" items of a --params string (values as written: "5%"),
-/// empty ones kept ("k=10,": the parser names them).
-std::vector<std::string> param_items(const std::string& params) {
-    std::vector<std::string> items;
-    if (params.empty()) {
-        return items;
-    }
-    size_t pos = 0;
-    while (true) {
-        const size_t end = std::min(params.find(',', pos), params.size());
-        items.push_back(params.substr(pos, end - pos));
-        if (end == params.size()) {
-            return items;
-        }
-        pos = end + 1;
-    }
-}
-
 /// The name of an item ("k" of "k=5%"); the whole item if it has no '='.
 std::string item_name(const std::string& item) {
     return item.substr(0, item.find('='));
@@ -71,7 +53,7 @@ std::string item_name(const std::string& item) {
 std::string shared_params_for(const kvindex::KVIndex* index, const std::string& params) {
     std::string out;
     bool first = true;
-    for (const std::string& item : param_items(params)) {
+    for (const std::string& item : kvindex::parameter_items(params)) {
         if (item.find('=') == std::string::npos || item_name(item).empty() ||
             has_parameter(index, item_name(item))) {
             out += (first ? "" : ",") + item; // an empty item stays one
@@ -190,7 +172,7 @@ RunResult run_kvbench(const RunOptions& opt) {
     // --trained; the others (the baselines of the same run) run as given.
     std::vector<bool> adopts(opt.indexes.size(), false);
     std::vector<bool> reportable(opt.report.size(), false);
-    const std::vector<std::string> shared = param_items(opt.params);
+    const std::vector<std::string> shared = kvindex::parameter_items(opt.params);
     std::vector<bool> shared_taken(shared.size(), false);
     std::vector<std::string> taken_params(opt.indexes.size()); // each index's share of --params
     for (size_t ix = 0; ix < opt.indexes.size(); ix++) {

@@ -297,9 +297,8 @@ std::string resolve_question(const std::string& params, int64_t n_question_token
     }
     // item by item, empty ones kept: set_index_parameters reports them
     std::string out;
-    for (size_t pos = 0;;) {
-        const size_t end = std::min(params.find(',', pos), params.size());
-        std::string item = params.substr(pos, end - pos);
+    bool first = true;
+    for (std::string item : kvindex::parameter_items(params)) {
         const size_t eq = item.find('=');
         if (eq != std::string::npos && item.compare(eq + 1, std::string::npos, "question") == 0) {
             if (n_question_tokens < 1) {
@@ -307,9 +306,8 @@ std::string resolve_question(const std::string& params, int64_t n_question_token
             }
             item.replace(eq + 1, std::string::npos, std::to_string(n_question_tokens));
         }
-        out += (pos == 0 ? "" : ",") + item;
-        if (end == params.size()) break;
-        pos = end + 1;
+        out += (first ? "" : ",") + item;
+        first = false;
     }
     return out;
 }

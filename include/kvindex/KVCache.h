@@ -172,13 +172,6 @@ struct KVCache {
 
    private:
     void check_layer_in_step(int layer, const char* what) const;
-    /// `params` as index (layer, h) takes them (see attend); `copy` holds
-    /// the reduced copy when one is made.
-    const faiss::SearchParameters* params_for_head(
-            int layer,
-            int h,
-            const faiss::SearchParameters* params,
-            std::unique_ptr<SearchParametersKV>& copy) const;
     /// Throws unless keys / values of n tokens per KV head are present and finite.
     void check_tokens(idx_t n, const float* keys, const float* values, const char* what) const;
 };

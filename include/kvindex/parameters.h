@@ -35,6 +35,12 @@ namespace kvindex {
  */
 void set_index_parameters(KVIndex* index, const std::string& description);
 
+/** The items of a parameter string as written ("k=5%" stays), split at
+ * the commas; empty items are kept, for the parser to name them ("k=5,"
+ * has two); "" has none. For tools that route or rewrite items before
+ * set_index_parameters parses them. */
+std::vector<std::string> parameter_items(const std::string& description);
+
 /** The (name, value) items of a parameter string, as set_index_parameters
  * reads it: decimal values only (no hex, spaces, inf, nan or junk), each
  * name at most once (a repeated one would silently win), no value in
