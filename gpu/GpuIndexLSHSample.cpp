@@ -424,13 +424,9 @@ void GpuIndexLSHSample::select_batch(
     const idx_t n_inner = s.ntotal;
     const idx_t sink = std::min(n_sink, ntotal);
     const idx_t window_start = sink + n_inner;
-    // the query's projections, in key reads (as the CPU; 0 when the
-    // wrapper holds every token itself)
-    const size_t scanned = n_inner > 0 ? size_t(s.K) * s.L : 0;
-    if (hits == 0 || n_inner == 0) { // every token, u = 1
+    if (hits == 0 || n_inner == 0) { // every token, u = 1, nothing hashed
         for (idx_t i = 0; i < n; i++) {
             sel[i].set_all(ntotal);
-            sel[i].n_scanned = scanned;
         }
         return;
     }
@@ -449,7 +445,11 @@ void GpuIndexLSHSample::select_batch(
         for (idx_t t = window_start; t < ntotal; t++) {
             out.push_back(t);
         }
-        out.n_scanned = scanned;
+        // what the device read besides the sample's rows, counted as the
+        // CPU counts it: the same tables, the query's codes hashed again
+        std::vector<uint16_t> qc(size_t(s.L));
+        s.hash(q + i * d, nullptr, qc.data());
+        out.n_scanned = s.sample_reads(qc.data(), ids[i].size());
     }
 }
 

@@ -523,16 +523,18 @@ size_t IndexIVFAsym::probe_cost() const {
     if (!is_trained_models()) {
         return 0;
     }
+    // float weights and centroids, as their bytes in stored keys (twice as
+    // many under BF16 / FP16)
     if (probe == IVFAsymProbe::qmodel && !qmodel.empty()) {
-        return (qmodel.flops_per_query() + d - 1) / d; // in key-vector equivalents
+        return key_equivalents(qmodel.flops_per_query() * sizeof(float)); // a weight per multiply-add
     }
     if (probe == IVFAsymProbe::oracle) {
         return size_t(ntotal); // every key scored
     }
-    if (probe == IVFAsymProbe::moment && var_weight > 0) {
-        return 2 * size_t(n_centroids); // the means and the variances
-    }
-    return size_t(n_centroids);
+    size_t rows = probe == IVFAsymProbe::moment && var_weight > 0
+            ? 2 * size_t(n_centroids) // the means and the variances
+            : size_t(n_centroids);
+    return key_equivalents(rows * size_t(d) * sizeof(float));
 }
 
 void IndexIVFAsym::select_one(

@@ -684,11 +684,10 @@ void IndexLSHSample::sample_one(
         dots.resize(ntotal);
         inner_products_scaled(q, storage.key_rows(), ntotal, 1.0f, dots.data());
         log_u.assign(ntotal, 0.0f);
-        sel.n_scanned = size_t(K) * L;
         keep_best_scoring(cap, sel, dots, log_u);
+        sel.n_scanned = size_t(ntotal) - sel.ids.size(); // scored, then dropped by the cap
         return;
     }
-    sel.n_scanned = size_t(K) * L; // the query's projections, in key reads
     std::vector<uint16_t> qc(L);
     hash(q, nullptr, qc.data());
     size_t B = size_t(1) << K;
@@ -817,6 +816,25 @@ void IndexLSHSample::sample_one(
     log_u.resize(m);
     table_for(hits)->log_inclusion(cosines.data(), m, log_u.data());
     keep_best_scoring(cap, sel, dots, log_u);
+    sel.n_scanned = sample_reads(qc.data(), m) + (m - sel.ids.size());
+}
+
+size_t IndexLSHSample::sample_reads(const uint16_t* qc, size_t sampled) const {
+    size_t bytes = planes.size() * sizeof(float);
+    size_t B = size_t(1) << K;
+    size_t id_bytes = ids16.empty() ? sizeof(uint32_t) : sizeof(uint16_t);
+    bool recent = n_recent > n_indexed;
+    for (int l = 0; l < L; l++) {
+        const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
+        bytes += 2 * sizeof(uint32_t) + (off[qc[l] + 1] - off[qc[l]]) * id_bytes;
+        if (recent) {
+            const uint32_t* ro = recent_offsets.data() + size_t(l) * (B + 1);
+            bytes += 2 * sizeof(uint32_t) + (ro[qc[l] + 1] - ro[qc[l]]) * sizeof(uint32_t);
+        }
+    }
+    bytes += size_t(ntotal - std::max(n_recent, n_indexed)) * L * sizeof(uint16_t);
+    bytes += sampled * sizeof(float); // norms
+    return key_equivalents(bytes);
 }
 
 void IndexLSHSample::knobs(const faiss::SearchParameters* params, int* hits, idx_t* cap) const {

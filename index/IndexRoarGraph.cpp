@@ -72,6 +72,7 @@ struct BeamScratch {
     std::vector<int64_t> anchor_ids;
     std::vector<float> anchor_scores;
     std::vector<std::pair<float, int64_t>> nearest;
+    size_t list_bytes = 0; ///< of the neighbour lists the last walk expanded
 
     void begin(idx_t n) {
         if (visited.size() < size_t(n)) {
@@ -247,8 +248,9 @@ void IndexRoarGraph::add_kv_impl(idx_t n, const float* keys, const float* values
 namespace {
 
 /** Best-first beam of width L over the graph from the entry point. score(ids,
- * m, out) scores m keys. Leaves the beam in s.beam, best first; returns the
- * keys scored. */
+ * m, out) scores m keys. Leaves the beam in s.beam, best first, and the
+ * bytes of the neighbour lists it read in s.list_bytes; returns the keys
+ * scored. */
 template <class Score>
 size_t walk(
         const IndexRoarGraph& g,
@@ -262,6 +264,7 @@ size_t walk(
     s.begin(g.ntotal);
     s.beam.clear();
     s.ids.clear();
+    s.list_bytes = 0;
     s.visit(int32_t(g.entry_point));
     s.ids.push_back(g.entry_point);
     for (const std::vector<int32_t>* extra : {&hubs, &seeds}) {
@@ -291,6 +294,7 @@ size_t walk(
         int32_t node = s.beam[i].id;
         const int32_t* nb = g.neighbors_of(node);
         int deg = g.degrees[node];
+        s.list_bytes += sizeof(g.degrees[node]) + size_t(deg) * sizeof(int32_t);
         s.ids.clear();
         for (int j = 0; j < deg; j++) {
             if (s.visit(nb[j])) {
@@ -476,11 +480,21 @@ bool IndexRoarGraph::seeds_by_group() const {
 
 size_t IndexRoarGraph::anchors_scored(const float* q) const {
     BeamScratch& s = beam_scratch();
-    return anchor_seeds(q, s.seeds);
+    size_t bytes;
+    return anchor_seeds(q, s.seeds, &bytes);
 }
 
-size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds) const {
+size_t IndexRoarGraph::seeding_bytes(const float* q) const {
+    BeamScratch& s = beam_scratch();
+    size_t bytes;
+    anchor_seeds(q, s.seeds, &bytes);
+    return bytes;
+}
+
+size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds, size_t* bytes)
+        const {
     seeds.clear();
+    *bytes = 0;
     size_t pool = anchor_pool(), recent = recent_anchors_scored();
     if (pool == 0 && recent == 0) {
         return 0;
@@ -529,12 +543,17 @@ size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds)
     size_t take = std::min({s.nearest.size(), size_t(seed_anchors),
                             size_t(std::max<idx_t>(1, ntotal / kKeysPerSeedList))});
     std::partial_sort(s.nearest.begin(), s.nearest.begin() + take, s.nearest.end());
+    size_t entries = 0;
     for (size_t t = 0; t < take; t++) {
         const int32_t* list = anchor_lists.data() + size_t(s.nearest[t].second) * width;
-        for (size_t j = 0; j < width && list[j] >= 0; j++) {
+        size_t j = 0;
+        for (; j < width && list[j] >= 0; j++) {
             seeds.push_back(list[j]);
         }
+        entries += std::min(j + 1, width); // and the -1 that ends a short list
     }
+    // the anchor queries and centroids are float rows of d
+    *bytes = scored * size_t(d) * sizeof(float) + entries * sizeof(int32_t);
     return scored;
 }
 
@@ -548,7 +567,8 @@ size_t IndexRoarGraph::beam_search(
     if (ntotal > 0 && k > 0) {
         BeamScratch& s = beam_scratch();
         size_t L = size_t(std::min<idx_t>(std::max<idx_t>(beam, k), ntotal));
-        size_t anchors_read = anchor_seeds(q, s.seeds);
+        size_t seeding = 0;
+        anchor_seeds(q, s.seeds, &seeding);
         InnerProductScore exact{q, storage.key_rows()};
         if (walk_bits == 8) {
             s.code_query.resize(size_t(d));
@@ -566,9 +586,10 @@ size_t IndexRoarGraph::beam_search(
                 s.beam[j].score = s.scores[j];
             }
             std::sort(s.beam.begin(), s.beam.end(), ranks_before);
-            scanned = keys_read(s.beam.size(), coded) + anchors_read;
+            scanned = keys_read(s.beam.size(), coded * size_t(d) + s.list_bytes + seeding);
         } else {
-            scanned = walk(*this, L, hubs, s.seeds, s, exact) + anchors_read;
+            size_t rows = walk(*this, L, hubs, s.seeds, s, exact);
+            scanned = keys_read(rows, s.list_bytes + seeding);
         }
         found = std::min(s.beam.size(), size_t(k));
         for (size_t j = 0; j < found; j++) {
@@ -583,9 +604,8 @@ size_t IndexRoarGraph::beam_search(
     return scanned;
 }
 
-size_t IndexRoarGraph::keys_read(size_t rows_scored, size_t codes_scored) const {
-    size_t row = storage.key_bytes(), code = size_t(d); // one byte per dimension
-    return rows_scored + (codes_scored * code + row - 1) / row;
+size_t IndexRoarGraph::keys_read(size_t rows_scored, size_t other_bytes) const {
+    return rows_scored + key_equivalents(other_bytes);
 }
 
 int IndexRoarGraph::beam_for(const faiss::SearchParameters* params, idx_t k) const {

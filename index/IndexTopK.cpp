@@ -119,21 +119,37 @@ void reseed_hnsw_levels(faiss::Index* retriever) {
     }
 }
 
-/// Inner products as the distances HNSW minimises (-<q, x>), as Faiss's
-/// own IndexHNSW does for METRIC_INNER_PRODUCT.
-struct NegatedDistances : faiss::DistanceComputer {
+/// The distances HNSW minimises (-<q, x> for METRIC_INNER_PRODUCT, as
+/// Faiss's own IndexHNSW does), counting every one it computes: the greedy
+/// steps of the upper layers too, which Faiss 1.7.3's HNSWStats leaves out.
+struct CountedDistances : faiss::DistanceComputer {
     std::unique_ptr<faiss::DistanceComputer> inner;
-    explicit NegatedDistances(faiss::DistanceComputer* inner) : inner(inner) {}
+    float sign;
+    size_t computed = 0;
+    CountedDistances(faiss::DistanceComputer* inner, bool negate)
+            : inner(inner), sign(negate ? -1.0f : 1.0f) {}
     void set_query(const float* x) override {
         inner->set_query(x);
     }
     float operator()(idx_t i) override {
-        return -(*inner)(i);
+        computed++;
+        return sign * (*inner)(i);
     }
     float symmetric_dis(idx_t i, idx_t j) override {
-        return -inner->symmetric_dis(i, j);
+        computed++;
+        return sign * inner->symmetric_dis(i, j);
     }
 };
+
+/// Bytes of one vector as a Faiss index stores it (a float row for Flat, a
+/// code for SQ / PQ), what a distance to it reads.
+size_t code_bytes(const faiss::Index& index) {
+    try {
+        return index.sa_code_size();
+    } catch (const faiss::FaissException&) {
+        return size_t(index.d) * sizeof(float); // no codec: a float row
+    }
+}
 
 /// The HNSW types whose search is HNSW::search over their storage (not
 /// IndexHNSW2Level, which overrides it, nor a reordering one).
@@ -168,16 +184,15 @@ void search_hnsw(
     idx_t chunks = std::min<idx_t>(n, std::max(1, omp_get_max_threads()));
     parallel_for(chunks, [&](idx_t c) {
         faiss::VisitedTable visited(h.ntotal);
-        std::unique_ptr<faiss::DistanceComputer> dis(h.storage->get_distance_computer());
-        if (h.metric_type == faiss::METRIC_INNER_PRODUCT) {
-            dis.reset(new NegatedDistances(dis.release()));
-        }
+        CountedDistances dis(
+                h.storage->get_distance_computer(), h.metric_type == faiss::METRIC_INNER_PRODUCT);
         for (idx_t i = n * c / chunks; i < n * (c + 1) / chunks; i++) {
             float* D = distances + i * k;
             idx_t* I = labels + i * k;
-            dis->set_query(q + i * h.d);
+            dis.set_query(q + i * h.d);
+            dis.computed = 0;
             faiss::maxheap_heapify(k, D, I);
-            faiss::HNSWStats stats = h.hnsw.search(*dis, int(k), I, D, visited);
+            h.hnsw.search(dis, int(k), I, D, visited);
             faiss::maxheap_reorder(k, D, I);
             if (h.metric_type == faiss::METRIC_INNER_PRODUCT) {
                 for (idx_t j = 0; j < k; j++) {
@@ -185,10 +200,10 @@ void search_hnsw(
                 }
             }
             if (scanned) {
-                // 1.7.3 counts the base layer's distances in n3 and leaves
-                // ndis 0 (the greedy steps of the upper layers are not
-                // counted)
-                scanned[i] = stats.n3 + stats.ndis;
+                // the vectors whose distance was computed, as stored; the
+                // neighbour lists are not counted (Faiss does not say how
+                // many nodes the walk expanded)
+                scanned[i] = dis.computed;
             }
         }
     });
@@ -384,7 +399,12 @@ void IndexTopK::select_batch(
     }
     search_retriever(
             n, q, kk, dis.data(), ids.data(), params, count && hnsw_counts ? scanned.data() : nullptr);
-    if (count && !hnsw_counts) {
+    if (count && hnsw_counts) {
+        size_t row = code_bytes(*dynamic_cast<const faiss::IndexHNSW&>(*retriever).storage);
+        for (idx_t i = 0; i < n; i++) {
+            scanned[i] = key_equivalents(scanned[i] * row);
+        }
+    } else if (count) {
         count_scanned(n, q, params, scanned.data());
     }
     for (idx_t i = 0; i < n; i++) {
@@ -417,28 +437,36 @@ void IndexTopK::count_scanned(
         size_t* scanned) const {
     auto ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
     auto hnsw = dynamic_cast<const faiss::IndexHNSW*>(retriever.get());
-    if (!retriever->is_trained || (!ivf && !hnsw)) {
-        std::fill(scanned, scanned + n, size_t(ntotal)); // a full scan
+    if (!retriever->is_trained || is_flat_inner_product(retriever.get())) {
+        std::fill(scanned, scanned + n, size_t(ntotal)); // the stored keys, once
     } else if (ivf) {
-        // the centroids, then every key of the probed lists
+        // the centroids (float rows, all of them for a flat quantizer),
+        // then the codes of the probed lists
         auto p = dynamic_cast<const SearchParametersTopK*>(params);
         size_t nprobe = std::min(ivf->nlist, p && p->nprobe > 0 ? p->nprobe : ivf->nprobe);
         std::vector<float> cd(n * nprobe);
         std::vector<idx_t> lists(n * nprobe);
         ivf->quantizer->search(n, q, nprobe, cd.data(), lists.data());
         for (idx_t i = 0; i < n; i++) {
-            scanned[i] = ivf->nlist;
+            size_t codes = 0;
             for (size_t j = 0; j < nprobe; j++) {
                 idx_t l = lists[i * nprobe + j];
-                scanned[i] += l >= 0 ? ivf->invlists->list_size(l) : 0;
+                codes += l >= 0 ? ivf->invlists->list_size(l) : 0;
             }
+            scanned[i] = key_equivalents(
+                    ivf->nlist * size_t(d) * sizeof(float) + codes * ivf->code_size);
         }
-    } else {
+    } else if (hnsw) {
         // the HNSW types that search_hnsw does not serve (IndexHNSW2Level,
         // reordering): Faiss's process-wide counter, reset by select, exact
-        // only while no other HNSW search runs, and averaged over the batch
+        // only while no other HNSW search runs, averaged over the batch, and
+        // without the upper layers' greedy steps
         size_t ndis = faiss::hnsw_stats.n3 + faiss::hnsw_stats.ndis;
-        std::fill(scanned, scanned + n, (ndis + n - 1) / n);
+        std::fill(scanned, scanned + n,
+                  key_equivalents((ndis + n - 1) / n * code_bytes(*hnsw->storage)));
+    } else {
+        // a flat index of codes (PQ, SQ, LSH): every code once
+        std::fill(scanned, scanned + n, key_equivalents(size_t(ntotal) * code_bytes(*retriever)));
     }
 }
 

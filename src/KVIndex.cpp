@@ -692,6 +692,11 @@ std::vector<KVIndex*> KVIndex::mutable_children() {
     return out;
 }
 
+size_t KVIndex::key_equivalents(size_t bytes) const {
+    size_t key = size_t(d) * kv_type_size(kv_type);
+    return key == 0 ? 0 : (bytes + key - 1) / key;
+}
+
 std::vector<ParameterInfo> KVIndex::parameter_info() const {
     if (!reads_search_knob("k")) {
         return {};

@@ -13,9 +13,11 @@
 #include <faiss/IndexIVF.h>
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/IndexIVFAsym.h>
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/QModel.h>
 #include <kvindex/parameters.h>
 
 #include "expect_throw.h"
@@ -335,4 +337,56 @@ TEST(IndexTopK, HNSWRecallGrowsWithEfSearch) {
     EXPECT_EQ(recall(0), high);
     EXPECT_GT(high, low);
     EXPECT_GT(high, 0.9); // a large beam on 5000 keys finds nearly all
+}
+
+// Selection::n_scanned is in stored keys: under BF16 a stored key is 2d
+// bytes, so the float32 centroids and lists an IVF retriever reads count
+// twice their number, an 8-bit code a quarter of a float32 key, and the
+// float32 hyperplanes of LSHSample and centroids of IVFAsym twice theirs.
+TEST(ReadCounts, FloatStructuresAndCodesCountTheirBytesInStoredKeys) {
+    Data data(4000, 6, 91);
+    SearchParametersTopK p;
+    p.count_scanned = true;
+    p.nprobe = 3;
+    for (std::string s : {"TopK(IVF16,Flat)", "BF16,TopK(IVF16,Flat)", "FP16,TopK(IVF16,SQ8)"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(kD, s, kDv);
+        index->add_kv(data.n, data.keys.data(), data.values.data());
+        auto topk = dynamic_cast<const IndexTopK*>(index.get());
+        ASSERT_NE(topk, nullptr);
+        auto ivf = faiss::ivflib::extract_index_ivf(topk->retriever.get());
+        ASSERT_TRUE(ivf->is_trained);
+        std::vector<Selection> sel(data.nq);
+        index->select(data.nq, data.queries.data(), sel.data(), &p);
+        size_t code = s.find("SQ8") != std::string::npos ? kD : kD * sizeof(float);
+        size_t key = kD * (s.find("16,") == 2 ? 2 : 4);
+        for (idx_t i = 0; i < data.nq; i++) {
+            std::vector<float> cd(3);
+            std::vector<idx_t> lists(3);
+            ivf->quantizer->search(1, data.queries.data() + i * kD, 3, cd.data(), lists.data());
+            size_t codes = 0;
+            for (idx_t l : lists) {
+                codes += ivf->invlists->list_size(l);
+            }
+            size_t bytes = 16 * kD * sizeof(float) + codes * code;
+            EXPECT_EQ(sel[i].n_scanned, (bytes + key - 1) / key) << "query " << i;
+        }
+    }
+    // the hyperplanes alone: K * L float rows, as stored keys
+    for (std::string type : {"", "BF16,"}) {
+        auto lsh = index_factory(kD, type + "LSHSample6x20", kDv);
+        lsh->add_kv(data.n, data.keys.data(), data.values.data());
+        Selection sel;
+        lsh->select(1, data.queries.data(), &sel);
+        EXPECT_GE(sel.n_scanned, size_t(6 * 20) * (type.empty() ? 1 : 2)) << type;
+        EXPECT_LT(sel.n_scanned, size_t(data.n) / 4) << type;
+    }
+    // IVFAsym's 4 float centroids, under each storage type
+    for (std::string type : {"", "BF16,", "FP16,"}) {
+        auto index = index_factory(kD, type + "IVFAsym4_Centroid", kDv);
+        auto ivf_asym = dynamic_cast<IndexIVFAsym*>(index.get());
+        ASSERT_NE(ivf_asym, nullptr);
+        ivf_asym->set_trained(gaussian(4, kD, 92), QModel(), RopeParams());
+        EXPECT_EQ(ivf_asym->probe_cost(), size_t(4) * (type.empty() ? 1 : 2)) << type;
+    }
 }

@@ -172,7 +172,26 @@ TEST(LSHSample, RetrievalEqualsBruteForceCountIncludingAppends) {
             std::set<idx_t> got(sel[qi].ids.begin(), sel[qi].ids.end());
             EXPECT_EQ(got.size(), sel[qi].size()); // each id once
             EXPECT_EQ(got, brute) << "query " << qi << " ntotal " << nt;
-            EXPECT_EQ(sel[qi].n_scanned, size_t(6 * 20));
+            // n_scanned: the bytes read besides the sample's rows, counted
+            // from the codes: the float hyperplanes; per table the bucket's
+            // bounds and ids in each level (16-bit ids while they fit), the
+            // tokens of neither level code by code; the sample's norms
+            size_t bytes = size_t(6 * 20 * kD) * sizeof(float) + brute.size() * sizeof(float);
+            idx_t levels_end = std::max(h->n_recent, h->n_indexed);
+            for (int l = 0; l < h->L; l++) {
+                size_t in_main = 0, in_recent = 0;
+                for (idx_t i = 0; i < levels_end; i++) {
+                    if (h->codes[i * h->L + l] == qc[l]) {
+                        (i < h->n_indexed ? in_main : in_recent)++;
+                    }
+                }
+                bytes += 8 + in_main * (h->n_indexed <= 65536 ? 2 : 4);
+                bytes += h->n_recent > h->n_indexed ? 8 + in_recent * 4 : 0;
+            }
+            bytes += size_t(nt - levels_end) * h->L * sizeof(uint16_t);
+            size_t key = kD * sizeof(float);
+            EXPECT_EQ(sel[qi].n_scanned, (bytes + key - 1) / key) << "query " << qi;
+            EXPECT_GT(sel[qi].n_scanned, size_t(6 * 20)) << "more than the hyperplanes";
         }
     };
     check(n0);
@@ -305,6 +324,11 @@ TEST(LSHSample, AttendIsTheUnbiasedEstimatorOverTheSample) {
         best.resize(5);
         std::sort(best.begin(), best.end());
         EXPECT_EQ(cap.ids, best);
+        // the keys scored and dropped by the cap were read too
+        EXPECT_EQ(cap.n_scanned, whole.n_scanned + whole.size() - 5);
+        if (hits == 0) {
+            EXPECT_EQ(whole.n_scanned, 0u) << "every key selected, nothing hashed";
+        }
     }
 }
 

@@ -316,6 +316,18 @@ void expect_forged_refused(const std::vector<uint8_t>& record, const char* what,
     }
 }
 
+/// What a beam as wide as a connected graph reads, in stored keys: every
+/// key scored on its row, `code_bytes` of codes, every node's neighbour
+/// list (its degree and ids) and the seeding, rounded up.
+size_t read_by_full_beam(const IndexRoarGraph& g, const float* q, size_t code_bytes) {
+    size_t bytes = code_bytes + g.seeding_bytes(q);
+    for (idx_t i = 0; i < g.ntotal; i++) {
+        bytes += sizeof(uint16_t) + g.degrees[i] * sizeof(int32_t);
+    }
+    size_t key = size_t(g.d) * sizeof(float);
+    return size_t(g.ntotal) + (bytes + key - 1) / key;
+}
+
 } // namespace
 
 // ---- 1. a beam as wide as the index is exact --------------------------------
@@ -350,15 +362,17 @@ TEST(RoarGraph, BeamOfAllKeysIsExact) {
                 std::vector<idx_t> l1(k);
                 size_t scanned = g->beam_search(x.test.data(), k, int(x.n), d1.data(), l1.data());
                 EXPECT_GT(g->anchors_scored(x.test.data()), 0u) << "the seeds are part of the exact search";
-                size_t codes = bits ? (size_t(x.n) + 3) / 4 : 0;
-                EXPECT_EQ(scanned, size_t(x.n) + codes + g->anchors_scored(x.test.data()));
+                EXPECT_GT(g->seeding_bytes(x.test.data()),
+                          g->anchors_scored(x.test.data()) * x.d * sizeof(float));
+                size_t codes = bits ? size_t(x.n) * x.d : 0; // a byte per dimension
+                EXPECT_EQ(scanned, read_by_full_beam(*g, x.test.data(), codes));
                 EXPECT_TRUE(std::equal(l1.begin(), l1.end(), labels.begin()));
                 EXPECT_TRUE(std::equal(d1.begin(), d1.end(), dist.begin()));
             }
         }
     }
     auto g = roar(kD);
-    EXPECT_EQ(g->keys_read(10, 7), 10u + 2u); // 7 codes of d bytes: 1.75 keys of 4d, rounded up
+    EXPECT_EQ(g->keys_read(10, 7 * kD), 10u + 2u); // 7 codes of d bytes: 1.75 keys of 4d, rounded up
 }
 
 // ---- 2. recall grows with the beam ------------------------------------------
@@ -597,7 +611,7 @@ TEST(RoarGraph, SelectionSearchAndAttendAgree) {
             EXPECT_TRUE(*ids.begin() >= 0 && *ids.rbegin() < x.n);
             EXPECT_GT(s.n_scanned, 0u);
             const float* q = x.test.data() + i * kD;
-            EXPECT_LE(s.n_scanned, size_t(x.n) + g->anchors_scored(q));
+            EXPECT_LE(s.n_scanned, read_by_full_beam(*g, q, 0));
             // the same beam: the same keys as search, the same count as beam_search
             std::vector<idx_t> found(labels.begin() + i * k, labels.begin() + (i + 1) * k);
             EXPECT_EQ(ids, std::set<idx_t>(found.begin(), found.end()));
@@ -605,7 +619,7 @@ TEST(RoarGraph, SelectionSearchAndAttendAgree) {
             std::vector<idx_t> l1(k);
             EXPECT_EQ(g->beam_search(x.test.data() + i * kD, k, ef, d1.data(), l1.data()), s.n_scanned);
             if (ef >= x.n) {
-                EXPECT_EQ(s.n_scanned, size_t(x.n) + g->anchors_scored(q));
+                EXPECT_EQ(s.n_scanned, read_by_full_beam(*g, q, 0));
             }
             // attention = exact softmax over exactly those keys
             std::vector<double> ref;
@@ -1151,7 +1165,7 @@ TEST(RoarGraph, GroupedSeedsGiveAnAnchorItsOwnListScoringFewerAnchors) {
         // a full beam scores every key and those anchors
         std::vector<float> d1(k);
         std::vector<idx_t> l1(k);
-        EXPECT_EQ(g->beam_search(q, k, int(x.n), d1.data(), l1.data()), size_t(x.n) + scored);
+        EXPECT_EQ(g->beam_search(q, k, int(x.n), d1.data(), l1.data()), read_by_full_beam(*g, q, 0));
     }
     EXPECT_LT(mean_scored, 256.0) << "fewer than the flat pool";
     // the groups are derived again on read: the same groups, the same answers

@@ -55,7 +55,8 @@ enum class IVFAsymProbe {
  * bucket, merged by lse; compose with the static part as the paper does:
  * "Sink1,Window511,IVFAsym64". nprobe = C reads every key (exact); nprobe
  * = 0 reads none (a wrapper's static part alone). Selection::n_scanned =
- * the classifier's multiply-adds / d, or C for centroid probing.
+ * the bytes of the classifier's weights or of the C centroids, in stored
+ * keys (probe_cost).
  *
  * GQA (group_probe = 1, the paper's batched queries): an attend call whose
  * n queries are g = group_size heads x n / g, head-major (what KVCache
@@ -159,8 +160,10 @@ struct IndexIVFAsym : KVIndex {
      * entries. */
     void moment_log_masses(const float* q, float* log_masses) const;
 
-    /// Selection::n_scanned of one probe (the classifier's multiply-adds
-    /// / d, C centroids, ...; 0 untrained).
+    /// Selection::n_scanned of one probe, in stored-key equivalents: the
+    /// classifier's float weights (one per multiply-add) or the C float
+    /// centroids (and variances), by their bytes; ntotal for the oracle;
+    /// 0 untrained.
     size_t probe_cost() const;
 
     /// Copies centroids and Q-model (and their RoPE) from a trained model.

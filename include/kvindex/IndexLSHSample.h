@@ -171,6 +171,13 @@ struct IndexLSHSample : KVIndex {
     /// The K * L sign bits of (x - center) (center may be nullptr), as L codes.
     void hash(const float* x, const float* center, uint16_t* out_codes) const;
 
+    /** What sampling for a query of codes qc (size L, from hash) reads
+     * besides the rows of its sample, in stored-key equivalents
+     * (Selection::n_scanned): the K * L float hyperplanes, the query's
+     * bucket in every table of both levels (bounds and ids), the codes of
+     * the tokens in neither level, and the norms of the `sampled` keys. */
+    size_t sample_reads(const uint16_t* qc, size_t sampled) const;
+
     size_t memory_bytes() const override;
     /// Bytes of the hash tables and codes alone (excluding keys and values).
     size_t table_bytes() const;

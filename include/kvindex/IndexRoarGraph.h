@@ -145,9 +145,10 @@ struct AnchorGroups {
  * 1024, and 0.4% of the keys read less for the same recall). A query's top
  * keys are mostly in the lists of the prompt queries that resemble it,
  * which the projection has pruned to M per pivot; the seeds give them back
- * at the start. Scored by inner product; Selection::n_scanned counts the
- * vectors whose score was computed: keys (hubs and seeds included), and
- * the anchors and group centroids scored. The visited marks are epoch-stamped per thread, so
+ * at the start. Scored by inner product; Selection::n_scanned counts, in
+ * stored keys, the keys whose score was computed (hubs and seeds
+ * included) and the bytes of the neighbour lists expanded, of the anchors
+ * and group centroids scored and of the seed lists. The visited marks are epoch-stamped per thread, so
  * nothing is cleared between queries.
  *
  * walk_bits = 8: the walk scores 8-bit codes of the keys (KeyCodes8: one
@@ -157,7 +158,7 @@ struct AnchorGroups {
  * the bytes go (128k keys, efSearch 100: ~4600 scored for the 100 kept), and a
  * graph neighbour's code is one or two cache lines instead of eight; the
  * path is nearly the same (synthetic 128k: recall 0.961 against 0.961 at
- * efSearch 300, reading 2.3% of the keys' bytes instead of 7.0%).
+ * efSearch 300, reading 2.4% of the keys' bytes instead of 7.2%).
  * Selection::n_scanned then counts the codes as their share of a stored
  * key's bytes (keys_read). The codes cost d bytes per token, are derived
  * from the keys (at prefill, on append, when the knob is set) and only
@@ -284,17 +285,22 @@ struct IndexRoarGraph : KVIndex {
     /// anchors yet; 0 for a version-1 record, which has no lists).
     size_t anchor_list_width() const;
     /** Anchors and group centroids a search for q scores to pick its
-     * seeds (0: no seeding). Selection::n_scanned counts them with the
-     * keys. */
+     * seeds (0: no seeding). */
     size_t anchors_scored(const float* q) const;
+    /** Bytes the seeding of a search for q reads: those anchors and
+     * centroids (float rows of d) and the seed lists taken.
+     * Selection::n_scanned counts them with the keys (keys_read). */
+    size_t seeding_bytes(const float* q) const;
     /** Whether the searches pick their seeds through anchor_groups: when
      * scoring the centroids and the members of the groups probed costs
      * less than the flat pool of one anchor per 128 keys. */
     bool seeds_by_group() const;
-    /** What a search reads, in stored keys: the keys scored on their rows
-     * plus, with walk_bits = 8, the codes scored as their share of a
-     * stored key's bytes (rounded up). */
-    size_t keys_read(size_t rows_scored, size_t codes_scored) const;
+    /** What a search reads, in stored keys (Selection::n_scanned): the
+     * keys scored on their rows, plus `other_bytes` as their share of a
+     * stored key's bytes, rounded up: the codes scored with walk_bits = 8
+     * (d bytes each), the neighbour lists of the nodes expanded (degree
+     * and ids) and the seeding (seeding_bytes). */
+    size_t keys_read(size_t rows_scored, size_t other_bytes) const;
     /// Keys reachable from the entry point (breadth-first), for checks.
     idx_t count_reachable() const;
 
@@ -381,8 +387,9 @@ struct IndexRoarGraph : KVIndex {
      * entered (score >= bar), best margin first, at most M. */
     std::vector<int32_t> anchor_pivots_of(const float* key, idx_t x) const;
     /// The lists of the seed_anchors anchors nearest q, in `seeds`;
-    /// returns the anchors and centroids scored.
-    size_t anchor_seeds(const float* q, std::vector<int32_t>& seeds) const;
+    /// returns the anchors and centroids scored, and in *bytes what the
+    /// seeding read (seeding_bytes).
+    size_t anchor_seeds(const float* q, std::vector<int32_t>& seeds, size_t* bytes) const;
     /** The exact lists of m queries (q: size m * d): the top width keys
      * of each (scores, ids: size m * width, best first, -1 padded), in one
      * pass over the keys, a block of them scored for every query while it

@@ -92,8 +92,9 @@ struct IndexTopK : KVIndex {
     /// IVF lists the retriever may have: no more than the keys it trains on
     idx_t max_lists() const;
 
-    /// search_batch; an HNSW retriever also fills scanned (size n, when
-    /// not nullptr) with the keys each query read (Selection::n_scanned).
+    /// search_batch; an HNSW retriever also fills hnsw_scanned (size n,
+    /// when not nullptr) with the distances each query computed, every
+    /// layer's.
     void search_retriever(
             idx_t n,
             const float* q,
@@ -103,8 +104,9 @@ struct IndexTopK : KVIndex {
             const faiss::SearchParameters* params,
             size_t* hnsw_scanned) const;
 
-    /// Vectors the retriever read per query (Selection::n_scanned), for
-    /// the retrievers whose search does not count them.
+    /// What the retriever read per query, in stored-key equivalents
+    /// (Selection::n_scanned: float centroids and codes by their bytes),
+    /// for the retrievers whose search does not count it.
     void count_scanned(
             idx_t n,
             const float* q,

@@ -377,6 +377,12 @@ struct KVIndex : faiss::Index {
         return children();
     }
 
+    /** `bytes` read by a retrieval, in stored-key equivalents (the unit of
+     * Selection::n_scanned), rounded up: a structure of float32 rows
+     * (centroids, hyperplanes, anchors) counts twice a row's number of
+     * stored keys under BF16 / FP16, a code or an id list its share. */
+    size_t key_equivalents(size_t bytes) const;
+
     /** Whether a search of this index reads the per-call knob `name`, "k"
      * (the top-k budget) or one of a SearchParametersKV subclass
      * (SearchKnob::name), itself or through an index it hands the call

@@ -70,7 +70,7 @@ namespace kvindex {
  *
  * select: the device sample plus the static tokens, ids increasing, with
  * the device's inclusion probabilities (1 for static tokens); n_scanned
- * K L as the CPU's. search: the exact top-k among the selected tokens,
+ * as the CPU counts it (IndexLSHSample::sample_reads). search: the exact top-k among the selected tokens,
  * scored on the device, ties by smaller id. Knobs are the twin's:
  * min_hits (SearchParametersLSH::min_hits per call); max_sample must stay
  * 0: a capped sample is ranked by score (and no longer unbiased), which
