@@ -550,7 +550,7 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
                         if (ch >= '0' && ch <= '9') digits += ch;
                         else if (!digits.empty() || (ch != ' ' && ch != ':')) break;
                     }
-                    bool ok = digits.compare(0, key.size(), key) == 0 && digits.size() >= key.size();
+                    bool ok = digits == key; // "750307" is not the key 75030
                     correct[xi][ci] += ok;
                     cases.push_back({{"context", cfg.contexts[ci]}, {"tokens", prompt.size()},
                                      {"depth", depth}, {"needle_token", needle_at},

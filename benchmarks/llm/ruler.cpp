@@ -270,6 +270,12 @@ std::vector<int64_t> random_points(std::mt19937_64& rng, int n, const std::vecto
     return at;
 }
 
+/// Where the needle (marked[0]) stands, as a fraction of the tokens before
+/// the question: the placement rounds the drawn depth to a sentence end.
+double needle_depth(const PromptPieces& prompt) {
+    return double(prompt.token_of(prompt.marked[0])) / double(prompt.question_start());
+}
+
 /// The point nearest to depth * n_units (the first of two as near).
 int64_t point_at_depth(double depth, const std::vector<int64_t>& points, int64_t n_units) {
     const double want = depth * double(n_units);
@@ -302,7 +308,9 @@ RulerSample niah_sample(const std::string& task, int64_t target_tokens, const st
                    " mentioned in the provided text? The special magic numbers for " + keys[0] +
                    " mentioned in the provided text are";
         s.expected = values;
-        s.max_new = 40;
+        // four 7-digit values are 32 tokens (a token a digit, and the
+        // space), 42 as the bullet list the model tends to write
+        s.max_new = 64;
     } else {
         const size_t asked = std::uniform_int_distribution<size_t>(0, keys.size() - 1)(rng);
         question = "\nWhat is the special magic number for " + keys[asked] +
@@ -320,7 +328,10 @@ RulerSample niah_sample(const std::string& task, int64_t target_tokens, const st
         return random_points(rng, n_needles, points);
     };
     s.prompt = haystack_prompt(task, target_tokens, kNiahIntro, needles, question, haystack, count, rng, place);
-    if (n_needles == 1) s.depth = depth;
+    if (n_needles == 1) {
+        s.depth_drawn = depth;
+        s.depth = needle_depth(s.prompt);
+    }
     return s;
 }
 
@@ -347,7 +358,7 @@ RulerSample vt_sample(int64_t target_tokens, const std::vector<std::string>& hay
     for (int c : order) statements.push_back(chains[c][next[c]++]);
     RulerSample s;
     s.expected.assign(names.begin(), names.begin() + kVars);
-    s.max_new = 40;
+    s.max_new = 64; // the reference answer alone is 32-36 tokens
     const std::string question = "\nFind all variables that are assigned the value " + values[0] +
                                  " in the text above. Answer: According to the chain(s) of variable assignment "
                                  "in the text above, " + std::to_string(kVars) +
@@ -443,8 +454,9 @@ RulerSample make_ruler_sample(
         s = cwe_sample(target_tokens, count, rng);
     } else if (task == "passkey") {
         const std::string key = std::to_string(std::uniform_int_distribution<int>(10000, 99999)(rng));
-        s.depth = std::uniform_real_distribution<double>(0, 1)(rng);
-        s.prompt = needle_prompt(count, target_tokens, s.depth, key);
+        s.depth_drawn = std::uniform_real_distribution<double>(0, 1)(rng);
+        s.prompt = needle_prompt(count, target_tokens, s.depth_drawn, key);
+        s.depth = needle_depth(s.prompt);
         s.expected = {key};
         s.max_new = 12;
         if (s.prompt.n_tokens() > target_tokens) { // needle_prompt keeps one filler at least
@@ -467,9 +479,25 @@ double ruler_score(const std::string& answer, const std::vector<std::string>& ex
         for (char& c : s) c = char(std::tolower((unsigned char)c));
         return s;
     };
+    // an expected string counts where it stands alone: "8394764" not in
+    // "83947640", "pear" not in "appear" (RULER's own check, a substring,
+    // takes both)
+    auto joins = [](char a, char b) {
+        auto digit = [](char c) { return c >= '0' && c <= '9'; };
+        auto letter = [](char c) { return std::isalpha((unsigned char)c) != 0; };
+        return (digit(a) && digit(b)) || (letter(a) && letter(b));
+    };
     const std::string a = lower(answer);
     int found = 0;
-    for (const std::string& e : expected) found += a.find(lower(e)) != std::string::npos;
+    for (const std::string& raw : expected) {
+        const std::string e = lower(raw);
+        bool alone = false;
+        for (size_t at = a.find(e); !alone && at != std::string::npos; at = a.find(e, at + 1)) {
+            alone = !(at > 0 && !e.empty() && joins(a[at - 1], e.front())) &&
+                    !(at + e.size() < a.size() && !e.empty() && joins(e.back(), a[at + e.size()]));
+        }
+        found += alone;
+    }
     return double(found) / double(expected.size());
 }
 

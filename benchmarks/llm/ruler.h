@@ -56,7 +56,10 @@ struct RulerSample {
     std::string task;
     PromptPieces prompt;               ///< the question is the last piece
     std::vector<std::string> expected; ///< strings the answer should contain
-    double depth = -1;                 ///< niah_single, passkey: relative depth of the needle; else -1
+    /// niah_single, passkey: where the needle stands, a fraction of the
+    /// tokens before the question; else -1
+    double depth = -1;
+    double depth_drawn = -1;           ///< the depth drawn, which placing the needle rounds
     int max_new = 0;                   ///< tokens to generate by default
     /// a right answer as the question's last words go on (" 12345.", " VAR
     /// ABCDE, VAR FGHIJ, ..."): every expected string, in order

@@ -148,7 +148,7 @@ TEST(Ruler, NiahSingleHasItsNeedleOnceAtItsDepth) {
             return c == '.' || c == '?' || c == '!';
         };
         ASSERT_TRUE(sentence_end(at)) << p.pieces[at];
-        const double want = s.depth * double(n_units);
+        const double want = s.depth_drawn * double(n_units);
         for (int64_t k = 0; k <= n_units; k++) {
             if (sentence_end(k)) EXPECT_GE(std::fabs(double(k) - want), std::fabs(double(at) - want)) << k;
         }
@@ -156,7 +156,7 @@ TEST(Ruler, NiahSingleHasItsNeedleOnceAtItsDepth) {
         for (size_t i = 0; i < p.marked[0]; i++) offset += p.pieces[i].size();
         EXPECT_EQ(text.find(needle), offset);
         // the haystack's units are alike: the needle's token is at about its depth
-        EXPECT_NEAR(double(p.token_of(p.marked[0])) / double(p.question_start()), s.depth, 0.1);
+        EXPECT_NEAR(double(p.token_of(p.marked[0])) / double(p.question_start()), s.depth_drawn, 0.1);
         EXPECT_EQ(p.pieces.back(), "\nWhat is the special magic number for " + key +
                                            " mentioned in the provided text? The special magic number for " + key +
                                            " mentioned in the provided text is");
@@ -290,7 +290,7 @@ TEST(Ruler, PasskeyIsNeedlesTaskAtARandomDepth) {
               " The pass key is " + key + ". Remember it. " + key + " is the pass key.");
     EXPECT_EQ(s.prompt.pieces.back(), " What is the pass key? The pass key is");
     // the same prompt as needle's at that depth
-    PromptPieces p = needle_prompt(count_bytes, 1024, s.depth, key);
+    PromptPieces p = needle_prompt(count_bytes, 1024, s.depth_drawn, key);
     EXPECT_EQ(p.pieces, s.prompt.pieces);
 }
 
@@ -334,6 +334,31 @@ TEST(Ruler, ScoreIsTheFractionOfExpectedStringsFound) {
     EXPECT_EQ(ruler_score(" Apple, CHERRY", {"apple", "banana", "cherry", "plum"}), 0.5) << "ignores case";
     EXPECT_EQ(ruler_score("", {"x"}), 0.0);
     EXPECT_THROW(ruler_score("x", {}), std::invalid_argument);
+    // a string counts where it stands alone, not inside a longer number or word
+    EXPECT_EQ(ruler_score(" 83947640.", {"8394764"}), 0.0) << "a wrong, longer number";
+    EXPECT_EQ(ruler_score(" 18394764.", {"8394764"}), 0.0);
+    EXPECT_EQ(ruler_score("The words that appear most", {"pear"}), 0.0);
+    EXPECT_EQ(ruler_score(" shrimpy, pear", {"shrimp", "pear"}), 0.5);
+    EXPECT_EQ(ruler_score(" 8394764 (not 83947640)", {"8394764"}), 1.0) << "any stand-alone match";
+    EXPECT_EQ(ruler_score("VAR ABCDE,VAR FGHIJ", {"abcde", "fghij"}), 1.0);
+    EXPECT_EQ(ruler_score("x8394764y", {"8394764"}), 1.0) << "letters do not join digits";
+}
+
+// The depth a sample reports is where its needle stands among the tokens
+// before the question, not the depth drawn before the needle was put at a
+// sentence end.
+TEST(Ruler, DepthIsWhereTheNeedleStands) {
+    for (const std::string task : {"niah_single", "passkey"}) {
+        for (int64_t i = 0; i < 6; i++) {
+            RulerSample s = sample(task, 1024, 1, i);
+            ASSERT_FALSE(s.prompt.marked.empty());
+            EXPECT_DOUBLE_EQ(s.depth, double(s.prompt.token_of(s.prompt.marked[0])) /
+                                              double(s.prompt.question_start()))
+                    << task << " " << i;
+            EXPECT_GT(s.depth, 0.0);
+            EXPECT_LT(s.depth, 1.0);
+        }
+    }
 }
 
 TEST(Ruler, QuestionParameterIsTheQuestionLength) {
