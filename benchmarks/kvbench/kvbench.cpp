@@ -36,7 +36,7 @@ int cmd_gen(int argc, char** argv) {
     po::options_description opts("kvbench gen: write a synthetic trace");
     opts.add_options()
             ("out", po::value(&out)->required(), "trace directory")
-            ("preset", po::value(&cfg.preset)->default_value(cfg.preset), "needle | local | flat | mixed")
+            ("preset", po::value(&cfg.preset)->default_value(cfg.preset), "needle | local | flat | aggregate | mixed")
             ("seed", po::value(&cfg.seed)->default_value(cfg.seed), "generator seed")
             ("tokens", po::value(&cfg.n_tokens)->default_value(cfg.n_tokens), "tokens per head")
             ("head-dim", po::value(&cfg.head_dim)->default_value(cfg.head_dim), "head dimension")
@@ -74,7 +74,7 @@ int cmd_run(int argc, char** argv) {
             ("trace", po::value(&opt.trace_dir)->required(), "trace directory")
             ("index", po::value(&opt.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
             ("params", po::value(&opt.params), "parameters for every index that has them, before its own, e.g. k=100,nprobe=8 (each must be a parameter of some index)")
-            ("layers", po::value(&layers), "comma-separated layers (default: all)")
+            ("layers", po::value(&layers), "comma-separated layers (default: every layer the trace's meta.json lists)")
             ("trained", po::value(&opt.trained), "cache file of `kvllm train`: every index adopts its models")
             ("max-queries", po::value(&opt.max_queries)->default_value(0),
              "evaluation positions per (layer, q head), spread evenly; 0 = all")
@@ -115,6 +115,10 @@ int main(int argc, char** argv) {
         return 2;
     }
     std::string cmd = argv[1];
+    if (cmd == "--help" || cmd == "-h") {
+        std::printf("%s", usage.c_str());
+        return 0;
+    }
     try {
         if (cmd == "gen") {
             return cmd_gen(argc, argv);

@@ -37,6 +37,16 @@ std::string resolve_spec_params(
     return kvindex::resolve_percentages(params, n, probe.get());
 }
 
+} // namespace
+
+std::string resolve_index_percentages(const LlamaModel& llm, const std::string& index, int64_t n) {
+    kvindex::IndexSpec spec = kvindex::parse_index_spec(index);
+    spec.params = resolve_spec_params(llm, spec, spec.params, n);
+    return spec.str();
+}
+
+namespace {
+
 /// log-softmax of one row of logits, in double.
 std::vector<double> log_softmax(const float* x, int n) {
     double m = *std::max_element(x, x + n);
@@ -137,7 +147,8 @@ GenerationResult generate_text(
     auto t0 = Clock::now();
     llm.prefill(prompt.data(), n, nullptr, 0, &rec, 0);
     r.prefill_tokens_per_s = double(n) / seconds_since(t0);
-    kvindex::KVCache cache = llm.make_cache(rec, index_string, dense_string, {0});
+    kvindex::KVCache cache =
+            llm.make_cache(rec, resolve_index_percentages(llm, index_string, n), dense_string, {0});
     with_decode_cache(cache, gpu, [&](auto& c) {
         t0 = Clock::now();
         r.tokens = llm.generate(prompt.back(), max_new, c, stop_ids(tok));

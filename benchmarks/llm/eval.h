@@ -99,6 +99,11 @@ TraceSummary write_model_trace(
 // An index under test is "STRING" or "STRING|params" (kvindex::IndexSpec),
 // where "k=5%" means 5% of the context's tokens (resolve_percentages).
 
+/// `index` ("STRING" or "STRING|params") with its percentages resolved
+/// against a prompt of n tokens; throws for a percentage on a knob that is
+/// not a count of tokens.
+std::string resolve_index_percentages(const LlamaModel& llm, const std::string& index, int64_t n);
+
 /// What every evaluation of indexes on the model takes (e2e, needle, ruler).
 struct IndexRunConfig {
     std::vector<std::string> indexes;    ///< the indexes under test

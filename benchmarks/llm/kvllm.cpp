@@ -165,7 +165,7 @@ int cmd_logits(int argc, char** argv) {
             ("out", po::value(&out)->required(), "output .npy, float32 [n_tokens, n_vocab]")
             ("prefill", po::value(&n_prefill), "dense prefill of the first N tokens (1 <= N <= n), the rest "
                                                "decoded through the KV cache (default: all prefilled)")
-            ("index", po::value(&index)->default_value(index), "index of the decode KV cache: STRING or STRING|params")
+            ("index", po::value(&index)->default_value(index), "index of the decode KV cache: STRING or STRING|params (k=5%: 5% of the prefilled tokens)")
             ("gpu", po::bool_switch(&gpu), "decode through the cache's GPU twin (GpuKVCache; GPU builds)");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) return 0;
@@ -191,7 +191,7 @@ int cmd_logits(int argc, char** argv) {
         }
         PrefillRecord rec;
         llm.prefill(ids.data(), n_prefill, logits.data(), 0, &rec, 0);
-        kvindex::KVCache cache = llm.make_cache(rec, index);
+        kvindex::KVCache cache = llm.make_cache(rec, resolve_index_percentages(llm, index, n_prefill));
         with_decode_cache(cache, gpu, [&](auto& c) {
             llm.decode(ids.data() + n_prefill, n - n_prefill, c, logits.data() + n_prefill * V);
         });
@@ -210,7 +210,7 @@ int cmd_generate(int argc, char** argv) {
             ("prompt", po::value(&prompt)->required(), "prompt text")
             ("chat", po::bool_switch(&chat), "wrap the prompt in the model's chat template")
             ("max-new", po::value(&max_new)->default_value(max_new), "tokens to generate (>= 1)")
-            ("index", po::value(&index)->default_value(index), "index of the KV cache: STRING or STRING|params")
+            ("index", po::value(&index)->default_value(index), "index of the KV cache: STRING or STRING|params (k=5%: 5% of the prompt's tokens)")
             ("dense-index", po::value(&dense_index)->default_value(dense_index),
              "factory string of layer 0 (kept dense, as the papers do)")
             ("gpu", po::bool_switch(&gpu), "decode through the cache's GPU twin (GpuKVCache; GPU builds)");

@@ -100,8 +100,8 @@ double normal_two_sided_quantile(double delta);
  * The hybrid keeps the tokens itself for the estimator; the heavy and the
  * tail index hold their own copies for retrieval (memory_bytes counts all).
  * Factory string: "Hybrid(<heavy>,<tail>)", each one element, e.g.
- * "Hybrid(TopK(Flat),LSHSample10x150)", "Hybrid(TopK(Flat),Uniform)|k=1%,sample=1%",
- * "Hybrid(TopK(Flat),Weighted)|k=1%,sample=1%" (IndexWeightedSample: the
+ * "Hybrid(TopK(Flat),LSHSample10x150)", "Hybrid(TopK(Flat),Uniform)|k=80,sample=80",
+ * "Hybrid(TopK(Flat),Weighted)|k=80,sample=80" (IndexWeightedSample: the
  * tail drawn in proportion to its weights, its partition exact).
  * Knobs: k (heavy), sample; prefill-time: epsilon, budget, delta,
  * n_calibration; read-only: calibrated_k, calibrated_sample.

@@ -20,7 +20,7 @@ struct SearchParametersTopK : SearchParametersKV {
     std::unique_ptr<SearchParametersKV> without_knob(const std::string& name) const override;
 };
 
-/** Top-k attention with any Faiss index as the retriever ("Exploiting
+/** Top-k attention with a Faiss index as the retriever ("Exploiting
  * Sparsity for Long Context Inference: Million Token Contexts on Commodity
  * GPUs", arXiv 2502.06766): the k keys with the largest inner product with
  * the query (exact for Flat, approximate for IVF / HNSW / ...), then exact

@@ -251,7 +251,9 @@ struct KVIndex : faiss::Index {
 
     /** Adds the prompt with everything prefill knows: the default adds the
      * keys and values, query-aware indexes learn from the queries
-     * (prefill_impl). May be called on an empty index only.
+     * (prefill_impl). May be called on an empty index only. The input's
+     * RoPE (rope.h) needs an even d: a RoPE head's pairs (add_kv takes
+     * any d).
      */
     void prefill(const PrefillInput& input);
 

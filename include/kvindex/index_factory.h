@@ -40,13 +40,15 @@
  *                                          prefill queries (IndexChoose)
  *
  * Sink / Window (either or both, any order) wrap the rest of the chain in an
- * IndexSinkWindow. The Faiss string inside TopK(...) is any string
- * faiss::index_factory accepts with the inner-product metric: "Flat",
- * "IVF256,Flat", "HNSW32", ... Examples: "Flat", "TopK(HNSW32)",
+ * IndexSinkWindow. The Faiss string inside TopK(...) is one that
+ * faiss::index_factory builds with the inner-product metric and that kvindex
+ * can write and read back: Flat, SQ, PQ, IVF with Flat, SQ or PQ lists over
+ * a Flat or HNSW quantizer, HNSW over Flat or SQ ("Flat", "IVF256,Flat",
+ * "HNSW32", "IVF64,SQ8", ...; "PCA16,Flat" or "NSG32" are refused). Examples: "Flat", "TopK(HNSW32)",
  * "Sink4,Window64,TopK(IVF1024,Flat)", "ProxyEvict20", "ProxyEvict10_H2O",
  * "ProxyEvict20,TopK(HNSW32)", "TopK(IVF256,Flat)|k=50,nprobe=16",
  * "BF16,Flat", "FP16,Sink4,Window64,TopK(HNSW32)", "Sink1,Window63,IVFAsym64|nprobe=2",
- * "Hybrid(TopK(Flat),LSHSample10x150)|k=1%", "Choose(TopK(Flat);LSHSample10x150)".
+ * "Hybrid(TopK(Flat),LSHSample10x150)|k=80", "Choose(TopK(Flat);LSHSample10x150)".
  *
  * Each element is parsed by the type that owns it, found through the
  * registry (registry.h): the list above is what the built-in rows accept.

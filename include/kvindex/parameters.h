@@ -16,13 +16,17 @@ namespace kvindex {
  *             chains holding one (KVIndex::reads_search_knob); a chain
  *             that reads no k refuses it ("LSHSample8x75|k=5")
  *   nprobe    IVF retrievers of TopK(...)
- *   efSearch  HNSW retrievers of TopK(...)
+ *   efSearch  HNSW retrievers of TopK(...), and RoarGraph's beam
  *   min_hits, max_sample  LSHSample
- *   budget, protect, proxy_keep, proxy_window, proxy_tokens, n_sink, seed
- *             ProxyEvict (prefill-time: set them before prefill; budget and
- *             proxy_tokens in tokens, the others in percent of the prompt;
- *             each policy has only the knobs it reads: protect, proxy_keep,
- *             proxy_window NaCl; n_sink NaCl, StreamingLLM; seed NaCl, Random)
+ *   budget, protect, proxy_keep, proxy_window, proxy_tokens, pool, n_sink,
+ *             seed  ProxyEvict (prefill-time: set them before prefill;
+ *             budget and proxy_tokens in tokens, the others in percent of
+ *             the prompt; each policy has only the knobs it reads: protect,
+ *             proxy_keep, proxy_window NaCl; n_sink NaCl, StreamingLLM;
+ *             seed NaCl, Random)
+ *   M, Nq, build_L, max_train_queries, n_hubs, n_anchors, recent_queries,
+ *             seed (prefill-time); seed_anchors, walk_bits, learn_efSearch,
+ *             learn_scan_keys, decode_anchors   RoarGraph
  *   nprobe, group_probe, var_weight (_Moment), hidden, train_iterations,
  *             min_distance (the Q-model probe), seed   IVFAsym
  *   sample    Hybrid's tail budget; budget, epsilon, delta, n_calibration
