@@ -35,6 +35,7 @@ from ._kvindex import (  # noqa: F401
     blas_core_for_this_cpu,
     blas_core_name,
     clone_index,
+    deserialize_cache,
     deserialize_index,
     get_index_parameter,
     index_factory,
@@ -43,14 +44,17 @@ from ._kvindex import (  # noqa: F401
     index_types,
     invert_rope,
     parse_index_spec,
+    read_cache,
     read_index,
     read_trace,
     resolve_percentages,
+    serialize_cache,
     serialize_index,
     set_index_parameter,
     set_index_parameters,
     time_attend,
     weighted_inclusion,
+    write_cache,
     write_index,
     write_trace,
 )
@@ -70,5 +74,18 @@ def _reduce_ex(index, protocol):
 
 
 KVIndex.__reduce_ex__ = _reduce_ex
+
+
+def _cache_from_bytes(data):
+    return deserialize_cache(data)
+
+
+def _reduce_cache_ex(cache, protocol):
+    # the same for a whole cache (pickle, copy.copy and copy.deepcopy: a
+    # copy never shares an index with the original)
+    return (_cache_from_bytes, (serialize_cache(cache).tobytes(),))
+
+
+KVCache.__reduce_ex__ = _reduce_cache_ex
 
 __all__ = [name for name in dir() if not name.startswith("_")]

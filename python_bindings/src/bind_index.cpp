@@ -479,7 +479,8 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
 
     py::class_<kvindex::IndexTopK, KVIndex, std::shared_ptr<kvindex::IndexTopK>>(
             m, "IndexTopK",
-            R"doc(Top-k attention with any Faiss index as the retriever: the k keys with the
+            R"doc(Top-k attention with a Faiss index as the retriever (Flat, SQ, PQ, IVF, HNSW
+over Flat or SQ): the k keys with the
 largest inner product with the query (exact for Flat, approximate for IVF /
 HNSW), then exact softmax over them, with no correction for the tail. IVF
 retrievers start with nprobe = min(nlist, 8) and train on a random sample of
@@ -744,7 +745,8 @@ exact, merged by lse with the tail's sample drawn only outside it, weighted
 by 1/u. With epsilon > 0 a uniform tail's sample is set per head at prefill
 from the prompt's last queries for an (epsilon, delta) error target.
 Factory string: "Hybrid(<heavy>,<tail>)", e.g. "Hybrid(TopK(Flat),LSHSample10x150)",
-"Hybrid(TopK(Flat),Uniform)|k=1%,sample=1%". Knobs: k (heavy), sample (the tail's k);
+"Hybrid(TopK(Flat),Uniform)|k=80,sample=80" (the tools also take "k=1%,sample=1%": a
+share of the prompt). Knobs: k (heavy), sample (the tail's k);
 prefill-time: epsilon, delta, n_calibration.)doc")
             .def_readonly("sample", &kvindex::IndexHybrid::sample, "the tail's budget (-1: its own k, 0: no tail)")
             .def_readonly("epsilon", &kvindex::IndexHybrid::epsilon, "relative error target (0: off)")

@@ -6,6 +6,7 @@
 
 #include <pybind11/stl.h>
 
+#include <kvindex/KVCache.h>
 #include <kvindex/blas_threads.h>
 #include <kvindex/index_io.h>
 #include <kvindex/registry.h>
@@ -30,17 +31,36 @@ std::string fourcc_string(uint32_t f) {
     return s;
 }
 
-std::shared_ptr<KVIndex> deserialize(py::buffer buf) {
-    py::buffer_info info = buf.request();
+/// The bytes of a contiguous 1-d uint8 buffer (bytes, bytearray, numpy);
+/// info keeps them alive.
+const uint8_t* byte_data(const py::buffer_info& info, const char* what) {
     if (info.ndim != 1 || info.itemsize != 1 || (info.ndim == 1 && info.strides[0] != 1)) {
-        throw py::value_error("deserialize_index: expected a contiguous 1-d uint8 buffer (bytes, bytearray or "
+        throw py::value_error(std::string(what) +
+                              ": expected a contiguous 1-d uint8 buffer (bytes, bytearray or "
                               "numpy uint8 array); got " + std::to_string(info.ndim) + "-d of " +
                               std::to_string(info.itemsize) + "-byte items");
     }
-    const auto* data = static_cast<const uint8_t*>(info.ptr);
-    size_t size = size_t(info.size);
+    return static_cast<const uint8_t*>(info.ptr);
+}
+
+py::array_t<uint8_t> as_numpy_bytes(const std::vector<uint8_t>& buf) {
+    py::array_t<uint8_t> a(std::vector<py::ssize_t>{py::ssize_t(buf.size())});
+    std::memcpy(a.mutable_data(), buf.data(), buf.size());
+    return a;
+}
+
+std::shared_ptr<KVIndex> deserialize(py::buffer buf) {
+    py::buffer_info info = buf.request();
+    const uint8_t* data = byte_data(info, "deserialize_index");
     py::gil_scoped_release release;
-    return std::shared_ptr<KVIndex>(kvindex::read_index(data, size));
+    return std::shared_ptr<KVIndex>(kvindex::read_index(data, size_t(info.size)));
+}
+
+std::unique_ptr<kvindex::KVCache> deserialize_cache(py::buffer buf) {
+    py::buffer_info info = buf.request();
+    const uint8_t* data = byte_data(info, "deserialize_cache");
+    py::gil_scoped_release release;
+    return kvindex::read_cache(data, size_t(info.size));
 }
 
 FloatArray rope(py::handle x, py::handle positions, double theta, const std::string& style, bool invert) {
@@ -214,9 +234,7 @@ void bind_io(py::module_& m) {
                   py::gil_scoped_release release;
                   kvindex::write_index(&index, &buf);
               }
-              py::array_t<uint8_t> a(std::vector<py::ssize_t>{py::ssize_t(buf.size())});
-              std::memcpy(a.mutable_data(), buf.data(), buf.size());
-              return a;
+              return as_numpy_bytes(buf);
           },
           py::arg("index"), "the bytes write_index would write, as a numpy uint8 array");
     m.def("clone_index",
@@ -229,6 +247,34 @@ void bind_io(py::module_& m) {
           "copy.deepcopy does the same");
     m.def("deserialize_index", &deserialize, py::arg("buf"),
           "an index from serialize_index's bytes (numpy uint8 array, bytes or bytearray)");
+    m.def("write_cache",
+          [](const kvindex::KVCache& cache, const std::string& path) {
+              checked_path(path, "write_cache");
+              py::gil_scoped_release release;
+              kvindex::write_cache(cache, path);
+          },
+          py::arg("cache"), py::arg("path"),
+          "writes a whole KVCache mid-generation: every (layer, KV head) index with its tokens, "
+          "models, knobs and random streams (versioned container, see index_io.h)");
+    m.def("read_cache",
+          [](const std::string& path) {
+              checked_path(path, "read_cache");
+              py::gil_scoped_release release;
+              return kvindex::read_cache(path);
+          },
+          py::arg("path"), "reads a KVCache written by write_cache; it decodes on as the original would");
+    m.def("serialize_cache",
+          [](const kvindex::KVCache& cache) {
+              std::vector<uint8_t> buf;
+              {
+                  py::gil_scoped_release release;
+                  kvindex::write_cache(cache, &buf);
+              }
+              return as_numpy_bytes(buf);
+          },
+          py::arg("cache"), "the bytes write_cache would write, as a numpy uint8 array");
+    m.def("deserialize_cache", &deserialize_cache, py::arg("buf"),
+          "a KVCache from serialize_cache's bytes (numpy uint8 array, bytes or bytearray)");
 
     py::class_<kvindex::IndexTypeInfo>(m, "IndexTypeInfo", "One row of the index-type registry.")
             .def_readonly("name", &kvindex::IndexTypeInfo::name, "class name (KVIndex.type_name)")

@@ -164,3 +164,57 @@ def test_cache_shape_errors(model_data):
         kvindex.KVCache(1, 3, 2, DH, "Flat")  # 3 query heads over 2 KV heads
     with pytest.raises((ValueError, RuntimeError), match="Bogus"):
         kvindex.KVCache(1, 2, 1, DH, "Bogus17")
+
+
+@pytest.mark.parametrize("s", ["TopK(Flat)", "Sink4,Window32,LSHSample6x20", "RoarGraph16|k=20"])
+def test_cache_saved_mid_decode_decodes_on_alike(s, model_data, tmp_path):
+    """write/read, serialize/deserialize, pickle and copy of a whole cache
+    after some decode steps: each copy decodes on exactly as the original,
+    and appending to a copy leaves the original as it was."""
+    import copy
+    import pickle
+    n_ctx = 200
+    cache = kvindex.KVCache(L, HQ, HKV, DH, s, dense_layers=[0])
+    for layer, t in enumerate(model_data):
+        cache.prefill(layer, t["keys"][:, :n_ctx], t["values"][:, :n_ctx],
+                      queries=t["queries"][:, :n_ctx])
+
+    def step(c, p):
+        outs = []
+        for layer, t in enumerate(model_data):
+            c.append(layer, t["keys"][:, p:p + 1], t["values"][:, p:p + 1])
+            outs.append(c.attend(layer, t["queries"][:, p:p + 1]))
+        return outs
+
+    for p in range(n_ctx, n_ctx + 10):
+        step(cache, p)
+    path = str(tmp_path / "cache.kvcache")
+    kvindex.write_cache(cache, path)
+    copies = [kvindex.read_cache(path),
+              kvindex.deserialize_cache(kvindex.serialize_cache(cache)),
+              kvindex.deserialize_cache(bytes(kvindex.serialize_cache(cache))),
+              pickle.loads(pickle.dumps(cache)), copy.copy(cache), copy.deepcopy(cache)]
+    for c in copies:
+        assert [c.n_tokens(layer) for layer in range(L)] == [n_ctx + 10] * L
+        assert c.index_string == cache.index_string and c.dense_layers == [0]
+    for p in range(n_ctx + 10, n_ctx + 20):
+        want = step(cache, p)
+        for c in copies:
+            for (o, lse), (wo, wl) in zip(step(c, p), want):
+                np.testing.assert_array_equal(o, wo)
+                np.testing.assert_array_equal(lse, wl)
+    # the copies are the copies' own
+    assert [cache.n_tokens(layer) for layer in range(L)] == [n_ctx + 20] * L
+    step(copies[0], n_ctx + 20)
+    assert cache.n_tokens(1) == n_ctx + 20 and copies[0].n_tokens(1) == n_ctx + 21
+
+
+def test_cache_io_errors(tmp_path):
+    with pytest.raises(ValueError, match="deserialize_cache"):
+        kvindex.deserialize_cache(np.zeros((2, 2), dtype=np.uint8))
+    cache = kvindex.KVCache(1, HQ, HKV, DH, "Flat")
+    buf = kvindex.serialize_cache(cache)
+    with pytest.raises(RuntimeError):
+        kvindex.deserialize_cache(buf[: len(buf) // 2])
+    with pytest.raises((RuntimeError, ValueError)):
+        kvindex.read_cache(str(tmp_path / "missing.kvcache"))
