@@ -332,6 +332,11 @@ TEST(KvllmCli, BadValuesAreRefusedNotDefaulted) {
     expect_cli_ok("trace", trace + " --tokens 200 --n-ctx -1");
     expect_cli_error("trace", trace + " --tokens 200 --n-ctx -5", "n_ctx=-5 must be in [1, n_tokens=200]");
 
+    // budgets in percent of the prompt, as every tool takes them
+    expect_cli_ok("logits", ids + " --prefill 2 --index 'TopK(Flat)|k=50%'");
+    expect_cli_ok("generate", "--prompt 'the rather' --max-new 2 --index 'TopK(Flat)|k=50%'");
+    expect_cli_error("generate", "--prompt 'the rather' --max-new 2 --index 'TopK(Flat)|nprobe=5%'",
+                     "nprobe");
     expect_cli_error("generate", "--prompt 'the rather' --max-new -1", "--max-new -1: need at least 1");
     expect_cli_error("generate", "--prompt 'the rather' --max-new 0", "--max-new 0: need at least 1");
 
