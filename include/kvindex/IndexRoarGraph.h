@@ -158,7 +158,7 @@ struct AnchorGroups {
  * the bytes go (128k keys, efSearch 100: ~4600 scored for the 100 kept), and a
  * graph neighbour's code is one or two cache lines instead of eight; the
  * path is nearly the same (synthetic 128k: recall 0.961 against 0.961 at
- * efSearch 300, reading 2.4% of the keys' bytes instead of 7.2%).
+ * efSearch 300, reading 2.4% of the keys' bytes instead of 7.1%).
  * Selection::n_scanned then counts the codes as their share of a stored
  * key's bytes (keys_read). The codes cost d bytes per token, are derived
  * from the keys (at prefill, on append, when the knob is set) and only
