@@ -6,8 +6,9 @@
 // Why fused: an exact top-k must read every key once, so it is bound by the
 // read bandwidth only if nothing else touches memory. Scores of a block of
 // rows stay in L1, are compared with the current k-th best there, and only
-// the few that beat it enter the heap; no n-sized score array is written
-// and read back.
+// the few that beat it enter the selection (a heap, or for a long scan with
+// a large k a buffer cut to its best k: Reservoir); no n-sized score array
+// is written and read back.
 
 namespace {
 
