@@ -118,7 +118,9 @@ struct Reservoir {
 };
 
 /// Below this k a heap's sift is cheap; a call scanning fewer than
-/// kReservoirScanPerK * k rows (an IVF list) keeps the caller's heap.
+/// kReservoirScanPerK * k rows keeps the heap. So does a call that
+/// continues a selection (an IVF list, a block of keys): its heap is warm,
+/// and moving it into a buffer and back would cost O(k) a call.
 constexpr size_t kReservoirMinK = 32;
 constexpr size_t kReservoirScanPerK = 4;
 
@@ -148,12 +150,9 @@ void topk_inner_products_t(
     float* hs = heap_scores;
     int64_t* hi = heap_ids;
     size_t size = *heap_size;
-    if (k >= kReservoirMinK && n >= kReservoirScanPerK * k) {
+    if (size == 0 && k >= kReservoirMinK && n >= kReservoirScanPerK * k) {
         thread_local std::vector<Scored> scratch;
         Reservoir res(scratch, k);
-        for (size_t j = 0; j < size; j++) { // what earlier calls kept
-            res.add(hs[j], hi[j]);
-        }
         for (size_t i0 = 0; i0 < n; i0 += B) {
             size_t nb = n - i0 < B ? n - i0 : B;
             const T* xb = x + i0 * d;

@@ -172,9 +172,10 @@ TEST_P(TopKScanTest, OneHeapFedByManyCallsWithIds) {
 
 TEST_P(TopKScanTest, ScoresRisingAlongTheScanKeepTheBest) {
     // a decode query's scores rise towards recent tokens: nearly every row
-    // enters the selection, the worst case of a heap (the scan then keeps
-    // a buffer of 2k and cuts it to k). Rows in threes tie; one call of a
-    // few rows first, then the rest onto the same selection.
+    // enters the selection, the worst case of a heap (a scan of many rows
+    // then keeps a buffer of 2k and cuts it to k). Rows in threes tie. One
+    // call over every row, and a call of a few rows, then the rest onto the
+    // same (warm) heap.
     const size_t d = 16, n = 5000;
     std::vector<float> x(n * d, 0.0f), q(d, 0.0f);
     q[0] = 1.0f;
@@ -183,19 +184,20 @@ TEST_P(TopKScanTest, ScoresRisingAlongTheScanKeepTheBest) {
         x[i * d + 1 + i % (d - 1)] = 1.0f; // orthogonal to q
     }
     for (size_t k : {32, 100, 1000}) {
-        std::vector<float> hs(k);
-        std::vector<int64_t> hi(k);
-        size_t filled = 0;
-        const size_t first = 50;
-        topk_inner_products(q.data(), x.data(), d, first, nullptr, 0, k, hs.data(), hi.data(), &filled);
-        topk_inner_products(q.data(), x.data() + first * d, d, n - first, nullptr, int64_t(first), k,
-                            hs.data(), hi.data(), &filled);
-        ASSERT_EQ(filled, k);
-        topk_heap_sort(hs.data(), hi.data(), filled);
         auto ref = kvtest::ref_topk(q.data(), x.data(), d, n, k);
-        for (size_t j = 0; j < k; j++) {
-            ASSERT_EQ(hi[j], ref[j]) << "k=" << k << " rank " << j;
-            ASSERT_EQ(double(hs[j]), dot_ref(q.data(), x.data() + ref[j] * d, d));
+        for (size_t first : {size_t(0), size_t(50)}) {
+            std::vector<float> hs(k);
+            std::vector<int64_t> hi(k);
+            size_t filled = 0;
+            topk_inner_products(q.data(), x.data(), d, first, nullptr, 0, k, hs.data(), hi.data(), &filled);
+            topk_inner_products(q.data(), x.data() + first * d, d, n - first, nullptr, int64_t(first), k,
+                                hs.data(), hi.data(), &filled);
+            ASSERT_EQ(filled, k);
+            topk_heap_sort(hs.data(), hi.data(), filled);
+            for (size_t j = 0; j < k; j++) {
+                ASSERT_EQ(hi[j], ref[j]) << "k=" << k << " first " << first << " rank " << j;
+                ASSERT_EQ(double(hs[j]), dot_ref(q.data(), x.data() + ref[j] * d, d));
+            }
         }
     }
 }
