@@ -35,6 +35,13 @@ void write_payload(const KVCache& c, BufferWriter& w) {
             c.indexes.size(),
             c.n_layers,
             c.n_kv_heads);
+    // every layer held for the whole write, as attend holds one: an append
+    // running meanwhile is refused before any head takes its token (guarding
+    // the heads alone let one head take it and the other refuse it)
+    std::vector<std::unique_ptr<ReadScope>> layers;
+    for (AccessCount& calls : c.layer_calls) {
+        layers.push_back(std::make_unique<ReadScope>(calls, "write_cache", "this layer of the cache"));
+    }
     c.check_invariants(); // else the file would not read back
     w.value<int32_t>(c.n_layers);
     w.value<int32_t>(c.n_q_heads);

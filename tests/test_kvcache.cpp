@@ -1,6 +1,7 @@
 // KVCache: GQA mapping, dense layers, decode appends, exceptions from heads.
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <atomic>
 #include <string>
@@ -15,6 +16,7 @@
 #include <kvindex/IndexTopK.h>
 #include <kvindex/KVCache.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 
 #include "expect_throw.h"
 #include "reference.h"
@@ -262,4 +264,52 @@ TEST(KVCache, WriteOverlappingACallOnItsLayerIsRefusedBeforeAnyHead) {
     }
     cache.append(0, 5, k.data(), v.data()); // free again
     EXPECT_EQ(cache.n_tokens(0), 10);
+}
+
+TEST(KVCache, AWriteOfTheCacheHoldsEveryLayerAgainstAppends) {
+    // write_cache reads every head; an append running meanwhile must be
+    // refused on the whole layer, or refuse the write, never split a layer
+    // (before, one head took the token and the other refused it, and the
+    // cache was broken for good)
+    KVCache cache(kLayers, kQHeads, kKVHeads, kD, kDv, "Flat");
+    const int n0 = 20000;
+    auto k = gaussian(kKVHeads * n0, kD, 5), v = gaussian(kKVHeads * n0, kDv, 6);
+    for (int l = 0; l < kLayers; l++) {
+        cache.append(l, n0, k.data(), v.data());
+    }
+    std::atomic<bool> stop{false};
+    std::atomic<int> appended{0}, refused_appends{0};
+    std::thread appender([&]() {
+        auto k1 = gaussian(kKVHeads, kD, 7), v1 = gaussian(kKVHeads, kDv, 8);
+        while (!stop) {
+            try {
+                cache.append(1, 1, k1.data(), v1.data());
+                appended++;
+            } catch (const faiss::FaissException&) {
+                refused_appends++;
+            }
+        }
+    });
+    int written = 0, refused_writes = 0;
+    for (int i = 0; i < 40; i++) {
+        std::vector<uint8_t> buf;
+        try {
+            write_cache(cache, &buf);
+            written++;
+            auto back = read_cache(buf); // whole layers only
+            EXPECT_EQ(back->index(1, 0)->ntotal, back->index(1, 1)->ntotal);
+        } catch (const faiss::FaissException&) {
+            refused_writes++;
+        }
+    }
+    stop = true;
+    appender.join();
+    EXPECT_NO_THROW(cache.check_invariants());
+    EXPECT_EQ(cache.index(1, 0)->ntotal, cache.index(1, 1)->ntotal);
+    EXPECT_EQ(cache.n_tokens(1), n0 + appended.load());
+    std::vector<uint8_t> buf; // and with nothing running, the write goes through
+    write_cache(cache, &buf);
+    EXPECT_EQ(read_cache(buf)->n_tokens(1), cache.n_tokens(1));
+    std::printf("[ KVCache ] %d writes (%d refused), %d appends (%d refused)\n", written,
+                refused_writes, appended.load(), refused_appends.load());
 }
