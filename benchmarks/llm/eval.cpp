@@ -39,6 +39,15 @@ std::string resolve_spec_params(
 
 } // namespace
 
+bool needle_answer_is(const std::string& answer, const std::string& key) {
+    std::string digits; // the first number, after spaces and colons
+    for (char ch : answer) {
+        if (ch >= '0' && ch <= '9') digits += ch;
+        else if (!digits.empty() || (ch != ' ' && ch != ':')) break;
+    }
+    return digits == key; // "750307" is not the key 75030
+}
+
 std::string resolve_index_percentages(const LlamaModel& llm, const std::string& index, int64_t n) {
     kvindex::IndexSpec spec = kvindex::parse_index_spec(index);
     spec.params = resolve_spec_params(llm, spec, spec.params, n);
@@ -556,12 +565,7 @@ void run_needle(const LlamaModel& llm, const BpeTokenizer& tok, const NeedleConf
                 PromptAnswers a = answer_prompt(llm, tok, prompt, pieces.question_start(), cfg.max_new, set, false);
                 for (size_t xi = 0; xi < specs.size(); xi++) {
                     const std::string& answer = a.indexes[xi].text;
-                    std::string digits;
-                    for (char ch : answer) {
-                        if (ch >= '0' && ch <= '9') digits += ch;
-                        else if (!digits.empty() || (ch != ' ' && ch != ':')) break;
-                    }
-                    bool ok = digits == key; // "750307" is not the key 75030
+                    bool ok = needle_answer_is(answer, key);
                     correct[xi][ci] += ok;
                     cases.push_back({{"context", cfg.contexts[ci]}, {"tokens", prompt.size()},
                                      {"depth", depth}, {"needle_token", needle_at},

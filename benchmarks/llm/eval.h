@@ -99,6 +99,10 @@ TraceSummary write_model_trace(
 // An index under test is "STRING" or "STRING|params" (kvindex::IndexSpec),
 // where "k=5%" means 5% of the context's tokens (resolve_percentages).
 
+/// Whether a passkey answer gives the key: its first number (after spaces
+/// and colons) is the key's digits exactly, not a longer number.
+bool needle_answer_is(const std::string& answer, const std::string& key);
+
 /// `index` ("STRING" or "STRING|params") with its percentages resolved
 /// against a prompt of n tokens; throws for a percentage on a knob that is
 /// not a count of tokens.

@@ -344,6 +344,16 @@ TEST(Ruler, ScoreIsTheFractionOfExpectedStringsFound) {
     EXPECT_EQ(ruler_score("x8394764y", {"8394764"}), 1.0) << "letters do not join digits";
 }
 
+// kvllm needle's check: the answer's first number is the key, exactly.
+TEST(Needle, AnswerIsTheKeysDigitsExactly) {
+    EXPECT_TRUE(needle_answer_is(" 75030.", "75030"));
+    EXPECT_TRUE(needle_answer_is(": 75030 is the pass key", "75030"));
+    EXPECT_FALSE(needle_answer_is(" 750307. Remember", "75030")) << "a longer number";
+    EXPECT_FALSE(needle_answer_is(" 7503", "75030"));
+    EXPECT_FALSE(needle_answer_is(" The key is 75030", "75030")) << "the first number only, first";
+    EXPECT_FALSE(needle_answer_is("", "75030"));
+}
+
 // The depth a sample reports is where its needle stands among the tokens
 // before the question, not the depth drawn before the needle was put at a
 // sentence end.
