@@ -129,6 +129,41 @@ inline bool any_lane(vi mask) {
     return std::memcmp(&mask, &zero, sizeof(mask)) != 0;
 }
 
+/** Scores the n rows of x block by block (the block's scores stay in L1)
+ * and calls offer(score, id) for each row scoring at least bar(), the
+ * selection's entry score (equal: it may win the tie on its id): a vector
+ * test first, since once the selection is warm almost no lane passes. */
+template <class T, class Bar, class Offer>
+void offer_rows(
+        const float* q,
+        const T* x,
+        size_t d,
+        size_t n,
+        const int64_t* ids,
+        int64_t id0,
+        Bar&& bar,
+        Offer&& offer) {
+    constexpr size_t B = 256;
+    alignas(64) float s[B];
+    for (size_t i0 = 0; i0 < n; i0 += B) {
+        size_t nb = n - i0 < B ? n - i0 : B;
+        const T* xb = x + i0 * d;
+        inner_products_rows<true>(q, d, nb, 1.0f, s, [=](size_t i) { return xb + i * d; });
+        auto one = [&](size_t r) { offer(s[r], ids ? ids[i0 + r] : id0 + int64_t(i0 + r)); };
+        size_t i = 0;
+        for (; i + W <= nb; i += W) {
+            if (any_lane(load(s + i) >= splat(bar()))) {
+                for (size_t r = i; r < i + W; r++) {
+                    one(r);
+                }
+            }
+        }
+        for (; i < nb; i++) {
+            one(i);
+        }
+    }
+}
+
 template <class T>
 void topk_inner_products_t(
         const float* q,
@@ -145,67 +180,32 @@ void topk_inner_products_t(
         return;
     }
     const T* x = static_cast<const T*>(xv);
-    constexpr size_t B = 256;
-    alignas(64) float s[B];
     float* hs = heap_scores;
     int64_t* hi = heap_ids;
     size_t size = *heap_size;
     if (size == 0 && k >= kReservoirMinK && n >= kReservoirScanPerK * k) {
         thread_local std::vector<Scored> scratch;
         Reservoir res(scratch, k);
-        for (size_t i0 = 0; i0 < n; i0 += B) {
-            size_t nb = n - i0 < B ? n - i0 : B;
-            const T* xb = x + i0 * d;
-            inner_products_rows<true>(q, d, nb, 1.0f, s, [=](size_t i) { return xb + i * d; });
-            auto offer = [&](size_t r) {
-                int64_t id = ids ? ids[i0 + r] : id0 + int64_t(i0 + r);
-                if (res.admits(s[r], id)) {
-                    res.add(s[r], id);
-                }
-            };
-            size_t i = 0;
-            for (; i + W <= nb; i += W) {
-                if (any_lane(load(s + i) >= splat(res.threshold.s))) {
-                    for (size_t r = i; r < i + W; r++) {
-                        offer(r);
+        offer_rows(
+                q, x, d, n, ids, id0, [&] { return res.threshold.s; },
+                [&](float sc, int64_t id) {
+                    if (res.admits(sc, id)) {
+                        res.add(sc, id);
                     }
-                }
-            }
-            for (; i < nb; i++) {
-                offer(i);
-            }
-        }
+                });
         res.to_heap(hs, hi, heap_size);
         return;
     }
-    for (size_t i0 = 0; i0 < n; i0 += B) {
-        size_t nb = n - i0 < B ? n - i0 : B;
-        const T* xb = x + i0 * d;
-        inner_products_rows<true>(q, d, nb, 1.0f, s, [=](size_t i) { return xb + i * d; });
-        auto id_of = [&](size_t i) { return ids ? ids[i0 + i] : id0 + int64_t(i0 + i); };
-        size_t i = 0;
-        for (; i < nb && size < k; i++) {
-            heap_push(hs, hi, size++, s[i], id_of(i));
-        }
-        // Only a score at least the k-th best can enter (equal: it may win
-        // the tie on its id); once the heap is warm almost no lane does.
-        auto offer = [&](size_t r) {
-            int64_t id = id_of(r);
-            if (ranks_below(hs[0], hi[0], s[r], id)) {
-                heap_replace_root(hs, hi, size, s[r], id);
-            }
-        };
-        for (; i + W <= nb; i += W) {
-            if (any_lane(load(s + i) >= splat(hs[0]))) {
-                for (size_t r = i; r < i + W; r++) {
-                    offer(r);
+    offer_rows(
+            q, x, d, n, ids, id0,
+            [&] { return size < k ? std::numeric_limits<float>::lowest() : hs[0]; },
+            [&](float sc, int64_t id) {
+                if (size < k) {
+                    heap_push(hs, hi, size++, sc, id);
+                } else if (ranks_below(hs[0], hi[0], sc, id)) {
+                    heap_replace_root(hs, hi, size, sc, id);
                 }
-            }
-        }
-        for (; i < nb; i++) {
-            offer(i);
-        }
-    }
+            });
     *heap_size = size;
 }
 
