@@ -674,6 +674,7 @@ void IndexLSHSample::sample_one(
         const float* q,
         int hits,
         idx_t cap,
+        bool count_reads,
         Selection& sel,
         std::vector<float>& dots,
         std::vector<float>& log_u) const {
@@ -816,7 +817,9 @@ void IndexLSHSample::sample_one(
     log_u.resize(m);
     table_for(hits)->log_inclusion(cosines.data(), m, log_u.data());
     keep_best_scoring(cap, sel, dots, log_u);
-    sel.n_scanned = sample_reads(qc.data(), m) + (m - sel.ids.size());
+    if (count_reads) {
+        sel.n_scanned = sample_reads(qc.data(), m) + (m - sel.ids.size());
+    }
 }
 
 size_t IndexLSHSample::sample_reads(const uint16_t* qc, size_t sampled) const {
@@ -853,7 +856,7 @@ void IndexLSHSample::select_one(
     idx_t cap;
     knobs(params, &hits, &cap);
     std::vector<float> dots, log_u;
-    sample_one(q, hits, cap, sel, dots, log_u);
+    sample_one(q, hits, cap, true, sel, dots, log_u);
     sel.inclusion.resize(sel.ids.size());
     for (size_t t = 0; t < sel.ids.size(); t++) {
         sel.inclusion[t] = std::exp(log_u[t]);
@@ -869,7 +872,7 @@ float IndexLSHSample::attend_one(const float* q, float* out, const faiss::Search
     // inner products sampling computed for u, and log u from the table
     Selection sel;
     std::vector<float> s, log_u;
-    sample_one(q, hits, cap, sel, s, log_u);
+    sample_one(q, hits, cap, false, sel, s, log_u);
     size_t m = sel.size();
     if (m == 0) {
         std::fill(out, out + d_value, 0.0f);

@@ -226,11 +226,14 @@ struct IndexLSHSample : KVIndex {
 
     /** The sample of one query, ids ascending: ids in sel, <q, k_i> of each
      * sampled key in dots (computed for u anyway, reused by attend) and
-     * log u_i in log_u; sel.inclusion is left empty (select fills it). */
+     * log u_i in log_u; sel.inclusion is left empty (select fills it).
+     * sel.n_scanned is counted only when count_reads (select reports it;
+     * attend has no use for it). */
     void sample_one(
             const float* q,
             int hits,
             idx_t cap,
+            bool count_reads,
             Selection& sel,
             std::vector<float>& dots,
             std::vector<float>& log_u) const;
