@@ -12,6 +12,8 @@
 #include <faiss/IVFlib.h>
 #include <faiss/IndexIVF.h>
 #include <faiss/IndexIVFFlat.h>
+#include <faiss/IndexIVFPQ.h>
+#include <faiss/IndexPQ.h>
 #include <faiss/impl/AuxIndexStructures.h>
 #include <faiss/impl/DistanceComputer.h>
 #include <faiss/impl/FaissAssert.h>
@@ -46,6 +48,26 @@ idx_t min_keys_to_train(const faiss::Index* retriever, const std::string& retrie
 }
 
 /// The official code's IVF default (nprobe 8), where Faiss's is 1.
+/// The retriever a Faiss factory string builds, for inner product. Faiss's
+/// factory turns on polysemous training for PQ codes (unless the string
+/// ends in "np"): a simulated annealing of the codebook's order, a minute
+/// per head at d = 32, that only the Hamming pre-filter (polysemous_ht)
+/// uses, which top-k never does; the codes' scores are the same without it.
+std::unique_ptr<faiss::Index> make_retriever(int d, const std::string& retriever_string) {
+    std::unique_ptr<faiss::Index> r(
+            faiss::index_factory(d, retriever_string.c_str(), faiss::METRIC_INNER_PRODUCT));
+    if (auto pq = dynamic_cast<faiss::IndexPQ*>(r.get())) {
+        pq->do_polysemous_training = false;
+    } else if (auto ivfpq = dynamic_cast<faiss::IndexIVFPQ*>(r.get())) {
+        ivfpq->do_polysemous_training = false;
+    } else if (auto hnsw = dynamic_cast<faiss::IndexHNSW*>(r.get())) {
+        if (auto stored = dynamic_cast<faiss::IndexPQ*>(hnsw->storage)) {
+            stored->do_polysemous_training = false;
+        }
+    }
+    return r;
+}
+
 void set_default_knobs(faiss::Index* retriever) {
     if (auto ivf = faiss::ivflib::try_extract_index_ivf(retriever)) {
         ivf->nprobe = std::min<size_t>(ivf->nlist, 8);
@@ -65,8 +87,7 @@ IndexTopK::IndexTopK(
     // sizes are checked before Faiss allocates them
     check_retriever_string(retriever_string, d, max_lists());
     try {
-        retriever.reset(faiss::index_factory(
-                d, retriever_string.c_str(), faiss::METRIC_INNER_PRODUCT));
+        retriever = make_retriever(d, retriever_string);
     } catch (const std::exception& e) {
         FAISS_THROW_FMT(
                 "TopK(%s): Faiss cannot build this retriever: %s",
@@ -149,6 +170,19 @@ size_t code_bytes(const faiss::Index& index) {
     } catch (const faiss::FaissException&) {
         return size_t(index.d) * sizeof(float); // no codec: a float row
     }
+}
+
+/// Bytes of the float codebook a PQ index builds each query's distance table
+/// from (M × ksub sub-vectors of d / M floats: ksub × d floats), read once
+/// per query whatever the number of codes; 0 for the other indexes.
+size_t pq_table_bytes(const faiss::Index& index) {
+    const faiss::ProductQuantizer* pq = nullptr;
+    if (auto flat = dynamic_cast<const faiss::IndexPQ*>(&index)) {
+        pq = &flat->pq;
+    } else if (auto ivf = dynamic_cast<const faiss::IndexIVFPQ*>(&index)) {
+        pq = &ivf->pq;
+    }
+    return pq ? pq->centroids.size() * sizeof(float) : 0;
 }
 
 /// The HNSW types whose search is HNSW::search over their storage (not
@@ -400,9 +434,10 @@ void IndexTopK::select_batch(
     search_retriever(
             n, q, kk, dis.data(), ids.data(), params, count && hnsw_counts ? scanned.data() : nullptr);
     if (count && hnsw_counts) {
-        size_t row = code_bytes(*dynamic_cast<const faiss::IndexHNSW&>(*retriever).storage);
+        const faiss::Index& stored = *dynamic_cast<const faiss::IndexHNSW&>(*retriever).storage;
+        size_t row = code_bytes(stored);
         for (idx_t i = 0; i < n; i++) {
-            scanned[i] = key_equivalents(scanned[i] * row);
+            scanned[i] = key_equivalents(scanned[i] * row + pq_table_bytes(stored));
         }
     } else if (count) {
         count_scanned(n, q, params, scanned.data());
@@ -440,8 +475,8 @@ void IndexTopK::count_scanned(
     if (!retriever->is_trained || is_flat_inner_product(retriever.get())) {
         std::fill(scanned, scanned + n, size_t(ntotal)); // the stored keys, once
     } else if (ivf) {
-        // the centroids (float rows, all of them for a flat quantizer),
-        // then the codes of the probed lists
+        // the centroids (float rows, all of them for a flat quantizer), a
+        // PQ's codebook, then the codes of the probed lists
         auto p = dynamic_cast<const SearchParametersTopK*>(params);
         size_t nprobe = std::min(ivf->nlist, p && p->nprobe > 0 ? p->nprobe : ivf->nprobe);
         std::vector<float> cd(n * nprobe);
@@ -454,7 +489,8 @@ void IndexTopK::count_scanned(
                 codes += l >= 0 ? ivf->invlists->list_size(l) : 0;
             }
             scanned[i] = key_equivalents(
-                    ivf->nlist * size_t(d) * sizeof(float) + codes * ivf->code_size);
+                    ivf->nlist * size_t(d) * sizeof(float) + pq_table_bytes(*ivf) +
+                    codes * ivf->code_size);
         }
     } else if (hnsw) {
         // the HNSW types that search_hnsw does not serve (IndexHNSW2Level,
@@ -465,8 +501,10 @@ void IndexTopK::count_scanned(
         std::fill(scanned, scanned + n,
                   key_equivalents((ndis + n - 1) / n * code_bytes(*hnsw->storage)));
     } else {
-        // a flat index of codes (PQ, SQ, LSH): every code once
-        std::fill(scanned, scanned + n, key_equivalents(size_t(ntotal) * code_bytes(*retriever)));
+        // a flat index of codes (PQ, SQ, LSH): every code once, and a PQ's
+        // codebook
+        std::fill(scanned, scanned + n,
+                  key_equivalents(size_t(ntotal) * code_bytes(*retriever) + pq_table_bytes(*retriever)));
     }
 }
 
@@ -483,8 +521,7 @@ idx_t IndexTopK::max_lists() const {
 
 void IndexTopK::rebuild_retriever() {
     check_retriever_string(retriever_string, d, max_lists());
-    std::unique_ptr<faiss::Index> fresh(faiss::index_factory(
-            d, retriever_string.c_str(), faiss::METRIC_INNER_PRODUCT));
+    std::unique_ptr<faiss::Index> fresh = make_retriever(d, retriever_string);
     auto old_ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
     auto new_ivf = faiss::ivflib::try_extract_index_ivf(fresh.get());
     if (old_ivf && new_ivf) {

@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <faiss/IVFlib.h>
+#include <faiss/IndexIVFPQ.h>
+#include <faiss/IndexPQ.h>
 #include <faiss/IndexIVF.h>
 #include <faiss/impl/FaissAssert.h>
 
@@ -232,6 +234,32 @@ TEST(IndexTopK, ProductQuantizersWaitForTheirCentroidsKeys) {
     }
 }
 
+// Faiss's factory turns on polysemous training for PQ codes: a simulated
+// annealing of the codebook's order (99 s for one head of 4000 keys at
+// d = 32, IVF16,PQ8) that only the Hamming pre-filter uses, which top-k
+// never does. Off in every retriever IndexTopK builds, rebuilt ones too.
+TEST(IndexTopK, ProductQuantizersSkipPolysemousTraining) {
+    auto polysemous = [](const faiss::Index* r) {
+        if (auto pq = dynamic_cast<const faiss::IndexPQ*>(r)) {
+            return pq->do_polysemous_training;
+        }
+        auto ivfpq = dynamic_cast<const faiss::IndexIVFPQ*>(r);
+        EXPECT_NE(ivfpq, nullptr);
+        return ivfpq && ivfpq->do_polysemous_training;
+    };
+    Data data(300, 1, 14);
+    for (const char* s : {"TopK(PQ8)", "TopK(IVF4,PQ8)"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(kD, s, kDv);
+        auto* topk = dynamic_cast<IndexTopK*>(index.get());
+        EXPECT_FALSE(polysemous(topk->retriever.get()));
+        index->add_kv(data.n, data.keys.data(), data.values.data());
+        EXPECT_TRUE(topk->retriever->is_trained);
+        index->reset(); // a new sequence trains a fresh retriever
+        EXPECT_FALSE(polysemous(topk->retriever.get()));
+    }
+}
+
 TEST(IndexTopK, PerCallKnobsAreCheckedBeforeTheRetrieverTrains) {
     Data data(60, 2, 13);
     auto ivf = index_factory(kD, "TopK(IVF16,Flat)", kDv);
@@ -348,7 +376,8 @@ TEST(ReadCounts, FloatStructuresAndCodesCountTheirBytesInStoredKeys) {
     SearchParametersTopK p;
     p.count_scanned = true;
     p.nprobe = 3;
-    for (std::string s : {"TopK(IVF16,Flat)", "BF16,TopK(IVF16,Flat)", "FP16,TopK(IVF16,SQ8)"}) {
+    for (std::string s :
+         {"TopK(IVF16,Flat)", "BF16,TopK(IVF16,Flat)", "FP16,TopK(IVF16,SQ8)", "TopK(IVF16,PQ8)"}) {
         SCOPED_TRACE(s);
         auto index = index_factory(kD, s, kDv);
         index->add_kv(data.n, data.keys.data(), data.values.data());
@@ -358,7 +387,11 @@ TEST(ReadCounts, FloatStructuresAndCodesCountTheirBytesInStoredKeys) {
         ASSERT_TRUE(ivf->is_trained);
         std::vector<Selection> sel(data.nq);
         index->select(data.nq, data.queries.data(), sel.data(), &p);
-        size_t code = s.find("SQ8") != std::string::npos ? kD : kD * sizeof(float);
+        bool pq = s.find("PQ8") != std::string::npos;
+        size_t code = s.find("SQ8") != std::string::npos ? kD : pq ? 8 : kD * sizeof(float);
+        // a PQ8's query table is built from its codebook: 256 centroids of
+        // d / 8 floats in each of the 8 sub-spaces
+        size_t table = pq ? 256 * kD * sizeof(float) : 0;
         size_t key = kD * (s.find("16,") == 2 ? 2 : 4);
         for (idx_t i = 0; i < data.nq; i++) {
             std::vector<float> cd(3);
@@ -368,9 +401,21 @@ TEST(ReadCounts, FloatStructuresAndCodesCountTheirBytesInStoredKeys) {
             for (idx_t l : lists) {
                 codes += ivf->invlists->list_size(l);
             }
-            size_t bytes = 16 * kD * sizeof(float) + codes * code;
+            size_t bytes = 16 * kD * sizeof(float) + table + codes * code;
             EXPECT_EQ(sel[i].n_scanned, (bytes + key - 1) / key) << "query " << i;
         }
+    }
+    // a flat PQ8: every code, and the codebook its query table is built from
+    {
+        auto index = index_factory(kD, "TopK(PQ8)", kDv);
+        index->add_kv(data.n, data.keys.data(), data.values.data());
+        SearchParametersKV counted;
+        counted.count_scanned = true;
+        Selection sel;
+        index->select(1, data.queries.data(), &sel, &counted);
+        size_t bytes = size_t(data.n) * 8 + 256 * kD * sizeof(float);
+        size_t key = kD * sizeof(float);
+        EXPECT_EQ(sel.n_scanned, (bytes + key - 1) / key);
     }
     // the hyperplanes alone: K * L float rows, as stored keys
     for (std::string type : {"", "BF16,"}) {
