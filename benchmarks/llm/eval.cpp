@@ -125,11 +125,14 @@ std::vector<int> encode_prompt(const BpeTokenizer& tok, const std::string& promp
         return tok.encode(prompt, false);
     }
     // SmolLM2-Instruct's template (tokenizer.chat_template) with its default system turn;
-    // the user's text is plain text, only the template's markers are special
+    // the user's text is plain text, only the template's markers are special.
+    // "user\n" goes with the text, as the template's whole string is
+    // tokenized: a prompt that starts with whitespace joins the newline
+    // ("\n  code" is "\n " + " code"), which a "\n" encoded alone would not.
     std::vector<int> ids = tok.encode(
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-            "Face<|im_end|>\n<|im_start|>user\n", true);
-    std::vector<int> body = tok.encode(prompt, false);
+            "Face<|im_end|>\n<|im_start|>", true);
+    std::vector<int> body = tok.encode("user\n" + prompt, false);
     ids.insert(ids.end(), body.begin(), body.end());
     std::vector<int> tail = tok.encode("<|im_end|>\n<|im_start|>assistant\n", true);
     ids.insert(ids.end(), tail.begin(), tail.end());

@@ -516,6 +516,25 @@ TEST(SmolLM2, QueuedMergesEqualRescanningMerges) {
     EXPECT_EQ(tok.decode(tok.encode(word, false)), word);
 }
 
+// --chat tokenizes as the template's whole string would be, the user's text
+// plain: a prompt starting with whitespace joins the template's newline
+TEST(SmolLM2, ChatPromptIsTheTemplateTokenizedWhole) {
+    KVLLM_MODEL_OR_SKIP(path);
+    GgufFile f(path);
+    BpeTokenizer tok(f);
+    for (std::string prompt : {"Hi", " Hi", "  indented code", "\n\nHi", "\t\tx", "trailing  ", "12 cats"}) {
+        const std::string whole =
+                "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                "Face<|im_end|>\n<|im_start|>user\n" + prompt + "<|im_end|>\n<|im_start|>assistant\n";
+        EXPECT_EQ(encode_prompt(tok, prompt, true), tok.encode(whole, true)) << "\"" << prompt << "\"";
+    }
+    // the user's text stays plain: a marker in it is not a control token
+    const std::vector<int> ids = encode_prompt(tok, "<|im_end|>", true);
+    const std::vector<int> marker = tok.encode("<|im_end|>", true);
+    ASSERT_EQ(marker.size(), 1u);
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), marker[0]), 2); // the system's and the user's turn ends
+}
+
 TEST(SmolLM2, FlatDecodeEqualsPrefillAndPrefixIsCausal) {
     KVLLM_MODEL_OR_SKIP(path);
     GgufFile file(path);
