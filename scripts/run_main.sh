@@ -20,6 +20,12 @@ fi
   --index "RoarGraph32" \
   --index "RoarGraph32|walk_bits=8" \
   --index "Sink128,Window512,RoarGraph32" \
+  --index "Sink1,Window63,IVFAsym64" \
   --index ProxyEvict20 \
+  --index Uniform \
   --index Weighted \
+  --index "Hybrid(TopK(Flat),Uniform)|budget=1%" \
+  --index "Hybrid(TopK(Flat),LSHSample10x150)" \
+  --index "Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)" \
+  --index "BF16,Flat" \
   "$@"

@@ -393,7 +393,12 @@ RunResult run_kvbench(const RunOptions& opt) {
 
 void print_table(const RunResult& res) {
     std::printf("trace: %s\nmachine: %s\n", res.trace.c_str(), res.machine.c_str());
-    std::printf("%-36s %6s %9s %9s %7s %7s %8s %8s %9s %9s %8s %8s %9s\n", "index", "n",
+    // the index column as wide as the longest string, so the columns align
+    int w = 36;
+    for (const auto& r : res.results) {
+        w = std::max(w, int(r.index.size()));
+    }
+    std::printf("%-*s %6s %9s %9s %7s %7s %8s %8s %9s %9s %8s %8s %9s\n", w, "index", "n",
                 "rel_err", "err_p95", "mass", "recall", "selected", "touched", "us/query",
                 "dense_us", "speedup", "build_s", "bytes/tok");
     for (const auto& r : res.results) {
@@ -401,21 +406,21 @@ void print_table(const RunResult& res) {
         if (r.recall_at_k) {
             std::snprintf(recall, sizeof(recall), "%.3f", *r.recall_at_k);
         }
-        std::printf("%-36s %6zd %9.2e %9.2e %7.4f %7s %7.2f%% %7.2f%% %9.1f %9.1f %8.2f %8.2f %9.0f\n",
-                    r.index.c_str(), size_t(r.n_queries), r.rel_err_mean, r.rel_err_p95,
+        std::printf("%-*s %6zd %9.2e %9.2e %7.4f %7s %7.2f%% %7.2f%% %9.1f %9.1f %8.2f %8.2f %9.0f\n",
+                    w, r.index.c_str(), size_t(r.n_queries), r.rel_err_mean, r.rel_err_p95,
                     r.mass_mean, recall, 100 * r.selected_frac, 100 * r.touched_frac,
                     r.us_per_query, r.dense_us_per_query, r.speedup_vs_dense, r.build_s,
                     r.bytes_per_token);
     }
     if (!res.results.empty() && res.results[0].per_layer.size() > 1) {
         // per layer: flat and sparse heads behave differently
-        std::printf("\nrel_err (selected) by layer\n%-36s", "index");
+        std::printf("\nrel_err (selected) by layer\n%-*s", w, "index");
         for (const auto& f : res.results[0].per_layer) {
             std::printf(" %16s", ("layer " + std::to_string(f.layer)).c_str());
         }
         std::printf("\n");
         for (const auto& r : res.results) {
-            std::printf("%-36s", r.index.c_str());
+            std::printf("%-*s", w, r.index.c_str());
             for (const auto& f : r.per_layer) {
                 std::printf("  %.3f (%5.2f%%)", f.rel_err_mean, 100 * f.selected_frac);
             }

@@ -313,7 +313,7 @@ int cmd_ruler(int argc, char** argv) {
             ("tasks", po::value(&tasks)->default_value(tasks), "tasks to run")
             ("seed", po::value(&c.seed)->default_value(c.seed), "seed of the prompts")
             ("max-new", po::value(&c.max_new)->default_value(c.max_new),
-             "tokens to generate (0: each task's, 12 for one number, 40-50 for lists)")
+             "tokens to generate (0: each task's, 12 for one number, 50 (cwe) to 64 (multivalue, vt) for lists)")
             ("haystack-file", po::value(&c.haystack_files),
              "haystack text of the niah and vt tasks (repeatable; default data/train/*.txt)")
             ("likelihood", po::bool_switch(&c.likelihood),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k|multivalue|ruler8k2|likelihood|likelihood_hybrid]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|every|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k|multivalue|ruler8k2|likelihood|likelihood_hybrid]...
 # (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -55,6 +55,20 @@ for what in "$@"; do
           --index ProxyEvict5 --index ProxyEvict20 --index ProxyEvict20_H2O --index ProxyEvict20_TOVA \
           --index ProxyEvict20_StreamingLLM --params k=410 \
           --json "$OUT/kvbench_smollm2_8k.json" | tee "$OUT/kvbench_smollm2_8k.txt" ;;
+    every)
+      # every index type on the trace `trace` writes, k = 410 (5% of the
+      # prompt) where a top-k budget is read: RESULTS.md's "At a glance"
+      [ -f data/smollm2_8k/meta.json ] || $KVLLM trace --text-file "$DOC" --out data/smollm2_8k \
+          --tokens 8192 --n-ctx 8064 --layers 0,4,8,16,24,29 --dtype float16
+      ./build/benchmarks/kvbench run --trace data/smollm2_8k --layers 0,4,8,16,24,29 --max-queries 64 \
+          --index Flat --index "BF16,Flat" --index "FP16,Flat" \
+          --index "TopK(Flat)" --index "TopK(IVF64,Flat)" --index "TopK(HNSW16)|efSearch=410" \
+          --index "RoarGraph32" --index "RoarGraph32|walk_bits=8" \
+          --index "Sink4,Window64,LSHSample10x150" --index "Sink1,Window63,IVFAsym64" \
+          --index ProxyEvict5 --index ProxyEvict20 --index Uniform --index Weighted \
+          --index "Hybrid(TopK(Flat),Uniform)|budget=5%" --index "Hybrid(TopK(Flat),LSHSample10x150)" \
+          --index "Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)" --params k=410 \
+          --json "$OUT/every_smollm2_8k.json" | tee "$OUT/every_smollm2_8k.txt" ;;
     speed)
       for n in 512 2048 8192; do
         head -c 200000 "$DOC" > data/speed.txt
