@@ -345,6 +345,7 @@ void IndexLSHSample::set_seed(uint64_t new_seed) {
     FAISS_THROW_IF_NOT_MSG(
             ntotal == 0, "LSHSample: the hyperplanes can change only on an empty index");
     seed = new_seed;
+    mean_projection.clear(); // of the old planes
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> g(0.0f, 1.0f);
     planes.resize(size_t(K) * L * d);
@@ -354,16 +355,21 @@ void IndexLSHSample::set_seed(uint64_t new_seed) {
 }
 
 void IndexLSHSample::hash(const float* x, const float* center, uint16_t* out) const {
-    int r = K * L;
-    std::vector<float> proj(r), cproj(center ? r : 0);
-    inner_products_scaled(x, planes.data(), d, r, 1.0f, proj.data());
+    std::vector<float> cproj(center ? size_t(K) * L : 0);
     if (center) {
-        inner_products_scaled(center, planes.data(), d, r, 1.0f, cproj.data());
+        inner_products_scaled(center, planes.data(), d, K * L, 1.0f, cproj.data());
     }
+    hash_projected(x, center ? cproj.data() : nullptr, out);
+}
+
+void IndexLSHSample::hash_projected(const float* x, const float* cproj, uint16_t* out) const {
+    int r = K * L;
+    std::vector<float> proj(r);
+    inner_products_scaled(x, planes.data(), d, r, 1.0f, proj.data());
     for (int l = 0; l < L; l++) {
         uint16_t c = 0;
         for (int b = 0; b < K; b++) {
-            float v = proj[l * K + b] - (center ? cproj[l * K + b] : 0.0f);
+            float v = proj[l * K + b] - (cproj ? cproj[l * K + b] : 0.0f);
             c |= uint16_t(v > 0) << b;
         }
         out[l] = c;
@@ -393,12 +399,16 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
             mean[j] = float(acc[j] / n);
         }
     }
+    if (mean_projection.empty()) {
+        mean_projection.resize(size_t(K) * L);
+        inner_products_scaled(mean.data(), planes.data(), d, K * L, 1.0f, mean_projection.data());
+    }
     idx_t n0 = storage.size();
     codes.resize((n0 + n) * L);
     norms.resize(n0 + n);
     parallel_for(n, [&](idx_t i) {
         const float* k = keys + i * d;
-        hash(k, mean.data(), codes.data() + (n0 + i) * L);
+        hash_projected(k, mean_projection.data(), codes.data() + (n0 + i) * L);
         double s = 0;
         for (int j = 0; j < d; j++) {
             double c = double(k[j]) - mean[j];
@@ -890,6 +900,7 @@ float IndexLSHSample::attend_one(const float* q, float* out, const faiss::Search
 void IndexLSHSample::reset_impl() {
     storage.clear();
     mean.clear();
+    mean_projection.clear();
     norms.clear();
     codes.clear();
     offsets.clear();
@@ -910,7 +921,7 @@ size_t IndexLSHSample::table_bytes() const {
 }
 
 size_t IndexLSHSample::memory_bytes() const {
-    return storage.memory_bytes() + table_bytes() + (planes.size() + mean.size()) * sizeof(float);
+    return storage.memory_bytes() + table_bytes() + (planes.size() + mean.size() + mean_projection.size()) * sizeof(float);
 }
 
 std::vector<SearchKnob> SearchParametersLSH::set_knobs() const {
@@ -1009,6 +1020,7 @@ void IndexLSHSample::read_fields(BufferReader& r, uint32_t) {
             min_hits);
     planes = r.vector<float>("hyperplanes");
     mean = r.vector<float>("centring mean");
+    mean_projection.clear(); // projected again at the next add
     norms = r.vector<float>("key norms");
     codes = r.vector<uint16_t>("codes");
     storage = KVStorage(d, d_value, kv_type);

@@ -149,6 +149,9 @@ struct IndexLSHSample : KVIndex {
 
     std::vector<float> planes;   ///< size K * L * d: hyperplane r at planes[r * d]
     std::vector<float> mean;     ///< size d: the centring mean (empty before the first add)
+    /// size K * L once a key is hashed: planes · mean, projected once (not
+    /// once per key); derived from planes and mean, not written by io
+    std::vector<float> mean_projection;
     std::vector<float> norms;    ///< size ntotal: |k_i - mean|
     std::vector<uint16_t> codes; ///< size ntotal * L: code of token i in table l at i * L + l
     KVStorage storage;           ///< keys and values
@@ -170,6 +173,10 @@ struct IndexLSHSample : KVIndex {
 
     /// The K * L sign bits of (x - center) (center may be nullptr), as L codes.
     void hash(const float* x, const float* center, uint16_t* out_codes) const;
+
+    /// The same from the center's projection (size K * L, planes · center,
+    /// or nullptr): the bits of planes · x - center_projection.
+    void hash_projected(const float* x, const float* center_projection, uint16_t* out_codes) const;
 
     /** What sampling for a query of codes qc (size L, from hash) reads
      * besides the rows of its sample, in stored-key equivalents
