@@ -22,6 +22,7 @@
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 #include <kvindex/kernels.h>
 
 #include "reference.h"
@@ -299,6 +300,34 @@ struct CountingStorage : faiss::Index {
 };
 
 } // namespace
+
+// The HNSW's float rows are scored by kvindex's kernels (Debian's Faiss
+// scores them with a scalar loop): its distances, in the graph's build and
+// search, are the inner products, and stay so for a read copy.
+TEST(RetrieverScan, HnswDistancesAreTheInnerProducts) {
+    const int d = 40; // not a multiple of the vector width
+    const idx_t n = 500;
+    auto keys = kvtest::gaussian(n, d, 63);
+    auto q = kvtest::gaussian(1, d, 64);
+    auto index = index_factory(d, "TopK(HNSW8)");
+    index->add_kv(n, keys.data(), keys.data());
+    auto copy = clone_index(index.get());
+    for (const KVIndex* x : {index.get(), copy.get()}) {
+        auto hnsw = dynamic_cast<faiss::IndexHNSW*>(dynamic_cast<const IndexTopK&>(*x).retriever.get());
+        ASSERT_NE(hnsw, nullptr);
+        std::unique_ptr<faiss::DistanceComputer> dis(hnsw->storage->get_distance_computer());
+        dis->set_query(q.data());
+        for (idx_t i = 0; i < n; i += 7) {
+            double ref = 0, ij = 0;
+            for (int c = 0; c < d; c++) {
+                ref += double(q[c]) * keys[i * d + c];
+                ij += double(keys[i * d + c]) * keys[((i + 1) % n) * d + c];
+            }
+            EXPECT_NEAR((*dis)(i), ref, 1e-5 * (1 + std::abs(ref))) << i;
+            EXPECT_NEAR(dis->symmetric_dis(i, (i + 1) % n), ij, 1e-5 * (1 + std::abs(ij))) << i;
+        }
+    }
+}
 
 TEST(RetrieverScan, HnswSearchEqualsFaissAndCountsEachQuery) {
     // kvindex walks the HNSW graph itself to count each query's distances;
