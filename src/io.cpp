@@ -8,25 +8,45 @@ namespace kvindex {
 
 namespace {
 
-std::array<uint32_t, 256> make_crc_table() {
-    std::array<uint32_t, 256> t{};
+/// CRC-32 (IEEE, reflected) tables for slicing by 8: t[0] is the bytewise
+/// table, t[k][b] the CRC of byte b followed by k zero bytes, so that eight
+/// bytes fold in with eight independent lookups (~8x the bytewise loop).
+using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
+
+CrcTables make_crc_tables() {
+    CrcTables t{};
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++) {
             c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
         }
-        t[i] = c;
+        t[0][i] = c;
+    }
+    for (int k = 1; k < 8; k++) {
+        for (uint32_t i = 0; i < 256; i++) {
+            t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
+        }
     }
     return t;
+}
+
+/// Four bytes as a little-endian word, whatever the machine's order.
+uint32_t le32(const uint8_t* p) {
+    return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
 }
 
 } // namespace
 
 uint32_t crc32(const uint8_t* data, size_t size) {
-    static const std::array<uint32_t, 256> table = make_crc_table();
+    static const CrcTables t = make_crc_tables();
     uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < size; i++) {
-        c = table[(c ^ data[i]) & 0xFF] ^ (c >> 8);
+    for (; size >= 8; data += 8, size -= 8) {
+        uint32_t lo = le32(data) ^ c, hi = le32(data + 4);
+        c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+                t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+    }
+    for (; size > 0; data++, size--) {
+        c = t[0][(c ^ *data) & 0xFF] ^ (c >> 8);
     }
     return c ^ 0xFFFFFFFFu;
 }

@@ -36,6 +36,7 @@
 #include <kvindex/KVCache.h>
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/IndexTopK.h>
+#include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
@@ -250,6 +251,35 @@ void expect_equal_copy(
 }
 
 } // namespace
+
+// The frame's CRC-32 (sliced by 8 bytes) is the standard IEEE CRC: the check
+// value of "123456789", and a bitwise reference at every length and offset
+// around the 8-byte steps.
+TEST(IO, Crc32IsTheIeeeCrc) {
+    const std::string check = "123456789";
+    EXPECT_EQ(crc32(reinterpret_cast<const uint8_t*>(check.data()), check.size()), 0xCBF43926u);
+    EXPECT_EQ(crc32(nullptr, 0), 0u);
+    auto bitwise = [](const uint8_t* p, size_t n) {
+        uint32_t c = 0xFFFFFFFFu;
+        for (size_t i = 0; i < n; i++) {
+            c ^= p[i];
+            for (int k = 0; k < 8; k++) {
+                c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+            }
+        }
+        return c ^ 0xFFFFFFFFu;
+    };
+    std::mt19937 rng(7);
+    std::vector<uint8_t> buf(300);
+    for (auto& b : buf) {
+        b = uint8_t(rng());
+    }
+    for (size_t off = 0; off < 8; off++) {
+        for (size_t n = 0; n + off <= buf.size(); n += (n < 40 ? 1 : 13)) {
+            ASSERT_EQ(crc32(buf.data() + off, n), bitwise(buf.data() + off, n)) << off << " " << n;
+        }
+    }
+}
 
 TEST(IO, RoundTripMemoryAndFile) {
     // queries differ from the keys (other seed, other scale)
