@@ -87,9 +87,9 @@ double normal_two_sided_quantile(double delta);
  *    the (1 - delta) quantile over the queries of the smallest m whose
  *    output error is within epsilon with probability 1 - delta;
  *  - budget > 0 (a fixed read budget per query, k + sample): the split
- *    (k = budget * f, f in 0, 1/8, ..., 1) with the lowest mean predicted
- *    error; f = 1 is plain top-k, so a head that is better served by
- *    top-k alone gets it.
+ *    (k = max(1, budget * f), f in 0, 1/8, ..., 1: the heavy part keeps
+ *    at least the top key) with the lowest mean predicted error; f = 1 is
+ *    plain top-k, so a head that is better served by top-k alone gets it.
  * calibrated_k and calibrated_sample report the choice.
  *
  * Per-call parameters go to the heavy part (its k, nprobe, efSearch;
