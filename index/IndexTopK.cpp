@@ -302,6 +302,9 @@ void search_hnsw(
 
 void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
     storage.append(n, keys, values);
+    if (is_flat_inner_product(retriever.get())) {
+        return; // search scans the storage: a flat retriever holds no copy
+    }
     try {
         if (retriever->is_trained) {
             // the retriever holds float keys: the keys as stored, so that its
@@ -733,7 +736,18 @@ void IndexTopK::write_fields(BufferWriter& w) const {
     w.value<uint64_t>(train_seed);
     storage.write(w);
     faiss::VectorIOWriter fw;
-    faiss::write_index(retriever.get(), &fw);
+    if (is_flat_inner_product(retriever.get())) {
+        // the record keeps a flat retriever with the keys as stored, as
+        // the retriever itself held them before (files and golden bytes
+        // unchanged); in memory it holds none
+        faiss::IndexFlatIP rows(d);
+        std::vector<float> keys;
+        storage.to_float(0, ntotal, &keys, nullptr);
+        rows.add(ntotal, keys.data());
+        faiss::write_index(&rows, &fw);
+    } else {
+        faiss::write_index(retriever.get(), &fw);
+    }
     w.foreign(fw.data);
 }
 
@@ -767,6 +781,9 @@ void IndexTopK::read_fields(BufferReader& r, uint32_t) {
     if (!retriever->is_trained) {
         rebuild_retriever(); // see rebuild_retriever
     }
+    if (is_flat_inner_product(retriever.get())) {
+        retriever->reset(); // the storage has the keys (write_fields)
+    }
     score_hnsw_with_kernels(retriever.get());
 }
 
@@ -774,7 +791,9 @@ void IndexTopK::check_invariants() const {
     KVIndex::check_invariants();
     FAISS_THROW_IF_NOT_FMT(
             retriever && retriever->d == d &&
-                    retriever->ntotal == (retriever->is_trained ? ntotal : 0) &&
+                    retriever->ntotal == (retriever->is_trained && !is_flat_inner_product(retriever.get())
+                                                  ? ntotal
+                                                  : 0) &&
                     storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
                     storage.type == kv_type &&
                     storage.size() == ntotal,

@@ -19,6 +19,7 @@
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexTopK.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 #include <kvindex/QModel.h>
 #include <kvindex/parameters.h>
 
@@ -257,6 +258,30 @@ TEST(IndexTopK, ProductQuantizersSkipPolysemousTraining) {
         EXPECT_TRUE(topk->retriever->is_trained);
         index->reset(); // a new sequence trains a fresh retriever
         EXPECT_FALSE(polysemous(topk->retriever.get()));
+    }
+}
+
+// A flat retriever is never searched (the fused kernel scans the storage):
+// it holds no copy of the keys, so TopK(Flat) costs what Flat costs, and
+// a read copy drops the copy its record carries.
+TEST(IndexTopK, AFlatRetrieverHoldsNoCopyOfTheKeys) {
+    Data data(3000, 4, 15);
+    for (std::string type : {"", "BF16,"}) {
+        SCOPED_TRACE(type);
+        auto topk = index_factory(kD, type + "TopK(Flat)", kDv);
+        auto flat = index_factory(kD, type + "Flat", kDv);
+        topk->add_kv(data.n, data.keys.data(), data.values.data());
+        flat->add_kv(data.n, data.keys.data(), data.values.data());
+        EXPECT_LT(topk->memory_bytes(), flat->memory_bytes() + 4096);
+        auto copy = clone_index(topk.get());
+        EXPECT_EQ(dynamic_cast<IndexTopK&>(*copy).retriever->ntotal, 0);
+        EXPECT_LT(copy->memory_bytes(), flat->memory_bytes() + 4096);
+        if (type.empty()) { // the copy answers from its storage alone
+            copy->k = 25;
+            expect_attention(*copy, data, [&](idx_t q) {
+                return kvtest::ref_topk(data.queries.data() + q * kD, data.keys.data(), kD, data.n, 25);
+            }, 1e-5);
+        }
     }
 }
 

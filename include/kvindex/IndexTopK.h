@@ -40,7 +40,9 @@ struct IndexTopK : KVIndex {
     static constexpr idx_t kMaxTrainPoints = idx_t(1) << 26;
 
     std::string retriever_string;             ///< Faiss factory string
-    std::unique_ptr<faiss::Index> retriever;  ///< holds ntotal keys
+    /// holds ntotal keys once trained; a flat one holds none (search scans
+    /// the storage, which has them as stored)
+    std::unique_ptr<faiss::Index> retriever;
     KVStorage storage;                        ///< keys and values of all tokens
     idx_t max_train_points = 65536;           ///< cap on the training sample, <= kMaxTrainPoints
     /// keys needed before the retriever trains (IVF: nlist); until then
