@@ -921,7 +921,8 @@ size_t IndexLSHSample::table_bytes() const {
 }
 
 size_t IndexLSHSample::memory_bytes() const {
-    return storage.memory_bytes() + table_bytes() + (planes.size() + mean.size() + mean_projection.size()) * sizeof(float);
+    return storage.memory_bytes() + table_bytes() +
+            (planes.size() + mean.size() + mean_projection.size()) * sizeof(float);
 }
 
 std::vector<SearchKnob> SearchParametersLSH::set_knobs() const {

@@ -49,7 +49,6 @@ idx_t min_keys_to_train(const faiss::Index* retriever, const std::string& retrie
     return std::max<idx_t>(need, product_quantizer_centroids(retriever_string));
 }
 
-/// The official code's IVF default (nprobe 8), where Faiss's is 1.
 /// Inner products with kvindex's SIMD kernels: Debian's Faiss is a
 /// generic-SIMD build whose fvec_inner_product is a scalar loop, 70% of an
 /// HNSW build's time and half of its search's.
@@ -93,8 +92,8 @@ struct KernelFlatIP : faiss::IndexFlatIP {
 void score_hnsw_with_kernels(faiss::Index* retriever) {
     auto hnsw = dynamic_cast<faiss::IndexHNSWFlat*>(retriever);
     auto rows = hnsw ? dynamic_cast<faiss::IndexFlat*>(hnsw->storage) : nullptr;
-    if (!rows || typeid(*rows) == typeid(KernelFlatIP) || rows->metric_type != faiss::METRIC_INNER_PRODUCT ||
-        !hnsw->own_fields) {
+    if (!rows || typeid(*rows) == typeid(KernelFlatIP) ||
+        rows->metric_type != faiss::METRIC_INNER_PRODUCT || !hnsw->own_fields) {
         return;
     }
     auto fast = std::make_unique<KernelFlatIP>(std::move(*rows));
@@ -123,6 +122,7 @@ std::unique_ptr<faiss::Index> make_retriever(int d, const std::string& retriever
     return r;
 }
 
+/// The official code's IVF default (nprobe 8), where Faiss's is 1.
 void set_default_knobs(faiss::Index* retriever) {
     if (auto ivf = faiss::ivflib::try_extract_index_ivf(retriever)) {
         ivf->nprobe = std::min<size_t>(ivf->nlist, 8);
@@ -493,9 +493,9 @@ void IndexTopK::select_batch(
             n, q, kk, dis.data(), ids.data(), params, count && hnsw_counts ? scanned.data() : nullptr);
     if (count && hnsw_counts) {
         const faiss::Index& stored = *dynamic_cast<const faiss::IndexHNSW&>(*retriever).storage;
-        size_t row = code_bytes(stored);
+        const size_t row = code_bytes(stored), table = pq_table_bytes(stored);
         for (idx_t i = 0; i < n; i++) {
-            scanned[i] = key_equivalents(scanned[i] * row + pq_table_bytes(stored));
+            scanned[i] = key_equivalents(scanned[i] * row + table);
         }
     } else if (count) {
         count_scanned(n, q, params, scanned.data());
@@ -540,15 +540,14 @@ void IndexTopK::count_scanned(
         std::vector<float> cd(n * nprobe);
         std::vector<idx_t> lists(n * nprobe);
         ivf->quantizer->search(n, q, nprobe, cd.data(), lists.data());
+        const size_t fixed = ivf->nlist * size_t(d) * sizeof(float) + pq_table_bytes(*ivf);
         for (idx_t i = 0; i < n; i++) {
             size_t codes = 0;
             for (size_t j = 0; j < nprobe; j++) {
                 idx_t l = lists[i * nprobe + j];
                 codes += l >= 0 ? ivf->invlists->list_size(l) : 0;
             }
-            scanned[i] = key_equivalents(
-                    ivf->nlist * size_t(d) * sizeof(float) + pq_table_bytes(*ivf) +
-                    codes * ivf->code_size);
+            scanned[i] = key_equivalents(fixed + codes * ivf->code_size);
         }
     } else if (hnsw) {
         // the HNSW types that search_hnsw does not serve (IndexHNSW2Level,
