@@ -170,6 +170,27 @@ IndexHybrid::IndexHybrid(std::unique_ptr<KVIndex> heavy_index, std::unique_ptr<K
     FAISS_THROW_IF_NOT_MSG(
             heavy->ntotal == 0 && tail->ntotal == 0, "IndexHybrid: heavy and tail must be empty");
     check_heavy_is_deterministic();
+    lend_tokens();
+}
+
+void IndexHybrid::lend_tokens() {
+    if (const KVStorage* t = heavy->stored_tokens()) {
+        tail->share_tokens(t); // false, changing nothing, for a tail that keeps its own
+    }
+}
+
+const KVStorage& IndexHybrid::tokens() const {
+    if (const KVStorage* t = heavy->stored_tokens()) {
+        return *t;
+    }
+    if (const KVStorage* t = tail->stored_tokens()) {
+        return *t;
+    }
+    return storage;
+}
+
+bool IndexHybrid::holds_own_tokens() const {
+    return !heavy->stored_tokens() && !tail->stored_tokens();
 }
 
 void IndexHybrid::check_heavy_is_deterministic() const {
@@ -232,9 +253,11 @@ std::unique_ptr<KVIndex> IndexHybrid::from_factory(FactoryChain& chain) {
 }
 
 void IndexHybrid::add_kv_impl(idx_t n, const float* keys, const float* values) {
-    heavy->add_kv(n, keys, values);
+    heavy->add_kv(n, keys, values); // first: a tail it lends its tokens to checks them
     tail->add_kv(n, keys, values);
-    storage.append(n, keys, values);
+    if (holds_own_tokens()) {
+        storage.append(n, keys, values);
+    }
 }
 
 void IndexHybrid::prefill_impl(const PrefillInput& in) {
@@ -258,7 +281,9 @@ void IndexHybrid::prefill_impl(const PrefillInput& in) {
             heavy->factory_string().c_str());
     heavy->prefill(in);
     tail->prefill(in);
-    storage.append(in.n_tokens, in.keys, in.values);
+    if (holds_own_tokens()) {
+        storage.append(in.n_tokens, in.keys, in.values);
+    }
     ntotal = in.n_tokens;
     rope = in.rope;
     has_rope = true;
@@ -496,7 +521,7 @@ void IndexHybrid::write_fields(BufferWriter& w) const {
     w.value<int64_t>(n_calibration);
     w.value<int64_t>(calibrated_k);
     w.value<int64_t>(calibrated_sample);
-    storage.write(w);
+    tokens().write(w); // the record holds the tokens whichever index keeps them
     write_index_record(heavy.get(), w);
     write_index_record(tail.get(), w);
 }
@@ -513,6 +538,11 @@ void IndexHybrid::read_fields(BufferReader& r, uint32_t) {
     storage.read(r, "Hybrid storage");
     heavy = read_index_record(r);
     tail = read_index_record(r);
+    // each child read its own copy: keep one, after checking that they agree
+    lend_tokens();
+    if (!holds_own_tokens()) {
+        drop_for_shared(storage, tokens(), ntotal, "read_index: IndexHybrid");
+    }
 }
 
 void IndexHybrid::check_children_in_step() const {
@@ -536,12 +566,13 @@ void IndexHybrid::check_invariants() const {
             delta,
             size_t(n_calibration),
             size_t(calibrated_sample));
+    const KVStorage& st = tokens();
     FAISS_THROW_IF_NOT_FMT(
-            storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
-                    storage.type == kv_type && storage.size() == ntotal &&
+            st.d == size_t(d) && st.d_value == size_t(d_value) && st.type == kv_type &&
+                    st.size() == ntotal && (holds_own_tokens() || storage.size() == 0) &&
                     heavy->ntotal == ntotal && tail->ntotal == ntotal,
             "IndexHybrid: storage (%zd), heavy (%zd) and tail (%zd) disagree with ntotal %zd",
-            size_t(storage.size()),
+            size_t(st.size()),
             size_t(heavy->ntotal),
             size_t(tail->ntotal),
             size_t(ntotal));

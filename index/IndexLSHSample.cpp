@@ -377,9 +377,11 @@ void IndexLSHSample::hash_projected(const float* x, const float* cproj, uint16_t
 }
 
 void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    // the tokens first: a value the type cannot hold is refused before
+    // the mean, codes and norms change
+    append_or_check_shared(storage, shared_tokens, ntotal, n, keys, values, "IndexLSHSample");
     // hashed as stored, so that codes, norms and the scores agree
     std::vector<float> rounded;
-    const float* input_keys = keys;
     if (kv_type != KVType::f32) {
         rounded.resize(size_t(n) * d);
         round_to(kv_type, keys, rounded.size(), rounded.data());
@@ -403,7 +405,7 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
         mean_projection.resize(size_t(K) * L);
         inner_products_scaled(mean.data(), planes.data(), d, K * L, 1.0f, mean_projection.data());
     }
-    idx_t n0 = storage.size();
+    const idx_t n0 = ntotal;
     codes.resize((n0 + n) * L);
     norms.resize(n0 + n);
     parallel_for(n, [&](idx_t i) {
@@ -416,17 +418,17 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
         }
         norms[n0 + i] = float(std::sqrt(s));
     });
-    storage.append(n, input_keys, values);
-    idx_t tail = storage.size() - n_indexed;
+    const idx_t n_all = n0 + n;
+    idx_t tail = n_all - n_indexed;
     if (n_indexed == 0 || tail * 8 > n_indexed) {
         build_tables();
-    } else if (storage.size() - std::max(n_recent, n_indexed) > recent_threshold(tail)) {
+    } else if (n_all - std::max(n_recent, n_indexed) > recent_threshold(tail)) {
         build_recent_tables();
     }
 }
 
 void IndexLSHSample::build_recent_tables() {
-    idx_t n = storage.size(), t = n - n_indexed;
+    idx_t n = tokens().size(), t = n - n_indexed;
     recent_offsets.clear();
     recent_ids.clear();
     n_recent = n_indexed;
@@ -454,7 +456,7 @@ void IndexLSHSample::build_recent_tables() {
 }
 
 void IndexLSHSample::build_tables(idx_t n) {
-    n = n < 0 ? storage.size() : n;
+    n = n < 0 ? tokens().size() : n;
     size_t B = size_t(1) << K;
     offsets.assign(size_t(L) * (B + 1), 0);
     bool narrow = n <= 65536;
@@ -693,7 +695,7 @@ void IndexLSHSample::sample_one(
         sel.set_all(ntotal);
         sel.inclusion.clear();
         dots.resize(ntotal);
-        inner_products_scaled(q, storage.key_rows(), ntotal, 1.0f, dots.data());
+        inner_products_scaled(q, tokens().key_rows(), ntotal, 1.0f, dots.data());
         log_u.assign(ntotal, 0.0f);
         keep_best_scoring(cap, sel, dots, log_u);
         sel.n_scanned = size_t(ntotal) - sel.ids.size(); // scored, then dropped by the cap
@@ -806,7 +808,7 @@ void IndexLSHSample::sample_one(
     size_t m = ne;
     sel.ids.assign(sc.emitted.begin(), sc.emitted.begin() + m);
     dots.resize(m);
-    gathered_dots(q, storage.key_rows(), sel.ids.data(), m, dots.data());
+    gathered_dots(q, tokens().key_rows(), sel.ids.data(), m, dots.data());
     // inclusion probabilities from cos(q, centred key), through the table
     double qm = 0, qq = 0;
     for (int j = 0; j < d; j++) {
@@ -893,12 +895,19 @@ float IndexLSHSample::attend_one(const float* q, float* out, const faiss::Search
         s[t] *= scale;
     }
     float lse = softmax_inplace(s.data(), log_u.data(), m);
-    gathered_weighted_sum(s.data(), storage.value_rows(), sel.ids.data(), m, out);
+    gathered_weighted_sum(s.data(), tokens().value_rows(), sel.ids.data(), m, out);
     return lse;
 }
 
+bool IndexLSHSample::share_tokens(const KVStorage* lent) {
+    FAISS_THROW_IF_NOT_MSG(lent, "IndexLSHSample::share_tokens: no tokens (nullptr)");
+    drop_for_shared(storage, *lent, ntotal, "IndexLSHSample");
+    shared_tokens = lent;
+    return true;
+}
+
 void IndexLSHSample::reset_impl() {
-    storage.clear();
+    storage.clear(); // lent tokens are the owner's to clear
     mean.clear();
     mean_projection.clear();
     norms.clear();
@@ -1002,7 +1011,7 @@ void IndexLSHSample::write_fields(BufferWriter& w) const {
     w.vector(mean);
     w.vector(norms);
     w.vector(codes);
-    storage.write(w);
+    tokens().write(w);
     w.value<int64_t>(n_indexed); // the tables are rebuilt from the codes
 }
 
@@ -1024,6 +1033,7 @@ void IndexLSHSample::read_fields(BufferReader& r, uint32_t) {
     mean_projection.clear(); // projected again at the next add
     norms = r.vector<float>("key norms");
     codes = r.vector<uint16_t>("codes");
+    shared_tokens = nullptr;
     storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "LSHSample storage");
     idx_t n_tables = r.value<int64_t>("n_indexed");
@@ -1057,9 +1067,9 @@ void IndexLSHSample::check_invariants() const {
             K >= 1 && K <= 16 && L >= 1 && L <= 4096 && min_hits >= 0 && min_hits <= L &&
                     planes.size() == size_t(K) * L * d &&
                     mean.size() == (n > 0 ? size_t(d) : 0) && norms.size() == size_t(n) &&
-                    codes.size() == size_t(n) * L && storage.size() == n &&
-                    storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
-                    storage.type == kv_type &&
+                    codes.size() == size_t(n) * L && tokens().size() == n &&
+                    tokens().d == size_t(d) && tokens().d_value == size_t(d_value) &&
+                    tokens().type == kv_type && (!shared_tokens || storage.size() == 0) &&
                     n_indexed >= 0 && n_indexed <= n &&
                     (n == 0 || offsets.size() == size_t(L) * (B + 1)) &&
                     ids16.size() + ids32.size() == size_t(L) * n_indexed &&

@@ -23,12 +23,19 @@ void IndexSampleBase::select_one(
     select_outside_one(q, nullptr, 0, sel, params);
 }
 
+bool IndexSampleBase::share_tokens(const KVStorage* lent) {
+    FAISS_THROW_IF_NOT_FMT(lent, "%s::share_tokens: no tokens (nullptr)", type_name());
+    drop_for_shared(storage, *lent, ntotal, type_name());
+    shared_tokens = lent;
+    return true;
+}
+
 void IndexSampleBase::add_kv_impl(idx_t n, const float* keys, const float* values) {
-    storage.append(n, keys, values);
+    append_or_check_shared(storage, shared_tokens, ntotal, n, keys, values, type_name());
 }
 
 void IndexSampleBase::reset_impl() {
-    storage.clear();
+    storage.clear(); // lent tokens are the owner's to clear
     ntotal = 0;
 }
 
@@ -65,12 +72,13 @@ void IndexSampleBase::set_stream(uint64_t s) {
 void IndexSampleBase::write_fields(BufferWriter& w) const {
     w.value<uint64_t>(seed);
     w.value<uint64_t>(stream);
-    storage.write(w);
+    tokens().write(w);
 }
 
 void IndexSampleBase::read_fields(BufferReader& r, uint32_t) {
     seed = r.value<uint64_t>("seed");
     stream = r.value<uint64_t>("stream");
+    shared_tokens = nullptr;
     storage = KVStorage(d, d_value, kv_type);
     storage.read(r, (factory_string() + " storage").c_str());
 }
@@ -78,12 +86,14 @@ void IndexSampleBase::read_fields(BufferReader& r, uint32_t) {
 void IndexSampleBase::check_invariants() const {
     KVIndex::check_invariants();
     check_seed_knob(seed, type_name());
+    const KVStorage& st = tokens();
     FAISS_THROW_IF_NOT_FMT(
-            storage.d == size_t(d) && storage.d_value == size_t(d_value) &&
-                    storage.type == kv_type && storage.size() == ntotal,
-            "%s: storage holds %zd tokens, ntotal is %zd",
+            st.d == size_t(d) && st.d_value == size_t(d_value) && st.type == kv_type &&
+                    st.size() == ntotal && (!shared_tokens || storage.size() == 0),
+            "%s: storage holds %zd tokens (%s), ntotal is %zd",
             type_name(),
-            size_t(storage.size()),
+            size_t(st.size()),
+            shared_tokens ? "lent" : "its own",
             size_t(ntotal));
 }
 

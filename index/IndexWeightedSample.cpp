@@ -172,7 +172,7 @@ void IndexWeightedSample::select_outside_one(
     // the common scale); the excluded tokens get weight 0. A token whose
     // weight underflows float (below e^-87 of the heaviest) is never drawn.
     std::vector<float> w(n);
-    inner_products_scaled(q, storage.key_rows(), n, score_scale(), w.data());
+    inner_products_scaled(q, tokens().key_rows(), n, score_scale(), w.data());
     softmax_inplace(w.data(), nullptr, n);
     for (size_t j = 0; j < n_excluded; j++) {
         w[excluded[j]] = 0;

@@ -668,6 +668,10 @@ void KVIndex::reconstruct_value(idx_t key, float* value) const {
     reconstruct_value_impl(key, value);
 }
 
+bool KVIndex::share_tokens(const KVStorage*) {
+    return false;
+}
+
 void KVIndex::reconstruct_impl(idx_t key, float* recons) const {
     const KVStorage& st = storage_of(this, token_storage(), "reconstruct");
     st.key(key, recons);

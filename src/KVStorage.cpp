@@ -176,4 +176,48 @@ void KVStorage::read(BufferReader& r, const char* what) {
     check_stored_input(type, values, d_value, "read_index: values");
 }
 
+void drop_for_shared(KVStorage& own, const KVStorage& shared, idx_t ntotal, const char* who) {
+    FAISS_THROW_IF_NOT_FMT(
+            shared.d == own.d && shared.d_value == own.d_value && shared.type == own.type &&
+                    shared.size() == ntotal,
+            "%s: the tokens lent (%zd of d=%zd, d_value=%zd, %s) are not its %zd tokens of "
+            "d=%zd, d_value=%zd, %s",
+            who,
+            ssize_t(shared.size()),
+            shared.d,
+            shared.d_value,
+            kv_type_name(shared.type),
+            ssize_t(ntotal),
+            own.d,
+            own.d_value,
+            kv_type_name(own.type));
+    // a read index holds its own copy until then: the two must agree
+    FAISS_THROW_IF_NOT_FMT(
+            own.size() == 0 || (own.keys == shared.keys && own.values == shared.values),
+            "%s: the tokens lent differ from its own",
+            who);
+    own = KVStorage(own.d, own.d_value, own.type);
+}
+
+void append_or_check_shared(
+        KVStorage& own,
+        const KVStorage* shared,
+        idx_t ntotal,
+        idx_t n,
+        const float* keys,
+        const float* values,
+        const char* who) {
+    if (!shared) {
+        own.append(n, keys, values);
+        return;
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            shared->size() == ntotal + n,
+            "%s: its tokens are lent by the index that owns them, which holds %zd, not %zd: "
+            "add tokens through the owner (the IndexHybrid)",
+            who,
+            ssize_t(shared->size()),
+            ssize_t(ntotal + n));
+}
+
 } // namespace kvindex

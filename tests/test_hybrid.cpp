@@ -601,6 +601,97 @@ TEST(Hybrid, AppendsReachHeavyAndTail) {
     EXPECT_EQ(index->ntotal, 0);
 }
 
+TEST(Hybrid, KeepsEachTokenOnce) {
+    // the estimator and a sampling tail read the heavy part's tokens: one
+    // copy of each token, through appends, io and reset
+    Head h(2000, 4, 2.0f, 31);
+    for (const char* s :
+         {"Hybrid(TopK(Flat),Uniform)|k=20,sample=40", "Hybrid(TopK(Flat),Weighted)|k=20,sample=40",
+          "Hybrid(TopK(Flat),LSHSample6x20)|k=20", "BF16,Hybrid(TopK(Flat),Uniform)|k=20,sample=40",
+          "Hybrid(RoarGraph8,Uniform)|k=20,sample=40"}) {
+        SCOPED_TRACE(s);
+        auto index = build(s, h);
+        const std::vector<float> extra_k = gaussian(3, kD, 77), extra_v = gaussian(3, kD, 78);
+        index->add_kv(3, extra_k.data(), extra_v.data());
+        auto check_once = [&](const KVIndex& x, idx_t n) {
+            auto& hy = dynamic_cast<const IndexHybrid&>(x);
+            const KVStorage* heavy_tokens = hy.heavy->stored_tokens();
+            ASSERT_NE(heavy_tokens, nullptr);
+            EXPECT_FALSE(hy.holds_own_tokens());
+            EXPECT_EQ(hy.storage.memory_bytes(), 0u);
+            EXPECT_EQ(&hy.tokens(), heavy_tokens);
+            EXPECT_EQ(hy.tail->stored_tokens(), heavy_tokens);
+            EXPECT_EQ(heavy_tokens->size(), n);
+            // the tail keeps structures only: less than the tokens' bytes
+            EXPECT_LT(hy.tail->memory_bytes(), heavy_tokens->memory_bytes());
+            EXPECT_EQ(hy.memory_bytes(), hy.heavy->memory_bytes() + hy.tail->memory_bytes());
+            // the tail reads the right tokens: its reconstruction is the input (as stored)
+            std::vector<float> key(kD), value(kD);
+            for (idx_t i : {idx_t(0), h.n - 1, n - 1}) {
+                const float* want_k = i < h.n ? h.keys.data() + i * kD : extra_k.data() + (i - h.n) * kD;
+                const float* want_v = i < h.n ? h.values.data() + i * kD : extra_v.data() + (i - h.n) * kD;
+                hy.tail->reconstruct(i, key.data());
+                hy.tail->reconstruct_value(i, value.data());
+                for (int j = 0; j < kD; j++) {
+                    EXPECT_NEAR(key[j], want_k[j], 4e-3 * std::fabs(want_k[j])) << i << " " << j;
+                    EXPECT_NEAR(value[j], want_v[j], 4e-3 * std::fabs(want_v[j])) << i << " " << j;
+                }
+            }
+        };
+        check_once(*index, h.n + 3);
+        auto copy = clone_index(index.get());
+        check_once(*copy, h.n + 3);
+        std::vector<float> a, b;
+        for (idx_t i = 0; i < 4; i++) {
+            EXPECT_EQ(attend_one(*index, h.q(i), a), attend_one(*copy, h.q(i), b));
+            EXPECT_EQ(a, b);
+        }
+        // a token added to the tail alone is refused, naming the owner
+        auto& hy = dynamic_cast<IndexHybrid&>(*index);
+        EXPECT_THROW_MSG(hy.tail->add_kv(1, extra_k.data(), extra_v.data()), "add tokens through the owner");
+        EXPECT_EQ(hy.tail->ntotal, h.n + 3);
+        index->reset();
+        index->add_kv(h.n, h.keys.data(), h.values.data());
+        check_once(*index, h.n);
+    }
+}
+
+TEST(Hybrid, LentTokensMustBeTheSame) {
+    Head h(50, 1, 1.0f, 32);
+    auto uniform = build("Uniform", h);
+    KVStorage same(kD, kD), other(kD, kD), fewer(kD, kD);
+    same.append(h.n, h.keys.data(), h.values.data());
+    std::vector<float> shifted = h.keys;
+    shifted[7] += 1.0f;
+    other.append(h.n, shifted.data(), h.values.data());
+    fewer.append(h.n - 1, h.keys.data(), h.values.data());
+    EXPECT_THROW_MSG(uniform->share_tokens(&other), "differ from its own");
+    EXPECT_THROW_MSG(uniform->share_tokens(&fewer), "are not its 50 tokens");
+    EXPECT_EQ(uniform->stored_tokens()->size(), h.n); // refused: its own copy stays
+    EXPECT_TRUE(uniform->share_tokens(&same));
+    EXPECT_EQ(uniform->stored_tokens(), &same);
+    // a heavy part that keeps no tokens in order (IVFAsym keeps them in its
+    // lists): the estimator reads the tail's, still one copy
+    auto asym = index_factory(kD, "Hybrid(IVFAsym4,Uniform)|k=5,sample=5");
+    PrefillInput in;
+    in.n_tokens = h.n;
+    in.keys = h.keys.data();
+    in.values = h.values.data();
+    in.n_queries = 1;
+    in.queries = h.queries.data();
+    asym->prefill(in);
+    auto& hy = dynamic_cast<IndexHybrid&>(*asym);
+    EXPECT_FALSE(hy.holds_own_tokens());
+    EXPECT_EQ(hy.heavy->stored_tokens(), nullptr);
+    EXPECT_EQ(&hy.tokens(), hy.tail->stored_tokens());
+    EXPECT_EQ(hy.storage.size(), 0);
+    EXPECT_EQ(hy.tokens().size(), h.n);
+    // a type that keeps its own tokens says so and changes nothing
+    auto topk = build("TopK(Flat)", h);
+    EXPECT_FALSE(topk->share_tokens(&same));
+    EXPECT_NE(topk->stored_tokens(), &same);
+}
+
 // ---- IndexWeightedSample: inclusion in proportion to the weights ---------
 
 namespace {

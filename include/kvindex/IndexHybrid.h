@@ -97,8 +97,13 @@ double normal_two_sided_quantile(double delta);
  * (SearchParametersLSH: min_hits, max_sample) with `sample` as its k. A
  * knob that neither reads is refused.
  *
- * The hybrid keeps the tokens itself for the estimator; the heavy and the
- * tail index hold their own copies for retrieval (memory_bytes counts all).
+ * Each token is kept once where the parts allow it: the estimator reads
+ * the heavy part's tokens (TopK, RoarGraph and Flat keep them in order),
+ * and a sampling tail (Uniform, Weighted, LSHSample) is lent them
+ * (KVIndex::share_tokens) and drops its copy. Only with neither part
+ * keeping them does the hybrid keep its own (memory_bytes counts all).
+ * The record still holds the tokens and each part's, as before: a read
+ * hybrid checks that the copies agree, then keeps one.
  * Factory string: "Hybrid(<heavy>,<tail>)", each one element, e.g.
  * "Hybrid(TopK(Flat),LSHSample10x150)", "Hybrid(TopK(Flat),Uniform)|k=80,sample=80",
  * "Hybrid(TopK(Flat),Weighted)|k=80,sample=80" (IndexWeightedSample: the
@@ -109,7 +114,9 @@ double normal_two_sided_quantile(double delta);
 struct IndexHybrid : KVIndex {
     std::unique_ptr<KVIndex> heavy; ///< deterministic top-k selection
     std::unique_ptr<KVIndex> tail;  ///< sampler of the tokens outside heavy's
-    KVStorage storage;              ///< keys and values of all tokens
+    /// keys and values of all tokens when neither part keeps them in
+    /// order (holds_own_tokens); empty otherwise
+    KVStorage storage;
 
     /// the tail's budget (its k); -1: the tail's own k, 0: no tail
     idx_t sample = -1;
@@ -125,6 +132,12 @@ struct IndexHybrid : KVIndex {
 
     IndexHybrid(std::unique_ptr<KVIndex> heavy, std::unique_ptr<KVIndex> tail);
     IndexHybrid();
+
+    /// The tokens the estimator reads: the heavy part's, else the tail's,
+    /// else `storage`.
+    const KVStorage& tokens() const;
+    /// Whether `storage` holds the tokens (neither part keeps them in order).
+    bool holds_own_tokens() const;
 
     size_t memory_bytes() const override;
 
@@ -160,12 +173,14 @@ struct IndexHybrid : KVIndex {
    private:
     /// Throws when the heavy part samples (selects_deterministically).
     void check_heavy_is_deterministic() const;
+    /// Lends the heavy part's tokens to the tail, where both can.
+    void lend_tokens();
 
    protected:
     void prefill_impl(const PrefillInput& input) override;
     void reset_impl() override;
     const KVStorage* token_storage() const override {
-        return &storage;
+        return &tokens();
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
     /// the heavy index's top-k

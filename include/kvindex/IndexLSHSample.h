@@ -154,7 +154,10 @@ struct IndexLSHSample : KVIndex {
     std::vector<float> mean_projection;
     std::vector<float> norms;    ///< size ntotal: |k_i - mean|
     std::vector<uint16_t> codes; ///< size ntotal * L: code of token i in table l at i * L + l
-    KVStorage storage;           ///< keys and values
+    KVStorage storage;           ///< keys and values (empty while shared)
+    /// the tokens lent by a parent (share_tokens: IndexHybrid's heavy
+    /// part's), read instead of `storage`; nullptr: its own
+    const KVStorage* shared_tokens = nullptr;
 
     idx_t n_indexed = 0;               ///< tokens in the CSR tables; the rest are the tail
     std::vector<uint32_t> offsets;     ///< size L * (2^K + 1)
@@ -185,6 +188,13 @@ struct IndexLSHSample : KVIndex {
      * the tokens in neither level, and the norms of the `sampled` keys. */
     size_t sample_reads(const uint16_t* qc, size_t sampled) const;
 
+    /// `storage`, or the tokens lent
+    const KVStorage& tokens() const {
+        return shared_tokens ? *shared_tokens : storage;
+    }
+    bool share_tokens(const KVStorage* lent) override;
+
+    /// its own storage and tables: lent tokens are counted by their owner
     size_t memory_bytes() const override;
     /// Bytes of the hash tables and codes alone (excluding keys and values).
     size_t table_bytes() const;
@@ -217,7 +227,7 @@ struct IndexLSHSample : KVIndex {
    protected:
     void reset_impl() override;
     const KVStorage* token_storage() const override {
-        return &storage;
+        return &tokens();
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
     // search_one is the default: the sample ranked by inner product

@@ -19,11 +19,21 @@ namespace kvindex {
 struct IndexSampleBase : KVIndex {
     uint64_t seed = 1234;  ///< with `stream`, seeds every draw; <= 2^53 (a knob)
     uint64_t stream = 0;   ///< one stream per (layer, head): set by KVCache
-    KVStorage storage;     ///< keys and values of all tokens
+    KVStorage storage;     ///< keys and values of all tokens (empty while shared)
+    /// the tokens lent by a parent (share_tokens: IndexHybrid's heavy
+    /// part's), read instead of `storage`; nullptr: its own
+    const KVStorage* shared_tokens = nullptr;
 
     IndexSampleBase(int d, int d_value, KVType kv_type);
     IndexSampleBase();
 
+    /// `storage`, or the tokens lent
+    const KVStorage& tokens() const {
+        return shared_tokens ? *shared_tokens : storage;
+    }
+    bool share_tokens(const KVStorage* lent) override;
+
+    /// its own storage only: lent tokens are counted by their owner
     size_t memory_bytes() const override;
     std::vector<ParameterInfo> parameter_info() const override;
     bool selects_deterministically() const override {
@@ -53,7 +63,7 @@ struct IndexSampleBase : KVIndex {
 
     void reset_impl() override;
     const KVStorage* token_storage() const override {
-        return &storage;
+        return &tokens();
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
 };

@@ -522,6 +522,24 @@ struct KVIndex : faiss::Index {
         return token_stamp_;
     }
 
+    /// Keys and values of all tokens in order, where this index keeps them
+    /// so (token_storage()); nullptr for types that keep them elsewhere.
+    const KVStorage* stored_tokens() const {
+        return token_storage();
+    }
+
+    /** Makes this index read its tokens from `tokens` instead of its own
+     * copy, which it drops: for a parent that holds the same tokens in the
+     * same order (IndexHybrid lends its heavy part's to its tail, so that
+     * the hybrid keeps each token once). `tokens` must hold this index's
+     * ntotal tokens, of its dimensions and type, and outlive it; the owner
+     * appends first, and add_kv here then only checks that `tokens` has
+     * grown by n. Throws when `tokens` differs from this index's tokens.
+     * Returns false, changing nothing, for types that keep their own
+     * (the default). A written record holds the tokens as before; a read
+     * index holds its own copy until it is lent them again. */
+    virtual bool share_tokens(const KVStorage* tokens);
+
    protected:
     // ---- the type's core: arguments checked, n > 0 ---------------------
 

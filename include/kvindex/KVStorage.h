@@ -76,4 +76,22 @@ struct KVStorage {
     void check_range(idx_t i0, idx_t n, const char* what) const;
 };
 
+/** For an index that can read its tokens from a parent's copy
+ * (KVIndex::share_tokens): checks that `shared` holds the index's ntotal
+ * tokens with the dimensions and type of `own`, and, unless `own` is
+ * already empty, the same bytes; then empties `own`. Throws naming `who`. */
+void drop_for_shared(KVStorage& own, const KVStorage& shared, idx_t ntotal, const char* who);
+
+/** add_kv of n tokens for such an index holding ntotal: appends them to
+ * `own`, or, with `shared` tokens, checks that their owner has appended
+ * them already (they hold ntotal + n). Throws naming `who`. */
+void append_or_check_shared(
+        KVStorage& own,
+        const KVStorage* shared,
+        idx_t ntotal,
+        idx_t n,
+        const float* keys,
+        const float* values,
+        const char* who);
+
 } // namespace kvindex
