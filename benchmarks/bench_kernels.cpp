@@ -23,6 +23,13 @@
 // the same index over 2048 keys of d = 64.
 //
 //   ./build/benchmarks/bench_kernels --benchmark_filter=ChildrenCheck
+//
+// BM_WindowAppend: one decode append to Sink4,Window<m>,Uniform (m = 0:
+// plain Uniform) after 65536 tokens of d = 128: what the window costs per
+// token beyond the append itself. 4000 appends stay within the storage's
+// headroom (1/16 after a bulk add), so that no reallocation is timed.
+//
+//   ./build/benchmarks/bench_kernels --benchmark_filter=WindowAppend
 
 #include <cstdint>
 #include <cstring>
@@ -210,6 +217,32 @@ void BM_ChildrenCheck(benchmark::State& state) {
     state.SetLabel(std::string(chain) + (attend ? ": attend" : ": check_children"));
 }
 BENCHMARK(BM_ChildrenCheck)->ArgsProduct({{0, 1, 2}, {0, 1}})->Unit(benchmark::kNanosecond);
+
+/// One append (arg: the window, 0 for none) to an index of 65536 tokens.
+void BM_WindowAppend(benchmark::State& state) {
+    const int64_t window = state.range(0);
+    const std::string chain =
+            window == 0 ? "Uniform" : "Sink4,Window" + std::to_string(window) + ",Uniform";
+    const int d = 128;
+    const size_t n = 65536, n_new = 4000;
+    auto kv = filled((n + n_new) * d, -0.5f);
+    auto index = kvindex::index_factory(d, chain);
+    index->add_kv(n, kv.data(), kv.data());
+    size_t i = 0;
+    for (auto _ : state) {
+        const float* x = kv.data() + (n + i) * d;
+        index->add_kv(1, x, x);
+        i++;
+    }
+    state.SetLabel(chain);
+}
+BENCHMARK(BM_WindowAppend)
+        ->Arg(0)
+        ->Arg(64)
+        ->Arg(512)
+        ->Arg(2048)
+        ->Iterations(4000)
+        ->Unit(benchmark::kMicrosecond);
 
 } // namespace
 

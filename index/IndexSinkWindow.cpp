@@ -93,33 +93,53 @@ idx_t IndexSinkWindow::window_start() const {
     return sink.size() + inner->ntotal;
 }
 
+void IndexSinkWindow::window_to_float(
+        idx_t j0, idx_t n, std::vector<float>* k, std::vector<float>* v) const {
+    // at most two runs of slots: from window_slot(j0) to the end, then from 0
+    const idx_t s0 = n > 0 ? window_slot(j0) : 0;
+    const idx_t first = std::min(n, window.size() - s0);
+    window.to_float(s0, first, k, v);
+    if (first < n) {
+        std::vector<float> k2, v2;
+        window.to_float(0, n - first, &k2, &v2);
+        k->insert(k->end(), k2.begin(), k2.end());
+        v->insert(v->end(), v2.begin(), v2.end());
+    }
+}
+
+void IndexSinkWindow::push_window(idx_t m, const float* keys, const float* values) {
+    const idx_t appended = std::min(m, n_window - window.size());
+    window.append(appended, keys, values);
+    for (idx_t done = appended; done < m;) {
+        const idx_t run = std::min(m - done, n_window - window_head);
+        window.assign(window_head, run, keys + done * d, values + done * d_value);
+        window_head = (window_head + run) % n_window;
+        done += run;
+    }
+}
+
 void IndexSinkWindow::add_kv_impl(idx_t n, const float* keys, const float* values) {
-    idx_t to_sink = std::min(n, n_sink - sink.size());
-    idx_t rest = n - to_sink;
-    idx_t overflow = std::max<idx_t>(0, window.size() + rest - n_window);
+    const idx_t to_sink = std::min(n, n_sink - sink.size());
+    const idx_t rest = n - to_sink;
+    const float* rest_keys = keys + to_sink * d;
+    const float* rest_values = values + to_sink * d_value;
+    const idx_t overflow = std::max<idx_t>(0, window.size() + rest - n_window);
     // The oldest `overflow` tokens of (window, new tokens after the sink)
     // leave the window for the inner index. Gather them first and add them
     // in one call, so that a failure in the inner index changes nothing here.
+    const idx_t from_window = std::min(overflow, window.size());
+    const idx_t from_new = overflow - from_window;
     if (overflow > 0) {
-        idx_t from_window = std::min(overflow, window.size());
-        idx_t from_new = overflow - from_window;
         // as floats: the window's stored values convert back exactly
         std::vector<float> mk, mv;
-        window.to_float(0, from_window, &mk, &mv);
-        mk.insert(mk.end(), keys + to_sink * d, keys + (to_sink + from_new) * d);
-        mv.insert(mv.end(), values + to_sink * d_value,
-                  values + (to_sink + from_new) * d_value);
+        window_to_float(0, from_window, &mk, &mv);
+        mk.insert(mk.end(), rest_keys, rest_keys + from_new * d);
+        mv.insert(mv.end(), rest_values, rest_values + from_new * d_value);
         inner->add_kv(overflow, mk.data(), mv.data());
-        window.erase_front(from_window);
-        sink.append(to_sink, keys, values);
-        window.append(
-                rest - from_new,
-                keys + (to_sink + from_new) * d,
-                values + (to_sink + from_new) * d_value);
-    } else {
-        sink.append(to_sink, keys, values);
-        window.append(rest, keys + to_sink * d, values + to_sink * d_value);
     }
+    sink.append(to_sink, keys, values);
+    // the others enter the window, in the slots of the tokens that left it
+    push_window(rest - from_new, rest_keys + from_new * d, rest_values + from_new * d_value);
 }
 
 void IndexSinkWindow::prefill_impl(const PrefillInput& in) {
@@ -174,7 +194,10 @@ void IndexSinkWindow::search_batch(
         for (idx_t j = 0; j < sink.size(); j++) {
             cand.emplace_back(s[j], j);
         }
-        inner_products_scaled(qi, window.key_rows(), window.size(), 1.0f, s.data());
+        // the window's slots from window_head hold its oldest tokens
+        const idx_t n_old = window.size() - window_head;
+        inner_products_scaled(qi, window.key_rows().from(window_head), n_old, 1.0f, s.data());
+        inner_products_scaled(qi, window.key_rows(), window_head, 1.0f, s.data() + n_old);
         for (idx_t j = 0; j < window.size(); j++) {
             cand.emplace_back(s[j], w0 + j);
         }
@@ -247,25 +270,33 @@ void IndexSinkWindow::attend_batch(
         idx_t i0 = ch * chunk;
         idx_t nc = std::min(chunk, n - i0);
         const float* qc = q + i0 * d;
-        std::vector<float> parts(2 * nc * d_value);
+        // parts: the sink, the window's two runs of slots (from window_head
+        // to the end, then from 0), the inner index
+        std::vector<float> parts(3 * nc * d_value);
         float* sink_out = parts.data();
-        float* window_out = parts.data() + nc * d_value;
-        float sink_lse[chunk], window_lse[chunk];
+        float* old_out = parts.data() + nc * d_value;
+        float* new_out = parts.data() + 2 * nc * d_value;
+        float sink_lse[chunk], old_lse[chunk], new_lse[chunk];
         dense_attention_group(
                 qc, size_t(nc), sink.key_rows(), sink.value_rows(), size_t(sink.size()),
                 scale, sink_out, sink_lse);
         dense_attention_group(
-                qc, size_t(nc), window.key_rows(), window.value_rows(),
-                size_t(window.size()), scale, window_out, window_lse);
+                qc, size_t(nc), window.key_rows().from(window_head),
+                window.value_rows().from(window_head), size_t(window.size() - window_head),
+                scale, old_out, old_lse);
+        dense_attention_group(
+                qc, size_t(nc), window.key_rows(), window.value_rows(), size_t(window_head),
+                scale, new_out, new_lse);
         for (idx_t c = 0; c < nc; c++) {
             idx_t i = i0 + c;
-            float lses[3] = {sink_lse[c], window_lse[c], 0.0f};
-            const float* outs[3] = {sink_out + c * d_value, window_out + c * d_value, nullptr};
-            size_t n_parts = 2;
+            float lses[4] = {sink_lse[c], old_lse[c], new_lse[c], 0.0f};
+            const float* outs[4] = {
+                    sink_out + c * d_value, old_out + c * d_value, new_out + c * d_value, nullptr};
+            size_t n_parts = 3;
             if (inner->ntotal > 0) {
-                outs[2] = inner_out.data() + i * d_value;
-                lses[2] = inner_lse[i];
-                n_parts = 3;
+                outs[3] = inner_out.data() + i * d_value;
+                lses[3] = inner_lse[i];
+                n_parts = 4;
             }
             lse[i] = merge_attention(n_parts, outs, lses, d_value, out + i * d_value);
         }
@@ -275,6 +306,7 @@ void IndexSinkWindow::attend_batch(
 void IndexSinkWindow::reset_impl() {
     sink.clear();
     window.clear();
+    window_head = 0;
     inner->reset();
     ntotal = 0;
 }
@@ -283,7 +315,7 @@ void IndexSinkWindow::reconstruct_impl(idx_t key, float* recons) const {
     if (key < sink.size()) {
         sink.key(key, recons);
     } else if (key >= window_start()) {
-        window.key(key - window_start(), recons);
+        window.key(window_slot(key - window_start()), recons);
     } else {
         inner->reconstruct(key - sink.size(), recons);
     }
@@ -293,7 +325,7 @@ void IndexSinkWindow::reconstruct_value_impl(idx_t key, float* value) const {
     if (key < sink.size()) {
         sink.value(key, value);
     } else if (key >= window_start()) {
-        window.value(key - window_start(), value);
+        window.value(window_slot(key - window_start()), value);
     } else {
         inner->reconstruct_value(key - sink.size(), value);
     }
@@ -307,17 +339,22 @@ void IndexSinkWindow::write_fields(BufferWriter& w) const {
     w.value<int64_t>(n_sink);
     w.value<int64_t>(n_window);
     sink.write(w);
+    // the slots as they are, and the ring's head: a read index sums the
+    // window's two runs as this one does, so that its answers are the same bits
     window.write(w);
+    w.value<int64_t>(window_head); // from record version 2
     write_index_record(inner.get(), w);
 }
 
-void IndexSinkWindow::read_fields(BufferReader& r, uint32_t) {
+void IndexSinkWindow::read_fields(BufferReader& r, uint32_t version) {
     n_sink = r.value<int64_t>("n_sink");
     n_window = r.value<int64_t>("n_window");
     sink = KVStorage(d, d_value, kv_type);
     window = KVStorage(d, d_value, kv_type);
     sink.read(r, "sink tokens");
     window.read(r, "window tokens");
+    // version 1 moved the window down at every append: its oldest token at slot 0
+    window_head = version >= 2 ? r.value<int64_t>("window head") : 0;
     inner = read_index_record(r);
 }
 
@@ -336,7 +373,9 @@ void IndexSinkWindow::check_invariants() const {
                     sink.size() <= n_sink && window.size() <= n_window &&
                     (full_sink || (inner->ntotal == 0 && window.size() == 0)) &&
                     (inner->ntotal == 0 || window.size() == n_window) &&
-                    sink.size() + inner->ntotal + window.size() == ntotal,
+                    sink.size() + inner->ntotal + window.size() == ntotal &&
+                    window_head >= 0 &&
+                    (window_head == 0 || (window.size() == n_window && window_head < n_window)),
             "IndexSinkWindow: sink/window split inconsistent with ntotal");
 }
 

@@ -32,7 +32,7 @@ std::unique_ptr<KVIndex> make_empty() {
 // elements are never taken for something else.
 std::vector<IndexTypeInfo> builtin_types() {
     return {
-            {"IndexSinkWindow", fourcc("KVSw"), 1, "Sink<n>,Window<m>,<index>",
+            {"IndexSinkWindow", fourcc("KVSw"), 2, "Sink<n>,Window<m>,<index>",
              "first n and last m tokens exact, the rest by the inner index, merged by lse",
              IndexSinkWindow::from_factory, make_empty<IndexSinkWindow>},
             {"IndexProxyEvict", fourcc("KVPe"), 3,

@@ -86,6 +86,15 @@ void KVStorage::append(idx_t n, const float* k, const float* v) {
     }
 }
 
+void KVStorage::assign(idx_t i0, idx_t n, const float* k, const float* v) {
+    check_range(i0, n, "assign");
+    // both checked before either is written: a refused value changes nothing
+    check_kv_type_fits(type, k, n * d, d, "add_kv: keys");
+    check_kv_type_fits(type, v, n * d_value, d_value, "add_kv: values");
+    convert_from_float(type, k, n * d, d, keys.data() + i0 * key_bytes(), "add_kv: keys");
+    convert_from_float(type, v, n * d_value, d_value, values.data() + i0 * value_bytes(), "add_kv: values");
+}
+
 void KVStorage::append_from(const KVStorage& other, idx_t i0, idx_t n) {
     FAISS_THROW_IF_NOT_MSG(
             other.d == d && other.d_value == d_value && other.type == type,

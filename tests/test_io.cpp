@@ -39,6 +39,7 @@
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
+#include <kvindex/registry.h>
 #include <kvindex/parameters.h>
 
 #include "expect_throw.h"
@@ -758,8 +759,9 @@ TEST(IO, RecordVersionTooNew) {
     const size_t version_at = kHeaderSize + 4; // after the outer record's fourcc
     uint32_t v;
     std::memcpy(&v, buf.data() + version_at, 4);
-    EXPECT_EQ(v, 1u);
-    for (uint32_t bad : {0u, 2u, 99u}) {
+    const uint32_t current = index_type("IndexSinkWindow").record_version;
+    EXPECT_EQ(v, current);
+    for (uint32_t bad : {0u, current + 1, 99u}) {
         std::vector<uint8_t> b = buf;
         std::memcpy(b.data() + version_at, &bad, 4);
         forge_header(b);

@@ -10,6 +10,7 @@
 
 #include <kvindex/IndexSinkWindow.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
 
 #include "reference.h"
 
@@ -90,10 +91,90 @@ TEST(SinkWindow, PrefillAndAppendsGiveTheSameSplit) {
     auto* wa = dynamic_cast<IndexSinkWindow*>(a.get());
     auto* wb = dynamic_cast<IndexSinkWindow*>(b.get());
     EXPECT_EQ(wa->sink.keys, wb->sink.keys);
-    EXPECT_EQ(wa->window.keys, wb->window.keys);
-    EXPECT_EQ(wa->window.values, wb->window.values);
+    // the same window tokens, in order (b's ring has turned: its slots differ)
+    EXPECT_EQ(wa->window_head, 0);
+    EXPECT_NE(wb->window_head, 0);
+    ASSERT_EQ(wa->window.size(), 20);
+    ASSERT_EQ(wb->window.size(), 20);
+    std::vector<float> ka(kD), kb(kD), va(kDv), vb(kDv);
+    for (idx_t j = 0; j < 20; j++) {
+        wa->window.key(wa->window_slot(j), ka.data());
+        wb->window.key(wb->window_slot(j), kb.data());
+        wa->window.value(wa->window_slot(j), va.data());
+        wb->window.value(wb->window_slot(j), vb.data());
+        EXPECT_EQ(ka, kb) << j;
+        EXPECT_EQ(va, vb) << j;
+        EXPECT_TRUE(std::equal(ka.begin(), ka.end(), keys.begin() + (n - 20 + j) * kD)) << j;
+    }
     EXPECT_EQ(wa->inner->ntotal, n - 23);
     EXPECT_EQ(wb->inner->ntotal, n - 23);
+}
+
+TEST(SinkWindow, TheRingTurnsThroughBatchesOfEverySize) {
+    // batches that fill the window, wrap it mid-batch, and pass it whole
+    // (more new tokens than the window holds): every answer is the exact
+    // one, every token reconstructs, and a read index answers the same bits
+    idx_t n = 696; // the batches below
+    auto keys = gaussian(n, kD, 11, 1.0f, 0.3f);
+    auto values = gaussian(n, kDv, 12);
+    auto queries = gaussian(4, kD, 13, 2.0f);
+    for (const char* s : {"Sink3,Window16,Flat", "Sink3,Window16,TopK(Flat)", "BF16,Window16,Flat"}) {
+        SCOPED_TRACE(s);
+        const bool bf16 = s[0] == 'B';
+        auto index = index_factory(kD, s, kDv);
+        auto* w = dynamic_cast<IndexSinkWindow*>(index.get());
+        ASSERT_NE(w, nullptr);
+        w->inner->k = 1 << 20; // TopK: every token, so exact
+        std::vector<idx_t> heads;
+        idx_t p = 0;
+        for (idx_t batch : {2, 5, 9, 1, 15, 16, 17, 40, 3, 7, 11, 100, 1, 13, 250, 6, 200}) {
+            batch = std::min(batch, n - p);
+            index->add_kv(batch, keys.data() + p * kD, values.data() + p * kDv);
+            p += batch;
+            heads.push_back(w->window_head);
+            expect_split_invariants(*w);
+            for (idx_t i = 0; i < 4; i++) {
+                const float* q = queries.data() + i * kD;
+                std::vector<float> out(kDv);
+                float lse;
+                index->attend(1, q, out.data(), &lse);
+                std::vector<double> ref;
+                double ref_lse = kvtest::ref_attention_all(q, keys.data(), values.data(), kD, kDv, p, ref);
+                const double tol = bf16 ? 2e-2 : 1e-5;
+                ASSERT_NEAR(lse, ref_lse, tol * std::max(1.0, std::abs(ref_lse))) << "p=" << p;
+                ASSERT_LT(kvtest::rel_max_err(out.data(), ref), tol) << "p=" << p;
+                if (!bf16) { // the window's ids come back as positions
+                    idx_t k = std::min<idx_t>(10, p);
+                    std::vector<float> dis(k);
+                    std::vector<idx_t> ids(k);
+                    index->search(1, q, k, dis.data(), ids.data());
+                    auto truth = kvtest::ref_topk(q, keys.data(), kD, p, k);
+                    std::sort(ids.begin(), ids.end());
+                    std::sort(truth.begin(), truth.end());
+                    ASSERT_EQ(ids, truth) << "p=" << p;
+                }
+            }
+        }
+        ASSERT_EQ(p, n);
+        // the ring has turned to several heads along the way
+        std::sort(heads.begin(), heads.end());
+        EXPECT_GE(std::unique(heads.begin(), heads.end()) - heads.begin(), 4);
+        std::vector<float> k(kD), v(kDv), kr(kD);
+        for (idx_t i = 0; i < n; i++) {
+            index->reconstruct(i, k.data());
+            index->reconstruct_value(i, v.data());
+            for (int j = 0; j < kD; j++) {
+                ASSERT_NEAR(k[j], keys[i * kD + j], bf16 ? 1e-2 * std::fabs(keys[i * kD + j]) : 0) << i;
+            }
+        }
+        auto copy = clone_index(index.get());
+        EXPECT_EQ(dynamic_cast<IndexSinkWindow&>(*copy).window_head, w->window_head);
+        std::vector<float> a(4 * kDv), b(4 * kDv), la(4), lb(4);
+        index->attend(4, queries.data(), a.data(), la.data());
+        copy->attend(4, queries.data(), b.data(), lb.data());
+        EXPECT_EQ(a, b);
+        EXPECT_EQ(la, lb);
+    }
 }
 
 TEST(SinkWindow, TopKInnerIsStaticPlusTopKOfTheMiddle) {

@@ -16,7 +16,10 @@ struct FactoryChain;
  *
  * The split stays disjoint as tokens are appended: a new token enters the
  * window, and the oldest window token moves into the inner index. Token
- * n_sink + j of this index is token j of the inner index.
+ * n_sink + j of this index is token j of the inner index. Once full, the
+ * window is a ring: a new token takes the slot of the one that left, so
+ * that an append costs one token whatever n_window (not a move of the
+ * whole window).
  * Factory string: "Sink<n>,Window<m>,<index>" (either count may be left out).
  */
 struct IndexSinkWindow : KVIndex {
@@ -24,7 +27,11 @@ struct IndexSinkWindow : KVIndex {
     idx_t n_window = 0;             ///< most recent tokens kept exact
     std::unique_ptr<KVIndex> inner; ///< tokens n_sink .. ntotal - n_window - 1
     KVStorage sink;                 ///< min(ntotal, n_sink) tokens
-    KVStorage window;               ///< the tokens after sink not yet in inner (<= n_window)
+    /// the tokens after sink not yet in inner (<= n_window), in slots: the
+    /// oldest at slot window_head, then in order, wrapping to slot 0
+    KVStorage window;
+    /// slot of the oldest window token (0 until the window is full)
+    idx_t window_head = 0;
 
     IndexSinkWindow(idx_t n_sink, idx_t n_window, std::unique_ptr<KVIndex> inner);
     IndexSinkWindow();
@@ -33,6 +40,11 @@ struct IndexSinkWindow : KVIndex {
 
     /// Position of the first window token (= n_sink + inner->ntotal).
     idx_t window_start() const;
+    /// Slot in `window` of its j-th oldest token (j < window.size()).
+    idx_t window_slot(idx_t j) const {
+        idx_t s = window_head + j;
+        return s < window.size() ? s : s - window.size();
+    }
 
     const char* type_name() const override {
         return "IndexSinkWindow";
@@ -48,6 +60,13 @@ struct IndexSinkWindow : KVIndex {
 
     /// Registry parser: "Sink<n>" and / or "Window<m>", then the inner chain.
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
+
+   private:
+    /// The window's j0..j0+n-1 oldest tokens as floats (sizes n * d, n * d_value).
+    void window_to_float(idx_t j0, idx_t n, std::vector<float>* k, std::vector<float>* v) const;
+    /// m <= n_window new tokens enter the window: appended while it fills,
+    /// then each in the slot of the oldest (which has left for the inner index).
+    void push_window(idx_t m, const float* keys, const float* values);
 
    protected:
     void prefill_impl(const PrefillInput& input) override;

@@ -50,6 +50,10 @@ struct KVStorage {
     /** Appends n tokens given as floats, converted to `type`; throws naming
      * the first value the type cannot hold, and then adds nothing. */
     void append(idx_t n, const float* k, const float* v);
+    /** Overwrites tokens [i0, i0 + n) with n tokens given as floats
+     * (converted as append does); throws naming the first value the type
+     * cannot hold, and then changes nothing. */
+    void assign(idx_t i0, idx_t n, const float* k, const float* v);
     /// Appends tokens [i0, i0 + n) of `other` (same d, d_value and type) as stored.
     void append_from(const KVStorage& other, idx_t i0, idx_t n);
     /// The keys and values of tokens [i0, i0 + n) as floats (sizes n * d, n * d_value).
