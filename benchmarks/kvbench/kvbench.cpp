@@ -5,6 +5,7 @@
 //               --kv-heads H --group G --layers L --eval Q --dtype float16]
 //   kvbench run --trace DIR --index S [--index S ...] [--params "k=100,..."]
 //               [--layers 0,2] [--max-queries N] [--json FILE] [--dump DIR]
+//               [--timed-calls 3]   (timings per query; the median counts)
 //               [--trained FILE]   (models of `kvllm train` adopted by every index)
 //               [--report chosen,calibrated_sample]   (knobs read per head after prefill)
 
@@ -78,6 +79,9 @@ int cmd_run(int argc, char** argv) {
             ("trained", po::value(&opt.trained), "cache file of `kvllm train`: every index adopts its models")
             ("max-queries", po::value(&opt.max_queries)->default_value(0),
              "evaluation positions per (layer, q head), spread evenly; 0 = all")
+            ("timed-calls", po::value(&opt.timed_calls)->default_value(opt.timed_calls),
+             "timed calls per query of each attend and of dense attention (after a warm-up); "
+             "the median counts")
             ("report", po::value(&report),
              "comma-separated knobs read per (layer, KV head) after prefill, e.g. chosen,calibrated_sample")
             ("json", po::value(&json), "write the results as JSON")

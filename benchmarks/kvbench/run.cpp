@@ -31,6 +31,19 @@ double seconds_since(Clock::time_point t0) {
     return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+/// The median of `calls` timings of f (the lower middle one for an even count).
+template <class F>
+double median_seconds(int calls, F&& f) {
+    std::vector<double> t(calls);
+    for (double& x : t) {
+        auto t0 = Clock::now();
+        f();
+        x = seconds_since(t0);
+    }
+    std::nth_element(t.begin(), t.begin() + (calls - 1) / 2, t.end());
+    return t[(calls - 1) / 2];
+}
+
 /// Whether some index of the chain has the knob `name`.
 bool has_parameter(const kvindex::KVIndex* index, const std::string& name) {
     for (const kvindex::ParameterInfo& p : kvindex::index_parameter_info(index)) {
@@ -215,6 +228,10 @@ RunResult run_kvbench(const RunOptions& opt) {
             opt.max_queries >= 0,
             "kvbench run: --max-queries %lld must be >= 0 (0: every position)",
             (long long)opt.max_queries);
+    FAISS_THROW_IF_NOT_FMT(
+            opt.timed_calls >= 1 && opt.timed_calls <= 1000,
+            "kvbench run: --timed-calls %d must be in [1, 1000]",
+            opt.timed_calls);
     int d = meta.head_dim, g = meta.n_q_heads / meta.n_kv_heads;
     idx_t n = meta.n_tokens, n_ctx = meta.n_ctx;
     std::vector<idx_t> positions = evaluation_positions(n_ctx, n, opt.max_queries);
@@ -224,6 +241,7 @@ RunResult run_kvbench(const RunOptions& opt) {
     res.machine = machine_description();
     res.head_dim = d;
     res.trained = opt.trained;
+    res.timed_calls = opt.timed_calls;
     res.n_tokens = n;
     std::vector<Accumulator> acc(opt.indexes.size());
     res.results.resize(opt.indexes.size());
@@ -293,16 +311,16 @@ RunResult run_kvbench(const RunOptions& opt) {
                     for (int j = 0; j < g; j++, row++) {
                         const float* q = layer.queries.data() + (size_t(h * g + j) * n + p) * d;
                         float* out = r.outputs.data() + row * d;
-                        // each timed on its second call, so that both see
+                        // each timed after a first call, so that both see
                         // the same (warm) caches whatever ran before
                         index->attend(1, q, out, nullptr);
-                        auto t0 = Clock::now();
-                        index->attend(1, q, out, nullptr);
-                        a.attend_s += seconds_since(t0);
+                        a.attend_s += median_seconds(opt.timed_calls, [&] {
+                            index->attend(1, q, out, nullptr);
+                        });
                         kvindex::exact_attention(q, keys, values, d, d, p + 1, exact.data());
-                        auto t1 = Clock::now();
-                        kvindex::exact_attention(q, keys, values, d, d, p + 1, exact.data());
-                        a.dense_s += seconds_since(t1);
+                        a.dense_s += median_seconds(opt.timed_calls, [&] {
+                            kvindex::exact_attention(q, keys, values, d, d, p + 1, exact.data());
+                        });
 
                         double num = 0, den = 0;
                         for (int c = 0; c < d; c++) {
@@ -393,6 +411,8 @@ RunResult run_kvbench(const RunOptions& opt) {
 
 void print_table(const RunResult& res) {
     std::printf("trace: %s\nmachine: %s\n", res.trace.c_str(), res.machine.c_str());
+    std::printf("timing: median of %d call%s per query (after a warm-up call)\n", res.timed_calls,
+                res.timed_calls == 1 ? "" : "s");
     // the index column as wide as the longest string, so the columns align
     int w = 36;
     for (const auto& r : res.results) {
@@ -447,6 +467,7 @@ void write_json(const RunResult& res, const std::string& path) {
     j["machine"] = res.machine;
     j["n_tokens"] = res.n_tokens;
     j["trained"] = res.trained;
+    j["timed_calls"] = res.timed_calls;
     j["results"] = nlohmann::json::array();
     for (const auto& r : res.results) {
         nlohmann::json x;

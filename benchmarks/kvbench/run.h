@@ -33,6 +33,10 @@ struct RunOptions {
     /// "calibrated_sample")
     std::vector<std::string> report;
     bool progress = true;             ///< progress lines on stderr
+    /// timed calls per query (after one untimed warm-up) for the index's
+    /// attend and for dense attention; each query counts their median, so
+    /// that a pause of the process on a busy machine moves no figure
+    int timed_calls = 3;
 };
 
 /// The figures of one index string over every evaluated (layer, q head, position).
@@ -74,6 +78,7 @@ struct RunResult {
     int head_dim = 0;
     idx_t n_tokens = 0; ///< context length of the trace
     std::string trained; ///< RunOptions::trained
+    int timed_calls = 1; ///< RunOptions::timed_calls
     std::vector<std::array<int64_t, 3>> rows; ///< (layer, q head, position)
     std::vector<IndexResult> results;
 };

@@ -279,6 +279,40 @@ TEST(KVBench, OptionsThatNothingTakesAreRefused) {
     opt.report.clear();
     opt.max_queries = -3;
     EXPECT_THROW_MSG(kvbench::run_kvbench(opt), "--max-queries -3");
+    opt.max_queries = 2;
+    opt.timed_calls = 0;
+    EXPECT_THROW_MSG(kvbench::run_kvbench(opt), "--timed-calls 0 must be in [1, 1000]");
+}
+
+TEST(KVBench, TimedCallsChangeOnlyTheTimings) {
+    // the median of several timed calls per query: the same answers and
+    // figures as one call, the count recorded
+    std::string dir = tiny_trace("timed_calls");
+    kvbench::RunOptions opt;
+    opt.trace_dir = dir;
+    opt.indexes = {"TopK(Flat)|k=7", "Sink2,Window4,Uniform|k=5"};
+    opt.max_queries = 3;
+    opt.progress = false;
+    opt.timed_calls = 1;
+    kvbench::RunResult one = kvbench::run_kvbench(opt);
+    opt.timed_calls = 4;
+    kvbench::RunResult four = kvbench::run_kvbench(opt);
+    EXPECT_EQ(one.timed_calls, 1);
+    EXPECT_EQ(four.timed_calls, 4);
+    ASSERT_EQ(one.results.size(), four.results.size());
+    for (size_t i = 0; i < one.results.size(); i++) {
+        EXPECT_EQ(one.results[i].outputs, four.results[i].outputs);
+        EXPECT_EQ(one.results[i].rel_err_mean, four.results[i].rel_err_mean);
+        EXPECT_EQ(one.results[i].touched_frac, four.results[i].touched_frac);
+        EXPECT_GT(four.results[i].us_per_query, 0);
+        EXPECT_GT(four.results[i].dense_us_per_query, 0);
+    }
+    std::string json = ::testing::TempDir() + "/kvbench_timed_calls.json";
+    kvbench::write_json(four, json);
+    std::ifstream f(json);
+    nlohmann::json j;
+    f >> j;
+    EXPECT_EQ(j["timed_calls"], 4);
 }
 
 TEST(KVBench, ScalingToolsRefuseLengthsBelowTheirTopK) {
