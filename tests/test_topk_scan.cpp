@@ -203,6 +203,52 @@ TEST_P(TopKScanTest, ScoresRisingAlongTheScanKeepTheBest) {
     }
 }
 
+TEST_P(TopKScanTest, ScoresBufferedWithIdsAndASampleThatMisses) {
+    // a fresh selection over a short scan ranks a buffer of every score
+    // from a strided sample's threshold: with an ids array (out of order,
+    // so ties go to the smaller id, not the earlier row), and with rows
+    // where the sample sees only the best (every fifth row scores high: the
+    // threshold leaves fewer than k rows, and every row is ranked)
+    const size_t d = 8, n = 3000;
+    auto x = small_integers(n, d, 41);
+    auto q = small_integers(1, d, 43);
+    std::vector<int64_t> ids(n);
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = int64_t((i * 7919) % n); // a permutation
+    }
+    for (int layout = 0; layout < 2; layout++) {
+        if (layout == 1) { // rows 0, 5, 10, ... far above the others
+            for (size_t i = 0; i < n; i += 5) {
+                for (size_t j = 0; j < d; j++) {
+                    x[i * d + j] = q[j] * 4;
+                }
+            }
+        }
+        std::vector<double> score(n);
+        for (size_t i = 0; i < n; i++) {
+            score[i] = dot_ref(q.data(), x.data() + i * d, d);
+        }
+        for (size_t k : {size_t(32), size_t(100), size_t(700)}) {
+            std::vector<float> hs(k);
+            std::vector<int64_t> hi(k);
+            size_t filled = 0;
+            topk_inner_products(q.data(), x.data(), d, n, ids.data(), 0, k, hs.data(), hi.data(), &filled);
+            ASSERT_EQ(filled, k);
+            topk_heap_sort(hs.data(), hi.data(), filled);
+            // reference: rows ranked by (score desc, id asc) in double
+            std::vector<size_t> order(n);
+            std::iota(order.begin(), order.end(), size_t(0));
+            std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+                return score[a] > score[b] || (score[a] == score[b] && ids[a] < ids[b]);
+            });
+            for (size_t j = 0; j < k; j++) {
+                ASSERT_EQ(hi[j], ids[order[j]]) << "layout " << layout << " k=" << k << " rank " << j;
+                ASSERT_EQ(double(hs[j]), score[order[j]]);
+            }
+        }
+    }
+}
+
 KVTEST_AT_EVERY_SIMD_LEVEL(TopKScanTest);
 
 TEST(RetrieverScan, TopKFlatEqualsReference) {
