@@ -30,7 +30,14 @@
 // headroom (1/16 after a bulk add), so that no reallocation is timed.
 //
 //   ./build/benchmarks/bench_kernels --benchmark_filter=WindowAppend
+//
+// BM_TopKSelect: a fresh exact top-k (topk_inner_products, then
+// topk_heap_sort) over n keys of d = 64 (args: n, k, scores rising along
+// the scan 0/1: a decode query's attention to recent tokens).
+//
+//   ./build/benchmarks/bench_kernels --benchmark_filter=TopKSelect
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -242,6 +249,39 @@ BENCHMARK(BM_WindowAppend)
         ->Arg(512)
         ->Arg(2048)
         ->Iterations(4000)
+        ->Unit(benchmark::kMicrosecond);
+
+/// A fresh top-k of (n, k) over random keys, their scores rising along
+/// the scan or not.
+void BM_TopKSelect(benchmark::State& state) {
+    const size_t n = size_t(state.range(0)), k = size_t(state.range(1)), d = 64;
+    const bool rising = state.range(2) != 0;
+    auto x = filled(n * d, -0.5f), q = filled(d, 0.1f);
+    for (size_t i = 0; i < n; i++) { // a trend along q, scaled by the position
+        for (size_t j = 0; j < d; j++) {
+            x[i * d + j] += rising ? 4.0f * float(i) / float(n) * q[j] : 0.0f;
+        }
+    }
+    // the same keys in a scrambled order, for the flat case
+    if (!rising) {
+        for (size_t i = 0; i < n; i++) {
+            size_t j = (i * 2654435761u) % n;
+            std::swap_ranges(x.begin() + i * d, x.begin() + (i + 1) * d, x.begin() + j * d);
+        }
+    }
+    std::vector<float> hs(k);
+    std::vector<int64_t> hi(k);
+    for (auto _ : state) {
+        size_t filled_size = 0;
+        kvindex::topk_inner_products(q.data(), x.data(), d, n, nullptr, 0, k, hs.data(), hi.data(), &filled_size);
+        kvindex::topk_heap_sort(hs.data(), hi.data(), filled_size);
+        benchmark::DoNotOptimize(hi.data());
+    }
+    state.SetLabel(rising ? "rising" : "scrambled");
+}
+BENCHMARK(BM_TopKSelect)
+        ->ArgsProduct({{8192}, {100, 410}, {0, 1}})
+        ->ArgsProduct({{65536}, {32, 1024}, {0, 1}})
         ->Unit(benchmark::kMicrosecond);
 
 } // namespace
