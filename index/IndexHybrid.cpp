@@ -190,7 +190,7 @@ const KVStorage& IndexHybrid::tokens() const {
 }
 
 bool IndexHybrid::holds_own_tokens() const {
-    return !heavy->stored_tokens() && !tail->stored_tokens();
+    return &tokens() == &storage;
 }
 
 void IndexHybrid::check_heavy_is_deterministic() const {

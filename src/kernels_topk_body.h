@@ -145,6 +145,17 @@ inline bool any_lane(vi mask) {
     return std::memcmp(&mask, &zero, sizeof(mask)) != 0;
 }
 
+/// Rows scored per block: a block's scores stay in L1.
+constexpr size_t kScoreBlock = 256;
+
+/// Unscaled scores of rows [i0, i0 + nb) of x into s: the one scoring of
+/// both selections, so that they rank the same scores, bit for bit.
+template <class T>
+inline void score_block(const float* q, const T* x, size_t d, size_t i0, size_t nb, float* s) {
+    const T* xb = x + i0 * d;
+    inner_products_rows<true>(q, d, nb, 1.0f, s, [=](size_t i) { return xb + i * d; });
+}
+
 /** Scores the n rows of x block by block (the block's scores stay in L1)
  * and calls offer(score, id) for each row scoring at least bar(), the
  * selection's entry score (equal: it may win the tie on its id): a vector
@@ -159,12 +170,10 @@ void offer_rows(
         int64_t id0,
         Bar&& bar,
         Offer&& offer) {
-    constexpr size_t B = 256;
-    alignas(64) float s[B];
-    for (size_t i0 = 0; i0 < n; i0 += B) {
-        size_t nb = n - i0 < B ? n - i0 : B;
-        const T* xb = x + i0 * d;
-        inner_products_rows<true>(q, d, nb, 1.0f, s, [=](size_t i) { return xb + i * d; });
+    alignas(64) float s[kScoreBlock];
+    for (size_t i0 = 0; i0 < n; i0 += kScoreBlock) {
+        size_t nb = n - i0 < kScoreBlock ? n - i0 : kScoreBlock;
+        score_block(q, x, d, i0, nb, s);
         auto one = [&](size_t r) { offer(s[r], ids ? ids[i0 + r] : id0 + int64_t(i0 + r)); };
         size_t i = 0;
         for (; i + W <= nb; i += W) {
@@ -200,11 +209,8 @@ void topk_from_scores(
     thread_local std::vector<float> scores, sample;
     thread_local std::vector<Scored> cand;
     scores.resize(n);
-    constexpr size_t B = 256; // as offer_rows: the same scores, bit for bit
-    for (size_t i0 = 0; i0 < n; i0 += B) {
-        const size_t nb = n - i0 < B ? n - i0 : B;
-        const T* xb = x + i0 * d;
-        inner_products_rows<true>(q, d, nb, 1.0f, scores.data() + i0, [=](size_t i) { return xb + i * d; });
+    for (size_t i0 = 0; i0 < n; i0 += kScoreBlock) {
+        score_block(q, x, d, i0, n - i0 < kScoreBlock ? n - i0 : kScoreBlock, scores.data() + i0);
     }
     const size_t stride = n / 512 > 1 ? n / 512 : 1;
     sample.clear();
