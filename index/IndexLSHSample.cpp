@@ -11,6 +11,7 @@
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/attention.h>
+#include <kvindex/impl/growth.h>
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
@@ -406,8 +407,8 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
         inner_products_scaled(mean.data(), planes.data(), d, K * L, 1.0f, mean_projection.data());
     }
     const idx_t n0 = ntotal;
-    codes.resize((n0 + n) * L);
-    norms.resize(n0 + n);
+    grow_to(codes, size_t(n0 + n) * L);
+    grow_to(norms, size_t(n0 + n));
     parallel_for(n, [&](idx_t i) {
         const float* k = keys + i * d;
         hash_projected(k, mean_projection.data(), codes.data() + (n0 + i) * L);

@@ -10,6 +10,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/impl/growth.h>
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
@@ -424,6 +425,7 @@ void IndexProxyEvict::prefill_impl(const PrefillInput& in) {
 }
 
 void IndexProxyEvict::add_kv_impl(idx_t n, const float* keys, const float* values) {
+    reserve_for_growth(positions, positions.size() + size_t(n)); // before: push_back cannot throw
     inner->add_kv(n, keys, values); // generated tokens are never evicted
     for (idx_t i = 0; i < n; i++) {
         positions.push_back(ntotal + i);

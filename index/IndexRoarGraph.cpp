@@ -11,6 +11,7 @@
 
 #include <kvindex/IndexTopK.h>
 #include <kvindex/attention.h>
+#include <kvindex/impl/growth.h>
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
@@ -145,10 +146,10 @@ void IndexRoarGraph::append_tokens(idx_t n, const float* keys, const float* valu
     if (walk_bits == 8) {
         walk_codes.append(storage);
     }
-    idx_t n1 = storage.size();
-    neighbors.resize(size_t(n1) * max_degree(), -1);
-    degrees.resize(n1, 0);
-    in_degrees.resize(n1, 0);
+    size_t n1 = size_t(storage.size());
+    grow_to(neighbors, n1 * max_degree(), int32_t(-1));
+    grow_to(degrees, n1, uint16_t(0));
+    grow_to(in_degrees, n1, uint32_t(0));
 }
 
 namespace {
@@ -1074,6 +1075,15 @@ void IndexRoarGraph::resize_anchors(size_t na, size_t width) {
     anchor_list_scores.resize(na * width);
 }
 
+void IndexRoarGraph::reserve_anchors(size_t na, size_t width) {
+    anchor_queries.reserve(na * d);
+    anchor_sq_norms.reserve(na);
+    anchor_thresholds.reserve(na);
+    anchor_pivots.reserve(na);
+    anchor_lists.reserve(na * width);
+    anchor_list_scores.reserve(na * width);
+}
+
 void IndexRoarGraph::index_anchors() {
     size_t na = anchor_pivots.size();
     anchor_sq_norms.resize(na);
@@ -1243,6 +1253,11 @@ void IndexRoarGraph::keep_decode_anchor(const float* q, const idx_t* ids, const 
     size_t width = anchor_list_width();
     size_t slot = prompt_anchors() + size_t(n_learned % decode_anchors);
     if (slot == anchor_pivots.size()) { // the ring is not full yet
+        if (slot + 1 > anchor_pivots.capacity()) {
+            // grown by 1/4 as the token arrays are, never past the full ring
+            size_t ring_end = prompt_anchors() + size_t(decode_anchors);
+            reserve_anchors(std::min(ring_end, std::max(slot + 1, slot + slot / 4)), width);
+        }
         resize_anchors(slot + 1, width);
     }
     std::copy(q, q + d, anchor_queries.begin() + slot * d);
@@ -1280,18 +1295,17 @@ void IndexRoarGraph::reset_impl() {
 }
 
 size_t IndexRoarGraph::graph_bytes() const {
-    return neighbors.size() * sizeof(int32_t) + degrees.size() * sizeof(uint16_t);
+    return capacity_bytes(neighbors) + capacity_bytes(degrees);
 }
 
 size_t IndexRoarGraph::memory_bytes() const {
-    return storage.memory_bytes() + graph_bytes() + in_degrees.size() * sizeof(uint32_t) +
-            hubs.size() * sizeof(int32_t) +
-            (anchor_queries.size() + anchor_thresholds.size() + anchor_sq_norms.size() +
-             anchor_list_scores.size()) * sizeof(float) +
-            (anchor_pivots.size() + anchor_lists.size()) * sizeof(int32_t) +
-            (anchor_groups.centroids.size() + anchor_groups.sq_norms.size()) * sizeof(float) +
-            anchor_groups.offsets.size() * sizeof(size_t) +
-            anchor_groups.members.size() * sizeof(int64_t) + walk_codes.memory_bytes();
+    // capacities: what the arrays hold, headroom for appends included
+    return storage.memory_bytes() + graph_bytes() + capacity_bytes(in_degrees) +
+            capacity_bytes(hubs) + capacity_bytes(anchor_queries) + capacity_bytes(anchor_thresholds) + capacity_bytes(anchor_sq_norms) +
+            capacity_bytes(anchor_list_scores) + capacity_bytes(anchor_pivots) +
+            capacity_bytes(anchor_lists) + capacity_bytes(anchor_groups.centroids) +
+            capacity_bytes(anchor_groups.sq_norms) + capacity_bytes(anchor_groups.offsets) +
+            capacity_bytes(anchor_groups.members) + walk_codes.memory_bytes();
 }
 
 // ---- parameters ----------------------------------------------------------------

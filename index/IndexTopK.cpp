@@ -32,6 +32,7 @@
 #include "checks.h"
 #include "faiss_checks.h"
 #include "parallel.h"
+#include "retriever_growth.h"
 #include "retriever_scan.h"
 
 namespace kvindex {
@@ -315,7 +316,7 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
                 keys = stored.data();
             }
             reseed_hnsw_levels(retriever.get());
-            retriever->add(n, keys);
+            add_growing_by_quarter(*retriever, n, keys);
             return;
         }
         if (storage.size() < min_train_points) {
@@ -340,7 +341,7 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         std::vector<float> all;
         storage.to_float(0, nt, &all, nullptr);
         reseed_hnsw_levels(retriever.get());
-        retriever->add(nt, all.data());
+        add_growing_by_quarter(*retriever, nt, all.data());
     } catch (const std::exception& e) {
         // keep the index consistent: the tokens of this call are not added,
         // and a retriever left half-built (failed training, partial add)
@@ -593,10 +594,7 @@ void IndexTopK::rebuild_retriever() {
 }
 
 size_t IndexTopK::memory_bytes() const {
-    // the retriever's own size is measured as its serialized size
-    faiss::VectorIOWriter w;
-    faiss::write_index(retriever.get(), &w);
-    return storage.memory_bytes() + w.data.size();
+    return storage.memory_bytes() + retriever_memory_bytes(*retriever);
 }
 
 namespace {
@@ -781,7 +779,9 @@ void IndexTopK::read_fields(BufferReader& r, uint32_t) {
         rebuild_retriever(); // see rebuild_retriever
     }
     if (is_flat_inner_product(retriever.get())) {
-        retriever->reset(); // the storage has the keys (write_fields)
+        // the storage has the keys (write_fields); a fresh retriever, as
+        // reset() would keep the rows' capacity (ntotal * d floats)
+        retriever = make_retriever(d, retriever_string);
     }
     score_hnsw_with_kernels(retriever.get());
 }

@@ -6,6 +6,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/impl/growth.h>
 #include <kvindex/impl/io.h>
 
 #include "checks.h"
@@ -13,18 +14,6 @@
 namespace kvindex {
 
 namespace {
-
-/** Grows a token array by 1/4 rather than std::vector's doubling: a KV cache
- * is large and grows one token at a time, and bytes per token is a figure
- * we report. A bulk add (the prompt) gets 1/16 of headroom on top: without
- * it the first decoded token reallocated and copied the whole prompt of
- * every head (kvllm e2e at 8k: ~720 MB copied and ~900 MB of fresh pages
- * in the first decode step, a fifth of its 32-token decode time). */
-void reserve_for(RowBytes& v, size_t need) {
-    if (need > v.capacity()) {
-        v.reserve(std::max(need + need / 16, v.capacity() + v.capacity() / 4));
-    }
-}
 
 /// Refuses stored values add_kv would have refused: non-finite ones, and
 /// |x| > kMaxInputMagnitude (a 16-bit value is widened first; fp16 cannot
@@ -72,8 +61,8 @@ void KVStorage::value(idx_t i, float* out) const {
 void KVStorage::append(idx_t n, const float* k, const float* v) {
     check_input_size(n, std::max(d, d_value), "KVStorage::append"); // n >= 0 too
     size_t nk = keys.size(), nv = values.size();
-    reserve_for(keys, nk + n * key_bytes());
-    reserve_for(values, nv + n * value_bytes());
+    reserve_for_growth(keys, nk + n * key_bytes());
+    reserve_for_growth(values, nv + n * value_bytes());
     keys.resize(nk + n * key_bytes());
     values.resize(nv + n * value_bytes());
     try {
@@ -100,8 +89,8 @@ void KVStorage::append_from(const KVStorage& other, idx_t i0, idx_t n) {
             other.d == d && other.d_value == d_value && other.type == type,
             "KVStorage::append_from: storages differ in dimensions or type");
     other.check_range(i0, n, "append_from");
-    reserve_for(keys, keys.size() + n * key_bytes());
-    reserve_for(values, values.size() + n * value_bytes());
+    reserve_for_growth(keys, keys.size() + n * key_bytes());
+    reserve_for_growth(values, values.size() + n * value_bytes());
     keys.insert(keys.end(), other.keys.begin() + i0 * key_bytes(),
                 other.keys.begin() + (i0 + n) * key_bytes());
     values.insert(values.end(), other.values.begin() + i0 * value_bytes(),

@@ -6,6 +6,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/impl/growth.h>
 #include <kvindex/kernels.h>
 
 #include "checks.h"
@@ -48,7 +49,7 @@ void KeyCodes8::append(const KVStorage& keys) {
 
 void KeyCodes8::encode(const KVStorage& keys, size_t i0) {
     size_t n = size_t(keys.size());
-    codes.resize(n * d);
+    grow_to(codes, n * d);
     std::vector<float> x(d);
     for (size_t i = i0; i < n; i++) {
         keys.key(idx_t(i), x.data());
@@ -110,7 +111,7 @@ float KeyCodes8::score_bound(const float* q) const {
 }
 
 size_t KeyCodes8::memory_bytes() const {
-    return codes.size() + (vmin.size() + step.size()) * sizeof(float);
+    return capacity_bytes(codes) + capacity_bytes(vmin) + capacity_bytes(step);
 }
 
 void KeyCodes8::write(BufferWriter& w) const {

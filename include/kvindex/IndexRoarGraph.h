@@ -305,7 +305,7 @@ struct IndexRoarGraph : KVIndex {
     idx_t count_reachable() const;
 
     size_t memory_bytes() const override;
-    /// Bytes of the graph alone (edges and degrees).
+    /// Bytes of the graph alone (edges and degrees), by capacity.
     size_t graph_bytes() const;
 
     const char* type_name() const override {
@@ -414,6 +414,8 @@ struct IndexRoarGraph : KVIndex {
     void list_scores_of(size_t a, const int32_t* list, float* scores) const;
     /// The anchor arrays sized for na anchors with lists of `width`.
     void resize_anchors(size_t na, size_t width);
+    /// Room in the anchor arrays for na anchors with lists of `width`.
+    void reserve_anchors(size_t na, size_t width);
     /// anchor_sq_norms and anchor_groups from anchor_queries.
     void index_anchors();
     /// walk_codes from the keys (walk_bits = 8), or none.
