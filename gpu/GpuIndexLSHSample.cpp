@@ -167,7 +167,7 @@ struct GpuIndexLSHSample::Device {
             gpu::grow(tail_codes, tail_bytes, size_t(n_tail) * row, size_t(count) * row, device,
                       stream, "GpuIndexLSHSample: tail codes");
             gpu::upload_bytes(static_cast<uint16_t*>(tail_codes.get()) + size_t(n_tail) * L,
-                              s.codes.data() + size_t(begin + n_tail) * L,
+                              s.tail_codes(begin + n_tail),
                               size_t(count - n_tail) * row, stream,
                               "GpuIndexLSHSample: tail codes");
             n_tail = count;

@@ -407,11 +407,11 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
         inner_products_scaled(mean.data(), planes.data(), d, K * L, 1.0f, mean_projection.data());
     }
     const idx_t n0 = ntotal;
-    grow_to(codes, size_t(n0 + n) * L);
+    grow_to(codes, size_t(n0 + n - n_indexed) * L);
     grow_to(norms, size_t(n0 + n));
     parallel_for(n, [&](idx_t i) {
         const float* k = keys + i * d;
-        hash_projected(k, mean_projection.data(), codes.data() + (n0 + i) * L);
+        hash_projected(k, mean_projection.data(), tail_codes(n0 + i));
         double s = 0;
         for (int j = 0; j < d; j++) {
             double c = double(k[j]) - mean[j];
@@ -442,15 +442,16 @@ void IndexLSHSample::build_recent_tables() {
     std::vector<uint32_t> fill(B);
     for (int l = 0; l < L; l++) {
         uint32_t* off = recent_offsets.data() + size_t(l) * (B + 1);
-        for (idx_t i = n_indexed; i < n; i++) {
-            off[codes[i * L + l] + 1]++;
+        const uint16_t* c = codes.data() + l; // token n_indexed + i at c[i * L]
+        for (idx_t i = 0; i < t; i++) {
+            off[c[i * L] + 1]++;
         }
         for (size_t b = 0; b < B; b++) {
             off[b + 1] += off[b];
         }
         std::copy(off, off + B, fill.begin());
-        for (idx_t i = n_indexed; i < n; i++) { // ids ascending within each bucket
-            recent_ids[size_t(l) * t + fill[codes[i * L + l]]++] = uint32_t(i);
+        for (idx_t i = 0; i < t; i++) { // ids ascending within each bucket
+            recent_ids[size_t(l) * t + fill[c[i * L]]++] = uint32_t(n_indexed + i);
         }
     }
     n_recent = n;
@@ -458,34 +459,76 @@ void IndexLSHSample::build_recent_tables() {
 
 void IndexLSHSample::build_tables(idx_t n) {
     n = n < 0 ? tokens().size() : n;
-    size_t B = size_t(1) << K;
-    offsets.assign(size_t(L) * (B + 1), 0);
+    FAISS_THROW_IF_NOT_FMT(
+            n >= n_indexed && n <= tokens().size(),
+            "IndexLSHSample::build_tables: n=%zd outside [%zd, %zd]: the tables only grow",
+            ssize_t(n),
+            ssize_t(n_indexed),
+            ssize_t(tokens().size()));
+    // Each table's buckets are the old bucket's ids (all below n_indexed,
+    // ascending) followed by the folded tail's (ascending): the layout a
+    // build from every token's code gives, without keeping those codes.
+    size_t B = size_t(1) << K, n_old = size_t(n_indexed), t = size_t(n - n_indexed);
+    std::vector<uint32_t> new_offsets(size_t(L) * (B + 1), 0);
     bool narrow = n <= 65536;
-    ids16.clear();
-    ids32.clear();
-    (narrow ? ids16.resize(size_t(L) * n) : ids32.resize(size_t(L) * n));
+    std::vector<uint16_t, HugePageAllocator<uint16_t>> new16;
+    std::vector<uint32_t, HugePageAllocator<uint32_t>> new32;
+    (narrow ? new16.resize(size_t(L) * n) : new32.resize(size_t(L) * n));
     for (int l = 0; l < L; l++) {
-        uint32_t* off = offsets.data() + size_t(l) * (B + 1);
-        for (idx_t i = 0; i < n; i++) {
-            off[codes[i * L + l] + 1]++;
+        const uint32_t* old = n_old > 0 ? offsets.data() + size_t(l) * (B + 1) : nullptr;
+        uint32_t* off = new_offsets.data() + size_t(l) * (B + 1);
+        const uint16_t* c = codes.data() + l; // token n_indexed + i at c[i * L]
+        for (size_t i = 0; i < t; i++) {
+            off[c[i * L] + 1]++;
         }
         for (size_t b = 0; b < B; b++) {
-            off[b + 1] += off[b];
+            off[b + 1] += off[b] + (old ? old[b + 1] - old[b] : 0);
         }
         std::vector<uint32_t> fill(off, off + B);
-        for (idx_t i = 0; i < n; i++) { // ids ascending within each bucket
-            size_t at = size_t(l) * n + fill[codes[i * L + l]]++;
+        auto put = [&](size_t at, size_t id) {
             if (narrow) {
-                ids16[at] = uint16_t(i);
+                new16[size_t(l) * n + at] = uint16_t(id);
             } else {
-                ids32[at] = uint32_t(i);
+                new32[size_t(l) * n + at] = uint32_t(id);
+            }
+        };
+        for (size_t b = 0; old && b < B; b++) {
+            for (uint32_t j = old[b]; j < old[b + 1]; j++) {
+                size_t at = size_t(l) * n_old + j;
+                put(fill[b]++, ids16.empty() ? ids32[at] : ids16[at]);
             }
         }
+        for (size_t i = 0; i < t; i++) {
+            put(fill[c[i * L]]++, n_old + i);
+        }
     }
+    offsets.swap(new_offsets);
+    ids16.swap(new16);
+    ids32.swap(new32);
+    // the folded tokens' codes now live in the tables; the rest stay
+    std::vector<uint16_t> rest(codes.begin() + t * L, codes.end());
+    codes.swap(rest);
     n_indexed = n;
     recent_offsets.clear();
     recent_ids.clear();
     n_recent = n;
+}
+
+std::vector<uint16_t> IndexLSHSample::all_codes() const {
+    std::vector<uint16_t> all(size_t(ntotal) * L);
+    size_t B = size_t(1) << K;
+    for (int l = 0; l < L && n_indexed > 0; l++) {
+        const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
+        for (size_t b = 0; b < B; b++) {
+            for (uint32_t j = off[b]; j < off[b + 1]; j++) {
+                size_t at = size_t(l) * n_indexed + j;
+                size_t id = ids16.empty() ? ids32[at] : ids16[at];
+                all[id * L + l] = uint16_t(b);
+            }
+        }
+    }
+    std::copy(codes.begin(), codes.end(), all.begin() + size_t(n_indexed) * L);
+    return all;
 }
 
 namespace {
@@ -800,7 +843,7 @@ void IndexLSHSample::sample_one(
     for (idx_t i = std::max(n_recent, n_indexed); i < ntotal; i++) { // the last tokens, code by code
         int c = 0;
         for (int l = 0; l < L; l++) {
-            c += codes[i * L + l] == qc[l];
+            c += tail_codes(i)[l] == qc[l];
         }
         if (c >= hits) {
             sc.emitted[ne++] = uint32_t(i);
@@ -1011,7 +1054,7 @@ void IndexLSHSample::write_fields(BufferWriter& w) const {
     w.vector(planes);
     w.vector(mean);
     w.vector(norms);
-    w.vector(codes);
+    w.vector(all_codes()); // the record keeps every token's codes (version 1)
     tokens().write(w);
     w.value<int64_t>(n_indexed); // the tables are rebuilt from the codes
 }
@@ -1053,6 +1096,12 @@ void IndexLSHSample::read_fields(BufferReader& r, uint32_t) {
     check_finite(planes.data(), 1, planes.size(), "read_index: hyperplanes");
     check_finite(mean.data(), 1, mean.size(), "read_index: centring mean");
     check_finite(norms.data(), 1, norms.size(), "read_index: key norms");
+    // every token's codes were read: none is in a table yet
+    n_indexed = 0;
+    n_recent = 0;
+    offsets.clear();
+    ids16.clear();
+    ids32.clear();
     if (n > 0) {
         build_tables(n_tables);
         build_recent_tables();
@@ -1068,7 +1117,7 @@ void IndexLSHSample::check_invariants() const {
             K >= 1 && K <= 16 && L >= 1 && L <= 4096 && min_hits >= 0 && min_hits <= L &&
                     planes.size() == size_t(K) * L * d &&
                     mean.size() == (n > 0 ? size_t(d) : 0) && norms.size() == size_t(n) &&
-                    codes.size() == size_t(n) * L && tokens().size() == n &&
+                    codes.size() == size_t(n - n_indexed) * L && tokens().size() == n &&
                     tokens().d == size_t(d) && tokens().d_value == size_t(d_value) &&
                     tokens().type == kv_type && (!shared_tokens || storage.size() == 0) &&
                     n_indexed >= 0 && n_indexed <= n &&

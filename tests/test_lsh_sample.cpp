@@ -145,12 +145,15 @@ TEST(LSHSample, RetrievalEqualsBruteForceCountIncludingAppends) {
     }
     auto queries = gaussian(10, kD, 23, 2.0f, -0.5f);
     auto check = [&](idx_t nt) {
-        // stored codes agree with double-precision hashing
+        // stored codes (the tail's, and the tables' tokens' read back from
+        // the tables) agree with double-precision hashing
+        const std::vector<uint16_t> codes = h->all_codes();
+        ASSERT_EQ(codes.size(), size_t(nt) * h->L);
         idx_t disagree = 0;
         for (idx_t i = 0; i < nt; i++) {
             auto c = ref_codes(*h, keys.data() + i * kD, mean);
             for (int l = 0; l < h->L; l++) {
-                disagree += c[l] != h->codes[i * h->L + l];
+                disagree += c[l] != codes[i * h->L + l];
             }
         }
         EXPECT_LE(disagree, nt * h->L / 10000); // only projections within rounding of 0
@@ -163,7 +166,7 @@ TEST(LSHSample, RetrievalEqualsBruteForceCountIncludingAppends) {
             for (idx_t i = 0; i < nt; i++) {
                 int c = 0;
                 for (int l = 0; l < h->L; l++) {
-                    c += h->codes[i * h->L + l] == qc[l];
+                    c += codes[i * h->L + l] == qc[l];
                 }
                 if (c >= h->min_hits) {
                     brute.insert(i);
@@ -181,7 +184,7 @@ TEST(LSHSample, RetrievalEqualsBruteForceCountIncludingAppends) {
             for (int l = 0; l < h->L; l++) {
                 size_t in_main = 0, in_recent = 0;
                 for (idx_t i = 0; i < levels_end; i++) {
-                    if (h->codes[i * h->L + l] == qc[l]) {
+                    if (codes[i * h->L + l] == qc[l]) {
                         (i < h->n_indexed ? in_main : in_recent)++;
                     }
                 }

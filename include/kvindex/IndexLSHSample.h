@@ -123,9 +123,11 @@ class LSHInclusionTable {
  * Tables are CSR per table: 2^K + 1 bucket offsets and the token ids sorted
  * by bucket, in 16-bit ids while they fit, 32-bit after. Tokens appended
  * after the last build are kept in a tail, folded into the tables when it
- * reaches 1/8 of them. The tail has CSR tables of its own (recent_*),
- * rebuilt when more than max(256, tail / 16) tokens arrived after them; only
- * those last tokens are checked code by code.
+ * reaches 1/8 of them; a fold merges the tail into each bucket, so
+ * only the tail keeps its tokens' codes (L * 2 bytes a token: as much as
+ * the 16-bit tables themselves). The tail has CSR tables of its own
+ * (recent_*), rebuilt when more than max(256, tail / 16) tokens arrived
+ * after them; only those last tokens are checked code by code.
  *
  * Per query the work is proportional to the buckets the query falls in:
  * for min_hits <= 2 (MagicPIG's setting) the walk of the L buckets marks
@@ -153,7 +155,10 @@ struct IndexLSHSample : KVIndex {
     /// once per key); derived from planes and mean, not written by io
     std::vector<float> mean_projection;
     std::vector<float> norms;    ///< size ntotal: |k_i - mean|
-    std::vector<uint16_t> codes; ///< size ntotal * L: code of token i in table l at i * L + l
+    /// size (ntotal - n_indexed) * L: the codes of the tokens not in the
+    /// main tables, token n_indexed + i's code in table l at i * L + l (the
+    /// tables hold the others': all_codes())
+    std::vector<uint16_t> codes;
     KVStorage storage;           ///< keys and values (empty while shared)
     /// the tokens lent by a parent (share_tokens: IndexHybrid's heavy
     /// part's), read instead of `storage`; nullptr: its own
@@ -199,9 +204,21 @@ struct IndexLSHSample : KVIndex {
     /// Bytes of the hash tables and codes alone (excluding keys and values).
     size_t table_bytes() const;
 
-    /// Rebuilds the CSR tables over the first n tokens (default: all; the
-    /// rest stay in the tail).
+    /// Folds the tail's first tokens into the CSR tables, so that they hold
+    /// the first n tokens (default: all; n >= n_indexed; the rest stay in
+    /// the tail), and drops their codes.
     void build_tables(idx_t n = -1);
+
+    /// The L codes of token i, one in no main table (i >= n_indexed).
+    uint16_t* tail_codes(idx_t i) {
+        return codes.data() + size_t(i - n_indexed) * L;
+    }
+    const uint16_t* tail_codes(idx_t i) const {
+        return codes.data() + size_t(i - n_indexed) * L;
+    }
+    /// Every token's codes, size ntotal * L (token i's at i * L), those of
+    /// the tokens in the tables read back from them.
+    std::vector<uint16_t> all_codes() const;
 
     const char* type_name() const override {
         return "IndexLSHSample";
