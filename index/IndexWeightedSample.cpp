@@ -74,13 +74,7 @@ double inclusion_constant_sorted(const float* w, size_t n, size_t m) {
 InclusionRule inclusion_rule(const float* w, size_t n, size_t m) {
     InclusionRule rule;
     size_t n_avail = 0;
-    double total = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (w[i] > 0) {
-            n_avail++;
-            total += w[i];
-        }
-    }
+    const double total = inclusion_pass(w, n, 0.0, nullptr, &n_avail); // c = 0: all summed
     if (m == 0 || n_avail == 0) {
         return rule; // c = 0: nothing drawn
     }
@@ -99,15 +93,9 @@ InclusionRule inclusion_rule(const float* w, size_t n, size_t m) {
     double c = double(m) / total;
     size_t sure_before = 0;
     for (int pass = 0; pass < kMaxPasses; pass++) {
+        // light summed directly: total - sure's would cancel under a sink
         size_t sure = 0;
-        double light = 0; // summed directly: total - sure's would cancel under a sink
-        for (size_t i = 0; i < n; i++) {
-            if (double(w[i]) * c >= 1) {
-                sure++;
-            } else {
-                light += w[i];
-            }
-        }
+        const double light = inclusion_pass(w, n, c, &sure, nullptr);
         if (sure == sure_before) {
             rule.c = c;
             return rule;
@@ -120,6 +108,48 @@ InclusionRule inclusion_rule(const float* w, size_t n, size_t m) {
     }
     rule.c = inclusion_constant_sorted(w, n, m);
     return rule;
+}
+
+/** Systematic sampling over increasing ids with thresholds r, r + 1, ...:
+ * token i is drawn when a threshold falls in [acc, acc + u_i) (u = 1:
+ * always). Writes the draws' ids and u, and returns their number, or
+ * cap + 1 when more than cap would be drawn. No call in the loop: acc and
+ * the next threshold stay in registers (a loop pushing into vectors kept
+ * them in memory, a store and a reload a token). */
+size_t systematic_draw(
+        const float* w,
+        size_t n,
+        const InclusionRule& rule,
+        double r,
+        size_t cap,
+        idx_t* ids,
+        float* inclusion) {
+    double next = r, acc = 0;
+    size_t count = 0;
+    for (size_t i = 0; i < n; i++) {
+        double u = rule(w[i]);
+        float drawn_u;
+        if (u >= 1) {
+            drawn_u = 1.0f;
+        } else if (u > 0) {
+            acc += u;
+            if (!(acc > next)) {
+                continue;
+            }
+            next += 1;
+            // a drawn token's u is > 0; floats below FLT_MIN would make
+            // log u infinite for an event of probability < 1e-38
+            drawn_u = std::max(float(u), FLT_MIN);
+        } else {
+            continue;
+        }
+        if (count == cap) {
+            return cap + 1;
+        }
+        ids[count] = idx_t(i);
+        inclusion[count++] = drawn_u;
+    }
+    return count;
 }
 
 } // namespace
@@ -177,27 +207,27 @@ void IndexWeightedSample::select_outside_one(
     for (size_t j = 0; j < n_excluded; j++) {
         w[excluded[j]] = 0;
     }
-    const InclusionRule rule = inclusion_rule(w.data(), n, size_t(effective_k(params)));
+    const size_t m = size_t(effective_k(params));
+    const InclusionRule rule = inclusion_rule(w.data(), n, m);
 
     sel.clear();
     sel.n_scanned = n; // every key scored
     uint64_t state = draw_state(q, n);
-    // systematic sampling over increasing ids: thresholds r, r + 1, ...;
-    // token i is drawn when a threshold falls in [acc, acc + u_i)
-    double next = random_unit(state), acc = 0;
-    for (size_t i = 0; i < n; i++) {
-        double u = rule(w[i]);
-        if (u >= 1) {
-            sel.push_back(idx_t(i), 1.0f);
-        } else if (u > 0) {
-            acc += u;
-            if (acc > next) {
-                // a drawn token's u is > 0; floats below FLT_MIN would make
-                // log u infinite for an event of probability < 1e-38
-                sel.push_back(idx_t(i), std::max(float(u), FLT_MIN));
-                next += 1;
-            }
+    const double r = random_unit(state);
+    // the draws are the u = 1 tokens and one per threshold below
+    // sum u = min(m, ...): at most m + 2 with rounding, n when every token
+    // is drawn; past the room given the draw is made again with room for n
+    size_t cap = rule.all ? n : std::min(n, m + 2);
+    for (;;) {
+        sel.ids.resize(cap);
+        sel.inclusion.resize(cap);
+        size_t count = systematic_draw(w.data(), n, rule, r, cap, sel.ids.data(), sel.inclusion.data());
+        if (count <= cap) {
+            sel.ids.resize(count);
+            sel.inclusion.resize(count);
+            return;
         }
+        cap = n;
     }
 }
 

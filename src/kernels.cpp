@@ -182,6 +182,18 @@ float softmax_inplace(float* s, const float* bias, size_t n) {
     return kernels().softmax_inplace(s, bias, n);
 }
 
+double inclusion_pass(const float* w, size_t n, double c, size_t* sure, size_t* positive) {
+    size_t s = 0, p = 0;
+    double light = kernels().inclusion_pass(w, n, c, &s, &p);
+    if (sure) {
+        *sure = s;
+    }
+    if (positive) {
+        *positive = p;
+    }
+    return light;
+}
+
 void weighted_sum(const float* w, const float* v, size_t dv, size_t n, float* out) {
     f32_kernels().weighted_sum(w, v, dv, n, out);
 }

@@ -158,6 +158,40 @@ TEST_P(KernelsTest, SoftmaxReadsMinusInfAsAMaskedToken) {
     }
 }
 
+TEST_P(KernelsTest, InclusionPassMatchesReference) {
+    // weights with zeros (excluded tokens) and a few heavy ones, at every
+    // length around the vector widths; c from "none sure" to "most sure"
+    for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(8), size_t(15), size_t(16), size_t(17),
+                     size_t(33), size_t(1000), size_t(4099)}) {
+        auto g = gaussian(1, n, 5 + n);
+        std::vector<float> w(n);
+        for (size_t i = 0; i < n; i++) {
+            w[i] = i % 5 == 2 ? 0.0f : std::exp(2.0f * g[i]); // 0 or in (0, ~e^10)
+        }
+        for (double c : {0.0, 1e-3, 0.05, 1.0, 40.0}) {
+            size_t sure = 0, positive = 0;
+            double light = inclusion_pass(w.data(), n, c, &sure, &positive);
+            size_t ref_sure = 0, ref_pos = 0;
+            double ref_light = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (w[i] > 0) {
+                    ref_pos++;
+                    if (double(w[i]) * c >= 1) {
+                        ref_sure++;
+                    } else {
+                        ref_light += w[i];
+                    }
+                }
+            }
+            EXPECT_EQ(sure, ref_sure) << "n=" << n << " c=" << c;
+            EXPECT_EQ(positive, ref_pos) << "n=" << n << " c=" << c;
+            // positive terms in another order: a few ulps of double
+            EXPECT_NEAR(light, ref_light, 1e-13 * ref_light) << "n=" << n << " c=" << c;
+            EXPECT_EQ(inclusion_pass(w.data(), n, c, nullptr, nullptr), light);
+        }
+    }
+}
+
 TEST_P(KernelsTest, WeightedSumsMatchReference) {
     for (size_t dv : kDims) {
         for (size_t n : kCounts) {

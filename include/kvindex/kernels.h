@@ -65,6 +65,15 @@ void inner_products_by_ids(
  */
 float softmax_inplace(float* s, const float* bias, size_t n);
 
+/** One pass of the capped inclusion rule u_i = min(1, c w_i) (sampling in
+ * proportion to the weights, IndexWeightedSample): over the w[i] > 0,
+ * counts those with w_i c >= 1 (*sure) and all of them (*positive), and
+ * returns the sum, in double, of the others' weights. c = 0 sums every
+ * positive weight. The order of the sum is the kernel's own (its last bits
+ * differ across instruction sets). Any output pointer may be nullptr.
+ */
+double inclusion_pass(const float* w, size_t n, double c, size_t* sure, size_t* positive);
+
 /// out[j] (+)= sum_i w[i] * v_i[j] over rows v_i = v + i * dv. Overwrites out.
 void weighted_sum(const float* w, const float* v, size_t dv, size_t n, float* out);
 
