@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <unordered_set>
+#include <vector>
 
 #include <kvindex/index_factory.h>
 
@@ -39,14 +40,28 @@ std::vector<idx_t> IndexUniformSample::draw(
         }
     } else {
         uint64_t state = draw_state(q, n);
-        // Floyd's algorithm: m distinct ranks, each m-subset equally likely
-        std::unordered_set<uint64_t> taken;
-        taken.reserve(m * 2);
-        for (uint64_t j = n_free - m; j < n_free; j++) {
-            uint64_t t = random_below(state, j + 1);
-            uint64_t pick = taken.count(t) ? j : t;
-            taken.insert(pick);
-            ranks.push_back(idx_t(pick));
+        // Floyd's algorithm: m distinct ranks, each m-subset equally likely.
+        // The ranks taken are marked in a bitset when it is small beside the
+        // sample (hashing each of m ranks cost ~50 ns, 20 us at m = 410),
+        // else kept in a hash set; the draws are the same either way.
+        const uint64_t words = (n_free + 63) / 64;
+        if (words <= 8 * m + 1024) {
+            std::vector<uint64_t> taken(words, 0);
+            for (uint64_t j = n_free - m; j < n_free; j++) {
+                uint64_t t = random_below(state, j + 1);
+                uint64_t pick = (taken[t / 64] >> (t % 64)) & 1 ? j : t;
+                taken[pick / 64] |= uint64_t(1) << (pick % 64);
+                ranks.push_back(idx_t(pick));
+            }
+        } else {
+            std::unordered_set<uint64_t> taken;
+            taken.reserve(m * 2);
+            for (uint64_t j = n_free - m; j < n_free; j++) {
+                uint64_t t = random_below(state, j + 1);
+                uint64_t pick = taken.count(t) ? j : t;
+                taken.insert(pick);
+                ranks.push_back(idx_t(pick));
+            }
         }
         std::sort(ranks.begin(), ranks.end());
     }

@@ -3,6 +3,7 @@
 // double-precision reference.
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <set>
 #include <vector>
@@ -189,6 +190,36 @@ TEST(Hybrid, UniformDrawIsUniformOverTheComplement) {
             EXPECT_EQ(count[i], 0) << i;
         } else {
             EXPECT_NEAR(count[i], draws * p, 5 * sd) << i;
+        }
+    }
+}
+
+TEST(Hybrid, UniformDrawIsUniformWithEitherSetOfTakenRanks) {
+    // Floyd's draw marks the ranks taken in a bitset when the sample is
+    // large beside n / 64, else in a hash set: both are checked at n = 300k,
+    // through bin frequencies (5 sigma) and the draw's invariants
+    const idx_t n = 300000;
+    IndexUniformSample u(kD, kD);
+    std::vector<idx_t> excluded = {0, 7, 150000, n - 1};
+    auto qs = gaussian(3000, kD, 31);
+    for (idx_t m : {idx_t(6), idx_t(4000)}) { // hash set, bitset
+        const int bins = 20, draws = m < 100 ? 3000 : 60;
+        std::vector<double> count(bins, 0);
+        for (int t = 0; t < draws; t++) {
+            std::vector<idx_t> ids = u.draw(qs.data() + t * kD, n, m, excluded.data(), excluded.size());
+            ASSERT_EQ(ids.size(), size_t(m));
+            ASSERT_TRUE(std::adjacent_find(ids.begin(), ids.end(), std::greater_equal<idx_t>()) == ids.end())
+                    << "not increasing and distinct";
+            for (idx_t id : ids) {
+                ASSERT_TRUE(id >= 0 && id < n);
+                ASSERT_FALSE(std::binary_search(excluded.begin(), excluded.end(), id)) << id;
+                count[size_t(id) * bins / size_t(n)]++;
+            }
+        }
+        const double p = 1.0 / bins, total = double(draws) * double(m);
+        const double sd = std::sqrt(total * p * (1 - p));
+        for (int b = 0; b < bins; b++) {
+            EXPECT_NEAR(count[b], total * p, 5 * sd) << "m=" << m << " bin " << b;
         }
     }
 }
