@@ -31,6 +31,13 @@
 //
 //   ./build/benchmarks/bench_kernels --benchmark_filter=WindowAppend
 //
+// BM_DecodeAppend: 8192 decode appends of d = 64 after a prompt of 32768
+// tokens (args: LSHSample10x150, TopK(HNSW16), TopK(IVF128,Flat), Flat):
+// µs per append, folds and rebuilds included, and the bytes per token held
+// after the prompt and after the appends (memory_bytes(): capacities).
+//
+//   ./build/benchmarks/bench_kernels --benchmark_filter=DecodeAppend
+//
 // BM_TopKSelect: a fresh exact top-k (topk_inner_products, then
 // topk_heap_sort) over n keys of d = 64 (args: n, k, scores rising along
 // the scan 0/1: a decode query's attention to recent tokens).
@@ -249,6 +256,34 @@ BENCHMARK(BM_WindowAppend)
         ->Arg(512)
         ->Arg(2048)
         ->Iterations(4000)
+        ->Unit(benchmark::kMicrosecond);
+
+/// Decode appends after a prompt (arg: the chain): the time of one append
+/// (folds and table rebuilds included, as a decode loop pays them) and the
+/// bytes per token the index holds after them (memory_bytes(), capacities).
+void BM_DecodeAppend(benchmark::State& state) {
+    static const char* const kChains[] = {
+            "LSHSample10x150", "TopK(HNSW16)", "TopK(IVF128,Flat)", "Flat"};
+    const char* chain = kChains[state.range(0)];
+    const int d = 64;
+    const size_t n = 32768, n_new = 8192;
+    auto kv = filled((n + n_new) * d, -0.5f);
+    auto index = kvindex::index_factory(d, chain);
+    index->add_kv(n, kv.data(), kv.data());
+    const double prompt_bytes = double(index->memory_bytes()) / double(n);
+    size_t i = 0;
+    for (auto _ : state) {
+        const float* x = kv.data() + (n + i) * d;
+        index->add_kv(1, x, x);
+        i++;
+    }
+    state.counters["bytes_per_token_prompt"] = prompt_bytes;
+    state.counters["bytes_per_token_after"] = double(index->memory_bytes()) / double(index->ntotal);
+    state.SetLabel(chain);
+}
+BENCHMARK(BM_DecodeAppend)
+        ->DenseRange(0, 3)
+        ->Iterations(8192)
         ->Unit(benchmark::kMicrosecond);
 
 /// A fresh top-k of (n, k) over random keys, their scores rising along
