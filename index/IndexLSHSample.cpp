@@ -502,11 +502,12 @@ void IndexLSHSample::build_tables(idx_t n) {
             put(fill[c[i * L]]++, n_old + i);
         }
     }
+    // the folded tokens' codes now live in the tables; the rest stay. Made
+    // before anything is swapped in: a failed allocation changes nothing.
+    std::vector<uint16_t> rest(codes.begin() + t * L, codes.end());
     offsets.swap(new_offsets);
     ids16.swap(new16);
     ids32.swap(new32);
-    // the folded tokens' codes now live in the tables; the rest stay
-    std::vector<uint16_t> rest(codes.begin() + t * L, codes.end());
     codes.swap(rest);
     n_indexed = n;
     recent_offsets.clear();

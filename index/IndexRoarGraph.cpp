@@ -1066,22 +1066,28 @@ void IndexRoarGraph::choose_anchors(
     index_anchors();
 }
 
+namespace {
+
+/// f(array, entries per anchor) for each array that holds one row per
+/// anchor, lists `width` wide: one list, so that none is sized apart.
+template <class F>
+void for_each_anchor_array(IndexRoarGraph& g, size_t width, F&& f) {
+    f(g.anchor_queries, size_t(g.d));
+    f(g.anchor_sq_norms, size_t(1));
+    f(g.anchor_thresholds, size_t(1));
+    f(g.anchor_pivots, size_t(1));
+    f(g.anchor_lists, width);
+    f(g.anchor_list_scores, width);
+}
+
+} // namespace
+
 void IndexRoarGraph::resize_anchors(size_t na, size_t width) {
-    anchor_queries.resize(na * d);
-    anchor_sq_norms.resize(na);
-    anchor_thresholds.resize(na);
-    anchor_pivots.resize(na);
-    anchor_lists.resize(na * width);
-    anchor_list_scores.resize(na * width);
+    for_each_anchor_array(*this, width, [na](auto& v, size_t per) { v.resize(na * per); });
 }
 
 void IndexRoarGraph::reserve_anchors(size_t na, size_t width) {
-    anchor_queries.reserve(na * d);
-    anchor_sq_norms.reserve(na);
-    anchor_thresholds.reserve(na);
-    anchor_pivots.reserve(na);
-    anchor_lists.reserve(na * width);
-    anchor_list_scores.reserve(na * width);
+    for_each_anchor_array(*this, width, [na](auto& v, size_t per) { v.reserve(na * per); });
 }
 
 void IndexRoarGraph::index_anchors() {
@@ -1301,7 +1307,8 @@ size_t IndexRoarGraph::graph_bytes() const {
 size_t IndexRoarGraph::memory_bytes() const {
     // capacities: what the arrays hold, headroom for appends included
     return storage.memory_bytes() + graph_bytes() + capacity_bytes(in_degrees) +
-            capacity_bytes(hubs) + capacity_bytes(anchor_queries) + capacity_bytes(anchor_thresholds) + capacity_bytes(anchor_sq_norms) +
+            capacity_bytes(hubs) + capacity_bytes(anchor_queries) +
+            capacity_bytes(anchor_thresholds) + capacity_bytes(anchor_sq_norms) +
             capacity_bytes(anchor_list_scores) + capacity_bytes(anchor_pivots) +
             capacity_bytes(anchor_lists) + capacity_bytes(anchor_groups.centroids) +
             capacity_bytes(anchor_groups.sq_norms) + capacity_bytes(anchor_groups.offsets) +
