@@ -524,6 +524,24 @@ TEST(BadInput, LSHTableSizesAreBounded) {
     EXPECT_NO_THROW(index_factory(128, "LSHSample10x150"));
 }
 
+TEST(BadInput, LSHTablesOnlyGrow) {
+    // the tables keep no codes of their tokens: a rebuild over fewer tokens
+    // than they hold, or over tokens not stored, is refused and changes nothing
+    auto index = filled("LSHSample6x20", 300);
+    auto& lsh = dynamic_cast<IndexLSHSample&>(*index);
+    std::vector<float> key = kvtest::gaussian(1, kDim, 7);
+    lsh.add_kv(1, key.data(), key.data()); // one token in the tail
+    const idx_t indexed = lsh.n_indexed;
+    ASSERT_EQ(indexed, 300);
+    EXPECT_THROW_MSG(lsh.build_tables(indexed - 1), "only grow");
+    EXPECT_THROW_MSG(lsh.build_tables(lsh.ntotal + 1), "n=302");
+    EXPECT_EQ(lsh.n_indexed, indexed);
+    EXPECT_NO_THROW(lsh.check_invariants());
+    EXPECT_NO_THROW(lsh.build_tables()); // folds the tail
+    EXPECT_EQ(lsh.n_indexed, lsh.ntotal);
+    EXPECT_NO_THROW(lsh.check_invariants());
+}
+
 TEST(BadInput, PrefillTimeParameterAfterPrefill) {
     // budget=5 set on an eviction index after prefill was accepted and did
     // nothing; now it is refused, and accepted before prefill
