@@ -143,7 +143,7 @@ void KVStorage::write(BufferWriter& w) const {
 void KVStorage::read(BufferReader& r, const char* what) {
     FAISS_THROW_IF_NOT_FMT(d > 0 && d_value > 0, "read_index: %s: dimensions not set", what);
     FAISS_THROW_IF_NOT_FMT(
-            int(type) >= 0 && int(type) < kNumKVTypes,
+            unsigned(type) < unsigned(kNumKVTypes), // type is read as a byte: any value
             "read_index: %s: invalid storage type %d",
             what,
             int(type));
