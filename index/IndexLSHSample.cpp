@@ -457,6 +457,26 @@ void IndexLSHSample::build_recent_tables() {
     n_recent = n;
 }
 
+namespace {
+
+/// f(bucket, id) for each token of main table l, bucket by bucket, ids
+/// ascending within each: what build_tables merges and all_codes reads.
+template <class F>
+void for_each_in_table(const IndexLSHSample& s, int l, F&& f) {
+    const size_t B = size_t(1) << s.K, base = size_t(l) * size_t(s.n_indexed);
+    if (s.n_indexed == 0) {
+        return;
+    }
+    const uint32_t* off = s.offsets.data() + size_t(l) * (B + 1);
+    for (size_t b = 0; b < B; b++) {
+        for (uint32_t j = off[b]; j < off[b + 1]; j++) {
+            f(b, size_t(s.ids16.empty() ? s.ids32[base + j] : s.ids16[base + j]));
+        }
+    }
+}
+
+} // namespace
+
 void IndexLSHSample::build_tables(idx_t n) {
     n = n < 0 ? tokens().size() : n;
     FAISS_THROW_IF_NOT_FMT(
@@ -492,12 +512,7 @@ void IndexLSHSample::build_tables(idx_t n) {
                 new32[size_t(l) * n + at] = uint32_t(id);
             }
         };
-        for (size_t b = 0; old && b < B; b++) {
-            for (uint32_t j = old[b]; j < old[b + 1]; j++) {
-                size_t at = size_t(l) * n_old + j;
-                put(fill[b]++, ids16.empty() ? ids32[at] : ids16[at]);
-            }
-        }
+        for_each_in_table(*this, l, [&](size_t b, size_t id) { put(fill[b]++, id); });
         for (size_t i = 0; i < t; i++) {
             put(fill[c[i * L]]++, n_old + i);
         }
@@ -517,16 +532,8 @@ void IndexLSHSample::build_tables(idx_t n) {
 
 std::vector<uint16_t> IndexLSHSample::all_codes() const {
     std::vector<uint16_t> all(size_t(ntotal) * L);
-    size_t B = size_t(1) << K;
-    for (int l = 0; l < L && n_indexed > 0; l++) {
-        const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
-        for (size_t b = 0; b < B; b++) {
-            for (uint32_t j = off[b]; j < off[b + 1]; j++) {
-                size_t at = size_t(l) * n_indexed + j;
-                size_t id = ids16.empty() ? ids32[at] : ids16[at];
-                all[id * L + l] = uint16_t(b);
-            }
-        }
+    for (int l = 0; l < L; l++) {
+        for_each_in_table(*this, l, [&](size_t b, size_t id) { all[id * L + l] = uint16_t(b); });
     }
     std::copy(codes.begin(), codes.end(), all.begin() + size_t(n_indexed) * L);
     return all;

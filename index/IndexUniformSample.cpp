@@ -44,24 +44,24 @@ std::vector<idx_t> IndexUniformSample::draw(
         // The ranks taken are marked in a bitset when it is small beside the
         // sample (hashing each of m ranks cost ~50 ns, 20 us at m = 410),
         // else kept in a hash set; the draws are the same either way.
+        auto floyd = [&](auto&& is_taken, auto&& take) {
+            for (uint64_t j = n_free - m; j < n_free; j++) {
+                uint64_t t = random_below(state, j + 1);
+                uint64_t pick = is_taken(t) ? j : t;
+                take(pick);
+                ranks.push_back(idx_t(pick));
+            }
+        };
         const uint64_t words = (n_free + 63) / 64;
         if (words <= 8 * m + 1024) {
             std::vector<uint64_t> taken(words, 0);
-            for (uint64_t j = n_free - m; j < n_free; j++) {
-                uint64_t t = random_below(state, j + 1);
-                uint64_t pick = (taken[t / 64] >> (t % 64)) & 1 ? j : t;
-                taken[pick / 64] |= uint64_t(1) << (pick % 64);
-                ranks.push_back(idx_t(pick));
-            }
+            floyd([&](uint64_t t) { return (taken[t / 64] >> (t % 64)) & 1; },
+                  [&](uint64_t p) { taken[p / 64] |= uint64_t(1) << (p % 64); });
         } else {
             std::unordered_set<uint64_t> taken;
             taken.reserve(m * 2);
-            for (uint64_t j = n_free - m; j < n_free; j++) {
-                uint64_t t = random_below(state, j + 1);
-                uint64_t pick = taken.count(t) ? j : t;
-                taken.insert(pick);
-                ranks.push_back(idx_t(pick));
-            }
+            floyd([&](uint64_t t) { return taken.count(t) > 0; },
+                  [&](uint64_t p) { taken.insert(p); });
         }
         std::sort(ranks.begin(), ranks.end());
     }

@@ -1,6 +1,7 @@
 #include "retriever_growth.h"
 
 #include <cmath>
+#include <type_traits>
 #include <typeinfo>
 #include <vector>
 
@@ -63,9 +64,14 @@ bool is_plain_ivf(const faiss::Index& r) {
             t == typeid(faiss::IndexIVFScalarQuantizer);
 }
 
-faiss::IndexIVF* as_array_ivf(faiss::Index& r) {
-    auto ivf = dynamic_cast<faiss::IndexIVF*>(&r);
-    bool array_lists = ivf && dynamic_cast<faiss::ArrayInvertedLists*>(ivf->invlists);
+/// r as one of those IVFs over array inverted lists (const or not, as r
+/// is), else nullptr: what add reserves list by list and memory counts.
+template <class Index>
+auto as_array_ivf(Index& r) {
+    using IVF = std::conditional_t<std::is_const<Index>::value, const faiss::IndexIVF,
+                                   faiss::IndexIVF>;
+    auto ivf = dynamic_cast<IVF*>(&r);
+    bool array_lists = ivf && dynamic_cast<const faiss::ArrayInvertedLists*>(ivf->invlists);
     return array_lists && is_plain_ivf(r) ? ivf : nullptr;
 }
 
@@ -135,15 +141,14 @@ size_t retriever_memory_bytes(const faiss::Index& r) {
                 capacity_bytes(h.levels) + capacity_bytes(h.offsets) + capacity_bytes(h.neighbors) +
                 (graph->storage ? retriever_memory_bytes(*graph->storage) : 0);
     }
-    if (auto ivf = dynamic_cast<const faiss::IndexIVF*>(&r)) {
-        auto lists = dynamic_cast<const faiss::ArrayInvertedLists*>(ivf->invlists);
+    const faiss::IndexIVF* ivf = as_array_ivf(r);
+    if (ivf && ivf->quantizer) {
         auto ivfpq = dynamic_cast<const faiss::IndexIVFPQ*>(&r);
         auto ivfsq = dynamic_cast<const faiss::IndexIVFScalarQuantizer*>(&r);
-        if (is_plain_ivf(r) && lists && ivf->quantizer) {
-            return retriever_memory_bytes(*ivf->quantizer) + array_lists_bytes(*lists) +
-                    (ivfpq ? pq_bytes(ivfpq->pq) + ivfpq->precomputed_table.nbytes() : 0) +
-                    (ivfsq ? capacity_bytes(ivfsq->sq.trained) : 0);
-        }
+        return retriever_memory_bytes(*ivf->quantizer) +
+                array_lists_bytes(static_cast<const faiss::ArrayInvertedLists&>(*ivf->invlists)) +
+                (ivfpq ? pq_bytes(ivfpq->pq) + ivfpq->precomputed_table.nbytes() : 0) +
+                (ivfsq ? capacity_bytes(ivfsq->sq.trained) : 0);
     }
     return serialized_bytes(r);
 }
