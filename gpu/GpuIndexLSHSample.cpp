@@ -114,25 +114,23 @@ struct GpuIndexLSHSample::Device {
             n_norms = n;
         }
         if (s.n_indexed != n_indexed) { // the main level was rebuilt
+            // the CPU tables' gaps decoded to plain ids, which the kernels
+            // walk in parallel; the uploads complete before the vectors die
+            std::vector<uint32_t> plain_offsets;
+            std::vector<int32_t> plain_ids;
+            s.plain_tables(plain_offsets, plain_ids);
             if (!offsets) {
                 offsets =
                         gpu::device_alloc(device, table_bytes, "GpuIndexLSHSample: bucket offsets");
             }
-            gpu::upload_bytes(offsets.get(), s.offsets.data(), table_bytes, stream,
+            gpu::upload_bytes(offsets.get(), plain_offsets.data(), table_bytes, stream,
                               "GpuIndexLSHSample: bucket offsets");
-            const size_t count = size_t(L) * s.n_indexed;
+            const size_t count = plain_ids.size();
             gpu::grow(ids, ids_bytes, 0, count * sizeof(int32_t), device, stream,
                       "GpuIndexLSHSample: table ids");
-            if (s.ids16.empty()) { // uint32 ids < 2^31: the same bits as int32
-                gpu::upload_bytes(ids.get(), s.ids32.data(), count * sizeof(int32_t), stream,
-                                  "GpuIndexLSHSample: table ids");
-            } else {
-                // widened here; the upload completes before the vector dies
-                std::vector<int32_t> wide(s.ids16.begin(), s.ids16.end());
-                gpu::upload_bytes(ids.get(), wide.data(), count * sizeof(int32_t), stream,
-                                  "GpuIndexLSHSample: table ids");
-                gpu::check_cuda(cudaStreamSynchronize(stream), "GpuIndexLSHSample: table ids");
-            }
+            gpu::upload_bytes(ids.get(), plain_ids.data(), count * sizeof(int32_t), stream,
+                              "GpuIndexLSHSample: table ids");
+            gpu::check_cuda(cudaStreamSynchronize(stream), "GpuIndexLSHSample: table ids");
             n_indexed = s.n_indexed;
             n_recent = -1; // the recent level was cleared with it
         }

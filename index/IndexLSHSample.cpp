@@ -11,6 +11,7 @@
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/attention.h>
+#include <kvindex/impl/gap_codes.h>
 #include <kvindex/impl/growth.h>
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
@@ -428,6 +429,29 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
     }
 }
 
+namespace {
+
+/// The first t tail tokens (n_indexed onwards) by their bucket in table l:
+/// start (size 2^K + 1) gets the buckets' bounds in ids (size t), which
+/// gets the ids bucket by bucket, ascending within each (a counting sort).
+void sort_tail_by_bucket(const IndexLSHSample& s, int l, size_t t, uint32_t* start, uint32_t* ids) {
+    const size_t B = size_t(1) << s.K;
+    const uint16_t* c = s.codes.data() + l; // token n_indexed + i at c[i * L]
+    std::fill(start, start + B + 1, 0u);
+    for (size_t i = 0; i < t; i++) {
+        start[c[i * s.L] + 1]++;
+    }
+    for (size_t b = 0; b < B; b++) {
+        start[b + 1] += start[b];
+    }
+    std::vector<uint32_t> fill(start, start + B);
+    for (size_t i = 0; i < t; i++) {
+        ids[fill[c[i * s.L]]++] = uint32_t(s.n_indexed + i);
+    }
+}
+
+} // namespace
+
 void IndexLSHSample::build_recent_tables() {
     idx_t n = tokens().size(), t = n - n_indexed;
     recent_offsets.clear();
@@ -439,40 +463,42 @@ void IndexLSHSample::build_recent_tables() {
     size_t B = size_t(1) << K;
     recent_offsets.assign(size_t(L) * (B + 1), 0);
     recent_ids.resize(size_t(L) * t);
-    std::vector<uint32_t> fill(B);
     for (int l = 0; l < L; l++) {
-        uint32_t* off = recent_offsets.data() + size_t(l) * (B + 1);
-        const uint16_t* c = codes.data() + l; // token n_indexed + i at c[i * L]
-        for (idx_t i = 0; i < t; i++) {
-            off[c[i * L] + 1]++;
-        }
-        for (size_t b = 0; b < B; b++) {
-            off[b + 1] += off[b];
-        }
-        std::copy(off, off + B, fill.begin());
-        for (idx_t i = 0; i < t; i++) { // ids ascending within each bucket
-            recent_ids[size_t(l) * t + fill[c[i * L]]++] = uint32_t(n_indexed + i);
-        }
+        sort_tail_by_bucket(*this, l, size_t(t), recent_offsets.data() + size_t(l) * (B + 1),
+                            recent_ids.data() + size_t(l) * t);
     }
     n_recent = n;
 }
 
 namespace {
 
-/// f(bucket, id) for each token of main table l, bucket by bucket, ids
-/// ascending within each: what build_tables merges and all_codes reads.
-template <class F>
-void for_each_in_table(const IndexLSHSample& s, int l, F&& f) {
-    const size_t B = size_t(1) << s.K, base = size_t(l) * size_t(s.n_indexed);
-    if (s.n_indexed == 0) {
-        return;
+/// A tail-table bucket: plain ids (IndexLSHSample::recent_ids).
+struct PlainIds {
+    const uint32_t* ids;
+    size_t len;
+
+    const uint32_t* data() const {
+        return ids;
     }
-    const uint32_t* off = s.offsets.data() + size_t(l) * (B + 1);
-    for (size_t b = 0; b < B; b++) {
-        for (uint32_t j = off[b]; j < off[b + 1]; j++) {
-            f(b, size_t(s.ids16.empty() ? s.ids32[base + j] : s.ids16[base + j]));
+    template <class F>
+    void for_each(F&& f) const {
+        for (size_t j = 0; j < len; j++) {
+            f(ids[j]);
         }
     }
+};
+
+/// Bucket b of main table l (tables built: n_indexed > 0).
+GapCodedIds main_bucket(const IndexLSHSample& s, int l, size_t b) {
+    const uint32_t* off = s.offsets.data() + size_t(l) * ((size_t(1) << s.K) + 1);
+    return {s.table_words.data() + s.table_begin[l] + off[b], size_t(off[b + 1] - off[b])};
+}
+
+/// Bucket b of tail table l (n_recent > n_indexed).
+PlainIds recent_bucket(const IndexLSHSample& s, int l, size_t b) {
+    const uint32_t* off = s.recent_offsets.data() + size_t(l) * ((size_t(1) << s.K) + 1);
+    return {s.recent_ids.data() + size_t(l) * size_t(s.n_recent - s.n_indexed) + off[b],
+            size_t(off[b + 1] - off[b])};
 }
 
 } // namespace
@@ -490,39 +516,37 @@ void IndexLSHSample::build_tables(idx_t n) {
     // build from every token's code gives, without keeping those codes.
     size_t B = size_t(1) << K, n_old = size_t(n_indexed), t = size_t(n - n_indexed);
     std::vector<uint32_t> new_offsets(size_t(L) * (B + 1), 0);
-    bool narrow = n <= 65536;
-    std::vector<uint16_t, HugePageAllocator<uint16_t>> new16;
-    std::vector<uint32_t, HugePageAllocator<uint32_t>> new32;
-    (narrow ? new16.resize(size_t(L) * n) : new32.resize(size_t(L) * n));
+    std::vector<size_t> new_begin(size_t(L) + 1, 0);
+    std::vector<uint16_t, HugePageAllocator<uint16_t>> new_words;
+    new_words.reserve(size_t(L) * n); // and 2 more words per long gap, if any
+    std::vector<uint32_t> tail_start(B + 1), tail_by_bucket(t);
     for (int l = 0; l < L; l++) {
-        const uint32_t* old = n_old > 0 ? offsets.data() + size_t(l) * (B + 1) : nullptr;
+        sort_tail_by_bucket(*this, l, t, tail_start.data(), tail_by_bucket.data());
         uint32_t* off = new_offsets.data() + size_t(l) * (B + 1);
-        const uint16_t* c = codes.data() + l; // token n_indexed + i at c[i * L]
-        for (size_t i = 0; i < t; i++) {
-            off[c[i * L] + 1]++;
-        }
+        const size_t begin = new_words.size();
+        new_begin[l] = begin;
         for (size_t b = 0; b < B; b++) {
-            off[b + 1] += off[b] + (old ? old[b + 1] - old[b] : 0);
-        }
-        std::vector<uint32_t> fill(off, off + B);
-        auto put = [&](size_t at, size_t id) {
-            if (narrow) {
-                new16[size_t(l) * n + at] = uint16_t(id);
-            } else {
-                new32[size_t(l) * n + at] = uint32_t(id);
+            off[b] = uint32_t(new_words.size() - begin);
+            uint32_t last = ~0u;
+            if (n_old > 0) {
+                main_bucket(*this, l, b).for_each([&](uint32_t id) { append_gap(new_words, last, id); });
             }
-        };
-        for_each_in_table(*this, l, [&](size_t b, size_t id) { put(fill[b]++, id); });
-        for (size_t i = 0; i < t; i++) {
-            put(fill[c[i * L]]++, n_old + i);
+            for (uint32_t j = tail_start[b]; j < tail_start[b + 1]; j++) {
+                append_gap(new_words, last, tail_by_bucket[j]);
+            }
         }
+        off[B] = uint32_t(new_words.size() - begin);
+    }
+    new_begin[L] = new_words.size();
+    if (new_words.capacity() > new_words.size() + new_words.size() / 16) {
+        new_words.shrink_to_fit(); // long gaps outgrew the reserve
     }
     // the folded tokens' codes now live in the tables; the rest stay. Made
     // before anything is swapped in: a failed allocation changes nothing.
     std::vector<uint16_t> rest(codes.begin() + t * L, codes.end());
     offsets.swap(new_offsets);
-    ids16.swap(new16);
-    ids32.swap(new32);
+    table_begin.swap(new_begin);
+    table_words.swap(new_words);
     codes.swap(rest);
     n_indexed = n;
     recent_offsets.clear();
@@ -532,11 +556,31 @@ void IndexLSHSample::build_tables(idx_t n) {
 
 std::vector<uint16_t> IndexLSHSample::all_codes() const {
     std::vector<uint16_t> all(size_t(ntotal) * L);
-    for (int l = 0; l < L; l++) {
-        for_each_in_table(*this, l, [&](size_t b, size_t id) { all[id * L + l] = uint16_t(b); });
+    const size_t B = size_t(1) << K;
+    for (int l = 0; l < L && n_indexed > 0; l++) {
+        for (size_t b = 0; b < B; b++) {
+            main_bucket(*this, l, b).for_each([&](uint32_t id) { all[size_t(id) * L + l] = uint16_t(b); });
+        }
     }
     std::copy(codes.begin(), codes.end(), all.begin() + size_t(n_indexed) * L);
     return all;
+}
+
+void IndexLSHSample::plain_tables(std::vector<uint32_t>& plain_offsets, std::vector<int32_t>& ids)
+        const {
+    const size_t B = size_t(1) << K, n = size_t(n_indexed);
+    plain_offsets.assign(n > 0 ? size_t(L) * (B + 1) : 0, 0);
+    ids.resize(size_t(L) * n);
+    for (int l = 0; l < L && n > 0; l++) {
+        uint32_t* off = plain_offsets.data() + size_t(l) * (B + 1);
+        int32_t* out = ids.data() + size_t(l) * n;
+        size_t at = 0;
+        for (size_t b = 0; b < B; b++) {
+            off[b] = uint32_t(at);
+            main_bucket(*this, l, b).for_each([&](uint32_t id) { out[at++] = int32_t(id); });
+        }
+        off[B] = uint32_t(at);
+    }
 }
 
 namespace {
@@ -559,10 +603,9 @@ SampleScratch& sample_scratch() {
 
 /// Counts collisions of the ids of one bucket, branch-free: an id goes to
 /// touched at its first hit and to emitted at its (hm1 + 1)-th.
-template <class Count, class Id>
+template <class Count, class Bucket>
 inline void walk_bucket(
-        const Id* ids,
-        size_t len,
+        const Bucket& bucket,
         Count* count,
         unsigned hm1,
         uint32_t* touched,
@@ -570,15 +613,14 @@ inline void walk_bucket(
         uint32_t* emitted,
         size_t& ne) {
     constexpr unsigned kMax = std::numeric_limits<Count>::max();
-    for (size_t j = 0; j < len; j++) {
-        uint32_t id = ids[j];
+    bucket.for_each([&](uint32_t id) {
         unsigned c = count[id];
         touched[nt] = id;
         nt += c == 0;
         emitted[ne] = id;
         ne += c == hm1;
         count[id] = Count(c + (c < kMax));
-    }
+    });
 }
 
 /** Marks the ids of one bucket in two bitsets: seen1 = hit at least once,
@@ -586,16 +628,15 @@ inline void walk_bucket(
  * L1/L2-resident words per id and no branch, against a counter, a touched
  * list and an emitted list for general min_hits; and the ids come out of
  * the bitset already sorted. */
-template <class Id>
-inline void mark_bucket(const Id* ids, size_t len, uint64_t* seen1, uint64_t* seen2) {
-    for (size_t j = 0; j < len; j++) {
-        uint32_t id = ids[j];
+template <class Bucket>
+inline void mark_bucket(const Bucket& bucket, uint64_t* seen1, uint64_t* seen2) {
+    bucket.for_each([&](uint32_t id) {
         size_t w = id >> 6;
         uint64_t bit = uint64_t(1) << (id & 63);
         uint64_t s1 = seen1[w];
         seen2[w] |= s1 & bit;
         seen1[w] = s1 | bit;
-    }
+    });
 }
 
 /// Loads one element of each cache line of ids[0, len) (and the last), so
@@ -755,22 +796,16 @@ void IndexLSHSample::sample_one(
     }
     std::vector<uint16_t> qc(L);
     hash(q, nullptr, qc.data());
-    size_t B = size_t(1) << K;
     bool recent = n_recent > n_indexed;
     // the buckets the query falls in, in both levels: the work is their size.
     // The first line of each is asked for now: the walk's L bucket starts
     // then miss together instead of one table after another.
     size_t total = 0;
-    for (int l = 0; l < L; l++) {
-        const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
-        total += off[qc[l] + 1] - off[qc[l]];
-        size_t at = size_t(l) * n_indexed + off[qc[l]];
-        __builtin_prefetch(ids16.empty() ? static_cast<const void*>(ids32.data() + at)
-                                         : static_cast<const void*>(ids16.data() + at));
-        if (recent) {
-            const uint32_t* ro = recent_offsets.data() + size_t(l) * (B + 1);
-            total += ro[qc[l] + 1] - ro[qc[l]];
-        }
+    for (int l = 0; l < L; l++) { // words bound the ids
+        GapCodedIds main = main_bucket(*this, l, qc[l]);
+        total += main.len;
+        __builtin_prefetch(main.words);
+        total += recent ? recent_bucket(*this, l, qc[l]).len : 0;
     }
     SampleScratch& sc = sample_scratch();
     sc.emitted.resize(std::max(sc.emitted.size(), total + 1 + size_t(ntotal - std::max(n_recent, n_indexed))));
@@ -785,21 +820,13 @@ void IndexLSHSample::sample_one(
         for (int l0 = 0; l0 < L; l0 += kTouchGroup) {
             int l1 = std::min(L, l0 + kTouchGroup);
             for (int pass = 0; pass < 2; pass++) {
-                auto go = [&](const auto* ids, size_t len) {
-                    pass == 0 ? touch_lines(ids, len) : visit(ids, len);
+                auto go = [&](const auto& bucket) {
+                    pass == 0 ? touch_lines(bucket.data(), bucket.len) : visit(bucket);
                 };
                 for (int l = l0; l < l1; l++) {
-                    const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
-                    size_t base = size_t(l) * n_indexed, b0 = off[qc[l]], len = off[qc[l] + 1] - b0;
-                    if (ids16.empty()) {
-                        go(ids32.data() + base + b0, len);
-                    } else {
-                        go(ids16.data() + base + b0, len);
-                    }
+                    go(main_bucket(*this, l, qc[l]));
                     if (recent) {
-                        const uint32_t* ro = recent_offsets.data() + size_t(l) * (B + 1);
-                        size_t rb = size_t(l) * (n_recent - n_indexed) + ro[qc[l]];
-                        go(recent_ids.data() + rb, size_t(ro[qc[l] + 1] - ro[qc[l]]));
+                        go(recent_bucket(*this, l, qc[l]));
                     }
                 }
             }
@@ -815,7 +842,7 @@ void IndexLSHSample::sample_one(
             sc.seen2.resize(words, 0);
         }
         uint64_t *seen1 = sc.seen1.data(), *seen2 = sc.seen2.data();
-        for_each_bucket([&](const auto* ids, size_t len) { mark_bucket(ids, len, seen1, seen2); });
+        for_each_bucket([&](const auto& bucket) { mark_bucket(bucket, seen1, seen2); });
         ne = bits_to_ids(hits == 1 ? seen1 : seen2, words, sc.emitted.data());
         std::fill_n(seen1, words, 0);
         std::fill_n(seen2, words, 0);
@@ -824,8 +851,8 @@ void IndexLSHSample::sample_one(
         size_t nt = 0;
         auto walk = [&](auto* count) {
             unsigned hm1 = unsigned(hits - 1);
-            for_each_bucket([&](const auto* ids, size_t len) {
-                walk_bucket(ids, len, count, hm1, sc.touched.data(), nt, sc.emitted.data(), ne);
+            for_each_bucket([&](const auto& bucket) {
+                walk_bucket(bucket, count, hm1, sc.touched.data(), nt, sc.emitted.data(), ne);
             });
             for (size_t t = 0; t < nt; t++) {
                 count[sc.touched[t]] = 0;
@@ -888,15 +915,12 @@ void IndexLSHSample::sample_one(
 
 size_t IndexLSHSample::sample_reads(const uint16_t* qc, size_t sampled) const {
     size_t bytes = planes.size() * sizeof(float);
-    size_t B = size_t(1) << K;
-    size_t id_bytes = ids16.empty() ? sizeof(uint32_t) : sizeof(uint16_t);
     bool recent = n_recent > n_indexed;
-    for (int l = 0; l < L; l++) {
-        const uint32_t* off = offsets.data() + size_t(l) * (B + 1);
-        bytes += 2 * sizeof(uint32_t) + (off[qc[l] + 1] - off[qc[l]]) * id_bytes;
+    for (int l = 0; l < L; l++) { // per level: the bucket's bounds and ids
+        bytes += 2 * sizeof(uint32_t) + sizeof(size_t) +
+                main_bucket(*this, l, qc[l]).len * sizeof(uint16_t); // and table_begin[l]
         if (recent) {
-            const uint32_t* ro = recent_offsets.data() + size_t(l) * (B + 1);
-            bytes += 2 * sizeof(uint32_t) + (ro[qc[l] + 1] - ro[qc[l]]) * sizeof(uint32_t);
+            bytes += 2 * sizeof(uint32_t) + recent_bucket(*this, l, qc[l]).len * sizeof(uint32_t);
         }
     }
     bytes += size_t(ntotal - std::max(n_recent, n_indexed)) * L * sizeof(uint16_t);
@@ -965,8 +989,8 @@ void IndexLSHSample::reset_impl() {
     norms.clear();
     codes.clear();
     offsets.clear();
-    ids16.clear();
-    ids32.clear();
+    table_begin.clear();
+    table_words.clear();
     recent_offsets.clear();
     recent_ids.clear();
     n_indexed = 0;
@@ -976,7 +1000,7 @@ void IndexLSHSample::reset_impl() {
 
 size_t IndexLSHSample::table_bytes() const {
     return codes.capacity() * sizeof(uint16_t) + offsets.capacity() * sizeof(uint32_t) +
-            ids16.capacity() * sizeof(uint16_t) + ids32.capacity() * sizeof(uint32_t) +
+            capacity_bytes(table_begin) + capacity_bytes(table_words) +
             recent_offsets.capacity() * sizeof(uint32_t) +
             recent_ids.capacity() * sizeof(uint32_t) + norms.capacity() * sizeof(float);
 }
@@ -1108,8 +1132,8 @@ void IndexLSHSample::read_fields(BufferReader& r, uint32_t) {
     n_indexed = 0;
     n_recent = 0;
     offsets.clear();
-    ids16.clear();
-    ids32.clear();
+    table_begin.clear();
+    table_words.clear();
     if (n > 0) {
         build_tables(n_tables);
         build_recent_tables();
@@ -1130,7 +1154,9 @@ void IndexLSHSample::check_invariants() const {
                     tokens().type == kv_type && (!shared_tokens || storage.size() == 0) &&
                     n_indexed >= 0 && n_indexed <= n &&
                     (n == 0 || offsets.size() == size_t(L) * (B + 1)) &&
-                    ids16.size() + ids32.size() == size_t(L) * n_indexed &&
+                    (n == 0 || (table_begin.size() == size_t(L) + 1 &&
+                                table_words.size() == table_begin[L] &&
+                                table_words.size() >= size_t(L) * n_indexed)) &&
                     n_recent >= n_indexed && n_recent <= n &&
                     recent_ids.size() == size_t(L) * (n_recent - n_indexed) &&
                     (n_recent == n_indexed || recent_offsets.size() == size_t(L) * (B + 1)),

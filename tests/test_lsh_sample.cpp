@@ -10,6 +10,7 @@
 
 #include <kvindex/IndexLSHSample.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/impl/gap_codes.h>
 #include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
 
@@ -177,18 +178,26 @@ TEST(LSHSample, RetrievalEqualsBruteForceCountIncludingAppends) {
             EXPECT_EQ(got, brute) << "query " << qi << " ntotal " << nt;
             // n_scanned: the bytes read besides the sample's rows, counted
             // from the codes: the float hyperplanes; per table the bucket's
-            // bounds and ids in each level (16-bit ids while they fit), the
+            // bounds and ids in each level (the main level's table start too,
+            // and its ids as 16-bit gaps, 3 words for a gap >= 2^16), the
             // tokens of neither level code by code; the sample's norms
             size_t bytes = size_t(6 * 20 * kD) * sizeof(float) + brute.size() * sizeof(float);
             idx_t levels_end = std::max(h->n_recent, h->n_indexed);
             for (int l = 0; l < h->L; l++) {
-                size_t in_main = 0, in_recent = 0;
+                size_t main_words = 0, in_recent = 0;
+                idx_t last = -1;
                 for (idx_t i = 0; i < levels_end; i++) {
-                    if (codes[i * h->L + l] == qc[l]) {
-                        (i < h->n_indexed ? in_main : in_recent)++;
+                    if (codes[i * h->L + l] != qc[l]) {
+                        continue;
+                    }
+                    if (i < h->n_indexed) {
+                        main_words += i - last >= 65536 ? 3 : 1;
+                        last = i;
+                    } else {
+                        in_recent++;
                     }
                 }
-                bytes += 8 + in_main * (h->n_indexed <= 65536 ? 2 : 4);
+                bytes += 16 + main_words * 2;
                 bytes += h->n_recent > h->n_indexed ? 8 + in_recent * 4 : 0;
             }
             bytes += size_t(nt - levels_end) * h->L * sizeof(uint16_t);
@@ -208,6 +217,109 @@ TEST(LSHSample, RetrievalEqualsBruteForceCountIncludingAppends) {
     }
     EXPECT_TRUE(saw_tail);
     check(n);
+}
+
+TEST(LSHSample, GapCodesRoundTripAtTheSixteenBitEdges) {
+    // gaps of 1, 65535 (the longest in one word), 65536 and 65537 (the
+    // shortest in three), a first id that is a long gap from -1, ids near 2^32
+    const std::vector<std::vector<uint32_t>> lists = {
+            {},
+            {0},
+            {65534},
+            {65535},
+            {0, 1, 2},
+            {0, 65535, 131071, 196608, 196609},
+            {7, 65544, 0xFFFFFFFDu}};
+    for (const auto& ids : lists) {
+        std::vector<uint16_t> words;
+        uint32_t last = ~0u;
+        int64_t prev = -1;
+        size_t long_gaps = 0;
+        for (uint32_t id : ids) {
+            append_gap(words, last, id);
+            long_gaps += int64_t(id) - prev >= 65536;
+            prev = id;
+        }
+        EXPECT_EQ(words.size(), ids.size() + 2 * long_gaps);
+        std::vector<uint32_t> back;
+        GapCodedIds{words.data(), words.size()}.for_each([&](uint32_t id) { back.push_back(id); });
+        EXPECT_EQ(back, ids);
+    }
+}
+
+TEST(LSHSample, GapCodedTablesHoldEveryIdPastSixteenBits) {
+    // K = 16 over 140k tokens: buckets of ~2 ids, so many gaps of 2^16 or
+    // more (3 words each) beside short ones, and ids past 16 bits; folds
+    // and tails along the way. Everything is checked against the keys'
+    // codes hashed again here, not against the tables.
+    const int d = 8, K = 16, L = 3;
+    const idx_t n = 140000;
+    auto keys = gaussian(n, d, 81, 1.0f, 0.3f), values = gaussian(n, d, 82);
+    auto queries = gaussian(4, d, 83, 2.0f);
+    IndexLSHSample h(d, d, K, L);
+    h.min_hits = 1;
+    h.add_kv(40000, keys.data(), values.data());
+    size_t long_gaps_seen = 0;
+    for (idx_t i = 40000; i < n; i += 5000) {
+        h.add_kv(5000, keys.data() + i * d, values.data() + i * d);
+        h.check_invariants();
+        if (h.ntotal < 70000 && h.ntotal != n) {
+            continue;
+        }
+        std::vector<uint16_t> codes(size_t(h.ntotal) * L);
+        for (idx_t t = 0; t < h.ntotal; t++) {
+            h.hash_projected(keys.data() + t * d, h.mean_projection.data(), codes.data() + t * L);
+        }
+        ASSERT_EQ(h.all_codes(), codes) << "ntotal " << h.ntotal;
+        // the tables' words: one per id, two more per long gap
+        std::vector<uint32_t> plain_offsets;
+        std::vector<int32_t> plain_ids;
+        h.plain_tables(plain_offsets, plain_ids);
+        size_t B = size_t(1) << K, long_gaps = 0;
+        for (int l = 0; l < L; l++) {
+            std::vector<idx_t> last(B, -1);
+            std::vector<std::vector<int32_t>> buckets(B);
+            for (idx_t t = 0; t < h.n_indexed; t++) {
+                uint16_t b = codes[t * L + l];
+                long_gaps += t - last[b] >= 65536;
+                last[b] = t;
+                buckets[b].push_back(int32_t(t));
+            }
+            for (size_t b = 0; b < B; b++) {
+                const uint32_t* off = plain_offsets.data() + l * (B + 1);
+                const int32_t* ids = plain_ids.data() + l * h.n_indexed;
+                ASSERT_EQ(std::vector<int32_t>(ids + off[b], ids + off[b + 1]), buckets[b])
+                        << "table " << l << " bucket " << b;
+            }
+        }
+        EXPECT_EQ(h.table_words.size(), size_t(L) * h.n_indexed + 2 * long_gaps);
+        long_gaps_seen = std::max(long_gaps_seen, long_gaps);
+        for (int qi = 0; qi < 4; qi++) {
+            std::vector<uint16_t> qc(L);
+            h.hash(queries.data() + qi * d, nullptr, qc.data());
+            std::vector<idx_t> brute;
+            for (idx_t t = 0; t < h.ntotal; t++) {
+                bool hit = false;
+                for (int l = 0; l < L; l++) {
+                    hit = hit || codes[t * L + l] == qc[l];
+                }
+                if (hit) {
+                    brute.push_back(t);
+                }
+            }
+            Selection sel;
+            h.select(1, queries.data() + qi * d, &sel);
+            ASSERT_EQ(sel.ids, brute) << "query " << qi << " ntotal " << h.ntotal;
+        }
+    }
+    EXPECT_GT(h.n_indexed, 65536);
+    EXPECT_GT(long_gaps_seen, 1000u);
+    std::vector<uint8_t> buf;
+    write_index(&h, &buf);
+    auto copy = read_index(buf);
+    const auto& c = dynamic_cast<const IndexLSHSample&>(*copy);
+    EXPECT_EQ(c.table_words, h.table_words);
+    EXPECT_EQ(c.offsets, h.offsets);
 }
 
 TEST(LSHSample, EstimatorIsUnbiasedOverHashSeeds) {

@@ -165,9 +165,16 @@ struct IndexLSHSample : KVIndex {
     const KVStorage* shared_tokens = nullptr;
 
     idx_t n_indexed = 0;               ///< tokens in the CSR tables; the rest are the tail
-    std::vector<uint32_t> offsets;     ///< size L * (2^K + 1)
-    std::vector<uint16_t, HugePageAllocator<uint16_t>> ids16; ///< size L * n_indexed when n_indexed <= 65536
-    std::vector<uint32_t, HugePageAllocator<uint32_t>> ids32; ///< size L * n_indexed otherwise
+    /// size L * (2^K + 1): table l's bucket b is table_words
+    /// [table_begin[l] + offsets[l * (2^K + 1) + b], ... + b + 1])
+    std::vector<uint32_t> offsets;
+    std::vector<size_t> table_begin;   ///< size L + 1 (tables non-empty): table l's first word
+    /** The main tables' ids, bucket after bucket, ascending in each, as
+     * 16-bit gaps (impl/gap_codes.h): half the bytes of the 32-bit ids a
+     * table of more than 2^16 tokens would need. Size table_begin[L]: L *
+     * n_indexed words, plus 2 per gap of 2^16 or more (rare while a table
+     * has fewer than 2^16 buckets). */
+    std::vector<uint16_t, HugePageAllocator<uint16_t>> table_words;
     /// tokens [n_indexed, n_recent) are in the tail's tables, the rest are scanned
     idx_t n_recent = 0;
     std::vector<uint32_t> recent_offsets; ///< size L * (2^K + 1) when n_recent > n_indexed
@@ -219,6 +226,11 @@ struct IndexLSHSample : KVIndex {
     /// Every token's codes, size ntotal * L (token i's at i * L), those of
     /// the tokens in the tables read back from them.
     std::vector<uint16_t> all_codes() const;
+    /** The main tables with plain ids, as the GPU mirror reads them:
+     * offsets of size L * (2^K + 1), table l's bucket b holding
+     * ids[l * n_indexed + offsets[l * (2^K + 1) + b], ... + b + 1]); ids of
+     * size L * n_indexed. */
+    void plain_tables(std::vector<uint32_t>& plain_offsets, std::vector<int32_t>& ids) const;
 
     const char* type_name() const override {
         return "IndexLSHSample";

@@ -422,7 +422,7 @@ TEST(GpuLSH, ManyRowsAndLongerContext) {
     auto y = make_kv(m, 4, d, 8, true);
     auto big = index_factory(d, "LSHSample8x75");
     big->add_kv(m, y.keys.data(), y.values.data());
-    EXPECT_TRUE(as_lsh(*index_cpu_to_gpu(res(), big.get())).lsh().ids16.empty());
+    EXPECT_GT(as_lsh(*index_cpu_to_gpu(res(), big.get())).lsh().n_indexed, 65536); // ids past 16 bits
     compare_with_twin(*big, *index_cpu_to_gpu(res(), big.get()), y.queries.data(), 4, 1, "70k");
 }
 
@@ -668,7 +668,6 @@ TEST(GpuLSH, KernelLayerHeadsMatchTheirIndexes) {
     const int K = lsh(0).K, L = lsh(0).L;
     const idx_t n_inner = lsh(0).ntotal, B1 = (idx_t(1) << K) + 1;
     ASSERT_EQ(lsh(0).n_indexed, n_inner); // one level: everything indexed at the add
-    ASSERT_FALSE(lsh(0).ids16.empty());
     std::vector<float> planes, mean, norms;
     std::vector<uint32_t> offsets;
     std::vector<int32_t> ids;
@@ -677,8 +676,11 @@ TEST(GpuLSH, KernelLayerHeadsMatchTheirIndexes) {
         planes.insert(planes.end(), s.planes.begin(), s.planes.end());
         mean.insert(mean.end(), s.mean.begin(), s.mean.end());
         norms.insert(norms.end(), s.norms.begin(), s.norms.end());
-        offsets.insert(offsets.end(), s.offsets.begin(), s.offsets.end());
-        ids.insert(ids.end(), s.ids16.begin(), s.ids16.end());
+        std::vector<uint32_t> plain_offsets;
+        std::vector<int32_t> plain_ids;
+        s.plain_tables(plain_offsets, plain_ids);
+        offsets.insert(offsets.end(), plain_offsets.begin(), plain_offsets.end());
+        ids.insert(ids.end(), plain_ids.begin(), plain_ids.end());
     }
     DeviceScope scope(res()->device());
     cudaStream_t stream = res()->stream();
