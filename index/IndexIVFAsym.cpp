@@ -750,7 +750,8 @@ void IndexIVFAsym::write_fields(BufferWriter& w) const {
     w.value<uint64_t>(seed);
     w.value<uint64_t>(stream);
     w.value<uint8_t>(adopted);
-    w.value<double>(train_seconds);
+    // train_seconds is not written (from record version 3): two saves of
+    // one index give the same bytes whatever the clock said
     w.value<int64_t>(first_position);
     w.value<int64_t>(n_after);
     w.value<int32_t>(group_size);
@@ -777,7 +778,10 @@ void IndexIVFAsym::read_fields(BufferReader& r, uint32_t version) {
     seed = r.value<uint64_t>("IVFAsym seed");
     stream = r.value<uint64_t>("IVFAsym stream");
     uint8_t ad = r.value<uint8_t>("IVFAsym adopted");
-    train_seconds = r.value<double>("IVFAsym train_seconds");
+    if (version <= 2) {
+        r.value<double>("IVFAsym train_seconds"); // a timing, not the index's: dropped
+    }
+    train_seconds = 0;
     first_position = r.value<int64_t>("IVFAsym first_position");
     n_after = r.value<int64_t>("IVFAsym n_after");
     group_size = r.value<int32_t>("IVFAsym group_size");

@@ -54,7 +54,7 @@ std::vector<IndexTypeInfo> builtin_types() {
             {"IndexRoarGraph", fourcc("KVRg"), 5, "RoarGraph<M>",
              "RetrievalAttention: a graph built from the prefill queries' exact neighbours, beam search, top-k attention",
              IndexRoarGraph::from_factory, make_empty<IndexRoarGraph>},
-            {"IndexIVFAsym", fourcc("KVIa"), 2, "IVFAsym<C>[_Centroid|_CentroidRoPE|_Oracle|_Moment]",
+            {"IndexIVFAsym", fourcc("KVIa"), 3, "IVFAsym<C>[_Centroid|_CentroidRoPE|_Oracle|_Moment]",
              "SAAP: keys in k-means buckets (de-RoPEd), queries routed by a trained classifier, exact attention over the probed buckets",
              IndexIVFAsym::from_factory, make_empty<IndexIVFAsym>},
             {"IndexHybrid", fourcc("KVHy"), 1, "Hybrid(<heavy>,<tail>)",

@@ -115,7 +115,7 @@ struct IndexIVFAsym : KVIndex {
     std::vector<float> centroids;            ///< size C * d (de-RoPEd key space), empty: untrained
     QModel qmodel;                           ///< empty: not trained (centroid probing is used)
     bool adopted = false;                    ///< models adopted from a trained index (kept by reset)
-    double train_seconds = 0;                ///< the last self-training at prefill
+    double train_seconds = 0;                ///< the last self-training at prefill (0 after read_index: not written)
 
     // the tokens
     idx_t first_position = 0;                ///< position of token 0 (prefill)
