@@ -34,6 +34,7 @@
 #include "parallel.h"
 #include "retriever_growth.h"
 #include "retriever_scan.h"
+#include "stored_keys_ip.h"
 
 namespace kvindex {
 
@@ -48,58 +49,6 @@ idx_t min_keys_to_train(const faiss::Index* retriever, const std::string& retrie
         need = idx_t(ivf->nlist);
     }
     return std::max<idx_t>(need, product_quantizer_centroids(retriever_string));
-}
-
-/// Inner products with kvindex's SIMD kernels: Debian's Faiss is a
-/// generic-SIMD build whose fvec_inner_product is a scalar loop, 70% of an
-/// HNSW build's time and half of its search's.
-struct KernelInnerProducts : faiss::FlatCodesDistanceComputer {
-    int d;
-    const float* q = nullptr;
-    KernelInnerProducts(const faiss::IndexFlat& storage)
-            : faiss::FlatCodesDistanceComputer(storage.codes.data(), storage.code_size),
-              d(int(storage.d)) {}
-    void set_query(const float* x) override {
-        q = x;
-    }
-    float distance_to_code(const uint8_t* code) override {
-        float s;
-        inner_products_scaled(q, reinterpret_cast<const float*>(code), d, 1, 1.0f, &s);
-        return s;
-    }
-    float symmetric_dis(idx_t i, idx_t j) override {
-        float s;
-        inner_products_scaled(
-                reinterpret_cast<const float*>(codes + i * code_size),
-                reinterpret_cast<const float*>(codes + j * code_size), d, 1, 1.0f, &s);
-        return s;
-    }
-};
-
-/// The float rows of an HNSW retriever, scored by KernelInnerProducts in
-/// the graph's build and search; written and read as a plain IndexFlatIP.
-struct KernelFlatIP : faiss::IndexFlatIP {
-    explicit KernelFlatIP(faiss::IndexFlat&& rows) : faiss::IndexFlatIP(rows.d) {
-        codes = std::move(rows.codes);
-        ntotal = rows.ntotal;
-    }
-    faiss::FlatCodesDistanceComputer* get_FlatCodesDistanceComputer() const override {
-        return new KernelInnerProducts(*this);
-    }
-};
-
-/// Gives an HNSW retriever over float rows (inner product) the kernel
-/// storage, its rows moved over; other retrievers are left as they are.
-void score_hnsw_with_kernels(faiss::Index* retriever) {
-    auto hnsw = dynamic_cast<faiss::IndexHNSWFlat*>(retriever);
-    auto rows = hnsw ? dynamic_cast<faiss::IndexFlat*>(hnsw->storage) : nullptr;
-    if (!rows || typeid(*rows) == typeid(KernelFlatIP) ||
-        rows->metric_type != faiss::METRIC_INNER_PRODUCT || !hnsw->own_fields) {
-        return;
-    }
-    auto fast = std::make_unique<KernelFlatIP>(std::move(*rows));
-    delete hnsw->storage;
-    hnsw->storage = fast.release();
 }
 
 /// The retriever a Faiss factory string builds, for inner product. Faiss's
@@ -119,7 +68,6 @@ std::unique_ptr<faiss::Index> make_retriever(int d, const std::string& retriever
             stored->do_polysemous_training = false;
         }
     }
-    score_hnsw_with_kernels(r.get());
     return r;
 }
 
@@ -168,6 +116,7 @@ IndexTopK::IndexTopK(
     }
     min_train_points = min_keys_to_train(retriever.get(), retriever_string);
     set_default_knobs(retriever.get());
+    use_stored_keys(retriever.get(), &storage);
 }
 
 std::unique_ptr<KVIndex> IndexTopK::from_factory(FactoryChain& chain) {
@@ -590,6 +539,7 @@ void IndexTopK::rebuild_retriever() {
     if (old_hnsw && new_hnsw) {
         new_hnsw->hnsw.efSearch = old_hnsw->hnsw.efSearch;
     }
+    use_stored_keys(fresh.get(), &storage);
     retriever = std::move(fresh);
 }
 
@@ -742,6 +692,10 @@ void IndexTopK::write_fields(BufferWriter& w) const {
         storage.to_float(0, ntotal, &keys, nullptr);
         rows.add(ntotal, keys.data());
         faiss::write_index(&rows, &fw);
+    } else if (stored_keys_of(retriever.get())) {
+        // an HNSW graph over the stored keys: the record holds it with the
+        // keys as float rows, as Faiss wrote it before it shared them
+        faiss::write_index(hnsw_with_float_rows(*retriever).get(), &fw);
     } else {
         faiss::write_index(retriever.get(), &fw);
     }
@@ -783,7 +737,7 @@ void IndexTopK::read_fields(BufferReader& r, uint32_t) {
         // reset() would keep the rows' capacity (ntotal * d floats)
         retriever = make_retriever(d, retriever_string);
     }
-    score_hnsw_with_kernels(retriever.get());
+    use_stored_keys(retriever.get(), &storage); // an HNSW graph drops its rows
 }
 
 void IndexTopK::check_invariants() const {
@@ -799,6 +753,11 @@ void IndexTopK::check_invariants() const {
             "IndexTopK(%s): retriever, storage and ntotal=%zd disagree",
             retriever_string.c_str(),
             size_t(ntotal));
+    const StoredKeysIP* shared = stored_keys_of(retriever.get());
+    FAISS_THROW_IF_NOT_FMT(
+            !shared || (shared->keys == &storage && shared->ntotal == ntotal),
+            "IndexTopK(%s): the HNSW graph's keys are not this index's storage",
+            retriever_string.c_str());
     check_training_sizes(min_train_points, max_train_points, "IndexTopK");
 }
 

@@ -18,6 +18,8 @@
 
 #include <kvindex/impl/growth.h>
 
+#include "stored_keys_ip.h"
+
 namespace kvindex {
 
 using idx_t = faiss::Index::idx_t;
@@ -126,6 +128,9 @@ void add_growing_by_quarter(faiss::Index& retriever, idx_t n, const float* x) {
 }
 
 size_t retriever_memory_bytes(const faiss::Index& r) {
+    if (dynamic_cast<const StoredKeysIP*>(&r)) {
+        return 0; // its keys are its owner's storage, counted there
+    }
     if (auto pq = dynamic_cast<const faiss::IndexPQ*>(&r)) {
         return capacity_bytes(pq->codes) + pq_bytes(pq->pq);
     }
@@ -133,7 +138,7 @@ size_t retriever_memory_bytes(const faiss::Index& r) {
         return capacity_bytes(sq->codes) + capacity_bytes(sq->sq.trained);
     }
     if (auto flat = dynamic_cast<const faiss::IndexFlat*>(&r)) {
-        return capacity_bytes(flat->codes); // also IndexTopK's kernel rows
+        return capacity_bytes(flat->codes);
     }
     if (auto graph = dynamic_cast<const faiss::IndexHNSW*>(&r)) {
         const faiss::HNSW& h = graph->hnsw;

@@ -110,20 +110,29 @@ TEST(MemoryGrowth, RoarGraphEdgesAndAnchors) {
     EXPECT_GT(g->n_learned, 0) << "no decode query was kept as an anchor: the anchors were not grown";
 }
 
-TEST(MemoryGrowth, TopKHNSWRowsAndLists) {
-    auto index = index_factory(kD, "TopK(HNSW16)");
-    auto topk = as<IndexTopK>(index.get());
-    prefill_and_decode(index.get(), [&](const std::string& when) {
-        auto graph = dynamic_cast<faiss::IndexHNSW*>(topk->retriever.get());
-        ASSERT_NE(graph, nullptr);
-        auto rows = dynamic_cast<faiss::IndexFlatCodes*>(graph->storage);
-        ASSERT_NE(rows, nullptr);
-        ASSERT_EQ(graph->ntotal, index->ntotal) << when;
-        expect_headroom(rows->codes, "HNSW rows " + when);
-        expect_headroom(graph->hnsw.neighbors, "HNSW neighbours " + when);
-        expect_headroom(graph->hnsw.levels, "HNSW levels " + when);
-        expect_headroom(graph->hnsw.offsets, "HNSW offsets " + when);
-    });
+TEST(MemoryGrowth, TopKHNSWListsAndNoCopyOfTheKeys) {
+    for (const char* s : {"TopK(HNSW16)", "BF16,TopK(HNSW16)"}) {
+        auto index = index_factory(kD, s);
+        auto topk = as<IndexTopK>(index.get());
+        prefill_and_decode(index.get(), [&](const std::string& when) {
+            auto graph = dynamic_cast<faiss::IndexHNSW*>(topk->retriever.get());
+            ASSERT_NE(graph, nullptr);
+            ASSERT_EQ(graph->ntotal, index->ntotal) << when;
+            // the graph scores the storage's keys: it holds no rows of its
+            // own, and the index holds the storage and the graph, no more
+            EXPECT_EQ(dynamic_cast<faiss::IndexFlatCodes*>(graph->storage), nullptr) << s;
+            const faiss::HNSW& h = graph->hnsw;
+            auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+            EXPECT_EQ(index->memory_bytes(),
+                      topk->storage.memory_bytes() + bytes(h.assign_probas) +
+                              bytes(h.cum_nneighbor_per_level) + bytes(h.levels) + bytes(h.offsets) +
+                              bytes(h.neighbors))
+                    << s << " " << when;
+            expect_headroom(h.neighbors, "HNSW neighbours " + when);
+            expect_headroom(h.levels, "HNSW levels " + when);
+            expect_headroom(h.offsets, "HNSW offsets " + when);
+        });
+    }
 }
 
 TEST(MemoryGrowth, TopKIVFLists) {

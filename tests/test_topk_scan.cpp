@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <faiss/IndexFlatCodes.h>
 #include <faiss/IndexHNSW.h>
 #include <faiss/IndexIVF.h>
 #include <faiss/impl/DistanceComputer.h>
@@ -347,30 +348,41 @@ struct CountingStorage : faiss::Index {
 
 } // namespace
 
-// The HNSW's float rows are scored by kvindex's kernels (Debian's Faiss
-// scores them with a scalar loop): its distances, in the graph's build and
-// search, are the inner products, and stay so for a read copy.
-TEST(RetrieverScan, HnswDistancesAreTheInnerProducts) {
+// The HNSW graph scores the index's own stored keys (in their type, no
+// float copy) with kvindex's kernels (Debian's Faiss scores float rows with
+// a scalar loop): its distances, in the graph's build and search, are the
+// inner products with the keys as stored, and stay so for a read copy.
+TEST(RetrieverScan, HnswDistancesAreTheInnerProductsWithTheStoredKeys) {
     const int d = 40; // not a multiple of the vector width
     const idx_t n = 500;
     auto keys = kvtest::gaussian(n, d, 63);
     auto q = kvtest::gaussian(1, d, 64);
-    auto index = index_factory(d, "TopK(HNSW8)");
-    index->add_kv(n, keys.data(), keys.data());
-    auto copy = clone_index(index.get());
-    for (const KVIndex* x : {index.get(), copy.get()}) {
-        auto hnsw = dynamic_cast<faiss::IndexHNSW*>(dynamic_cast<const IndexTopK&>(*x).retriever.get());
-        ASSERT_NE(hnsw, nullptr);
-        std::unique_ptr<faiss::DistanceComputer> dis(hnsw->storage->get_distance_computer());
-        dis->set_query(q.data());
-        for (idx_t i = 0; i < n; i += 7) {
-            double ref = 0, ij = 0;
-            for (int c = 0; c < d; c++) {
-                ref += double(q[c]) * keys[i * d + c];
-                ij += double(keys[i * d + c]) * keys[((i + 1) % n) * d + c];
+    for (const char* s : {"TopK(HNSW8)", "BF16,TopK(HNSW8)", "FP16,TopK(HNSW8)"}) {
+        SCOPED_TRACE(s);
+        auto index = index_factory(d, s);
+        index->add_kv(n, keys.data(), keys.data());
+        auto copy = clone_index(index.get());
+        for (const KVIndex* x : {index.get(), copy.get()}) {
+            const auto& topk = dynamic_cast<const IndexTopK&>(*x);
+            auto hnsw = dynamic_cast<faiss::IndexHNSW*>(topk.retriever.get());
+            ASSERT_NE(hnsw, nullptr);
+            EXPECT_EQ(dynamic_cast<faiss::IndexFlatCodes*>(hnsw->storage), nullptr)
+                    << "the graph keeps a copy of the keys";
+            std::vector<float> stored(n * d); // as the storage holds them
+            for (idx_t i = 0; i < n; i++) {
+                topk.storage.key(i, stored.data() + i * d);
             }
-            EXPECT_NEAR((*dis)(i), ref, 1e-5 * (1 + std::abs(ref))) << i;
-            EXPECT_NEAR(dis->symmetric_dis(i, (i + 1) % n), ij, 1e-5 * (1 + std::abs(ij))) << i;
+            std::unique_ptr<faiss::DistanceComputer> dis(hnsw->storage->get_distance_computer());
+            dis->set_query(q.data());
+            for (idx_t i = 0; i < n; i += 7) {
+                double ref = 0, ij = 0;
+                for (int c = 0; c < d; c++) {
+                    ref += double(q[c]) * stored[i * d + c];
+                    ij += double(stored[i * d + c]) * stored[((i + 1) % n) * d + c];
+                }
+                EXPECT_NEAR((*dis)(i), ref, 1e-5 * (1 + std::abs(ref))) << i;
+                EXPECT_NEAR(dis->symmetric_dis(i, (i + 1) % n), ij, 1e-5 * (1 + std::abs(ij))) << i;
+            }
         }
     }
 }
