@@ -38,6 +38,13 @@
 //
 //   ./build/benchmarks/bench_kernels --benchmark_filter=DecodeAppend
 //
+// BM_HashKeys: the projections of LSHSample10x150's hash (1500
+// hyperplanes of d = 128) for 8 keys: inner_products_scaled one key at a
+// time (the kernel before session 39) or inner_products_multi for one key
+// at a time or the block (args: 0, 1, 8). items_per_second is keys.
+//
+//   ./build/benchmarks/bench_kernels --benchmark_filter=HashKeys
+//
 // BM_TopKSelect: a fresh exact top-k (topk_inner_products, then
 // topk_heap_sort) over n keys of d = 64 (args: n, k, scores rising along
 // the scan 0/1: a decode query's attention to recent tokens).
@@ -207,6 +214,32 @@ BENCHMARK(BM_GroupAttention)
         ->ArgsProduct({{8192, 131072}, {3, 4}, {0, 1}})
         ->Unit(benchmark::kMicrosecond)
         ->MinTime(1.0);
+
+void BM_HashKeys(benchmark::State& state) {
+    const size_t d = 128, r = 1500, g = 8, mode = size_t(state.range(0));
+    auto planes = filled(r * d, 0.2f), keys = filled(g * d, -0.4f);
+    std::vector<float> proj(g * r);
+    for (auto _ : state) {
+        for (size_t b = 0; b < g; b++) {
+            if (mode == 0) {
+                kvindex::inner_products_scaled(
+                        keys.data() + b * d, planes.data(), d, r, 1.0f, proj.data() + b * r);
+            } else if (mode == 1) {
+                kvindex::inner_products_multi(
+                        keys.data() + b * d, 1, planes.data(), d, r, proj.data() + b * r, r);
+            }
+        }
+        if (mode == 8) {
+            kvindex::inner_products_multi(keys.data(), g, planes.data(), d, r, proj.data(), r);
+        }
+        benchmark::DoNotOptimize(proj.data());
+    }
+    state.SetItemsProcessed(int64_t(state.iterations() * g));
+    state.SetLabel(mode == 0 ? "inner_products_scaled, a key at a time"
+                             : mode == 1 ? "inner_products_multi, a key at a time"
+                                         : "inner_products_multi, 8 keys");
+}
+BENCHMARK(BM_HashKeys)->Arg(0)->Arg(1)->Arg(8)->Unit(benchmark::kMicrosecond)->MinTime(1.0);
 
 /// check_children (args: chain, 0) against a whole attend (chain, 1).
 void BM_ChildrenCheck(benchmark::State& state) {

@@ -356,6 +356,23 @@ void IndexLSHSample::set_seed(uint64_t new_seed) {
     }
 }
 
+namespace {
+
+/// The L codes of K bits from one key's projections (size K * L) less the
+/// centre's (nullptr: none).
+void codes_from_projection(const float* proj, const float* cproj, int K, int L, uint16_t* out) {
+    for (int l = 0; l < L; l++) {
+        uint16_t c = 0;
+        for (int b = 0; b < K; b++) {
+            float v = proj[l * K + b] - (cproj ? cproj[l * K + b] : 0.0f);
+            c |= uint16_t(v > 0) << b;
+        }
+        out[l] = c;
+    }
+}
+
+} // namespace
+
 void IndexLSHSample::hash(const float* x, const float* center, uint16_t* out) const {
     std::vector<float> cproj(center ? size_t(K) * L : 0);
     if (center) {
@@ -365,17 +382,10 @@ void IndexLSHSample::hash(const float* x, const float* center, uint16_t* out) co
 }
 
 void IndexLSHSample::hash_projected(const float* x, const float* cproj, uint16_t* out) const {
-    int r = K * L;
-    std::vector<float> proj(r);
-    inner_products_scaled(x, planes.data(), d, r, 1.0f, proj.data());
-    for (int l = 0; l < L; l++) {
-        uint16_t c = 0;
-        for (int b = 0; b < K; b++) {
-            float v = proj[l * K + b] - (cproj ? cproj[l * K + b] : 0.0f);
-            c |= uint16_t(v > 0) << b;
-        }
-        out[l] = c;
-    }
+    std::vector<float> proj(size_t(K) * L);
+    // the kernel add_kv hashes blocks of keys with: the same bits
+    inner_products_multi(x, 1, planes.data(), d, size_t(K) * L, proj.data(), size_t(K) * L);
+    codes_from_projection(proj.data(), cproj, K, L, out);
 }
 
 void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values) {
@@ -410,15 +420,26 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
     const idx_t n0 = ntotal;
     grow_to(codes, size_t(n0 + n - n_indexed) * L);
     grow_to(norms, size_t(n0 + n));
-    parallel_for(n, [&](idx_t i) {
-        const float* k = keys + i * d;
-        hash_projected(k, mean_projection.data(), tail_codes(n0 + i));
-        double s = 0;
-        for (int j = 0; j < d; j++) {
-            double c = double(k[j]) - mean[j];
-            s += c * c;
+    // hashed in blocks of keys: each tile of hyperplanes is scored against
+    // the whole block while it sits in L1 (the planes, K * L * d floats,
+    // are 768 KB at 10x150 and d = 128), to the codes hash_projected gives
+    constexpr idx_t kKeysPerBlock = 8;
+    const size_t r = size_t(K) * L;
+    parallel_for((n + kKeysPerBlock - 1) / kKeysPerBlock, [&](idx_t block) {
+        const idx_t i0 = block * kKeysPerBlock, g = std::min(kKeysPerBlock, n - i0);
+        std::vector<float> proj(size_t(g) * r);
+        inner_products_multi(keys + i0 * d, size_t(g), planes.data(), d, r, proj.data(), r);
+        for (idx_t i = i0; i < i0 + g; i++) {
+            codes_from_projection(proj.data() + size_t(i - i0) * r, mean_projection.data(), K, L,
+                                  tail_codes(n0 + i));
+            const float* k = keys + i * d;
+            double s = 0;
+            for (int j = 0; j < d; j++) {
+                double c = double(k[j]) - mean[j];
+                s += c * c;
+            }
+            norms[n0 + i] = float(std::sqrt(s));
         }
-        norms[n0 + i] = float(std::sqrt(s));
     });
     const idx_t n_all = n0 + n;
     idx_t tail = n_all - n_indexed;

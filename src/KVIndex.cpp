@@ -800,7 +800,7 @@ void KVIndex::check_fields(const char* what) const {
     FAISS_THROW_IF_NOT_FMT(
             metric_type == faiss::METRIC_INNER_PRODUCT, "%s: metric must be inner product", what);
     FAISS_THROW_IF_NOT_FMT(
-            int(kv_type) >= 0 && int(kv_type) < kNumKVTypes,
+            unsigned(kv_type) < unsigned(kNumKVTypes),
             "%s: invalid storage type %d",
             what,
             int(kv_type));

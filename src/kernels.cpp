@@ -141,7 +141,7 @@ namespace {
 
 const RowKernels& row_kernels(KVType t) {
     FAISS_THROW_IF_NOT_FMT(
-            int(t) >= 0 && int(t) < kNumKVTypes, "kernels: invalid KV storage type %d", int(t));
+            unsigned(t) < unsigned(kNumKVTypes), "kernels: invalid KV storage type %d", int(t));
     return kernels().rows[int(t)];
 }
 
@@ -176,6 +176,11 @@ void inner_products_by_ids(
         float scale,
         float* s) {
     kernels().inner_products_u8_by_ids(q, codes, d, ids, n, scale, s);
+}
+
+void inner_products_multi(
+        const float* q, size_t g, const float* x, size_t d, size_t n, float* s, size_t ld) {
+    kernels().inner_products_multi(q, g, x, d, n, s, ld);
 }
 
 float softmax_inplace(float* s, const float* bias, size_t n) {

@@ -564,6 +564,33 @@ double inclusion_pass(const float* w, size_t n, double c, size_t* sure, size_t* 
 
 #include "kernels_group_body.h"
 
+/** s[b * ld + i] = <q_b, x_i> for g queries q_b = q + b * d and n float rows
+ * x_i = x + i * d: tiles of W rows, each scored against every query while
+ * it sits in L1, W scores summed by the group kernel's transposing fold
+ * (dot_tile: a few shuffles a score where a horizontal sum takes W - 1
+ * dependent adds, which at d = 128 cost more than the products). A row's
+ * bits depend only on the row and the query, not on g, n or where the row
+ * falls in its tile: the last rows are scored from a zero-padded tile. The
+ * LSH hash of one key and of a block of keys. */
+void inner_products_multi(
+        const float* q, size_t g, const float* x, size_t d, size_t n, float* s, size_t ld) {
+    size_t i0 = 0;
+    for (; i0 + W <= n; i0 += W) {
+        for (size_t b = 0; b < g; b++) {
+            dot_tile(q + b * d, x + i0 * d, d, 1.0f, s + b * ld + i0);
+        }
+    }
+    if (i0 < n && g > 0) {
+        std::vector<float> tile(W * d, 0.0f);
+        std::copy(x + i0 * d, x + n * d, tile.begin());
+        float part[W];
+        for (size_t b = 0; b < g; b++) {
+            dot_tile(q + b * d, tile.data(), d, 1.0f, part);
+            std::copy(part, part + (n - i0), s + b * ld + i0);
+        }
+    }
+}
+
 namespace {
 
 /// The row-reading kernels for stored type T. A new kernel that reads keys
@@ -587,6 +614,7 @@ constexpr RowKernels row_kernels() {
 const KernelTable table = {
         softmax_inplace,
         inclusion_pass,
+        inner_products_multi,
         {row_kernels<float>(), row_kernels<bf16_t>(), row_kernels<f16_t>()},
         inner_products_by_ids_t<uint8_t>,
 };

@@ -31,6 +31,7 @@ struct RowKernels {
 struct KernelTable {
     float (*softmax_inplace)(float*, const float*, size_t);
     double (*inclusion_pass)(const float*, size_t, double, size_t*, size_t*);
+    void (*inner_products_multi)(const float*, size_t, const float*, size_t, size_t, float*, size_t);
     RowKernels rows[kNumKVTypes]; ///< indexed by KVType
     /// gathered rows of 8-bit codes (KeyCodes8): the RowKernels entry for uint8_t
     void (*inner_products_u8_by_ids)(

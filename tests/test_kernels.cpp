@@ -1,6 +1,7 @@
 // Every SIMD level the CPU runs is checked against the double reference.
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -155,6 +156,44 @@ TEST_P(KernelsTest, SoftmaxReadsMinusInfAsAMaskedToken) {
         std::vector<float> with_nan(n, neg_inf);
         with_nan[n - 1] = std::numeric_limits<float>::quiet_NaN();
         EXPECT_TRUE(std::isnan(softmax_inplace(with_nan.data(), nullptr, n))) << "n=" << n;
+    }
+}
+
+TEST_P(KernelsTest, InnerProductsMultiScoresEachRowAloneWhateverTheCall) {
+    // IndexLSHSample hashes blocks of keys with it and single keys with it
+    // too: a score must not depend on the other queries, the number of
+    // rows or where a row falls in a tile. Widths around the vector
+    // lengths, odd query counts, row counts around the tile width, rows of
+    // s with padding; against a double reference and against each row
+    // scored alone by one query.
+    for (size_t d : {size_t(1), size_t(3), size_t(16), size_t(40), size_t(128), size_t(131)}) {
+        for (size_t g : {size_t(0), size_t(1), size_t(2), size_t(5)}) {
+            for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(16), size_t(17), size_t(53)}) {
+                auto q = gaussian(g, d, 11 + d + g);
+                auto x = gaussian(n, d, 12 + d * n);
+                const size_t ld = n + 3;
+                std::vector<float> s(g * ld, -7.0f);
+                inner_products_multi(q.data(), g, x.data(), d, n, s.data(), ld);
+                for (size_t b = 0; b < g; b++) {
+                    for (size_t i = 0; i < n; i++) {
+                        double ref = 0;
+                        for (size_t j = 0; j < d; j++) {
+                            ref += double(q[b * d + j]) * x[i * d + j];
+                        }
+                        float alone;
+                        inner_products_multi(q.data() + b * d, 1, x.data() + i * d, d, 1, &alone, 1);
+                        SCOPED_TRACE(::testing::Message() << "d=" << d << " g=" << g << " n=" << n
+                                                          << " b=" << b << " i=" << i);
+                        EXPECT_EQ(std::memcmp(&s[b * ld + i], &alone, sizeof(float)), 0)
+                                << s[b * ld + i] << " vs " << alone;
+                        EXPECT_NEAR(s[b * ld + i], ref, 1e-5 * (1 + std::sqrt(double(d))));
+                    }
+                    for (size_t i = n; i < ld; i++) {
+                        EXPECT_EQ(s[b * ld + i], -7.0f) << "wrote past n";
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -108,6 +108,28 @@ TEST_P(LSHTableBatch, MatchesExactAndScalarLookup) {
 
 KVTEST_AT_EVERY_SIMD_LEVEL(LSHTableBatch);
 
+TEST(LSHSpeedPaths, BlockedHashingGivesTheCodesOfOneKeyAtATime) {
+    // add_kv hashes blocks of keys against tiles of hyperplanes; each
+    // key's codes must be, bit for bit, those of hashing it alone: shapes
+    // whose planes span many tiles and end in a partial one, and a last
+    // block of keys not full
+    struct Shape {
+        int d, K, L;
+    };
+    for (Shape sh : {Shape{128, 10, 150}, Shape{40, 7, 33}, Shape{3, 16, 700}}) {
+        SCOPED_TRACE(::testing::Message() << "d=" << sh.d << " K=" << sh.K << " L=" << sh.L);
+        const idx_t n = 21;
+        auto keys = kvtest::gaussian(n, sh.d, 75, 1.0f, 0.2f);
+        IndexLSHSample h(sh.d, sh.d, sh.K, sh.L);
+        h.add_kv(n, keys.data(), keys.data());
+        std::vector<uint16_t> one(size_t(n) * sh.L);
+        for (idx_t t = 0; t < n; t++) {
+            h.hash_projected(keys.data() + t * sh.d, h.mean_projection.data(), one.data() + t * sh.L);
+        }
+        EXPECT_EQ(h.all_codes(), one);
+    }
+}
+
 TEST(LSHSpeedPaths, SelectionIsSortedAndEqualsBruteForceAcrossTailLevels) {
     const int d = 16;
     idx_t n = 6000;

@@ -35,6 +35,15 @@ void set_simd_level(SimdLevel level);
 void inner_products_scaled(
         const float* q, const float* x, size_t d, size_t n, float scale, float* s);
 
+/** s[b * ld + i] = <q_b, x_i> for g queries q_b = q + b * d and n rows
+ * x_i = x + i * d (ld >= n), by tiles of rows scored against every query.
+ * A score's bits depend only on its query and row, not on g, n or the
+ * row's place in the call (they may differ from inner_products_scaled's in
+ * the last bits): IndexLSHSample hashes a key alone and in a block of keys
+ * to the same codes. */
+void inner_products_multi(
+        const float* q, size_t g, const float* x, size_t d, size_t n, float* s, size_t ld);
+
 /// s[i] = scale * <q, x_{ids[i]}>, gathered rows of x (stride d).
 void inner_products_by_ids(
         const float* q,
