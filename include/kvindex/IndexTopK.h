@@ -40,8 +40,9 @@ struct IndexTopK : KVIndex {
     static constexpr idx_t kMaxTrainPoints = idx_t(1) << 26;
 
     std::string retriever_string;             ///< Faiss factory string
-    /// holds ntotal keys once trained; a flat one holds none (search scans
-    /// the storage, which has them as stored)
+    /// holds ntotal keys once trained, but a flat one holds none (search
+    /// scans the storage, which has them as stored) and an HNSW graph over
+    /// float rows none either (it scores the storage's keys: StoredKeysIP)
     std::unique_ptr<faiss::Index> retriever;
     KVStorage storage;                        ///< keys and values of all tokens
     idx_t max_train_points = 65536;           ///< cap on the training sample, <= kMaxTrainPoints
