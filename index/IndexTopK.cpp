@@ -687,11 +687,7 @@ void IndexTopK::write_fields(BufferWriter& w) const {
         // the record keeps a flat retriever with the keys as stored, as
         // the retriever itself held them before (files and golden bytes
         // unchanged); in memory it holds none
-        faiss::IndexFlatIP rows(d);
-        std::vector<float> keys;
-        storage.to_float(0, ntotal, &keys, nullptr);
-        rows.add(ntotal, keys.data());
-        faiss::write_index(&rows, &fw);
+        faiss::write_index(float_rows_of(storage, ntotal).get(), &fw);
     } else if (stored_keys_of(retriever.get())) {
         // an HNSW graph over the stored keys: the record holds it with the
         // keys as float rows, as Faiss wrote it before it shared them

@@ -564,6 +564,8 @@ double inclusion_pass(const float* w, size_t n, double c, size_t* sure, size_t* 
 
 #include "kernels_group_body.h"
 
+namespace {
+
 /** s[b * ld + i] = <q_b, x_i> for g queries q_b = q + b * d and n float rows
  * x_i = x + i * d: tiles of W rows, each scored against every query while
  * it sits in L1, W scores summed by the group kernel's transposing fold
@@ -590,8 +592,6 @@ void inner_products_multi(
         }
     }
 }
-
-namespace {
 
 /// The row-reading kernels for stored type T. A new kernel that reads keys
 /// or values is written as a template on T and gets one entry here.

@@ -111,14 +111,19 @@ void use_stored_keys(faiss::Index* retriever, const KVStorage* keys) {
     hnsw->storage = shared.release();
 }
 
+std::unique_ptr<faiss::IndexFlatIP> float_rows_of(const KVStorage& keys, faiss::Index::idx_t n) {
+    auto rows = std::make_unique<faiss::IndexFlatIP>(int(keys.d));
+    std::vector<float> x;
+    keys.to_float(0, n, &x, nullptr);
+    rows->add(n, x.data());
+    return rows;
+}
+
 std::unique_ptr<faiss::IndexHNSWFlat> hnsw_with_float_rows(const faiss::Index& retriever) {
     const StoredKeysIP* shared = stored_keys_of(&retriever);
     FAISS_THROW_IF_NOT_MSG(shared, "hnsw_with_float_rows: not an HNSW retriever over stored keys");
     const auto& hnsw = dynamic_cast<const faiss::IndexHNSWFlat&>(retriever);
-    auto rows = std::make_unique<faiss::IndexFlatIP>(hnsw.d);
-    std::vector<float> keys;
-    shared->keys->to_float(0, shared->ntotal, &keys, nullptr);
-    rows->add(shared->ntotal, keys.data());
+    auto rows = float_rows_of(*shared->keys, shared->ntotal);
     auto copy = std::make_unique<faiss::IndexHNSWFlat>();
     copy->d = hnsw.d;
     copy->ntotal = hnsw.ntotal;

@@ -1,10 +1,13 @@
 #pragma once
 
+#include <memory>
+
 #include <faiss/Index.h>
 
 #include <kvindex/KVStorage.h>
 
 namespace faiss {
+struct IndexFlatIP;
 struct IndexHNSWFlat;
 }
 
@@ -51,6 +54,11 @@ const StoredKeysIP* stored_keys_of(const faiss::Index* retriever);
  * its storage, dropping its float rows (a retriever read back holds them:
  * as many as `keys` has, which they equal); others are left as they are. */
 void use_stored_keys(faiss::Index* retriever, const KVStorage* keys);
+
+/** The first n keys of a storage as a Faiss flat index of float rows: what
+ * a record holds where the retriever shares the storage's keys (a flat
+ * retriever, or an HNSW graph's storage). */
+std::unique_ptr<faiss::IndexFlatIP> float_rows_of(const KVStorage& keys, faiss::Index::idx_t n);
 
 /** What the record holds for an HNSW retriever over stored keys: an
  * IndexHNSWFlat with a copy of its graph and the keys as float rows, the
