@@ -21,6 +21,7 @@
 #include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexRoarGraph.h>
 #include <kvindex/IndexTopK.h>
+#include <kvindex/impl/growth.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
 
@@ -122,11 +123,10 @@ TEST(MemoryGrowth, TopKHNSWListsAndNoCopyOfTheKeys) {
             // own, and the index holds the storage and the graph, no more
             EXPECT_EQ(dynamic_cast<faiss::IndexFlatCodes*>(graph->storage), nullptr) << s;
             const faiss::HNSW& h = graph->hnsw;
-            auto bytes = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
             EXPECT_EQ(index->memory_bytes(),
-                      topk->storage.memory_bytes() + bytes(h.assign_probas) +
-                              bytes(h.cum_nneighbor_per_level) + bytes(h.levels) + bytes(h.offsets) +
-                              bytes(h.neighbors))
+                      topk->storage.memory_bytes() + capacity_bytes(h.assign_probas) +
+                              capacity_bytes(h.cum_nneighbor_per_level) + capacity_bytes(h.levels) +
+                              capacity_bytes(h.offsets) + capacity_bytes(h.neighbors))
                     << s << " " << when;
             expect_headroom(h.neighbors, "HNSW neighbours " + when);
             expect_headroom(h.levels, "HNSW levels " + when);
