@@ -121,11 +121,11 @@ class LSHInclusionTable {
  * "Sink4,Window64,LSHSample10x150" (MagicPIG's setting).
  *
  * Tables are CSR per table: 2^K + 1 bucket offsets and the token ids sorted
- * by bucket, in 16-bit ids while they fit, 32-bit after. Tokens appended
- * after the last build are kept in a tail, folded into the tables when it
- * reaches 1/8 of them; a fold merges the tail into each bucket, so
- * only the tail keeps its tokens' codes (L * 2 bytes a token: as much as
- * the 16-bit tables themselves). The tail has CSR tables of its own
+ * by bucket, each kept as its 16-bit gap from the one before (table_words).
+ * Tokens appended after the last build are kept in a tail, folded into the
+ * tables when it reaches 1/8 of them; a fold merges the tail into each
+ * bucket, so only the tail keeps its tokens' codes (L * 2 bytes a token: as
+ * much as the tables themselves). The tail has CSR tables of its own
  * (recent_*), rebuilt when more than max(256, tail / 16) tokens arrived
  * after them; only those last tokens are checked code by code.
  *
