@@ -272,7 +272,9 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
             return; // search scans exactly until the retriever can train
         }
         // Train on a random sample of all keys so far: a prefix would see
-        // only the start of the document.
+        // only the start of the document. A new retriever is trained and
+        // filled, then takes the untrained one's place: a throw leaves that.
+        std::unique_ptr<faiss::Index> trained = fresh_retriever();
         idx_t nt = storage.size();
         std::vector<idx_t> perm(nt);
         std::iota(perm.begin(), perm.end(), 0);
@@ -286,21 +288,24 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         for (idx_t i = 0; i < n_sample; i++) {
             storage.key(perm[i], sample.data() + i * d);
         }
-        retriever->train(n_sample, sample.data());
+        trained->train(n_sample, sample.data());
         std::vector<float> all;
         storage.to_float(0, nt, &all, nullptr);
-        reseed_hnsw_levels(retriever.get());
-        add_growing_by_quarter(*retriever, nt, all.data());
+        reseed_hnsw_levels(trained.get());
+        add_growing_by_quarter(*trained, nt, all.data());
+        retriever = std::move(trained);
     } catch (const std::exception& e) {
-        // keep the index consistent: the tokens of this call are not added,
-        // and a retriever left half-built (failed training, partial add)
-        // starts again untrained; it trains on the next add
+        // the tokens of this call are not added. A flat or IVF retriever is
+        // as it was (an IVF reserves its lists before it adds, and trains a
+        // new one); an HNSW graph may hold part of them: KVIndex marks the
+        // index failed (writes_roll_back), and reset() starts it again
         storage.truncate(storage.size() - n);
-        if (!retriever->is_trained || retriever->ntotal != storage.size()) {
-            rebuild_retriever();
-        }
         FAISS_THROW_FMT("TopK(%s): add failed: %s", retriever_string.c_str(), e.what());
     }
+}
+
+bool IndexTopK::writes_roll_back() const {
+    return !dynamic_cast<const faiss::IndexHNSW*>(retriever.get());
 }
 
 void IndexTopK::search_batch(
@@ -517,8 +522,8 @@ void IndexTopK::count_scanned(
 
 void IndexTopK::reset_impl() {
     // a new sequence has new keys: its retriever trains on them afresh
+    rebuild_retriever(); // first: if it throws, nothing has changed
     storage.clear();
-    rebuild_retriever();
     ntotal = 0;
 }
 
@@ -526,7 +531,7 @@ idx_t IndexTopK::max_lists() const {
     return std::min<idx_t>(max_train_points, kMaxRetrieverLists);
 }
 
-void IndexTopK::rebuild_retriever() {
+std::unique_ptr<faiss::Index> IndexTopK::fresh_retriever() const {
     check_retriever_string(retriever_string, d, max_lists());
     std::unique_ptr<faiss::Index> fresh = make_retriever(d, retriever_string);
     auto old_ivf = faiss::ivflib::try_extract_index_ivf(retriever.get());
@@ -534,13 +539,17 @@ void IndexTopK::rebuild_retriever() {
     if (old_ivf && new_ivf) {
         new_ivf->nprobe = old_ivf->nprobe;
     }
-    auto old_hnsw = dynamic_cast<faiss::IndexHNSW*>(retriever.get());
+    auto old_hnsw = dynamic_cast<const faiss::IndexHNSW*>(retriever.get());
     auto new_hnsw = dynamic_cast<faiss::IndexHNSW*>(fresh.get());
     if (old_hnsw && new_hnsw) {
         new_hnsw->hnsw.efSearch = old_hnsw->hnsw.efSearch;
     }
     use_stored_keys(fresh.get(), &storage);
-    retriever = std::move(fresh);
+    return fresh;
+}
+
+void IndexTopK::rebuild_retriever() {
+    retriever = fresh_retriever();
 }
 
 size_t IndexTopK::memory_bytes() const {

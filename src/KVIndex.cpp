@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -84,7 +85,7 @@ namespace {
 std::atomic<uint64_t> last_token_stamp{0};
 } // namespace
 
-void KVIndex::stamp_tokens() {
+void KVIndex::stamp_tokens() noexcept {
     token_stamp_ = last_token_stamp.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
@@ -95,19 +96,49 @@ void KVIndex::record_children_stamps() {
     }
 }
 
-void KVIndex::write_tokens(const std::function<void()>& core) {
+void KVIndex::mark_failed(const char* what, const char* why) noexcept {
+    std::snprintf(failed_write_, sizeof(failed_write_), "%s: %s", what, why);
+}
+
+void KVIndex::write_tokens(const char* what, const std::function<void()>& core) {
     try {
         core();
+        failed_write_[0] = 0;
+        stamp_tokens();
+        record_children_stamps(); // allocates (children()): a throw here is a failed write too
+    } catch (const std::exception& e) {
+        if (!writes_roll_back()) {
+            mark_failed(what, e.what());
+        }
+        after_failed_write();
+        throw;
     } catch (...) {
-        stamp_tokens(); // it may have written part
-        record_children_stamps();
+        if (!writes_roll_back()) {
+            mark_failed(what, "an exception not derived from std::exception");
+        }
+        after_failed_write();
         throw;
     }
-    stamp_tokens();
-    record_children_stamps();
+}
+
+void KVIndex::after_failed_write() noexcept {
+    stamp_tokens(); // it may have written part
+    try {
+        record_children_stamps();
+    } catch (...) {
+        // out of memory again: without stamps, check_children compares
+        // the counts only
+        children_stamps_.clear();
+    }
 }
 
 void KVIndex::check_children() const {
+    FAISS_THROW_IF_NOT_FMT(
+            !failed_write(),
+            "%s: an earlier write threw part-way and left it inconsistent (%s): reset() it, "
+            "or read back a saved copy, to use it again",
+            type_name(),
+            failed_write_);
     check_children_in_step(); // a count that differs: the type names the child
     if (children_stamps_.empty()) {
         return; // not written yet: the counts say all there is
@@ -168,8 +199,10 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
             "add_kv: ntotal=%zd + n=%zd tokens is more than an index counts (2^62)",
             ssize_t(ntotal),
             ssize_t(n));
-    write_tokens([&] { add_kv_impl(n, keys, values); });
-    ntotal += n;
+    write_tokens("add_kv", [&] {
+        add_kv_impl(n, keys, values);
+        ntotal += n;
+    });
 }
 
 void KVIndex::add_queries(idx_t n, const float* queries) {
@@ -263,13 +296,64 @@ void KVIndex::check_prefill(const PrefillInput& in) const {
 void KVIndex::prefill(const PrefillInput& in) {
     WriteScope scope(*this, "prefill");
     check_children();
-    write_tokens([&] { prefill_impl(in); });
+    // here as well as in check_prefill (which the types' cores run): a
+    // prefill that throws empties the index again, so it must start empty
+    FAISS_THROW_IF_NOT_FMT(
+            ntotal == 0,
+            "prefill: the index already holds %zd tokens; prefill starts an "
+            "empty cache (use add_kv to append)",
+            size_t(ntotal));
+    // a prefill that throws fixes no RoPE, whatever part of it ran (a
+    // wrapper's core records it before it fills its children)
+    const bool had_rope = has_rope;
+    const RopeParams old_rope = rope;
+    try {
+        write_tokens("prefill", [&] { prefill_impl(in); });
+    } catch (...) {
+        has_rope = had_rope;
+        rope = old_rope;
+        if (failed_write()) {
+            // prefill starts from an empty index, and the types check their
+            // prompt inside their cores: an index that threw part-way is
+            // emptied again, as a reset would, instead of staying marked
+            // (it stays marked if that throws too)
+            try {
+                reset_impl();
+                if (!has_rope) {
+                    unfix_rope_below();
+                }
+                failed_write_[0] = 0;
+            } catch (...) {
+            }
+            after_failed_write();
+        }
+        throw;
+    }
 }
 
 void KVIndex::reset() {
     WriteScope scope(*this, "reset");
-    // no check: reset is the way back for a wrapper whose child was written
-    write_tokens([&] { reset_impl(); });
+    // no check: reset is the way back for a wrapper whose child was written,
+    // and for an index marked failed
+    const bool was_failed = failed_write() != nullptr;
+    write_tokens("reset", [&] {
+        reset_impl();
+        if (was_failed && !has_rope) {
+            // a failed prefill fixes nothing: children it prefilled before it
+            // threw forget their RoPE too, as if they had never been filled
+            unfix_rope_below();
+        }
+    });
+}
+
+void KVIndex::unfix_rope_below() {
+    for (KVIndex* c : mutable_children()) {
+        if (c) {
+            c->has_rope = false;
+            c->rope = RopeParams();
+            c->unfix_rope_below();
+        }
+    }
 }
 
 void KVIndex::prefill_impl(const PrefillInput& in) {

@@ -98,8 +98,10 @@ void use_stored_keys(faiss::Index* retriever, const KVStorage* keys) {
     if (!rows || rows->metric_type != faiss::METRIC_INNER_PRODUCT || !hnsw->own_fields) {
         return;
     }
+    // its rows are the storage's first ones: all of them once read back, none
+    // for a fresh graph beside keys still held (reset builds it first)
     FAISS_THROW_IF_NOT_FMT(
-            rows->ntotal == keys->size() && rows->d == int(keys->d),
+            rows->ntotal <= keys->size() && rows->d == int(keys->d),
             "HNSW retriever: %zd rows of d=%d, the storage holds %zd of d=%zu",
             size_t(rows->ntotal),
             rows->d,

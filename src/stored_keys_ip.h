@@ -52,7 +52,8 @@ const StoredKeysIP* stored_keys_of(const faiss::Index* retriever);
 
 /** Gives an IndexHNSWFlat retriever over inner product the owner's keys as
  * its storage, dropping its float rows (a retriever read back holds them:
- * as many as `keys` has, which they equal); others are left as they are. */
+ * as many as `keys` has, which they equal; a fresh one none); others are
+ * left as they are. Throws if it has more rows than `keys`. */
 void use_stored_keys(faiss::Index* retriever, const KVStorage* keys);
 
 /** The first n keys of a storage as a Faiss flat index of float rows: what

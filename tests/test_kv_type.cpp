@@ -675,9 +675,9 @@ TEST(KVStorage, LargeArraysAreHugePageAlignedAndKeepTheirRows) {
     ASSERT_NE(large, nullptr);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(large) % kHugePageBytes, 0u);
     std::memset(large, 1, kHugePageMinBytes + 1); // every byte is ours
-    free_rows(small);
-    free_rows(large);
-    free_rows(nullptr);
+    free_rows(small, 100);
+    free_rows(large, kHugePageMinBytes + 1);
+    free_rows(nullptr, 0);
     // a size within a page of SIZE_MAX used to round to 0 and return a block
     EXPECT_THROW(allocate_rows(std::numeric_limits<size_t>::max()), std::bad_alloc);
     EXPECT_THROW(allocate_rows(std::numeric_limits<size_t>::max() - kHugePageBytes / 2),

@@ -29,6 +29,10 @@ struct IndexKVFlat : KVIndex {
     explicit IndexKVFlat(int d = 0, int d_value = -1, KVType kv_type = KVType::f32);
 
     size_t memory_bytes() const override;
+    /// its only write is one KVStorage append, which allocates first
+    bool writes_roll_back() const override {
+        return true;
+    }
 
     const char* type_name() const override {
         return "IndexKVFlat";

@@ -32,6 +32,10 @@ struct IndexSampleBase : KVIndex {
         return shared_tokens ? *shared_tokens : storage;
     }
     bool share_tokens(const KVStorage* lent) override;
+    /// its only write is one KVStorage append, which allocates first
+    bool writes_roll_back() const override {
+        return true;
+    }
 
     /// its own storage only: lent tokens are counted by their owner
     size_t memory_bytes() const override;

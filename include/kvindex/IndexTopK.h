@@ -64,6 +64,12 @@ struct IndexTopK : KVIndex {
      * k-means), so an untrained retriever read back would train differently.
      */
     void rebuild_retriever();
+    /// What rebuild_retriever puts in place, without touching this index.
+    std::unique_ptr<faiss::Index> fresh_retriever() const;
+
+    /// A flat or IVF retriever's writes roll back; an HNSW graph's do not
+    /// (a node linked in cannot be taken out)
+    bool writes_roll_back() const override;
 
     /// Sets a retriever knob by name ("nprobe", "efSearch") for all later
     /// searches; throws naming the knob if this retriever does not have it.

@@ -462,6 +462,26 @@ struct KVIndex : faiss::Index {
     /// samplers say false.
     virtual bool selects_deterministically() const;
 
+    /** Whether a write of this index (add_kv, prefill, reset) that throws
+     * part-way, an allocation that fails say, leaves the index as it was
+     * before the call: the strong guarantee, which the type keeps by
+     * allocating all it needs before it changes anything. Where a type
+     * does not (the default), such a throw marks the index failed
+     * (failed_write()): every later call but reset() then throws naming
+     * the write, and a reset() that succeeds makes it usable again, empty.
+     * Either way nothing answers from a half-written index.
+     * tests/test_allocation_faults.cpp fails each allocation of each write
+     * of every type in turn and checks whichever the type says. */
+    virtual bool writes_roll_back() const {
+        return false;
+    }
+
+    /// The write that threw part-way and left this index inconsistent, as
+    /// "add_kv: <its message>", or nullptr; see writes_roll_back().
+    const char* failed_write() const noexcept {
+        return failed_write_[0] ? failed_write_ : nullptr;
+    }
+
     /// Whether select draws its budget k uniformly at random among the
     /// tokens (u = k / n): the (epsilon, delta) tail budgets of IndexHybrid
     /// assume it. False by default.
@@ -644,19 +664,30 @@ struct KVIndex : faiss::Index {
     mutable AccessCount access_; ///< calls running now (thread-safety contract)
 
     uint64_t token_stamp_; ///< see token_stamp()
+    /// see failed_write(): a fixed array, so that marking the index after
+    /// an allocation failure needs no allocation
+    char failed_write_[192] = {};
     /// the children's token_stamp() after this index's last write, in the
     /// order of children(); empty until the first write (or read)
     std::vector<uint64_t> children_stamps_;
 
     /// A new token_stamp_ (construction, each write of the tokens).
-    void stamp_tokens();
+    void stamp_tokens() noexcept;
     /// Records children_stamps_ after a write of this index.
     void record_children_stamps();
-    /// Runs the core of add_kv, prefill or reset, then stamps this index
-    /// and records its children's stamps, also when the core throws: it
-    /// may have written part, and what it wrote into the children is this
-    /// index's own doing.
-    void write_tokens(const std::function<void()>& core);
+    /// Runs the core of add_kv, prefill or reset (`what`), then stamps
+    /// this index and records its children's stamps, also when the core
+    /// throws: it may have written part, and what it wrote into the
+    /// children is this index's own doing. A throw marks the index failed
+    /// unless its writes roll back (writes_roll_back); a success clears
+    /// the mark (only reset() runs on a failed index).
+    void write_tokens(const char* what, const std::function<void()>& core);
+    /// Marks the index failed by the write `what`, which threw `why`.
+    void mark_failed(const char* what, const char* why) noexcept;
+    /// The stamps after a write that threw.
+    void after_failed_write() noexcept;
+    /// Clears has_rope and rope in every index below this one.
+    void unfix_rope_below();
 };
 
 /** Marks a const call running on `index` for its lifetime; throws, naming

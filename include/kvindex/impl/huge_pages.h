@@ -21,8 +21,9 @@ constexpr size_t kHugePageBytes = size_t(2) << 20;
  * per array (<= 25% at the threshold), which memory_bytes(), counting
  * capacities, does not show. Throws std::bad_alloc. */
 void* allocate_rows(size_t bytes);
-/// Frees what allocate_rows returned (nullptr is ignored).
-void free_rows(void* p) noexcept;
+/// Frees what allocate_rows(bytes) returned, given the same bytes (nullptr
+/// is ignored).
+void free_rows(void* p, size_t bytes) noexcept;
 
 /// std::allocator for the large token arrays (allocate_rows): the same
 /// vector semantics, huge pages underneath when the block is large.
@@ -38,8 +39,8 @@ struct HugePageAllocator {
         }
         return static_cast<T*>(allocate_rows(n * sizeof(T)));
     }
-    void deallocate(T* p, size_t) noexcept {
-        free_rows(p);
+    void deallocate(T* p, size_t n) noexcept {
+        free_rows(p, n * sizeof(T));
     }
     template <class U>
     bool operator==(const HugePageAllocator<U>&) const noexcept {

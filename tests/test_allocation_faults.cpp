@@ -1,0 +1,515 @@
+// Allocation failures: each write of every index type of the conformance
+// list (add_kv, add_queries, prefill, reset) and each read (search, attend,
+// select, write_index, read_index) is run again and again with its i-th
+// allocation failing (std::bad_alloc), for i over all of its allocations
+// (or a spread of them when there are many). The contract checked:
+//
+//   - the call throws, a std::exception with a message, and nothing crashes;
+//   - a write that throws leaves the index as it was: the same ntotal, the
+//     same saved bytes and the same answers (the strong guarantee);
+//   - the same call repeated without a failure then gives what a copy that
+//     never failed gives (nothing is left half-done for later);
+//   - under ASan (scripts/run_sanitizers.sh) nothing leaks on the way out.
+//
+// The failures come from this binary's replacement of the global operator
+// new, which the library's token arrays use too (impl/huge_pages.h). It
+// never fails inside an OpenMP region: Faiss's parallel loops (k-means, HNSW
+// construction) are not exception-safe, and an exception leaving one ends
+// the program; kvindex's own loops (parallel.h) catch and rethrow, which
+// test_conformance covers. Its own binary: a replaced operator new in
+// kvindex_tests would hide ASan's new/delete mismatch checks there.
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <omp.h>
+
+#include <gtest/gtest.h>
+
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
+#include <kvindex/parameters.h>
+
+#include "conformance_list.h"
+#include "forge.h"
+#include "reference.h"
+
+namespace {
+
+/// Allocation counter of the replaced operator new: while armed, each
+/// allocation outside OpenMP regions counts down, and the one that reaches
+/// zero fails. A count of 0 never fails (counting only).
+struct FaultPlan {
+    std::atomic<bool> armed{false};
+    std::atomic<long> countdown{0};
+    std::atomic<long> seen{0};  ///< allocations counted while armed
+    std::atomic<bool> fired{false};
+};
+
+FaultPlan g_plan;
+
+bool allocation_fails() noexcept {
+    if (!g_plan.armed.load(std::memory_order_relaxed) || omp_get_level() > 0) {
+        return false;
+    }
+    g_plan.seen.fetch_add(1, std::memory_order_relaxed);
+    if (g_plan.countdown.fetch_sub(1, std::memory_order_relaxed) == 1) {
+        g_plan.fired.store(true, std::memory_order_relaxed);
+        return true;
+    }
+    return false;
+}
+
+void* allocate(std::size_t n) noexcept {
+    return allocation_fails() ? nullptr : std::malloc(n > 0 ? n : 1);
+}
+
+void* allocate_aligned(std::size_t n, std::align_val_t a) noexcept {
+    if (allocation_fails()) {
+        return nullptr;
+    }
+    void* p = nullptr;
+    std::size_t alignment = std::max(std::size_t(a), sizeof(void*));
+    return posix_memalign(&p, alignment, n > 0 ? n : 1) == 0 ? p : nullptr;
+}
+
+} // namespace
+
+void* operator new(std::size_t n) {
+    if (void* p = allocate(n)) {
+        return p;
+    }
+    throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) {
+    return operator new(n);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+    return allocate(n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+    return allocate(n);
+}
+void* operator new(std::size_t n, std::align_val_t a) {
+    if (void* p = allocate_aligned(n, a)) {
+        return p;
+    }
+    throw std::bad_alloc();
+}
+void* operator new[](std::size_t n, std::align_val_t a) {
+    return operator new(n, a);
+}
+void* operator new(std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+    return allocate_aligned(n, a);
+}
+void* operator new[](std::size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+    return allocate_aligned(n, a);
+}
+void operator delete(void* p) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
+    std::free(p);
+}
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
+    std::free(p);
+}
+
+using namespace kvindex;
+using kvtest::ConformanceCase;
+
+namespace {
+
+constexpr int kD = 16;
+constexpr int kDv = 12;
+constexpr idx_t kPrompt = 200; ///< as the conformance suite: IVF4 trains without warnings
+constexpr int kGroup = 3;
+constexpr idx_t kAppends = 5;  ///< decode steps before the failing call
+constexpr idx_t kNewTokens = 3;
+constexpr idx_t kQ = 4;
+constexpr idx_t kSearchK = 9;
+/// Every allocation up to this one fails in turn; past it, a spread of
+/// kSpread more (the first ones are where a write has changed least).
+constexpr long kEvery = 48;
+constexpr long kSpread = 48;
+
+struct Sequence {
+    std::vector<float> keys = kvtest::gaussian(kPrompt + kAppends + kNewTokens, kD, 201, 1.0f, 0.3f);
+    std::vector<float> values = kvtest::gaussian(kPrompt + kAppends + kNewTokens, kDv, 202);
+    std::vector<float> prefill_q = kvtest::gaussian(kGroup * kPrompt, kD, 203, 1.5f);
+    std::vector<float> decode_q = kvtest::gaussian(kGroup * (kAppends + 1), kD, 204, 1.5f);
+    std::vector<float> q = kvtest::gaussian(kQ, kD, 205, 2.0f);
+
+    PrefillInput prefill_input() const {
+        PrefillInput in;
+        in.n_tokens = kPrompt;
+        in.keys = keys.data();
+        in.values = values.data();
+        in.n_queries = kPrompt;
+        in.n_query_heads = kGroup;
+        in.queries = prefill_q.data();
+        in.rope.theta = 500000.0;
+        in.rope.style = RopeStyle::interleaved;
+        return in;
+    }
+};
+
+const Sequence& sequence() {
+    static const Sequence s;
+    return s;
+}
+
+/// Prefill, kAppends decode steps (token, then the group's queries), knobs.
+std::unique_ptr<KVIndex> build(const ConformanceCase& c) {
+    const Sequence& s = sequence();
+    auto index = index_factory(kD, c.factory, kDv);
+    index->prefill(s.prefill_input());
+    for (idx_t i = 0; i < kAppends; i++) {
+        index->add_kv(1, s.keys.data() + (kPrompt + i) * kD, s.values.data() + (kPrompt + i) * kDv);
+        index->add_queries(kGroup, s.decode_q.data() + i * kGroup * kD);
+    }
+    set_index_parameters(index.get(), c.knobs);
+    return index;
+}
+
+std::vector<uint8_t> bytes_of(const KVIndex& index) {
+    std::vector<uint8_t> b;
+    write_index(&index, &b);
+    return b;
+}
+
+/// Where two saved indexes differ, for a failure's message.
+std::string difference(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+    // past the file header (its checksum differs whenever the record does)
+    size_t i = kvtest::kIndexHeaderSize;
+    while (i < a.size() && i < b.size() && a[i] == b[i]) {
+        i++;
+    }
+    std::string r = "sizes " + std::to_string(a.size()) + " and " + std::to_string(b.size()) +
+            ", first difference at byte " + std::to_string(i) + ":";
+    for (size_t j = i; j < i + 16 && j < a.size() && j < b.size(); j++) {
+        r += " " + std::to_string(a[j]) + "/" + std::to_string(b[j]);
+    }
+    return r;
+}
+
+/// Everything an index answers for the test queries, as bytes.
+std::vector<uint8_t> answers_of(const KVIndex& index) {
+    if (index.ntotal == 0) {
+        return {}; // nothing to answer (attend refuses an empty index)
+    }
+    const Sequence& s = sequence();
+    std::vector<float> dis(kQ * kSearchK), out(kQ * kDv), lse(kQ);
+    std::vector<idx_t> labels(kQ * kSearchK);
+    std::vector<Selection> sel(kQ);
+    index.search(kQ, s.q.data(), kSearchK, dis.data(), labels.data());
+    index.attend(kQ, s.q.data(), out.data(), lse.data());
+    index.select(kQ, s.q.data(), sel.data());
+    std::vector<uint8_t> a;
+    auto put = [&a](const void* p, size_t n) {
+        a.insert(a.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+    };
+    put(dis.data(), dis.size() * sizeof(float));
+    put(labels.data(), labels.size() * sizeof(idx_t));
+    put(out.data(), out.size() * sizeof(float));
+    put(lse.data(), lse.size() * sizeof(float));
+    for (const Selection& x : sel) {
+        put(x.ids.data(), x.ids.size() * sizeof(idx_t));
+        put(x.inclusion.data(), x.inclusion.size() * sizeof(float));
+    }
+    return a;
+}
+
+/// One call under test, on `index` (a fresh copy each time).
+using Call = std::function<void(KVIndex& index)>;
+
+/// Runs call with allocation `at` failing (0: none fails); returns the
+/// allocations counted and whether the call threw; a call that throws
+/// without the failure having fired is a test failure.
+struct Outcome {
+    long allocations = 0;
+    bool threw = false;
+    std::string message;
+};
+
+Outcome run_failing_at(const Call& call, KVIndex& index, long at) {
+    Outcome o;
+    g_plan.seen = 0;
+    g_plan.countdown = at;
+    g_plan.fired = false;
+    g_plan.armed = true;
+    try {
+        call(index);
+    } catch (const std::exception& e) {
+        o.threw = true;
+        o.message = e.what();
+    }
+    g_plan.armed = false;
+    o.allocations = g_plan.seen;
+    if (o.threw) {
+        EXPECT_TRUE(g_plan.fired) << "threw without an allocation failure: " << o.message;
+        EXPECT_FALSE(o.message.empty());
+    }
+    return o;
+}
+
+/// The allocations to fail: every one up to kEvery, then kSpread spread
+/// evenly over the rest.
+std::vector<long> failure_points(long total) {
+    std::vector<long> at;
+    for (long i = 1; i <= std::min(total, kEvery); i++) {
+        at.push_back(i);
+    }
+    if (total > kEvery) {
+        for (long j = 1; j <= kSpread; j++) {
+            long i = kEvery + (total - kEvery) * j / kSpread;
+            if (i > at.back()) {
+                at.push_back(i);
+            }
+        }
+    }
+    return at;
+}
+
+/// Every call of a failed index but reset() throws, naming the failed write.
+void expect_refused(KVIndex& x, const std::string& write) {
+    const Sequence& s = sequence();
+    std::vector<float> dis(kQ * kSearchK), out(kQ * kDv), row(kD);
+    std::vector<idx_t> labels(kQ * kSearchK);
+    std::vector<Selection> sel(kQ);
+    std::vector<uint8_t> buf;
+    const std::vector<std::function<void()>> calls = {
+            [&] { x.search(kQ, s.q.data(), kSearchK, dis.data(), labels.data()); },
+            [&] { x.attend(kQ, s.q.data(), out.data(), nullptr); },
+            [&] { x.select(kQ, s.q.data(), sel.data()); },
+            [&] { x.add_kv(1, s.keys.data(), s.values.data()); },
+            [&] { x.add_queries(1, s.q.data()); },
+            [&] { x.prefill(s.prefill_input()); },
+            [&] { x.reconstruct(0, row.data()); },
+            [&] { write_index(&x, &buf); },
+    };
+    for (size_t i = 0; i < calls.size(); i++) {
+        try {
+            calls[i]();
+            ADD_FAILURE() << "call " << i << " of a failed index did not throw";
+        } catch (const std::exception& e) {
+            std::string msg = e.what();
+            EXPECT_NE(msg.find("reset()"), std::string::npos) << "call " << i << ": " << msg;
+            EXPECT_NE(msg.find(write + ": "), std::string::npos) << "call " << i << ": " << msg;
+        }
+    }
+}
+
+/**
+ * A write under failures: each failure point on a fresh copy of `start`
+ * (read from its bytes). After a throw, an index whose writes roll back
+ * must save start's bytes and give its answers, and the call repeated
+ * must give what the call gives on a copy without failures. Any other
+ * index must do the same when the throw came before its write began, and
+ * else be marked failed: it refuses every call but reset(), and reset()
+ * gives what a reset of `start` gives.
+ */
+void check_write(
+        const std::vector<uint8_t>& start,
+        const Call& call,
+        const std::string& write,
+        const std::string& what) {
+    SCOPED_TRACE(what);
+    auto clean = read_index(start);
+    // add_queries changes no tokens, and every type keeps it atomic
+    const bool rolls_back = write == "add_queries" || clean->writes_roll_back();
+    const std::vector<uint8_t> before_answers = answers_of(*clean);
+    const idx_t n0 = clean->ntotal;
+    Outcome counted = run_failing_at(call, *clean, 0);
+    ASSERT_FALSE(counted.threw) << counted.message;
+    const std::vector<uint8_t> after = bytes_of(*clean);
+    const std::vector<uint8_t> after_answers = answers_of(*clean);
+    auto start_reset = read_index(start);
+    start_reset->reset();
+    const std::vector<uint8_t> after_reset = bytes_of(*start_reset);
+    int n_threw = 0;
+    for (long at : failure_points(counted.allocations)) {
+        auto copy = read_index(start);
+        Outcome o = run_failing_at(call, *copy, at);
+        if (!o.threw) {
+            // the failure was absorbed (a fallback): the call must still
+            // have done all of its work
+            EXPECT_TRUE(bytes_of(*copy) == after) << "allocation " << at << " absorbed, result differs";
+            continue;
+        }
+        n_threw++;
+        const std::string where = "allocation " + std::to_string(at) + " failed (" + o.message + ")";
+        if (rolls_back || !copy->failed_write()) {
+            // a type that rolls back, or a throw before the write began
+            EXPECT_FALSE(copy->failed_write()) << where;
+            EXPECT_EQ(copy->ntotal, n0) << where;
+            EXPECT_NO_THROW(copy->check_invariants()) << where;
+            EXPECT_TRUE(bytes_of(*copy) == start) << where << " and the index's bytes changed";
+            EXPECT_TRUE(answers_of(*copy) == before_answers) << where << " and the answers changed";
+            call(*copy);
+            EXPECT_TRUE(bytes_of(*copy) == after)
+                    << where << ", then the call again gave other bytes than without a failure";
+            EXPECT_TRUE(answers_of(*copy) == after_answers) << where << ": retried";
+        } else {
+            EXPECT_EQ(std::string(copy->failed_write()).rfind(write + ": ", 0), 0u)
+                    << copy->failed_write();
+            expect_refused(*copy, write);
+            copy->reset();
+            EXPECT_FALSE(copy->failed_write()) << where;
+            EXPECT_EQ(copy->ntotal, 0) << where;
+            std::vector<uint8_t> b = bytes_of(*copy);
+            EXPECT_TRUE(b == after_reset) << where << ", then reset() gave other bytes than a "
+                                          << "reset without a failure: " << difference(b, after_reset);
+        }
+        if (testing::Test::HasFailure()) {
+            return; // one report per call is enough
+        }
+    }
+    if (counted.allocations > 0) {
+        EXPECT_GT(n_threw, 0) << counted.allocations << " allocations, no failure reached the caller";
+    }
+}
+
+/// A const call under failures: a throw leaves the index's bytes and
+/// answers as they were.
+void check_read(const std::vector<uint8_t>& start, const Call& call, const std::string& what) {
+    SCOPED_TRACE(what);
+    auto copy = read_index(start);
+    const std::vector<uint8_t> before_answers = answers_of(*copy);
+    Outcome counted = run_failing_at(call, *copy, 0);
+    ASSERT_FALSE(counted.threw) << counted.message;
+    for (long at : failure_points(counted.allocations)) {
+        Outcome o = run_failing_at(call, *copy, at);
+        if (!o.threw) {
+            continue;
+        }
+        EXPECT_TRUE(bytes_of(*copy) == start) << "allocation " << at << ": " << o.message;
+        EXPECT_TRUE(answers_of(*copy) == before_answers) << "allocation " << at << ": " << o.message;
+        if (testing::Test::HasFailure()) {
+            return;
+        }
+    }
+}
+
+std::string param_name(const testing::TestParamInfo<ConformanceCase>& info) {
+    std::string s = std::to_string(info.index) + "_";
+    for (const char* p = info.param.factory; *p; p++) {
+        s += std::isalnum(static_cast<unsigned char>(*p)) ? *p : '_';
+    }
+    return s;
+}
+
+class AllocationFaults : public testing::TestWithParam<ConformanceCase> {
+   protected:
+    void SetUp() override {
+        // one thread: a call repeated must build what it built the first
+        // time (Faiss's HNSW construction differs between thread counts
+        // and runs)
+        omp_set_num_threads(1);
+    }
+};
+
+} // namespace
+
+namespace kvtest {
+void PrintTo(const ConformanceCase& c, std::ostream* os) {
+    *os << c.factory;
+}
+} // namespace kvtest
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, AllocationFaults, testing::ValuesIn(kvtest::kConformance),
+                         param_name);
+
+/// The index of case c after prefill and kAppends decode steps, saved.
+std::vector<uint8_t> built_bytes(const ConformanceCase& c) {
+    std::vector<uint8_t> built = bytes_of(*build(c));
+    EXPECT_TRUE(bytes_of(*read_index(built)) == built) << "a copy saves other bytes";
+    return built;
+}
+
+TEST_P(AllocationFaults, FailedAddKvLeavesTheIndexAsItWas) {
+    const Sequence& s = sequence();
+    const idx_t next = kPrompt + kAppends;
+    const std::vector<uint8_t> built = built_bytes(GetParam());
+    check_write(built, [&](KVIndex& x) {
+        x.add_kv(kNewTokens, s.keys.data() + next * kD, s.values.data() + next * kDv);
+    }, "add_kv", "add_kv of 3 tokens");
+    check_write(built, [&](KVIndex& x) {
+        x.add_kv(1, s.keys.data() + next * kD, s.values.data() + next * kDv);
+    }, "add_kv", "add_kv of 1 token");
+}
+
+TEST_P(AllocationFaults, FailedAddQueriesLeavesTheIndexAsItWas) {
+    const Sequence& s = sequence();
+    check_write(built_bytes(GetParam()), [&](KVIndex& x) {
+        x.add_queries(kGroup, s.decode_q.data() + kAppends * kGroup * kD);
+    }, "add_queries", "add_queries");
+}
+
+TEST_P(AllocationFaults, FailedResetLeavesTheIndexAsItWas) {
+    check_write(built_bytes(GetParam()), [](KVIndex& x) { x.reset(); }, "reset", "reset");
+}
+
+TEST_P(AllocationFaults, FailedPrefillLeavesTheIndexEmpty) {
+    const ConformanceCase& c = GetParam();
+    auto empty = index_factory(kD, c.factory, kDv);
+    set_index_parameters(empty.get(), c.knobs);
+    check_write(bytes_of(*empty), [](KVIndex& x) { x.prefill(sequence().prefill_input()); },
+                "prefill", "prefill");
+}
+
+TEST_P(AllocationFaults, FailedReadsChangeNothing) {
+    const ConformanceCase& c = GetParam();
+    const Sequence& s = sequence();
+    const std::vector<uint8_t> built = built_bytes(c);
+    check_read(built, [&](KVIndex& x) {
+        std::vector<float> dis(kQ * kSearchK);
+        std::vector<idx_t> labels(kQ * kSearchK);
+        x.search(kQ, s.q.data(), kSearchK, dis.data(), labels.data());
+    }, "search");
+    check_read(built, [&](KVIndex& x) {
+        std::vector<float> out(kQ * kDv), lse(kQ);
+        x.attend(kQ, s.q.data(), out.data(), lse.data());
+    }, "attend");
+    check_read(built, [&](KVIndex& x) {
+        std::vector<Selection> sel(kQ);
+        x.select(kQ, s.q.data(), sel.data());
+    }, "select");
+    check_read(built, [](KVIndex& x) { bytes_of(x); }, "write_index");
+    check_read(built, [&](KVIndex&) { read_index(built); }, "read_index");
+}
