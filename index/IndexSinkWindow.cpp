@@ -129,6 +129,11 @@ void IndexSinkWindow::add_kv_impl(idx_t n, const float* keys, const float* value
     // in one call, so that a failure in the inner index changes nothing here.
     const idx_t from_window = std::min(overflow, window.size());
     const idx_t from_new = overflow - from_window;
+    // Room for the sink's and the window's new rows first: after the inner
+    // index has taken its tokens nothing here may fail (writes_roll_back).
+    const idx_t to_window = rest - from_new;
+    sink.reserve(sink.size() + to_sink);
+    window.reserve(window.size() + std::min(to_window, n_window - window.size()));
     if (overflow > 0) {
         // as floats: the window's stored values convert back exactly
         std::vector<float> mk, mv;
@@ -139,7 +144,7 @@ void IndexSinkWindow::add_kv_impl(idx_t n, const float* keys, const float* value
     }
     sink.append(to_sink, keys, values);
     // the others enter the window, in the slots of the tokens that left it
-    push_window(rest - from_new, rest_keys + from_new * d, rest_values + from_new * d_value);
+    push_window(to_window, rest_keys + from_new * d, rest_values + from_new * d_value);
 }
 
 void IndexSinkWindow::prefill_impl(const PrefillInput& in) {
@@ -161,9 +166,11 @@ void IndexSinkWindow::prefill_impl(const PrefillInput& in) {
     mid.first_position = in.first_position + n_sink;
     // the inner index gets tokens only once the window is full
     mid.n_after = in.n_after + n_window;
+    idx_t n_w = in.n_tokens - n_s - n_mid;
+    sink.reserve(n_s); // first, as in add_kv_impl
+    window.reserve(n_w);
     inner->prefill(mid);
     sink.append(n_s, in.keys, in.values);
-    idx_t n_w = in.n_tokens - n_s - n_mid;
     window.append(n_w, in.keys + (n_s + n_mid) * d, in.values + (n_s + n_mid) * d_value);
     ntotal = in.n_tokens;
     rope = in.rope;
@@ -304,11 +311,16 @@ void IndexSinkWindow::attend_batch(
 }
 
 void IndexSinkWindow::reset_impl() {
+    inner->reset(); // first: the only part that can throw
     sink.clear();
     window.clear();
     window_head = 0;
-    inner->reset();
     ntotal = 0;
+}
+
+bool IndexSinkWindow::writes_roll_back() const {
+    // its own rows are reserved before the inner index is written
+    return inner && inner->writes_roll_back();
 }
 
 void IndexSinkWindow::reconstruct_impl(idx_t key, float* recons) const {

@@ -103,31 +103,31 @@ void KVIndex::mark_failed(const char* what, const char* why) noexcept {
 void KVIndex::write_tokens(const char* what, const std::function<void()>& core) {
     try {
         core();
-        failed_write_[0] = 0;
-        stamp_tokens();
-        record_children_stamps(); // allocates (children()): a throw here is a failed write too
     } catch (const std::exception& e) {
         if (!writes_roll_back()) {
             mark_failed(what, e.what());
         }
-        after_failed_write();
+        stamp_after_write(); // it may have written part
         throw;
     } catch (...) {
         if (!writes_roll_back()) {
             mark_failed(what, "an exception not derived from std::exception");
         }
-        after_failed_write();
+        stamp_after_write();
         throw;
     }
+    failed_write_[0] = 0;
+    stamp_after_write();
 }
 
-void KVIndex::after_failed_write() noexcept {
-    stamp_tokens(); // it may have written part
+void KVIndex::stamp_after_write() noexcept {
+    stamp_tokens();
     try {
-        record_children_stamps();
+        record_children_stamps(); // allocates (children())
     } catch (...) {
-        // out of memory again: without stamps, check_children compares
-        // the counts only
+        // out of memory after the write is done: it stands (a throw now would
+        // report a write that happened as failed); without stamps,
+        // check_children compares the children's counts only
         children_stamps_.clear();
     }
 }
@@ -325,7 +325,7 @@ void KVIndex::prefill(const PrefillInput& in) {
                 failed_write_[0] = 0;
             } catch (...) {
             }
-            after_failed_write();
+            stamp_after_write();
         }
         throw;
     }

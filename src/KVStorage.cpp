@@ -75,6 +75,12 @@ void KVStorage::append(idx_t n, const float* k, const float* v) {
     }
 }
 
+void KVStorage::reserve(idx_t rows) {
+    check_input_size(rows, std::max(d, d_value), "KVStorage::reserve");
+    reserve_for_growth(keys, size_t(rows) * key_bytes());
+    reserve_for_growth(values, size_t(rows) * value_bytes());
+}
+
 void KVStorage::assign(idx_t i0, idx_t n, const float* k, const float* v) {
     check_range(i0, n, "assign");
     // both checked before either is written: a refused value changes nothing

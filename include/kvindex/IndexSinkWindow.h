@@ -37,6 +37,8 @@ struct IndexSinkWindow : KVIndex {
     IndexSinkWindow();
 
     size_t memory_bytes() const override;
+    /// as its inner index's: its own rows are reserved before that is written
+    bool writes_roll_back() const override;
 
     /// Position of the first window token (= n_sink + inner->ntotal).
     idx_t window_start() const;

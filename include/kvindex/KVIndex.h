@@ -684,8 +684,8 @@ struct KVIndex : faiss::Index {
     void write_tokens(const char* what, const std::function<void()>& core);
     /// Marks the index failed by the write `what`, which threw `why`.
     void mark_failed(const char* what, const char* why) noexcept;
-    /// The stamps after a write that threw.
-    void after_failed_write() noexcept;
+    /// A new stamp and the children's, after a write (done or thrown).
+    void stamp_after_write() noexcept;
     /// Clears has_rope and rope in every index below this one.
     void unfix_rope_below();
 };

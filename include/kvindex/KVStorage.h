@@ -50,6 +50,10 @@ struct KVStorage {
     /** Appends n tokens given as floats, converted to `type`; throws naming
      * the first value the type cannot hold, and then adds nothing. */
     void append(idx_t n, const float* k, const float* v);
+    /** Room for `rows` tokens in all (as append grows, by at least a
+     * quarter): appends up to that many then allocate nothing, so that a
+     * caller can allocate before a step that must not fail part-way. */
+    void reserve(idx_t rows);
     /** Overwrites tokens [i0, i0 + n) with n tokens given as floats
      * (converted as append does); throws naming the first value the type
      * cannot hold, and then changes nothing. */
