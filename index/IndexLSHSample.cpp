@@ -392,6 +392,29 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
     // the tokens first: a value the type cannot hold is refused before
     // the mean, codes and norms change
     append_or_check_shared(storage, shared_tokens, ntotal, n, keys, values, "IndexLSHSample");
+    // A throw below (an allocation) takes every array back to its size
+    // before the call; the tables are built aside and swapped in last.
+    const bool had_mean = !mean.empty(), had_projection = !mean_projection.empty();
+    const size_t n_codes = codes.size(), n_norms = norms.size();
+    try {
+        hash_new_keys(n, keys);
+    } catch (...) {
+        if (!shared_tokens) {
+            storage.truncate(ntotal);
+        }
+        if (!had_mean) {
+            mean.clear();
+        }
+        if (!had_projection) {
+            mean_projection.clear();
+        }
+        codes.resize(n_codes); // shrinks: allocates nothing
+        norms.resize(n_norms);
+        throw;
+    }
+}
+
+void IndexLSHSample::hash_new_keys(idx_t n, const float* keys) {
     // hashed as stored, so that codes, norms and the scores agree
     std::vector<float> rounded;
     if (kv_type != KVType::f32) {
@@ -475,20 +498,20 @@ void sort_tail_by_bucket(const IndexLSHSample& s, int l, size_t t, uint32_t* sta
 
 void IndexLSHSample::build_recent_tables() {
     idx_t n = tokens().size(), t = n - n_indexed;
-    recent_offsets.clear();
-    recent_ids.clear();
-    n_recent = n_indexed;
-    if (t <= 0) {
-        return;
+    std::vector<uint32_t> new_offsets, new_ids;
+    if (t > 0) {
+        // built aside, then swapped in: a failed allocation changes nothing
+        size_t B = size_t(1) << K;
+        new_offsets.assign(size_t(L) * (B + 1), 0);
+        new_ids.resize(size_t(L) * t);
+        for (int l = 0; l < L; l++) {
+            sort_tail_by_bucket(*this, l, size_t(t), new_offsets.data() + size_t(l) * (B + 1),
+                                new_ids.data() + size_t(l) * t);
+        }
     }
-    size_t B = size_t(1) << K;
-    recent_offsets.assign(size_t(L) * (B + 1), 0);
-    recent_ids.resize(size_t(L) * t);
-    for (int l = 0; l < L; l++) {
-        sort_tail_by_bucket(*this, l, size_t(t), recent_offsets.data() + size_t(l) * (B + 1),
-                            recent_ids.data() + size_t(l) * t);
-    }
-    n_recent = n;
+    recent_offsets.swap(new_offsets);
+    recent_ids.swap(new_ids);
+    n_recent = t > 0 ? n : n_indexed;
 }
 
 namespace {

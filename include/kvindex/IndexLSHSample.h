@@ -205,6 +205,11 @@ struct IndexLSHSample : KVIndex {
         return shared_tokens ? *shared_tokens : storage;
     }
     bool share_tokens(const KVStorage* lent) override;
+    /// add_kv restores every array's size when it throws; the tables are
+    /// built aside and swapped in
+    bool writes_roll_back() const override {
+        return true;
+    }
 
     /// its own storage and tables: lent tokens are counted by their owner
     size_t memory_bytes() const override;
@@ -286,6 +291,9 @@ struct IndexLSHSample : KVIndex {
 
     /// Rebuilds the tail's tables over [n_indexed, ntotal).
     void build_recent_tables();
+    /// add_kv's work after the tokens are stored: the mean (first call),
+    /// the n keys' codes and norms, then the tables if they are due.
+    void hash_new_keys(idx_t n, const float* keys);
 
     /// The inclusion table of (K, L, hits): the one held if it matches.
     std::shared_ptr<const LSHInclusionTable> table_for(int hits) const;
