@@ -478,6 +478,10 @@ void IndexProxyEvict::reset_impl() {
     ntotal = 0;
 }
 
+bool IndexProxyEvict::writes_roll_back() const {
+    return inner && inner->writes_roll_back();
+}
+
 void IndexProxyEvict::reconstruct_impl(idx_t key, float* recons) const {
     idx_t i = inner_id(key);
     FAISS_THROW_IF_NOT_FMT(i >= 0, "reconstruct: token %zd was evicted", size_t(key));

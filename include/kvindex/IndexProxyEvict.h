@@ -173,6 +173,9 @@ struct IndexProxyEvict : KVIndex {
     std::vector<idx_t> choose_kept(const PrefillInput& input, const ProxyScorer& scorer) const;
 
     size_t memory_bytes() const override;
+    /// as its inner index's: the positions are reserved before that is
+    /// written, and assigned by a move after it
+    bool writes_roll_back() const override;
 
     const char* type_name() const override {
         return "IndexProxyEvict";
