@@ -10,6 +10,7 @@
 
 #include <kvindex/IndexTopK.h>
 #include <kvindex/attention.h>
+#include <kvindex/impl/growth.h>
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
@@ -246,10 +247,20 @@ void IndexIVFAsym::assign_tokens(idx_t n, const float* keys, const float* values
         assign_keys_to_buckets(
                 keys, n, d, first_position + ntotal, rope, centroids.data(), n_centroids, assign.data());
     }
-    // append bucket by bucket; undone on failure (a value the type cannot hold)
+    // append bucket by bucket; undone on failure (a value the type cannot
+    // hold, an allocation). What follows the loop allocates nothing: its
+    // room is made here, before any bucket changes (writes_roll_back).
     std::vector<size_t> sizes(buckets.size());
     for (size_t b = 0; b < buckets.size(); b++) {
         sizes[b] = bucket_ids[b].size();
+    }
+    reserve_for_growth(token_bucket, token_bucket.size() + size_t(n));
+    std::vector<float> scratch;
+    const bool moments_were_empty = key_sum.empty();
+    if (probe == IVFAsymProbe::moment &&
+        std::any_of(assign.begin(), assign.end(), [&](int32_t b) { return b < n_centroids; })) {
+        size_moments(); // sized once a token is in a bucket (check_invariants)
+        scratch.resize(d);
     }
     try {
         for (idx_t i = 0; i < n; i++) {
@@ -262,6 +273,12 @@ void IndexIVFAsym::assign_tokens(idx_t n, const float* keys, const float* values
             buckets[b].truncate(idx_t(sizes[b]));
             bucket_ids[b].resize(sizes[b]);
         }
+        if (moments_were_empty) {
+            key_sum.clear();
+            key_sq_sum.clear();
+            bucket_mean.clear();
+            bucket_var.clear();
+        }
         throw;
     }
     token_bucket.insert(token_bucket.end(), assign.begin(), assign.end());
@@ -269,13 +286,13 @@ void IndexIVFAsym::assign_tokens(idx_t n, const float* keys, const float* values
         for (int32_t b = 0; b < n_centroids; b++) {
             idx_t added = idx_t(bucket_ids[b].size() - sizes[b]);
             if (added > 0) {
-                add_moments(b, idx_t(sizes[b]), added);
+                add_moments(b, idx_t(sizes[b]), added, scratch.data());
             }
         }
     }
 }
 
-void IndexIVFAsym::add_moments(int32_t b, idx_t from, idx_t n) {
+void IndexIVFAsym::size_moments() {
     const size_t C = size_t(n_centroids);
     if (key_sum.size() != C * d) {
         key_sum.assign(C * d, 0.0);
@@ -283,6 +300,9 @@ void IndexIVFAsym::add_moments(int32_t b, idx_t from, idx_t n) {
         bucket_mean.assign(C * d, 0.0f);
         bucket_var.assign(C * d, 0.0f);
     }
+}
+
+void IndexIVFAsym::add_moments(int32_t b, idx_t from, idx_t n, float* k) {
     double* s1 = key_sum.data() + size_t(b) * d;
     double* s2 = key_sq_sum.data() + size_t(b) * d;
     if (from == 0) {
@@ -290,9 +310,8 @@ void IndexIVFAsym::add_moments(int32_t b, idx_t from, idx_t n) {
         std::fill_n(s2, d, 0.0);
     }
     // in token order, so that a bucket read back from a file gets the same sums
-    std::vector<float> k(d);
     for (idx_t i = from; i < from + n; i++) {
-        buckets[b].key(i, k.data());
+        buckets[b].key(i, k);
         for (int j = 0; j < d; j++) {
             s1[j] += k[j];
             s2[j] += double(k[j]) * k[j];
@@ -334,6 +353,10 @@ void IndexIVFAsym::reset_impl() {
 idx_t IndexIVFAsym::offset_in_bucket(idx_t key) const {
     const std::vector<idx_t>& ids = bucket_ids[token_bucket[key]];
     return idx_t(std::lower_bound(ids.begin(), ids.end(), key) - ids.begin());
+}
+
+bool IndexIVFAsym::writes_roll_back() const {
+    return true;
 }
 
 void IndexIVFAsym::reconstruct_impl(idx_t key, float* recons) const {
@@ -838,9 +861,11 @@ void IndexIVFAsym::read_fields(BufferReader& r, uint32_t version) {
         }
     }
     if (probe == IVFAsymProbe::moment) {
+        std::vector<float> scratch(d);
         for (int b = 0; b < n_centroids; b++) {
             if (buckets[b].size() > 0) { // as assign_tokens does
-                add_moments(b, 0, buckets[b].size());
+                size_moments();
+                add_moments(b, 0, buckets[b].size(), scratch.data());
             }
         }
     }

@@ -170,6 +170,9 @@ struct IndexIVFAsym : KVIndex {
     void set_trained(const std::vector<float>& centroids, const QModel& qmodel, const RopeParams& rope);
 
     size_t memory_bytes() const override;
+    /// add_kv appends to the buckets with its room made first and undoes
+    /// them on a throw; a prefill that throws resets
+    bool writes_roll_back() const override;
 
     const char* type_name() const override {
         return "IndexIVFAsym";
@@ -232,9 +235,13 @@ struct IndexIVFAsym : KVIndex {
     void oracle_bucket_masses(const float* q, float* masses) const;
     /// Where token `key` sits in its bucket.
     idx_t offset_in_bucket(idx_t key) const;
+    /// Sizes the moment arrays for n_centroids buckets (zeros) if they are not.
+    void size_moments();
     /** Adds keys [from, from + n) of bucket b (as stored) to its sums and
-     * refreshes its mean and variance; from = 0 and n = size restarts it. */
-    void add_moments(int32_t b, idx_t from, idx_t n);
+     * refreshes its mean and variance; from = 0 and n = size restarts it.
+     * The arrays are sized (size_moments); `scratch` holds d floats, so
+     * that it allocates nothing. */
+    void add_moments(int32_t b, idx_t from, idx_t n, float* scratch);
     /// The moment probe's scores: the softmax over buckets of moment_log_masses.
     void moment_bucket_masses(const float* q, float* masses) const;
     /// Appends tokens at positions first_position + ntotal + i to their buckets.
