@@ -274,7 +274,6 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         // Train on a random sample of all keys so far: a prefix would see
         // only the start of the document. A new retriever is trained and
         // filled, then takes the untrained one's place: a throw leaves that.
-        std::unique_ptr<faiss::Index> trained = fresh_retriever();
         idx_t nt = storage.size();
         std::vector<idx_t> perm(nt);
         std::iota(perm.begin(), perm.end(), 0);
@@ -288,6 +287,7 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         for (idx_t i = 0; i < n_sample; i++) {
             storage.key(perm[i], sample.data() + i * d);
         }
+        std::unique_ptr<faiss::Index> trained = fresh_retriever();
         trained->train(n_sample, sample.data());
         std::vector<float> all;
         storage.to_float(0, nt, &all, nullptr);
