@@ -462,6 +462,15 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
                  "string; returns how many indexes of the chain adopted something")
             .def("memory_bytes", &KVIndex::memory_bytes)
             .def("check_invariants", &KVIndex::check_invariants)
+            .def_property_readonly("writes_roll_back", &KVIndex::writes_roll_back,
+                 "whether a write (add_kv, prefill, reset) that raises part-way leaves the index as it "
+                 "was; where not, the index is marked failed (failed_write) until reset()")
+            .def_property_readonly("failed_write", [](const KVIndex& s) -> py::object {
+                     const char* w = s.failed_write();
+                     return w ? py::object(py::str(w)) : py::object(py::none());
+                 },
+                 "None, or the write that raised part-way and left the index inconsistent "
+                 "(\"add_kv: <its error>\"): every call but reset() then raises")
             .def("children", [](KVIndex& s) { return s.mutable_children(); }, py::return_value_policy::reference_internal,
                  "the indexes this one wraps (references: they live as long as this index)")
             .def("parameter_info", [](const KVIndex& s) { return kvindex::index_parameter_info(&s); })

@@ -197,3 +197,23 @@ def test_read_only_input(index, q):
     q.setflags(write=False)
     out, _ = index.attend(q)
     assert out.shape == (5, D)
+
+
+@pytest.mark.parametrize("string, rolls_back", [
+    ("Flat", True), ("Sink4,Window8,LSHSample6x20", True), ("TopK(IVF4,Flat)", True),
+    ("TopK(HNSW8)", False), ("RoarGraph8", False), ("Hybrid(TopK(Flat),Uniform)", False)])
+def test_failure_contract_is_reported(string, rolls_back):
+    # the C++ allocation-failure test (tests/test_allocation_faults.cpp)
+    # checks each claim; here: the bindings report it, and a healthy index
+    # has no failed write, before and after writes and a refused one
+    idx = kvindex.index_factory(16, string)
+    assert idx.writes_roll_back is rolls_back
+    assert idx.failed_write is None
+    rng = np.random.default_rng(33)
+    k = rng.standard_normal((64, 16)).astype(np.float32)
+    idx.add_kv(k, k)
+    k[3, 2] = np.nan
+    with pytest.raises(RuntimeError, match="non-finite"):
+        idx.add_kv(k, k)  # refused before the write: nothing is marked
+    assert idx.failed_write is None
+    assert idx.ntotal == 64
