@@ -267,12 +267,20 @@ void check_prompt(const PrefillInput& in, int d, const char* what) {
     }
 }
 
-void KVIndex::check_prefill(const PrefillInput& in) const {
+namespace {
+
+void check_empty_for_prefill(idx_t ntotal) {
     FAISS_THROW_IF_NOT_FMT(
             ntotal == 0,
             "prefill: the index already holds %zd tokens; prefill starts an "
             "empty cache (use add_kv to append)",
             size_t(ntotal));
+}
+
+} // namespace
+
+void KVIndex::check_prefill(const PrefillInput& in) const {
+    check_empty_for_prefill(ntotal);
     check_rope_params(in.rope, d);
     FAISS_THROW_IF_NOT_FMT(
             !has_rope || in.rope == rope,
@@ -298,11 +306,7 @@ void KVIndex::prefill(const PrefillInput& in) {
     check_children();
     // here as well as in check_prefill (which the types' cores run): a
     // prefill that throws empties the index again, so it must start empty
-    FAISS_THROW_IF_NOT_FMT(
-            ntotal == 0,
-            "prefill: the index already holds %zd tokens; prefill starts an "
-            "empty cache (use add_kv to append)",
-            size_t(ntotal));
+    check_empty_for_prefill(ntotal);
     // a prefill that throws fixes no RoPE, whatever part of it ran (a
     // wrapper's core records it before it fills its children)
     const bool had_rope = has_rope;
