@@ -6,6 +6,11 @@
 // type joins by adding its strings here (and its golden files: see
 // test_golden.cpp). Every registry row must appear in at least one string.
 
+#include <cctype>
+#include <cstddef>
+#include <ostream>
+#include <string>
+
 namespace kvtest {
 
 struct ConformanceCase {
@@ -79,5 +84,25 @@ inline const ConformanceCase kConformance[] = {
         // the graph walked on 8-bit codes of its bfloat16 keys
         {"BF16,RoarGraph8", "k=7,efSearch=20,walk_bits=8", "k=1000000"},
 };
+
+/// A factory string as an identifier: letters and digits kept, every other
+/// character '_' (test names, golden file names).
+inline std::string factory_identifier(const char* factory) {
+    std::string s;
+    for (const char* p = factory; *p; p++) {
+        s += std::isalnum(static_cast<unsigned char>(*p)) ? *p : '_';
+    }
+    return s;
+}
+
+/// The gtest name of case i of a suite over kConformance: "<i>_<identifier>".
+inline std::string conformance_test_name(size_t i, const ConformanceCase& c) {
+    return std::to_string(i) + "_" + factory_identifier(c.factory);
+}
+
+/// gtest and ctest print a case as its string.
+inline void PrintTo(const ConformanceCase& c, std::ostream* os) {
+    *os << c.factory;
+}
 
 } // namespace kvtest

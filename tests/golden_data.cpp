@@ -1,7 +1,6 @@
 #include "golden_data.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 
 #include <kvindex/index_factory.h>
@@ -9,6 +8,7 @@
 #include <kvindex/parameters.h>
 #include <kvindex/registry.h>
 
+#include "conformance_list.h"
 #include "reference.h"
 
 namespace kvgolden {
@@ -61,11 +61,7 @@ Answers answer(const kvindex::KVIndex* index, const std::vector<float>& q) {
 std::string golden_stem(size_t i, const std::string& factory) {
     char num[8];
     std::snprintf(num, sizeof(num), "%02zu_", i);
-    std::string s = num;
-    for (char c : factory) {
-        s += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-    }
-    return s;
+    return num + kvtest::factory_identifier(factory.c_str());
 }
 
 std::string golden_version_key(const std::string& factory) {

@@ -430,11 +430,7 @@ void check_read(const std::vector<uint8_t>& start, const Call& call, const std::
 }
 
 std::string param_name(const testing::TestParamInfo<ConformanceCase>& info) {
-    std::string s = std::to_string(info.index) + "_";
-    for (const char* p = info.param.factory; *p; p++) {
-        s += std::isalnum(static_cast<unsigned char>(*p)) ? *p : '_';
-    }
-    return s;
+    return kvtest::conformance_test_name(info.index, info.param);
 }
 
 class AllocationFaults : public testing::TestWithParam<ConformanceCase> {
@@ -448,12 +444,6 @@ class AllocationFaults : public testing::TestWithParam<ConformanceCase> {
 };
 
 } // namespace
-
-namespace kvtest {
-void PrintTo(const ConformanceCase& c, std::ostream* os) {
-    *os << c.factory;
-}
-} // namespace kvtest
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, AllocationFaults, testing::ValuesIn(kvtest::kConformance),
                          param_name);

@@ -208,23 +208,12 @@ void expect_exact(const KVIndex* index, idx_t n, const std::string& what) {
 }
 
 std::string param_name(const testing::TestParamInfo<ConformanceCase>& info) {
-    std::string s = std::to_string(info.index) + "_";
-    for (const char* p = info.param.factory; *p; p++) {
-        s += std::isalnum(static_cast<unsigned char>(*p)) ? *p : '_';
-    }
-    return s;
+    return kvtest::conformance_test_name(info.index, info.param);
 }
 
 class Conformance : public testing::TestWithParam<ConformanceCase> {};
 
 } // namespace
-
-namespace kvtest {
-// ctest and gtest print the case as its string
-void PrintTo(const ConformanceCase& c, std::ostream* os) {
-    *os << c.factory;
-}
-} // namespace kvtest
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, Conformance, testing::ValuesIn(kvtest::kConformance), param_name);
 
