@@ -355,10 +355,6 @@ idx_t IndexIVFAsym::offset_in_bucket(idx_t key) const {
     return idx_t(std::lower_bound(ids.begin(), ids.end(), key) - ids.begin());
 }
 
-bool IndexIVFAsym::writes_roll_back() const {
-    return true;
-}
-
 void IndexIVFAsym::reconstruct_impl(idx_t key, float* recons) const {
     buckets[token_bucket[key]].key(offset_in_bucket(key), recons);
 }

@@ -104,20 +104,21 @@ void KVIndex::write_tokens(const char* what, const std::function<void()>& core) 
     try {
         core();
     } catch (const std::exception& e) {
-        if (!writes_roll_back()) {
-            mark_failed(what, e.what());
-        }
-        stamp_after_write(); // it may have written part
+        after_failed_write(what, e.what());
         throw;
     } catch (...) {
-        if (!writes_roll_back()) {
-            mark_failed(what, "an exception not derived from std::exception");
-        }
-        stamp_after_write();
+        after_failed_write(what, "an exception not derived from std::exception");
         throw;
     }
     failed_write_[0] = 0;
     stamp_after_write();
+}
+
+void KVIndex::after_failed_write(const char* what, const char* why) noexcept {
+    if (!writes_roll_back()) {
+        mark_failed(what, why);
+    }
+    stamp_after_write(); // it may have written part
 }
 
 void KVIndex::stamp_after_write() noexcept {
@@ -319,17 +320,12 @@ void KVIndex::prefill(const PrefillInput& in) {
         if (failed_write()) {
             // prefill starts from an empty index, and the types check their
             // prompt inside their cores: an index that threw part-way is
-            // emptied again, as a reset would, instead of staying marked
+            // emptied again, as reset() would, instead of staying marked
             // (it stays marked if that throws too)
             try {
-                reset_impl();
-                if (!has_rope) {
-                    unfix_rope_below();
-                }
-                failed_write_[0] = 0;
+                write_tokens("reset", [&] { reset_after(true); });
             } catch (...) {
             }
-            stamp_after_write();
         }
         throw;
     }
@@ -340,14 +336,16 @@ void KVIndex::reset() {
     // no check: reset is the way back for a wrapper whose child was written,
     // and for an index marked failed
     const bool was_failed = failed_write() != nullptr;
-    write_tokens("reset", [&] {
-        reset_impl();
-        if (was_failed && !has_rope) {
-            // a failed prefill fixes nothing: children it prefilled before it
-            // threw forget their RoPE too, as if they had never been filled
-            unfix_rope_below();
-        }
-    });
+    write_tokens("reset", [&] { reset_after(was_failed); });
+}
+
+void KVIndex::reset_after(bool failed) {
+    reset_impl();
+    if (failed && !has_rope) {
+        // a failed prefill fixes nothing: children it prefilled before it
+        // threw forget their RoPE too, as if they had never been filled
+        unfix_rope_below();
+    }
 }
 
 void KVIndex::unfix_rope_below() {

@@ -61,8 +61,7 @@ void KVStorage::value(idx_t i, float* out) const {
 void KVStorage::append(idx_t n, const float* k, const float* v) {
     check_input_size(n, std::max(d, d_value), "KVStorage::append"); // n >= 0 too
     size_t nk = keys.size(), nv = values.size();
-    reserve_for_growth(keys, nk + n * key_bytes());
-    reserve_for_growth(values, nv + n * value_bytes());
+    reserve(size() + n); // both arrays first: a failed allocation adds nothing
     keys.resize(nk + n * key_bytes());
     values.resize(nv + n * value_bytes());
     try {

@@ -30,10 +30,11 @@ void* allocate_rows(size_t bytes) {
     if (bytes > std::numeric_limits<size_t>::max() - kHugePageBytes) {
         throw std::bad_alloc();
     }
-    void* p = ::operator new(huge_page_rounded(bytes), std::align_val_t(kHugePageBytes));
+    const size_t rounded = huge_page_rounded(bytes);
+    void* p = ::operator new(rounded, std::align_val_t(kHugePageBytes));
 #if defined(MADV_HUGEPAGE)
     // advice only: where THP is off the pages stay small, which is correct
-    madvise(p, huge_page_rounded(bytes), MADV_HUGEPAGE);
+    madvise(p, rounded, MADV_HUGEPAGE);
 #endif
     return p;
 }

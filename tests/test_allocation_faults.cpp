@@ -258,15 +258,15 @@ std::vector<uint8_t> answers_of(const KVIndex& index) {
 /// One call under test, on `index` (a fresh copy each time).
 using Call = std::function<void(KVIndex& index)>;
 
-/// Runs call with allocation `at` failing (0: none fails); returns the
-/// allocations counted and whether the call threw; a call that throws
-/// without the failure having fired is a test failure.
+/// What a call did under run_failing_at.
 struct Outcome {
-    long allocations = 0;
+    long allocations = 0; ///< counted (outside OpenMP regions)
     bool threw = false;
-    std::string message;
+    std::string message;  ///< the exception's, if it threw
 };
 
+/// Runs call with allocation `at` failing (0: none fails); a call that
+/// throws without the failure having fired is a test failure.
 Outcome run_failing_at(const Call& call, KVIndex& index, long at) {
     Outcome o;
     g_plan.seen = 0;

@@ -172,7 +172,9 @@ struct IndexIVFAsym : KVIndex {
     size_t memory_bytes() const override;
     /// add_kv appends to the buckets with its room made first and undoes
     /// them on a throw; a prefill that throws resets
-    bool writes_roll_back() const override;
+    bool writes_roll_back() const override {
+        return true;
+    }
 
     const char* type_name() const override {
         return "IndexIVFAsym";

@@ -684,6 +684,11 @@ struct KVIndex : faiss::Index {
     void write_tokens(const char* what, const std::function<void()>& core);
     /// Marks the index failed by the write `what`, which threw `why`.
     void mark_failed(const char* what, const char* why) noexcept;
+    /// After a core threw: the mark (unless its writes roll back), the stamps.
+    void after_failed_write(const char* what, const char* why) noexcept;
+    /// reset's core; after a failed write, an index without RoPE also
+    /// clears its children's (unfix_rope_below).
+    void reset_after(bool failed);
     /// A new stamp and the children's, after a write (done or thrown).
     void stamp_after_write() noexcept;
     /// Clears has_rope and rope in every index below this one.
