@@ -1,6 +1,7 @@
 #include <kvindex/KVCache.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -189,7 +190,7 @@ void KVCache::check_layer_in_step(int layer, const char* what) const {
         FAISS_THROW_IF_NOT_FMT(
                 x->ntotal == n,
                 "%s: layer %d: KV head %d holds %zd tokens, head 0 %zd (written through index(), or a "
-                "head failed inside append)",
+                "head failed inside append; reset() empties the cache)",
                 what,
                 layer,
                 h,
@@ -285,11 +286,33 @@ void KVCache::append(int layer, idx_t n, const float* keys, const float* values)
     WriteScope scope(layer_calls[layer], "KVCache::append", "this layer of the cache");
     check_layer_in_step(layer, "KVCache::append");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::append: n=%zd must be >= 0", size_t(n));
-    // bad input is refused before any head appends
+    // bad input is refused before any head appends: the layer's arrays,
+    // then each head's slice as that head's add_kv would check it (its
+    // storage type: a value an FP16 head cannot hold in head 2 would
+    // otherwise be refused after heads 0 and 1 took the token, and the
+    // layer be out of step for good)
     check_tokens(n, keys, values, "KVCache::append");
+    for (int h = 0; h < n_kv_heads; h++) {
+        char what[64];
+        snprintf(what, sizeof(what), "KVCache::append: layer %d, KV head %d", layer, h);
+        index(layer, h)->check_add_kv(n, keys + h * n * d, values + h * n * d_value, what);
+    }
     parallel_for(n_kv_heads, [&](idx_t h) {
         index(layer, int(h))->add_kv(n, keys + h * n * d, values + h * n * d_value);
     });
+}
+
+void KVCache::reset() {
+    // every layer held first, so that no call runs on a layer while its
+    // heads empty one by one
+    std::vector<std::unique_ptr<WriteScope>> scopes;
+    for (int l = 0; l < n_layers; l++) {
+        scopes.push_back(std::make_unique<WriteScope>(
+                layer_calls[l], "KVCache::reset", "a layer of the cache"));
+    }
+    for (auto& head : indexes) {
+        head->reset();
+    }
 }
 
 void KVCache::attend(

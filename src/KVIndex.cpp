@@ -178,32 +178,54 @@ void KVIndex::add(idx_t, const float*) {
 
 void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     WriteScope scope(*this, "add_kv");
+    // literal names: a decode step's append builds no message strings
+    check_add_kv_named(n, keys, values, "add_kv", "add_kv: keys", "add_kv: values");
+    if (n == 0) {
+        return;
+    }
+    write_tokens("add_kv", [&] {
+        add_kv_impl(n, keys, values);
+        ntotal += n;
+    });
+}
+
+void KVIndex::check_add_kv(idx_t n, const float* keys, const float* values, const char* what)
+        const {
+    const std::string k = std::string(what) + ": keys", v = std::string(what) + ": values";
+    check_add_kv_named(n, keys, values, what, k.c_str(), v.c_str());
+}
+
+void KVIndex::check_add_kv_named(
+        idx_t n,
+        const float* keys,
+        const float* values,
+        const char* what,
+        const char* keys_what,
+        const char* values_what) const {
     check_children();
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "add_kv: n=%zd must be >= 0", size_t(n));
+    FAISS_THROW_IF_NOT_FMT(n >= 0, "%s: n=%zd must be >= 0", what, size_t(n));
     if (n == 0) {
         return;
     }
     FAISS_THROW_IF_NOT_FMT(
             d > 0 && d_value > 0,
-            "add_kv: index has invalid dimensions d=%d d_value=%d",
+            "%s: index has invalid dimensions d=%d d_value=%d",
+            what,
             d,
             d_value);
-    check_not_null(keys, "add_kv: keys");
-    check_not_null(values, "add_kv: values");
-    check_input(keys, n, d, "add_kv: keys");
-    check_input(values, n, d_value, "add_kv: values");
-    check_kv_type_fits(kv_type, keys, size_t(n) * d, d, "add_kv: keys");
-    check_kv_type_fits(kv_type, values, size_t(n) * d_value, d_value, "add_kv: values");
+    check_not_null(keys, keys_what);
+    check_not_null(values, values_what);
+    check_input(keys, n, d, keys_what);
+    check_input(values, n, d_value, values_what);
+    check_kv_type_fits(kv_type, keys, size_t(n) * d, d, keys_what);
+    check_kv_type_fits(kv_type, values, size_t(n) * d_value, d_value, values_what);
     // a count (or an eviction index's position) near the top would wrap
     FAISS_THROW_IF_NOT_FMT(
             ntotal <= kMaxPosition && n <= kMaxPosition - ntotal,
-            "add_kv: ntotal=%zd + n=%zd tokens is more than an index counts (2^62)",
+            "%s: ntotal=%zd + n=%zd tokens is more than an index counts (2^62)",
+            what,
             ssize_t(ntotal),
             ssize_t(n));
-    write_tokens("add_kv", [&] {
-        add_kv_impl(n, keys, values);
-        ntotal += n;
-    });
 }
 
 void KVIndex::add_queries(idx_t n, const float* queries) {

@@ -18,6 +18,7 @@
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
 
+#include "conformance_list.h"
 #include "expect_throw.h"
 #include "reference.h"
 
@@ -185,6 +186,108 @@ TEST(KVCache, APrefillRefusedInOneHeadLeavesTheLayerAsItWas) {
         cache.prefill(0, n, k.data(), v.data(), 0, nullptr, nullptr, other);
         EXPECT_EQ(cache.n_tokens(0), n);
         EXPECT_NO_THROW(cache.check_invariants());
+    }
+}
+
+namespace {
+
+/// Every query head's output of one layer, [n_q_heads, n, d_value].
+std::vector<float> attend_layer(const KVCache& cache, int layer, idx_t n, const std::vector<float>& q) {
+    std::vector<float> out(size_t(cache.n_q_heads) * n * cache.d_value);
+    cache.attend(layer, n, q.data(), out.data(), nullptr);
+    return out;
+}
+
+} // namespace
+
+TEST(KVCache, AnAppendOneHeadCannotHoldLeavesEveryHeadAsItWas) {
+    // each head's slice is checked as its own add_kv checks it before any
+    // head appends: a key or value that KV head 1's 16-bit storage cannot
+    // hold was refused after head 0 had taken the tokens, and the layer
+    // stayed out of step for good. Every 16-bit string of the suite, in
+    // fp16 (bf16 holds every input the checks let through: |x| <= 1e12).
+    int tried = 0;
+    for (const auto& c : kvtest::kConformance) {
+        std::string s = c.factory;
+        if (s.rfind("BF16,", 0) != 0 && s.rfind("FP16,", 0) != 0) {
+            continue;
+        }
+        s = "FP16," + s.substr(5);
+        SCOPED_TRACE(s);
+        tried++;
+        const float too_big = 1e5f; // fp16 holds |x| < 65520
+        KVCache cache(1, 4, 2, kD, kDv, s);
+        const idx_t n = 60, nq = 8, m = 3;
+        auto k = gaussian(2 * n, kD, 31), v = gaussian(2 * n, kDv, 32);
+        auto q = gaussian(4 * nq, kD, 33);
+        RopeParams rope;
+        rope.theta = 10000;
+        cache.prefill(0, n, k.data(), v.data(), nq, q.data(), nullptr, rope);
+        auto probe = gaussian(4 * 2, kD, 34);
+        const std::vector<float> before = attend_layer(cache, 0, 2, probe);
+        auto k2 = gaussian(2 * m, kD, 35), v2 = gaussian(2 * m, kDv, 36);
+        for (const bool in_keys : {true, false}) {
+            auto bad_k = k2, bad_v = v2;
+            // head 1, token 1
+            (in_keys ? bad_k[(m + 1) * kD + 2] : bad_v[(m + 1) * kDv + 2]) = too_big;
+            const std::string msg =
+                    kvtest::faiss_error([&] { cache.append(0, m, bad_k.data(), bad_v.data()); });
+            EXPECT_NE(msg.find(std::string("KVCache::append: layer 0, KV head 1: ") +
+                               (in_keys ? "keys" : "values") + ": value"),
+                      std::string::npos)
+                    << msg;
+            for (int h = 0; h < 2; h++) {
+                EXPECT_EQ(cache.index(0, h)->ntotal, n) << "head " << h;
+            }
+            EXPECT_NO_THROW(cache.check_invariants());
+            EXPECT_EQ(attend_layer(cache, 0, 2, probe), before);
+        }
+        cache.append(0, m, k2.data(), v2.data());
+        EXPECT_EQ(cache.n_tokens(0), n + m);
+    }
+    EXPECT_GE(tried, 10);
+}
+
+TEST(KVCache, ResetEmptiesEveryLayerAndMendsOneOutOfStep) {
+    KVCache cache(kLayers, kQHeads, kKVHeads, kD, kDv, "Sink2,Window4,TopK(Flat)", "Flat", {0});
+    const idx_t n = 30;
+    auto k = gaussian(kKVHeads * n, kD, 41), v = gaussian(kKVHeads * n, kDv, 42);
+    RopeParams rope;
+    rope.theta = 10000;
+    for (int l = 0; l < kLayers; l++) {
+        cache.prefill(l, n, k.data(), v.data(), 0, nullptr, nullptr, rope);
+    }
+    // a write through a head's reference puts layer 1 out of step
+    cache.index(1, 1)->add_kv(1, k.data(), v.data());
+    EXPECT_THROW_MSG(cache.check_invariants(), "reset() empties the cache");
+    {
+        // refused, changing nothing, while a call runs on any layer
+        ReadScope running(cache.layer_calls[1], "attend", "layer 1");
+        EXPECT_THROW_MSG(cache.reset(), "KVCache::reset");
+        EXPECT_EQ(cache.n_tokens(0), n);
+    }
+    cache.reset();
+    for (int l = 0; l < kLayers; l++) {
+        for (int h = 0; h < kKVHeads; h++) {
+            EXPECT_EQ(cache.index(l, h)->ntotal, 0) << l << "," << h;
+        }
+    }
+    EXPECT_NO_THROW(cache.check_invariants());
+    RopeParams fixed;
+    ASSERT_TRUE(cache.fixed_rope(&fixed)); // the cache's RoPE stays
+    EXPECT_EQ(fixed, rope);
+    // a new sequence with the same RoPE: every layer answers as a fresh
+    // cache's
+    auto k2 = gaussian(kKVHeads * 12, kD, 43), v2 = gaussian(kKVHeads * 12, kDv, 44);
+    KVCache fresh(kLayers, kQHeads, kKVHeads, kD, kDv, "Sink2,Window4,TopK(Flat)", "Flat", {0});
+    for (KVCache* c : {&cache, &fresh}) {
+        for (int l = 0; l < kLayers; l++) {
+            c->prefill(l, 12, k2.data(), v2.data(), 0, nullptr, nullptr, rope);
+        }
+    }
+    auto q = gaussian(kQHeads * 2, kD, 45);
+    for (int l = 0; l < kLayers; l++) {
+        EXPECT_EQ(attend_layer(cache, l, 2, q), attend_layer(fresh, l, 2, q)) << "layer " << l;
     }
 }
 

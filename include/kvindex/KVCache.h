@@ -118,11 +118,21 @@ struct KVCache {
             const RopeParams& rope);
 
     /// Appends n tokens to every KV head of a layer (same layouts as
-    /// prefill). All input is checked, and a call running on the layer in
-    /// another thread refused, before any head appends; a failure inside
-    /// one head's index (rare: a retriever that cannot train) can leave the
-    /// heads of the layer with different lengths.
+    /// prefill). All input is checked, each head's slice as that head's
+    /// add_kv checks it (its storage type included: a key an FP16 head
+    /// cannot hold), and a call running on the layer in another thread
+    /// refused, before any head appends. A failure inside one head's index
+    /// after that (out of memory, a retriever that cannot train) can leave
+    /// the heads of the layer with different lengths: every later call on
+    /// the layer is then refused, naming the head, until reset().
     void append(int layer, idx_t n, const float* keys, const float* values);
+
+    /** Removes every token of every layer: a new sequence, or a layer that
+     * a failed append left out of step. Each index keeps what
+     * KVIndex::reset keeps (its knobs), the cache keeps its RoPE. Refused
+     * before any head changes while another call runs on any layer; if a
+     * head's reset throws (out of memory), call it again. */
+    void reset();
 
     /** Attention of n queries per query head of one layer. Each KV head
      * gets the queries of its whole GQA group in one attend call (g * n

@@ -249,6 +249,20 @@ struct KVIndex : faiss::Index {
      */
     void add_kv(idx_t n, const float* keys, const float* values);
 
+    /** Throws what add_kv(n, keys, values) would throw before writing
+     * anything (a child out of step, a failed write, wrong dimensions,
+     * NaN/Inf, a value the storage type cannot hold, a count past 2^62),
+     * and changes nothing. A caller that appends to several indexes as
+     * one step (KVCache::append: every KV head of a layer) checks each
+     * first, so that bad input for one head leaves all of them as they
+     * were. Messages start with `what`.
+     *
+     * @param keys    size n * d
+     * @param values  size n * d_value
+     */
+    void check_add_kv(idx_t n, const float* keys, const float* values, const char* what = "add_kv")
+            const;
+
     /** Adds the prompt with everything prefill knows: the default adds the
      * keys and values, query-aware indexes learn from the queries
      * (prefill_impl). May be called on an empty index only. The input's
@@ -561,6 +575,16 @@ struct KVIndex : faiss::Index {
     virtual bool share_tokens(const KVStorage* tokens);
 
    protected:
+    /// check_add_kv with the messages' names given (add_kv passes
+    /// literals, so that a decode step's append builds no strings)
+    void check_add_kv_named(
+            idx_t n,
+            const float* keys,
+            const float* values,
+            const char* what,
+            const char* keys_what,
+            const char* values_what) const;
+
     // ---- the type's core: arguments checked, n > 0 ---------------------
 
     /// Appends already validated tokens; add_kv checks, then calls this.

@@ -170,6 +170,13 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                  "from them (KVIndex.add_queries)")
             .def("attend", &attend, py::arg("layer"), py::arg("q"), py::arg("params") = py::none(),
                  "out, lse = cache.attend(layer, q): q (n_q_heads, n, d) -> (n_q_heads, n, d_value), (n_q_heads, n)")
+            .def("reset",
+                 [](KVCache& c) {
+                     py::gil_scoped_release release;
+                     c.reset();
+                 },
+                 "removes every token of every layer (a new sequence, or a layer a failed append left "
+                 "out of step); the knobs and the cache's RoPE stay")
             .def("memory_bytes", &KVCache::memory_bytes)
             .def("check_invariants", &KVCache::check_invariants,
                  "raises RuntimeError naming the first layer whose KV heads hold different numbers of tokens "

@@ -166,6 +166,29 @@ def test_cache_shape_errors(model_data):
         kvindex.KVCache(1, 2, 1, DH, "Bogus17")
 
 
+def test_append_one_head_cannot_hold_leaves_every_head_and_reset_empties(model_data):
+    """A key the second head's FP16 storage cannot hold is refused before
+    the first head takes the token; reset() empties every layer."""
+    t = model_data[0]
+    cache = kvindex.KVCache(L, HQ, HKV, DH, "FP16,TopK(Flat)|k=20")
+    for layer in range(L):
+        cache.prefill(layer, t["keys"][:, :100], t["values"][:, :100])
+    k = t["keys"][:, 100:102].copy()
+    k[1, 1, 5] = 1e5  # above fp16's 65504, in KV head 1 only
+    with pytest.raises(RuntimeError, match="KV head 1: keys: value 100000 at row 1, column 5 does not fit f16"):
+        cache.append(0, k, t["values"][:, 100:102])
+    assert [cache.index(0, h).ntotal for h in range(HKV)] == [100, 100]
+    cache.check_invariants()
+    cache.append(0, t["keys"][:, 100:102], t["values"][:, 100:102])
+    assert cache.n_tokens(0) == 102
+    cache.reset()
+    assert [cache.n_tokens(layer) for layer in range(L)] == [0, 0]
+    cache.prefill(0, t["keys"][:, :50], t["values"][:, :50])
+    out, _ = cache.attend(0, t["queries"][:, :2])
+    ref, _ = reference(t["keys"][:, :50], t["values"][:, :50], t["queries"][:, :2], k=20)
+    assert kvref.rel_err(out, ref).max() < 2e-3  # fp16 storage's rounding
+
+
 @pytest.mark.parametrize("s", ["TopK(Flat)", "Sink4,Window32,LSHSample6x20", "RoarGraph16|k=20"])
 def test_cache_saved_mid_decode_decodes_on_alike(s, model_data, tmp_path):
     """write/read, serialize/deserialize, pickle and copy of a whole cache
