@@ -38,6 +38,15 @@
 //
 //   ./build/benchmarks/bench_kernels --benchmark_filter=DecodeAppend
 //
+// BM_CacheAppend: one decode token appended to one layer of a KVCache of
+// SmolLM2's shape (9 query heads over 3 KV heads, d = 64) after a prompt of
+// 4096 tokens (args: Sink4,Window64,Uniform, FP16,Flat): the cache's own
+// cost per append (layer checks, each head's input checks, the heads'
+// loop) beside the heads' appends. One thread (OMP_NUM_THREADS=1) shows
+// the checks; two add the OpenMP region's start.
+//
+//   OMP_NUM_THREADS=1 ./build/benchmarks/bench_kernels --benchmark_filter=CacheAppend
+//
 // BM_HashKeys: the projections of LSHSample10x150's hash (1500
 // hyperplanes of d = 128) for 8 keys: inner_products_scaled one key at a
 // time (the kernel before session 39) or inner_products_multi for one key
@@ -59,6 +68,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <kvindex/KVCache.h>
 #include <kvindex/KVIndex.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
@@ -316,6 +326,29 @@ void BM_DecodeAppend(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeAppend)
         ->DenseRange(0, 3)
+        ->Iterations(8192)
+        ->Unit(benchmark::kMicrosecond);
+
+/// Decode appends to one layer of a cache (arg: the chain).
+void BM_CacheAppend(benchmark::State& state) {
+    static const char* const kChains[] = {"Sink4,Window64,Uniform", "FP16,Flat"};
+    const char* chain = kChains[state.range(0)];
+    const int q_heads = 9, kv_heads = 3, d = 64;
+    const size_t n = 4096, n_new = 8192;
+    kvindex::KVCache cache(1, q_heads, kv_heads, d, d, chain);
+    auto prompt = filled(kv_heads * n * d, -0.5f);
+    cache.prefill(0, n, prompt.data(), prompt.data(), 0, nullptr, nullptr, kvindex::RopeParams{});
+    auto kv = filled(n_new * kv_heads * d, 0.25f); // token i: [kv_heads, 1, d] at i * kv_heads * d
+    size_t i = 0;
+    for (auto _ : state) {
+        const float* x = kv.data() + i * kv_heads * d;
+        cache.append(0, 1, x, x);
+        i++;
+    }
+    state.SetLabel(chain);
+}
+BENCHMARK(BM_CacheAppend)
+        ->DenseRange(0, 1)
         ->Iterations(8192)
         ->Unit(benchmark::kMicrosecond);
 

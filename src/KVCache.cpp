@@ -1,7 +1,6 @@
 #include <kvindex/KVCache.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -287,15 +286,26 @@ void KVCache::append(int layer, idx_t n, const float* keys, const float* values)
     check_layer_in_step(layer, "KVCache::append");
     FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::append: n=%zd must be >= 0", size_t(n));
     // bad input is refused before any head appends: the layer's arrays,
-    // then each head's slice as that head's add_kv would check it (its
-    // storage type: a value an FP16 head cannot hold in head 2 would
-    // otherwise be refused after heads 0 and 1 took the token, and the
-    // layer be out of step for good)
-    check_tokens(n, keys, values, "KVCache::append");
+    // then each head's slice as that head's add_kv checks it (finite, and
+    // within its storage type: a value an FP16 head cannot hold in head 2
+    // would otherwise be refused after heads 0 and 1 took the token, and
+    // the layer be out of step for good)
+    check_head_arrays(n, n_kv_heads, d, d_value, keys, values, "KVCache::append");
     for (int h = 0; h < n_kv_heads; h++) {
-        char what[64];
-        snprintf(what, sizeof(what), "KVCache::append: layer %d, KV head %d", layer, h);
-        index(layer, h)->check_add_kv(n, keys + h * n * d, values + h * n * d_value, what);
+        const KVIndex* head = index(layer, h);
+        const float* k = keys + h * n * d;
+        const float* v = values + h * n * d_value;
+        try {
+            head->check_add_kv(n, k, v);
+        } catch (const faiss::FaissException&) {
+            // again, naming the head: the names cost more than the checks,
+            // so a decode step's append builds them only for an error
+            std::string what = "KVCache::append: layer " + std::to_string(layer) +
+                    ", KV head " + std::to_string(h);
+            head->check_add_kv(n, k, v, what.c_str(), (what + ": keys").c_str(),
+                               (what + ": values").c_str());
+            throw;
+        }
     }
     parallel_for(n_kv_heads, [&](idx_t h) {
         index(layer, int(h))->add_kv(n, keys + h * n * d, values + h * n * d_value);

@@ -178,8 +178,7 @@ void KVIndex::add(idx_t, const float*) {
 
 void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     WriteScope scope(*this, "add_kv");
-    // literal names: a decode step's append builds no message strings
-    check_add_kv_named(n, keys, values, "add_kv", "add_kv: keys", "add_kv: values");
+    check_add_kv(n, keys, values);
     if (n == 0) {
         return;
     }
@@ -189,13 +188,12 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     });
 }
 
-void KVIndex::check_add_kv(idx_t n, const float* keys, const float* values, const char* what)
-        const {
-    const std::string k = std::string(what) + ": keys", v = std::string(what) + ": values";
-    check_add_kv_named(n, keys, values, what, k.c_str(), v.c_str());
+void KVIndex::check_add_kv(idx_t n, const float* keys, const float* values) const {
+    // literal names: a decode step's append builds no message strings
+    check_add_kv(n, keys, values, "add_kv", "add_kv: keys", "add_kv: values");
 }
 
-void KVIndex::check_add_kv_named(
+void KVIndex::check_add_kv(
         idx_t n,
         const float* keys,
         const float* values,

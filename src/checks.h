@@ -78,6 +78,16 @@ void check_head_tokens(
         const float* values,
         const char* what);
 
+/// check_head_tokens' first part: the sizes, and the arrays present.
+void check_head_arrays(
+        idx_t n,
+        int n_heads,
+        int d,
+        int d_value,
+        const float* keys,
+        const float* values,
+        const char* what);
+
 /// Throws unless ptr is non-null; names the argument.
 void check_not_null(const void* ptr, const char* what);
 

@@ -1,5 +1,7 @@
 #include <kvindex/kv_type.h>
 
+#include <cmath>
+
 #include <faiss/impl/FaissAssert.h>
 
 namespace kvindex {
@@ -44,6 +46,19 @@ void convert_all(const float* src, size_t n, uint16_t* dst, Convert convert) {
 
 void check_kv_type_fits(KVType t, const float* x, size_t n, size_t row_dim, const char* what) {
     if (t == KVType::f32) {
+        return;
+    }
+    // One pass without branches first, which the compiler vectorizes
+    // (every add_kv of a 16-bit index runs it): |x| < limit is
+    // kv_type_fits' test on the bits (positive floats order as their
+    // bits; NaN and infinity compare false). The loop below only finds
+    // the culprit.
+    const float limit = bits_float(t == KVType::bf16 ? kBF16Limit : kF16Limit);
+    unsigned bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        bad |= !(std::fabs(x[i]) < limit);
+    }
+    if (bad == 0) {
         return;
     }
     size_t dim = row_dim ? row_dim : 1;

@@ -189,6 +189,65 @@ TEST(KVType, OverflowIsRefusedNamingTheValueAndRange) {
     EXPECT_THROW_MSG(bf->add_kv(1, big.data(), v.data()), "kMaxInputMagnitude");
 }
 
+TEST(KVType, ArrayChecksAgreeWithTheValueTestsAtEveryPosition) {
+    // check_kv_type_fits and add_kv's input check scan the whole array
+    // without branches first (vectorized, with a tail): whatever the
+    // length and the position of one bad value, they must refuse exactly
+    // what the per-value tests refuse, and name its row and column
+    const float inf = std::numeric_limits<float>::infinity();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const size_t lengths[] = {1, 3, 4, 5, 8, 15, 16, 17, 33};
+    int refused = 0;
+    for (KVType t : {KVType::bf16, KVType::f16}) {
+        SCOPED_TRACE(kv_type_name(t));
+        const uint32_t lim = t == KVType::bf16 ? kBF16Limit : kF16Limit;
+        const float edges[] = {bits_float(lim - 1), bits_float(lim), bits_float(lim + 1),
+                               -bits_float(lim - 1), -bits_float(lim), inf, -inf, nan,
+                               -nan, 0.0f, -0.0f, 1e-40f, std::numeric_limits<float>::max()};
+        for (size_t n : lengths) {
+            for (size_t at = 0; at < n; at++) {
+                for (float e : edges) {
+                    std::vector<float> x(n, 0.5f);
+                    x[at] = e;
+                    if (kv_type_fits(t, e)) {
+                        EXPECT_NO_THROW(check_kv_type_fits(t, x.data(), n, 3, "t")) << e;
+                    } else {
+                        char where[64];
+                        std::snprintf(where, sizeof(where), "at row %zu, column %zu", at / 3, at % 3);
+                        EXPECT_THROW_MSG(check_kv_type_fits(t, x.data(), n, 3, "t"), where);
+                        refused++;
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_GT(refused, 0);
+    // add_kv's own check: finite and |x| <= kMaxInputMagnitude
+    const float edges[] = {kMaxInputMagnitude, std::nextafter(kMaxInputMagnitude, inf),
+                           -kMaxInputMagnitude, -std::nextafter(kMaxInputMagnitude, inf),
+                           inf, -inf, nan, 0.0f, 1e-40f};
+    for (size_t d : {1, 3, 4, 17}) {
+        auto index = index_factory(int(d), "Flat");
+        for (size_t rows : {1, 2, 5}) {
+            for (size_t at = 0; at < rows * d; at++) {
+                for (float e : edges) {
+                    std::vector<float> k(rows * d, 0.25f), v(rows * d, 0.5f);
+                    k[at] = e;
+                    const idx_t before = index->ntotal;
+                    if (std::fabs(e) <= kMaxInputMagnitude) {
+                        EXPECT_NO_THROW(index->add_kv(idx_t(rows), k.data(), v.data())) << e;
+                    } else {
+                        char where[64];
+                        std::snprintf(where, sizeof(where), "at row %zu, column %zu", at / d, at % d);
+                        EXPECT_THROW_MSG(index->add_kv(idx_t(rows), k.data(), v.data()), where);
+                        EXPECT_EQ(index->ntotal, before);
+                    }
+                }
+            }
+        }
+    }
+}
+
 // ---- kernels at every SIMD level on stored rows ----------------------------
 
 namespace {

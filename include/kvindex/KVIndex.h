@@ -255,13 +255,22 @@ struct KVIndex : faiss::Index {
      * and changes nothing. A caller that appends to several indexes as
      * one step (KVCache::append: every KV head of a layer) checks each
      * first, so that bad input for one head leaves all of them as they
-     * were. Messages start with `what`.
+     * were. The messages start as add_kv's ("add_kv: keys: ...").
      *
      * @param keys    size n * d
      * @param values  size n * d_value
      */
-    void check_add_kv(idx_t n, const float* keys, const float* values, const char* what = "add_kv")
-            const;
+    void check_add_kv(idx_t n, const float* keys, const float* values) const;
+
+    /// The same, the messages starting with `what`, `keys_what` (the
+    /// keys' problems) and `values_what`.
+    void check_add_kv(
+            idx_t n,
+            const float* keys,
+            const float* values,
+            const char* what,
+            const char* keys_what,
+            const char* values_what) const;
 
     /** Adds the prompt with everything prefill knows: the default adds the
      * keys and values, query-aware indexes learn from the queries
@@ -575,16 +584,6 @@ struct KVIndex : faiss::Index {
     virtual bool share_tokens(const KVStorage* tokens);
 
    protected:
-    /// check_add_kv with the messages' names given (add_kv passes
-    /// literals, so that a decode step's append builds no strings)
-    void check_add_kv_named(
-            idx_t n,
-            const float* keys,
-            const float* values,
-            const char* what,
-            const char* keys_what,
-            const char* values_what) const;
-
     // ---- the type's core: arguments checked, n > 0 ---------------------
 
     /// Appends already validated tokens; add_kv checks, then calls this.

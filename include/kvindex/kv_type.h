@@ -55,6 +55,12 @@ inline float bits_float(uint32_t u) {
     return x;
 }
 
+/// The bits of the smallest magnitude each 16-bit type rounds to infinity:
+/// 0x1.ffp127 (bfloat16's largest, 0x1.fep127, plus half an ulp) and 65520
+/// (half's largest, 65504, plus half an ulp).
+constexpr uint32_t kBF16Limit = 0x7f7f8000u;
+constexpr uint32_t kF16Limit = 0x477ff000u;
+
 /// bfloat16 -> float: exact.
 inline float to_float(bf16_t h) {
     return bits_float(uint32_t(h.bits) << 16);
@@ -102,7 +108,7 @@ inline f16_t to_f16(float x) {
     if (u > 0x7f800000u) {
         return f16_t{uint16_t(sign | 0x7e00u)}; // quiet NaN
     }
-    if (u >= 0x477ff000u) { // >= 65520: infinity
+    if (u >= kF16Limit) { // >= 65520: infinity
         return f16_t{uint16_t(sign | 0x7c00u)};
     }
     if (u < 0x38800000u) {
@@ -135,9 +141,9 @@ inline bool kv_type_fits(KVType t, float x) {
     uint32_t a = float_bits(x) & 0x7fffffffu;
     switch (t) {
         case KVType::bf16:
-            return a < 0x7f7f8000u;
+            return a < kBF16Limit;
         case KVType::f16:
-            return a < 0x477ff000u;
+            return a < kF16Limit;
         default:
             return true;
     }
