@@ -11,6 +11,10 @@
 //     never failed gives (nothing is left half-done for later);
 //   - under ASan (scripts/run_sanitizers.sh) nothing leaks on the way out.
 //
+// KVCache::append, which appends to every head of a layer in kvindex's own
+// loop, is run the same way, its allocations failing inside that loop too:
+// the layer is as it was, or refuses every call until reset().
+//
 // The failures come from this binary's replacement of the global operator
 // new, which the library's token arrays use too (impl/huge_pages.h). It
 // never fails inside an OpenMP region: Faiss's parallel loops (k-means, HNSW
@@ -34,6 +38,7 @@
 
 #include <gtest/gtest.h>
 
+#include <kvindex/KVCache.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
@@ -52,12 +57,18 @@ struct FaultPlan {
     std::atomic<long> countdown{0};
     std::atomic<long> seen{0};  ///< allocations counted while armed
     std::atomic<bool> fired{false};
+    /// allocations fail only at this OpenMP nesting level or above none:
+    /// 0 outside every region; 1 inside kvindex's own loop that runs a
+    /// cache's heads (parallel.h catches and rethrows), but not in a
+    /// region below it
+    std::atomic<int> max_level{0};
 };
 
 FaultPlan g_plan;
 
 bool allocation_fails() noexcept {
-    if (!g_plan.armed.load(std::memory_order_relaxed) || omp_get_level() > 0) {
+    if (!g_plan.armed.load(std::memory_order_relaxed) ||
+        omp_get_level() > g_plan.max_level.load(std::memory_order_relaxed)) {
         return false;
     }
     g_plan.seen.fetch_add(1, std::memory_order_relaxed);
@@ -267,14 +278,14 @@ struct Outcome {
 
 /// Runs call with allocation `at` failing (0: none fails); a call that
 /// throws without the failure having fired is a test failure.
-Outcome run_failing_at(const Call& call, KVIndex& index, long at) {
+Outcome run_failing_at(const std::function<void()>& call, long at) {
     Outcome o;
     g_plan.seen = 0;
     g_plan.countdown = at;
     g_plan.fired = false;
     g_plan.armed = true;
     try {
-        call(index);
+        call();
     } catch (const std::exception& e) {
         o.threw = true;
         o.message = e.what();
@@ -286,6 +297,10 @@ Outcome run_failing_at(const Call& call, KVIndex& index, long at) {
         EXPECT_FALSE(o.message.empty());
     }
     return o;
+}
+
+Outcome run_failing_at(const Call& call, KVIndex& index, long at) {
+    return run_failing_at([&] { call(index); }, at);
 }
 
 /// The allocations to fail: every one up to kEvery, then kSpread spread
@@ -507,4 +522,152 @@ TEST_P(AllocationFaults, FailedReadsChangeNothing) {
     }, "select");
     check_read(built, [](KVIndex& x) { bytes_of(x); }, "write_index");
     check_read(built, [&](KVIndex&) { read_index(built); }, "read_index");
+}
+
+// ---- KVCache::append: the heads of a layer as one step ----------------------
+
+namespace {
+
+constexpr int kKVHeads = 2;
+
+/// A layer's tokens and queries, head-major ([kKVHeads, n, d]).
+struct CacheTokens {
+    std::vector<float> prompt_k = kvtest::gaussian(kKVHeads * kPrompt, kD, 301, 1.0f, 0.3f);
+    std::vector<float> prompt_v = kvtest::gaussian(kKVHeads * kPrompt, kDv, 302);
+    std::vector<float> prompt_q = kvtest::gaussian(kKVHeads * kGroup * kPrompt, kD, 303, 1.5f);
+    std::vector<float> new_k = kvtest::gaussian(kKVHeads * kNewTokens, kD, 304, 1.0f, 0.3f);
+    std::vector<float> new_v = kvtest::gaussian(kKVHeads * kNewTokens, kDv, 305);
+    std::vector<float> q = kvtest::gaussian(kKVHeads * kGroup, kD, 306, 2.0f); ///< one per query head
+};
+
+const CacheTokens& cache_tokens() {
+    static const CacheTokens t;
+    return t;
+}
+
+void prefill_layer(KVCache& cache) {
+    const CacheTokens& t = cache_tokens();
+    RopeParams rope;
+    rope.theta = 500000.0;
+    rope.style = RopeStyle::interleaved;
+    cache.prefill(0, kPrompt, t.prompt_k.data(), t.prompt_v.data(), kPrompt, t.prompt_q.data(),
+                  nullptr, rope);
+}
+
+/// One layer of kKVHeads heads of case c, prefilled, its knobs set.
+std::unique_ptr<KVCache> prefilled_cache(const ConformanceCase& c) {
+    auto cache = std::make_unique<KVCache>(1, kKVHeads * kGroup, kKVHeads, kD, kDv, c.factory);
+    prefill_layer(*cache);
+    for (int h = 0; h < kKVHeads; h++) {
+        set_index_parameters(cache->index(0, h), c.knobs);
+    }
+    return cache;
+}
+
+void append_new_tokens(KVCache& cache) {
+    const CacheTokens& t = cache_tokens();
+    cache.append(0, kNewTokens, t.new_k.data(), t.new_v.data());
+}
+
+/// The layer's attention for one query per query head, as bytes.
+std::vector<float> cache_answers(const KVCache& cache) {
+    std::vector<float> out(kKVHeads * kGroup * kDv), lse(kKVHeads * kGroup);
+    cache.attend(0, 1, cache_tokens().q.data(), out.data(), lse.data());
+    out.insert(out.end(), lse.begin(), lse.end());
+    return out;
+}
+
+/// Allocations fail inside the loop that runs a cache's heads, for a scope.
+struct FailInsideTheHeadsLoop {
+    FailInsideTheHeadsLoop() {
+        g_plan.max_level = 1;
+    }
+    ~FailInsideTheHeadsLoop() {
+        g_plan.max_level = 0;
+    }
+};
+
+} // namespace
+
+/**
+ * KVCache::append checks every head's input before any head appends, but
+ * an allocation can fail inside one head after another has taken the
+ * tokens. The contract (KVCache.h): after a throw the layer is either as
+ * it was (no head changed, or every head rolled back: the same answers,
+ * and the append again gives what it gives without a failure), or every
+ * call on the layer refuses, naming reset(); reset() then gives a cache
+ * that answers as one reset without a failure.
+ */
+TEST_P(AllocationFaults, FailedCacheAppendLeavesTheLayerAsItWasOrRefusesIt) {
+    const ConformanceCase& c = GetParam();
+    const CacheTokens& t = cache_tokens();
+    FailInsideTheHeadsLoop inside;
+    auto clean = prefilled_cache(c);
+    const std::vector<float> before = cache_answers(*clean);
+    Outcome counted = run_failing_at([&] { append_new_tokens(*clean); }, 0);
+    ASSERT_FALSE(counted.threw) << counted.message;
+    const std::vector<float> after = cache_answers(*clean);
+    // a new sequence after reset(): the knobs stay, and are set before its
+    // prefill now (Choose measures its candidates with them)
+    clean->reset();
+    prefill_layer(*clean);
+    append_new_tokens(*clean);
+    const std::vector<float> after_reset = cache_answers(*clean);
+    int n_threw = 0, n_refused = 0;
+    for (long at : failure_points(counted.allocations)) {
+        auto cache = prefilled_cache(c);
+        Outcome o = run_failing_at([&] { append_new_tokens(*cache); }, at);
+        const std::string where = "allocation " + std::to_string(at) + " failed (" + o.message + ")";
+        if (!o.threw) {
+            EXPECT_TRUE(cache_answers(*cache) == after) << "allocation " << at << " absorbed";
+            continue;
+        }
+        n_threw++;
+        bool in_step = true;
+        try {
+            cache->check_invariants();
+        } catch (const std::exception&) {
+            in_step = false;
+        }
+        bool marked = false;
+        for (int h = 0; h < kKVHeads; h++) {
+            marked = marked || cache->index(0, h)->failed_write() != nullptr;
+        }
+        if (in_step && !marked) {
+            EXPECT_EQ(cache->n_tokens(0), kPrompt) << where;
+            EXPECT_TRUE(cache_answers(*cache) == before) << where << " and the answers changed";
+            append_new_tokens(*cache);
+            EXPECT_TRUE(cache_answers(*cache) == after) << where << ": retried";
+        } else {
+            n_refused++;
+            std::vector<float> out(kKVHeads * kGroup * kDv);
+            const std::vector<std::function<void()>> calls = {
+                    [&] { cache->attend(0, 1, t.q.data(), out.data(), nullptr); },
+                    [&] { append_new_tokens(*cache); },
+                    [&] { cache->add_queries(0, 1, t.q.data()); },
+            };
+            for (size_t i = 0; i < calls.size(); i++) {
+                try {
+                    calls[i]();
+                    ADD_FAILURE() << where << ": call " << i << " on the layer did not throw";
+                } catch (const std::exception& e) {
+                    EXPECT_NE(std::string(e.what()).find("reset()"), std::string::npos)
+                            << where << ": call " << i << ": " << e.what();
+                }
+            }
+            cache->reset();
+            EXPECT_NO_THROW(cache->check_invariants()) << where;
+            EXPECT_EQ(cache->n_tokens(0), 0) << where;
+            prefill_layer(*cache);
+            append_new_tokens(*cache);
+            EXPECT_TRUE(cache_answers(*cache) == after_reset) << where << ", then reset(), prefill, append";
+        }
+        if (testing::Test::HasFailure()) {
+            return; // one report per case is enough
+        }
+    }
+    // every head stores the tokens it is given: some allocation must fail,
+    // and one inside the second head leaves the first with the tokens
+    EXPECT_GT(n_threw, 0);
+    EXPECT_GT(n_refused, 0);
 }
