@@ -111,6 +111,11 @@ size_t GpuIndexIVFAsym::memory_bytes() const {
     return b + (slot_token_.capacity() + token_slot_.capacity()) * sizeof(idx_t);
 }
 
+void GpuIndexIVFAsym::check_adopt_trained(const KVIndex& trained) const {
+    auto g = dynamic_cast<const GpuIndexIVFAsym*>(&trained);
+    host->check_adopt_trained(g ? *g->host : trained);
+}
+
 int GpuIndexIVFAsym::adopt_trained(const KVIndex& trained) {
     // a GPU index adopts from a CPU one or from another GPU index's twin
     auto g = dynamic_cast<const GpuIndexIVFAsym*>(&trained);

@@ -50,19 +50,6 @@ std::vector<std::string> split_candidates(const std::string& body, const std::st
     return parts;
 }
 
-/// The message of a Faiss exception without its "Error in f at file:line: ".
-std::string bare_message(const faiss::FaissException& e) {
-    std::string m = e.what();
-    if (m.compare(0, 9, "Error in ") == 0) {
-        size_t at = m.find(" at ");
-        size_t colon = at == std::string::npos ? at : m.find(": ", at);
-        if (colon != std::string::npos) {
-            return m.substr(colon + 2);
-        }
-    }
-    return m;
-}
-
 /// Empties a candidate for good: reset, then a copy, so that the memory
 /// its tokens took is given back (reset keeps the vectors' capacity) while
 /// its knobs, stream and adopted models stay.
@@ -588,7 +575,7 @@ void IndexChoose::set_stream(uint64_t s) {
     }
 }
 
-int IndexChoose::adopt_trained(const KVIndex& trained) {
+void IndexChoose::check_adopt_trained(const KVIndex& trained) const {
     auto src = dynamic_cast<const IndexChoose*>(&trained);
     std::string theirs = src ? "IndexChoose of " + std::to_string(src->candidates.size()) +
                     " candidates"
@@ -599,9 +586,17 @@ int IndexChoose::adopt_trained(const KVIndex& trained) {
             "candidates: build both from the same factory string",
             theirs.c_str(),
             candidates.size());
+    for (size_t i = 0; i < candidates.size(); i++) {
+        candidates[i]->check_adopt_trained(*src->candidates[i]);
+    }
+}
+
+int IndexChoose::adopt_trained(const KVIndex& trained) {
+    check_adopt_trained(trained); // every candidate before any adopts
+    auto& src = static_cast<const IndexChoose&>(trained);
     int adopted = 0;
     for (size_t i = 0; i < candidates.size(); i++) {
-        adopted += candidates[i]->adopt_trained(*src->candidates[i]);
+        adopted += candidates[i]->adopt_trained(*src.candidates[i]);
     }
     return adopted;
 }

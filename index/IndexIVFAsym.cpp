@@ -125,10 +125,10 @@ const IndexIVFAsym* ivf_asym_in_chain(const KVIndex* index) {
 
 // ---- the trained models ----------------------------------------------------------
 
-void IndexIVFAsym::set_trained(
+void IndexIVFAsym::check_set_trained(
         const std::vector<float>& new_centroids,
         const QModel& new_qmodel,
-        const RopeParams& new_rope) {
+        const RopeParams& new_rope) const {
     FAISS_THROW_IF_NOT_FMT(
             ntotal == 0,
             "IndexIVFAsym: models can only be set on an empty index (it holds %zd tokens: reset first)",
@@ -151,14 +151,24 @@ void IndexIVFAsym::set_trained(
                 n_centroids);
     }
     check_rope_params(new_rope, d);
-    centroids = new_centroids;
-    qmodel = new_qmodel;
+}
+
+void IndexIVFAsym::set_trained(
+        const std::vector<float>& new_centroids,
+        const QModel& new_qmodel,
+        const RopeParams& new_rope) {
+    check_set_trained(new_centroids, new_qmodel, new_rope);
+    // copied first: a failed allocation leaves the old models whole
+    std::vector<float> c = new_centroids;
+    QModel q = new_qmodel;
+    centroids.swap(c);
+    qmodel = std::move(q);
     rope = new_rope;
     has_rope = true;
     adopted = true;
 }
 
-int IndexIVFAsym::adopt_trained(const KVIndex& trained) {
+void IndexIVFAsym::check_adopt_trained(const KVIndex& trained) const {
     auto src = dynamic_cast<const IndexIVFAsym*>(&trained);
     FAISS_THROW_IF_NOT_FMT(
             src, "adopt_trained: expected an IndexIVFAsym to adopt from, got a %s",
@@ -172,7 +182,13 @@ int IndexIVFAsym::adopt_trained(const KVIndex& trained) {
             n_centroids);
     FAISS_THROW_IF_NOT_MSG(
             src->is_trained_models(), "adopt_trained: the trained IndexIVFAsym has no centroids");
-    set_trained(src->centroids, src->qmodel, src->rope);
+    check_set_trained(src->centroids, src->qmodel, src->rope);
+}
+
+int IndexIVFAsym::adopt_trained(const KVIndex& trained) {
+    check_adopt_trained(trained);
+    auto& src = static_cast<const IndexIVFAsym&>(trained);
+    set_trained(src.centroids, src.qmodel, src.rope);
     return 1;
 }
 

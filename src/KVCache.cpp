@@ -396,11 +396,37 @@ int KVCache::adopt_trained(const KVCache& trained) {
             n_layers,
             n_kv_heads,
             d);
-    int adopted = 0;
+    // every layer held, as by reset: no call runs on a layer while its
+    // heads take their models one by one
+    std::vector<std::unique_ptr<WriteScope>> scopes;
     for (int l = 0; l < n_layers; l++) {
-        if (std::find(dense_layers.begin(), dense_layers.end(), l) != dense_layers.end()) {
-            continue;
+        scopes.push_back(std::make_unique<WriteScope>(
+                layer_calls[l], "KVCache::adopt_trained", "a layer of the cache"));
+    }
+    std::vector<int> sparse;
+    for (int l = 0; l < n_layers; l++) {
+        if (std::find(dense_layers.begin(), dense_layers.end(), l) == dense_layers.end()) {
+            sparse.push_back(l);
         }
+    }
+    // every head checked before any adopts: a mismatch in a later head
+    // (another C, a layer already prefilled) would otherwise leave the
+    // earlier heads with the new models and the rest with their own
+    for (int l : sparse) {
+        for (int h = 0; h < n_kv_heads; h++) {
+            try {
+                index(l, h)->check_adopt_trained(*trained.index(l, h));
+            } catch (const faiss::FaissException& e) {
+                FAISS_THROW_FMT(
+                        "KVCache::adopt_trained: layer %d, KV head %d: %s",
+                        l,
+                        h,
+                        bare_message(e).c_str());
+            }
+        }
+    }
+    int adopted = 0;
+    for (int l : sparse) {
         for (int h = 0; h < n_kv_heads; h++) {
             adopted += index(l, h)->adopt_trained(*trained.index(l, h));
         }

@@ -842,8 +842,8 @@ void KVIndex::set_stream(uint64_t stream) {
     }
 }
 
-int KVIndex::adopt_trained(const KVIndex& trained) {
-    std::vector<KVIndex*> mine = mutable_children();
+void KVIndex::check_adopt_trained(const KVIndex& trained) const {
+    std::vector<const KVIndex*> mine = children();
     std::vector<const KVIndex*> theirs = trained.children();
     FAISS_THROW_IF_NOT_FMT(
             std::string(type_name()) == trained.type_name() && mine.size() == theirs.size(),
@@ -853,6 +853,17 @@ int KVIndex::adopt_trained(const KVIndex& trained) {
             theirs.size(),
             type_name(),
             mine.size());
+    for (size_t i = 0; i < mine.size(); i++) {
+        mine[i]->check_adopt_trained(*theirs[i]);
+    }
+}
+
+int KVIndex::adopt_trained(const KVIndex& trained) {
+    // the whole chain first: a mismatch in a later child would otherwise
+    // leave the earlier ones with the new models
+    check_adopt_trained(trained);
+    std::vector<KVIndex*> mine = mutable_children();
+    std::vector<const KVIndex*> theirs = trained.children();
     int adopted = 0;
     for (size_t i = 0; i < mine.size(); i++) {
         adopted += mine[i]->adopt_trained(*theirs[i]);

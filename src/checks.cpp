@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -120,6 +121,26 @@ void check_child_in_step(const KVIndex* child, idx_t expected, const char* wrapp
 
 void check_not_null(const void* ptr, const char* what) {
     FAISS_THROW_IF_NOT_FMT(ptr != nullptr, "%s is missing (nullptr)", what);
+}
+
+std::string bare_message(const faiss::FaissException& e) {
+    std::string m = e.what();
+    if (m.compare(0, 9, "Error in ") == 0) {
+        size_t at = m.find(" at ");
+        size_t colon = at == std::string::npos ? at : m.find(": ", at);
+        if (colon != std::string::npos) {
+            m = m.substr(colon + 2);
+        }
+    }
+    // FAISS_THROW_IF_NOT_* add the condition: "Error: 'x' failed: "
+    const char* failed = "' failed: ";
+    if (m.compare(0, 8, "Error: '") == 0) {
+        size_t end = m.find(failed, 8);
+        if (end != std::string::npos) {
+            m = m.substr(end + std::strlen(failed));
+        }
+    }
+    return m;
 }
 
 void check_head_arrays(

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string>
 
+#include <faiss/impl/FaissException.h>
+
 #include <kvindex/KVIndex.h>
 
 namespace kvindex {
@@ -90,5 +92,10 @@ void check_head_arrays(
 
 /// Throws unless ptr is non-null; names the argument.
 void check_not_null(const void* ptr, const char* what);
+
+/// The message of a Faiss exception without its "Error in f at file:line: "
+/// and "Error: 'condition' failed: " (to say it again after a caller's own
+/// prefix).
+std::string bare_message(const faiss::FaissException& e);
 
 } // namespace kvindex

@@ -373,6 +373,76 @@ TEST(CacheAdopt, OfflineModelsSurviveTheFileAndAreAdopted) {
     EXPECT_THROW_MSG(other_c.adopt_trained(*back), "C=4");
 }
 
+TEST(CacheAdopt, ARefusedHeadLeavesEveryHeadAsItWas) {
+    // adopt_trained checks every head before any adopts: a refusal in the
+    // last head used to leave the heads before it with the new models
+    const char* s = "Sink2,Window8,IVFAsym4";
+    const int C = 4;
+    KVCache trained(kLayers, kQHeads, kKVHeads, kD, kD, s);
+    for (int l = 0; l < kLayers; l++) {
+        for (int h = 0; h < kKVHeads; h++) {
+            if (l == kLayers - 1 && h == kKVHeads - 1) {
+                continue; // the last head trained nothing
+            }
+            uint64_t seed = 500 + 10 * l + h;
+            ivf_asym_in_chain(trained.index(l, h))
+                    ->set_trained(kvtest::gaussian(C, kD, seed), QModel(kD, 8, C, seed), test_rope());
+        }
+    }
+    auto adopted_heads = [&](const KVCache& c) {
+        int n = 0;
+        for (int l = 0; l < kLayers; l++) {
+            for (int h = 0; h < kKVHeads; h++) {
+                const IndexIVFAsym* x = ivf_asym_in_chain(c.index(l, h));
+                n += x->adopted || !x->centroids.empty();
+            }
+        }
+        return n;
+    };
+    KVCache cache(kLayers, kQHeads, kKVHeads, kD, kD, s);
+    EXPECT_THROW_MSG(cache.adopt_trained(trained), "layer 1, KV head 1: adopt_trained: the trained IndexIVFAsym has no centroids");
+    EXPECT_EQ(adopted_heads(cache), 0);
+
+    // a head holding tokens refuses (its buckets were made with other
+    // models): layer 1 prefilled, layer 0 not, and layer 0 adopts nothing
+    ivf_asym_in_chain(trained.index(1, 1))
+            ->set_trained(kvtest::gaussian(C, kD, 599), QModel(kD, 8, C, 599), test_rope());
+    const idx_t n = 40;
+    LayerTokens tk = tokens(1, n, 11);
+    cache.prefill(1, n, tk.keys.data(), tk.values.data(), n, tk.queries.data(), nullptr, test_rope());
+    std::vector<float> centroids_before = ivf_asym_in_chain(cache.index(1, 0))->centroids;
+    ASSERT_FALSE(centroids_before.empty()); // self-trained at the prefill
+    EXPECT_THROW_MSG(cache.adopt_trained(trained), "layer 1, KV head 0: IndexIVFAsym: models can only be set on an empty index");
+    EXPECT_EQ(ivf_asym_in_chain(cache.index(0, 0))->centroids.size(), 0u);
+    EXPECT_EQ(ivf_asym_in_chain(cache.index(0, 1))->centroids.size(), 0u);
+    EXPECT_EQ(ivf_asym_in_chain(cache.index(1, 0))->centroids, centroids_before);
+    EXPECT_FALSE(ivf_asym_in_chain(cache.index(1, 0))->adopted);
+    cache.check_invariants();
+
+    // emptied, every head adopts
+    cache.reset();
+    EXPECT_EQ(cache.adopt_trained(trained), kLayers * kKVHeads);
+    EXPECT_EQ(adopted_heads(cache), kLayers * kKVHeads);
+    EXPECT_EQ(ivf_asym_in_chain(cache.index(1, 1))->centroids,
+              ivf_asym_in_chain(trained.index(1, 1))->centroids);
+}
+
+TEST(CacheAdopt, AChainChecksEveryChildBeforeAnyAdopts) {
+    // the same within one index: of two IVFAsym candidates, the second's
+    // pair untrained, the first adopts nothing
+    auto trained = index_factory(kD, "Choose(IVFAsym4;IVFAsym4_Centroid)", kD);
+    auto* first = ivf_asym_in_chain(trained->mutable_children()[0]);
+    first->set_trained(kvtest::gaussian(4, kD, 71), QModel(kD, 8, 4, 71), test_rope());
+    auto index = index_factory(kD, "Choose(IVFAsym4;IVFAsym4_Centroid)", kD);
+    EXPECT_THROW_MSG(index->adopt_trained(*trained), "has no centroids");
+    EXPECT_TRUE(ivf_asym_in_chain(index->mutable_children()[0])->centroids.empty());
+    EXPECT_FALSE(ivf_asym_in_chain(index->mutable_children()[0])->adopted);
+    ivf_asym_in_chain(trained->mutable_children()[1])
+            ->set_trained(kvtest::gaussian(4, kD, 72), QModel(), test_rope());
+    EXPECT_EQ(index->adopt_trained(*trained), 2);
+    EXPECT_EQ(ivf_asym_in_chain(index->mutable_children()[0])->centroids, first->centroids);
+}
+
 TEST(CacheIO, HeadsOutOfStepAreRefusedByTheCacheAndItsFiles) {
     // index(l, h) hands out a head: a write through it leaves the layer's
     // heads with different lengths, which every later call on the layer,

@@ -130,6 +130,7 @@ struct IndexChoose : KVIndex {
     void set_stream(uint64_t stream) override;
     /// Pairs the candidates by position, chosen or not.
     int adopt_trained(const KVIndex& trained) override;
+    void check_adopt_trained(const KVIndex& trained) const override;
     void write_fields(BufferWriter& w) const override;
     void read_fields(BufferReader& r, uint32_t version) override;
     void check_invariants() const override;

@@ -169,6 +169,11 @@ struct IndexIVFAsym : KVIndex {
     /// Copies centroids and Q-model (and their RoPE) from a trained model.
     void set_trained(const std::vector<float>& centroids, const QModel& qmodel, const RopeParams& rope);
 
+    /// Throws what set_trained would throw (tokens held, sizes, NaN/Inf,
+    /// the Q-model's shape, RoPE), and changes nothing.
+    void check_set_trained(const std::vector<float>& centroids, const QModel& qmodel, const RopeParams& rope)
+            const;
+
     size_t memory_bytes() const override;
     /// add_kv appends to the buckets with its room made first and undoes
     /// them on a throw; a prefill that throws resets
@@ -190,6 +195,7 @@ struct IndexIVFAsym : KVIndex {
     bool get_parameter(const std::string& name, double* value) const override;
     void set_stream(uint64_t stream) override;
     int adopt_trained(const KVIndex& trained) override;
+    void check_adopt_trained(const KVIndex& trained) const override;
     void write_fields(BufferWriter& w) const override;
     void read_fields(BufferReader& r, uint32_t version) override;
     void check_invariants() const override;

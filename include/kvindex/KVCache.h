@@ -165,9 +165,12 @@ struct KVCache {
      * sparse layer (those not in dense_layers), before their prefill:
      * index(l, h)->adopt_trained(*trained.index(l, h)) (KVIndex.h). The
      * dense layers keep their own string and adopt nothing. Throws naming
-     * the mismatch when n_layers, n_kv_heads or d differ, or when a chain
-     * differs from trained's. Returns how many indexes adopted something
-     * (0: nothing in the string is trained offline).
+     * the mismatch when n_layers, n_kv_heads or d differ, or naming the
+     * layer and head when a chain differs from trained's or a head holds
+     * tokens; every head is checked before any adopts, so that a refusal
+     * changes nothing. Holds every layer, as reset. Returns how many
+     * indexes adopted something (0: nothing in the string is trained
+     * offline).
      */
     int adopt_trained(const KVCache& trained);
 

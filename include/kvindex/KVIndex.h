@@ -464,8 +464,16 @@ struct KVIndex : faiss::Index {
      * something (0: nothing in it is trained offline). The default pairs
      * each child with trained's child at the same place; throws when the
      * chains' types or child counts differ (a leaf trained nothing offline,
-     * such as TopK, adopts nothing whatever its retriever). */
+     * such as TopK, adopts nothing whatever its retriever). Runs
+     * check_adopt_trained first: what it refuses changes nothing. */
     virtual int adopt_trained(const KVIndex& trained);
+
+    /** Throws what adopt_trained(trained) would throw, and changes nothing:
+     * chains of other types or child counts, another d or C, a trained
+     * index without models, this index holding tokens. KVCache runs it on
+     * every head before any head adopts. The default checks this type and
+     * child count against trained's, then each child against its pair. */
+    virtual void check_adopt_trained(const KVIndex& trained) const;
 
     /// The k of the top-k retrieval inside this index (what recall@k
     /// measures), 0 when it has none. Default: the first child's.

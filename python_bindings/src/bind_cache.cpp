@@ -177,6 +177,16 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                  },
                  "removes every token of every layer (a new sequence, or a layer a failed append left "
                  "out of step); the knobs and the cache's RoPE stay")
+            .def("adopt_trained",
+                 [](KVCache& c, const KVCache& trained) {
+                     py::gil_scoped_release release;
+                     return c.adopt_trained(trained);
+                 },
+                 py::arg("trained"),
+                 "takes the offline-trained models (IVFAsym's centroids and Q-model) of `trained`, a cache of the "
+                 "same shape and string (e.g. read_cache of what kvllm train wrote), into every sparse layer's "
+                 "empty heads before their prefill; every head is checked before any adopts, so a refusal "
+                 "changes nothing. Returns how many indexes adopted something")
             .def("memory_bytes", &KVCache::memory_bytes)
             .def("check_invariants", &KVCache::check_invariants,
                  "raises RuntimeError naming the first layer whose KV heads hold different numbers of tokens "

@@ -189,6 +189,30 @@ def test_append_one_head_cannot_hold_leaves_every_head_and_reset_empties(model_d
     assert kvref.rel_err(out, ref).max() < 2e-3  # fp16 storage's rounding
 
 
+def test_adopt_trained_checks_every_head_before_any_adopts(model_data):
+    """A cache adopts a trained cache's IVFAsym models into every head, or,
+    refused (a layer already prefilled), into none."""
+    s = "Sink1,Window32,IVFAsym8"
+    trained = kvindex.KVCache(L, HQ, HKV, DH, s)
+    for layer in range(L):
+        t = model_data[layer]
+        trained.prefill(layer, t["keys"], t["values"], queries=t["queries"])  # self-trains
+    cache = kvindex.KVCache(L, HQ, HKV, DH, s)
+    t = model_data[1]
+    cache.prefill(1, t["keys"][:, :100], t["values"][:, :100], queries=t["queries"][:, :100])
+    with pytest.raises(RuntimeError, match="layer 1, KV head 0: IndexIVFAsym: models can only be set on an empty"):
+        cache.adopt_trained(trained)
+    assert not any(cache.index(0, h).children()[0].adopted for h in range(HKV))
+    cache.reset()
+    assert cache.adopt_trained(trained) == L * HKV
+    for layer in range(L):
+        for h in range(HKV):
+            np.testing.assert_array_equal(cache.index(layer, h).children()[0].centroids,
+                                          trained.index(layer, h).children()[0].centroids)
+    with pytest.raises(RuntimeError, match="same factory string"):
+        cache.adopt_trained(kvindex.KVCache(L, HQ, HKV, DH, "Flat"))
+
+
 @pytest.mark.parametrize("s", ["TopK(Flat)", "Sink4,Window32,LSHSample6x20", "RoarGraph16|k=20"])
 def test_cache_saved_mid_decode_decodes_on_alike(s, model_data, tmp_path):
     """write/read, serialize/deserialize, pickle and copy of a whole cache

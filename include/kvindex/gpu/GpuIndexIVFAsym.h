@@ -66,6 +66,7 @@ struct GpuIndexIVFAsym : GpuIndexHostTwin {
     }
     size_t memory_bytes() const override;
     int adopt_trained(const KVIndex& trained) override;
+    void check_adopt_trained(const KVIndex& trained) const override;
 
     /// The IndexIVFAsym of the twin chain.
     const IndexIVFAsym& ivf() const;
