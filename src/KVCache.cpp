@@ -195,8 +195,11 @@ void KVCache::check_layer_in_step(int layer, const char* what) const {
                 h,
                 size_t(x->ntotal),
                 size_t(n));
+        // an empty head may carry the RoPE of models it adopted (a bare
+        // IVFAsym<C>): that binds at its prefill, which refuses another;
+        // tokens must have been stored under the cache's RoPE
         FAISS_THROW_IF_NOT_FMT(
-                !x->has_rope || (cache_has_rope && x->rope == cache_rope),
+                x->ntotal == 0 || !x->has_rope || (cache_has_rope && x->rope == cache_rope),
                 "%s: layer %d: KV head %d has RoPE theta=%g that the cache does not (has_rope=%d, "
                 "theta=%g)",
                 what,

@@ -443,6 +443,46 @@ TEST(CacheAdopt, AChainChecksEveryChildBeforeAnyAdopts) {
     EXPECT_EQ(ivf_asym_in_chain(index->mutable_children()[0])->centroids, first->centroids);
 }
 
+TEST(CacheAdopt, ABareIVFAsymCacheKeepsItsModelsRoPEUntilPrefill) {
+    // without wrappers the head itself carries the adopted models' RoPE
+    // while empty: the cache took that for a head out of step, so neither
+    // the trained cache kvllm train builds nor an adopting one could be
+    // saved, checked or attended
+    const int C = 4;
+    KVCache trained(kLayers, kQHeads, kKVHeads, kD, kD, "IVFAsym4");
+    for (int l = 0; l < kLayers; l++) {
+        for (int h = 0; h < kKVHeads; h++) {
+            uint64_t seed = 700 + 10 * l + h;
+            ivf_asym_in_chain(trained.index(l, h))
+                    ->set_trained(kvtest::gaussian(C, kD, seed), QModel(kD, 8, C, seed), test_rope());
+        }
+    }
+    trained.check_invariants();
+    std::vector<uint8_t> buf;
+    write_cache(trained, &buf);
+    std::unique_ptr<KVCache> back = read_cache(buf);
+    KVCache cache(kLayers, kQHeads, kKVHeads, kD, kD, "IVFAsym4");
+    EXPECT_EQ(cache.adopt_trained(*back), kLayers * kKVHeads);
+    cache.check_invariants();
+    write_cache(cache, &buf);
+    EXPECT_NO_THROW(read_cache(buf));
+
+    // the models' RoPE still binds at prefill: another is refused, theirs taken
+    const idx_t n = 40;
+    LayerTokens tk = tokens(0, n, 13);
+    EXPECT_THROW_MSG(cache.prefill(0, n, tk.keys.data(), tk.values.data(), n, tk.queries.data(), nullptr,
+                                   RopeParams{10000.0, RopeStyle::half}),
+                     "RoPE parameters mismatch");
+    for (int l = 0; l < kLayers; l++) {
+        LayerTokens t = tokens(l, n, 13);
+        cache.prefill(l, n, t.keys.data(), t.values.data(), n, t.queries.data(), nullptr, test_rope());
+    }
+    cache.check_invariants();
+    EXPECT_EQ(ivf_asym_in_chain(cache.index(1, 1))->centroids, ivf_asym_in_chain(trained.index(1, 1))->centroids);
+    std::vector<float> q = kvtest::gaussian(kQHeads, kD, 14), out(kQHeads * kD);
+    cache.attend(1, 1, q.data(), out.data(), nullptr);
+}
+
 TEST(CacheIO, HeadsOutOfStepAreRefusedByTheCacheAndItsFiles) {
     // index(l, h) hands out a head: a write through it leaves the layer's
     // heads with different lengths, which every later call on the layer,

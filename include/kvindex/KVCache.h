@@ -177,7 +177,8 @@ struct KVCache {
     size_t memory_bytes() const;
 
     /** Throws naming the first layer whose KV heads hold different numbers
-     * of tokens, or an index whose RoPE is not the cache's: what a write
+     * of tokens, or an index holding tokens whose RoPE is not the cache's
+     * (an empty one may carry its adopted models' RoPE): what a write
      * through index(l, h), or a head that failed inside append, leaves.
      * write_cache and read_cache check the whole cache; prefill, append,
      * attend and add_queries check their layer first (O(n_kv_heads)). */
