@@ -164,7 +164,9 @@ class RopeClaim {
 
 /// Clears has_rope in `index` and every index it holds.
 void forget_rope(KVIndex* index) {
-    index->has_rope = false;
+    if (!index->rope_fixed_by_models()) { // adopted models keep theirs
+        index->has_rope = false;
+    }
     for (KVIndex* c : index->mutable_children()) {
         forget_rope(c);
     }

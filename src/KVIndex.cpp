@@ -371,8 +371,10 @@ void KVIndex::reset_after(bool failed) {
 void KVIndex::unfix_rope_below() {
     for (KVIndex* c : mutable_children()) {
         if (c) {
-            c->has_rope = false;
-            c->rope = RopeParams();
+            if (!c->rope_fixed_by_models()) {
+                c->has_rope = false;
+                c->rope = RopeParams();
+            }
             c->unfix_rope_below();
         }
     }

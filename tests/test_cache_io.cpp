@@ -427,7 +427,7 @@ TEST(CacheAdopt, ARefusedHeadLeavesEveryHeadAsItWas) {
               ivf_asym_in_chain(trained.index(1, 1))->centroids);
 }
 
-TEST(CacheAdopt, AChainChecksEveryChildBeforeAnyAdopts) {
+TEST(CacheAdopt, AChainChecksEveryChildFirstAndKeepsTheModelsRoPE) {
     // the same within one index: of two IVFAsym candidates, the second's
     // pair untrained, the first adopts nothing
     auto trained = index_factory(kD, "Choose(IVFAsym4;IVFAsym4_Centroid)", kD);
@@ -441,6 +441,25 @@ TEST(CacheAdopt, AChainChecksEveryChildBeforeAnyAdopts) {
             ->set_trained(kvtest::gaussian(4, kD, 72), QModel(), test_rope());
     EXPECT_EQ(index->adopt_trained(*trained), 2);
     EXPECT_EQ(ivf_asym_in_chain(index->mutable_children()[0])->centroids, first->centroids);
+
+    // a prefill under another RoPE than the models' is refused, again after
+    // the refusal emptied the chain (which fixes no RoPE, but keeps the
+    // models'), and theirs is taken
+    LayerTokens t = tokens(0, 60, 17);
+    PrefillInput in;
+    in.n_tokens = 60;
+    in.keys = t.keys.data();
+    in.values = t.values.data();
+    in.n_queries = 60;
+    in.queries = t.queries.data();
+    in.rope = RopeParams{10000.0, RopeStyle::half};
+    for (int attempt = 0; attempt < 2; attempt++) {
+        EXPECT_THROW_MSG(index->prefill(in), "RoPE parameters mismatch");
+        EXPECT_EQ(index->ntotal, 0);
+    }
+    in.rope = test_rope();
+    index->prefill(in);
+    EXPECT_EQ(index->ntotal, 60);
 }
 
 TEST(CacheAdopt, ABareIVFAsymCacheKeepsItsModelsRoPEUntilPrefill) {
@@ -467,12 +486,16 @@ TEST(CacheAdopt, ABareIVFAsymCacheKeepsItsModelsRoPEUntilPrefill) {
     write_cache(cache, &buf);
     EXPECT_NO_THROW(read_cache(buf));
 
-    // the models' RoPE still binds at prefill: another is refused, theirs taken
+    // the models' RoPE still binds at prefill: another is refused, again
+    // after a refusal (which emptied the layer and fixed no RoPE, but kept
+    // the models'), and theirs is taken
     const idx_t n = 40;
     LayerTokens tk = tokens(0, n, 13);
-    EXPECT_THROW_MSG(cache.prefill(0, n, tk.keys.data(), tk.values.data(), n, tk.queries.data(), nullptr,
-                                   RopeParams{10000.0, RopeStyle::half}),
-                     "RoPE parameters mismatch");
+    for (int attempt = 0; attempt < 2; attempt++) {
+        EXPECT_THROW_MSG(cache.prefill(0, n, tk.keys.data(), tk.values.data(), n, tk.queries.data(), nullptr,
+                                       RopeParams{10000.0, RopeStyle::half}),
+                         "RoPE parameters mismatch");
+    }
     for (int l = 0; l < kLayers; l++) {
         LayerTokens t = tokens(l, n, 13);
         cache.prefill(l, n, t.keys.data(), t.values.data(), n, t.queries.data(), nullptr, test_rope());

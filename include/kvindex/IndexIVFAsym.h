@@ -188,6 +188,10 @@ struct IndexIVFAsym : KVIndex {
     bool needs_contiguous_positions() const override {
         return true; // keys and queries are de-RoPEd at their positions
     }
+    /// adopted models carry the RoPE they were trained under
+    bool rope_fixed_by_models() const override {
+        return adopted;
+    }
     /// nprobe, the buckets read (SearchParametersTopK)
     bool reads_search_knob(const std::string& name) const override;
     std::vector<ParameterInfo> parameter_info() const override;

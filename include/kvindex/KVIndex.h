@@ -487,6 +487,14 @@ struct KVIndex : faiss::Index {
         return false;
     }
 
+    /// Whether this index's RoPE came with models it adopted (IVFAsym after
+    /// adopt_trained), not with tokens: a failed prefill, which fixes no
+    /// RoPE anywhere in the chain, keeps it, so that the models' RoPE still
+    /// binds the next prefill.
+    virtual bool rope_fixed_by_models() const {
+        return false;
+    }
+
     /// Whether every selection of this index has inclusion 1 (a top-k or a
     /// fixed set, not a sample): the heavy part of IndexHybrid must. The
     /// default: whether every index it holds does (true for a leaf); the
@@ -722,7 +730,8 @@ struct KVIndex : faiss::Index {
     void reset_after(bool failed);
     /// A new stamp and the children's, after a write (done or thrown).
     void stamp_after_write() noexcept;
-    /// Clears has_rope and rope in every index below this one.
+    /// Clears has_rope and rope in every index below this one, but for a
+    /// RoPE adopted models brought (rope_fixed_by_models).
     void unfix_rope_below();
 };
 
