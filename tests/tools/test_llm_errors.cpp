@@ -314,6 +314,19 @@ void expect_cli_ok(const std::string& cmd, const std::string& args) {
 
 } // namespace
 
+// The cache kvllm train writes for a string without wrappers: its heads
+// carry the models' RoPE while empty, which the cache took for heads out
+// of step, so the write failed after the training ran.
+TEST(KvllmCli, ABareIVFAsymStringTrainsAndIsAdopted) {
+    const std::string cache = testing::TempDir() + "tiny_bare_ivfasym.cache";
+    expect_cli_ok("train", "--text-file " + cli_files().text +
+                          " --context 600 --min-distance 100 --iterations 2 --index IVFAsym4 --out " + cache);
+    expect_cli_ok("e2e", "--text-file " + cli_files().text + " --context 600 --index IVFAsym4 --trained " + cache);
+    // under another C it is refused, naming the head
+    expect_cli_error("e2e", "--text-file " + cli_files().text + " --context 600 --index IVFAsym8 --trained " + cache,
+                     "layer 0, KV head 0: adopt_trained: the trained index has d=");
+}
+
 // Each of these was silently replaced by a default (or ignored).
 TEST(KvllmCli, BadValuesAreRefusedNotDefaulted) {
     const std::string out = testing::TempDir() + "tiny_cli_logits.npy";
