@@ -419,8 +419,13 @@ TEST(CacheAdopt, ARefusedHeadLeavesEveryHeadAsItWas) {
     EXPECT_FALSE(ivf_asym_in_chain(cache.index(1, 0))->adopted);
     cache.check_invariants();
 
-    // emptied, every head adopts
+    // emptied, every head adopts; not while a call runs on a layer
     cache.reset();
+    {
+        ReadScope running(cache.layer_calls[1], "attend", "layer 1");
+        EXPECT_THROW_MSG(cache.adopt_trained(trained), "KVCache::adopt_trained");
+        EXPECT_EQ(adopted_heads(cache), 0);
+    }
     EXPECT_EQ(cache.adopt_trained(trained), kLayers * kKVHeads);
     EXPECT_EQ(adopted_heads(cache), kLayers * kKVHeads);
     EXPECT_EQ(ivf_asym_in_chain(cache.index(1, 1))->centroids,
