@@ -62,7 +62,9 @@ inline bool parse_subcommand(
 
 /** What a tool prints of an exception: its message without the location
  * Faiss puts before every library error ("Error in <function> at
- * <file>:<line>: "), which names our source, not the user's mistake. */
+ * <file>:<line>: "), which names our source, not the user's mistake, and
+ * without the condition FAISS_THROW_IF_NOT_* put before the message
+ * ("Error: '<expression>' failed: "), which is our code's, not theirs. */
 inline std::string error_text(const std::exception& e) {
     std::string msg = e.what();
     const std::string head = "Error in ";
@@ -81,6 +83,13 @@ inline std::string error_text(const std::exception& e) {
             break;
         }
         msg.erase(0, end + 2);
+    }
+    const std::string condition = "Error: '", failed = "' failed: ";
+    if (msg.compare(0, condition.size(), condition) == 0) {
+        size_t end = msg.find(failed, condition.size());
+        if (end != std::string::npos) {
+            msg.erase(0, end + failed.size());
+        }
     }
     return msg;
 }

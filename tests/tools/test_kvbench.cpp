@@ -203,6 +203,15 @@ TEST(KVBench, ToolErrorsDropTheSourceLocation) {
               "Error in the prompt at token 7");
     EXPECT_EQ(kvtools::error_text(std::runtime_error("Error in f at a.cpp:12: Error in g at b.cpp:3: inner")),
               "inner");
+    // FAISS_THROW_IF_NOT_MSG's failed condition goes too
+    try {
+        const int n = -5;
+        FAISS_THROW_IF_NOT_MSG(n > 0, "n must be > 0");
+    } catch (const std::exception& e) {
+        ASSERT_NE(std::string(e.what()).find("Error: 'n > 0' failed: "), std::string::npos) << e.what();
+        EXPECT_EQ(kvtools::error_text(e), "n must be > 0");
+    }
+    EXPECT_EQ(kvtools::error_text(std::runtime_error("Error: 'x' was not found")), "Error: 'x' was not found");
 }
 
 TEST(KVBench, RepeatedLayersAndEmptyEvaluationAreRefused) {

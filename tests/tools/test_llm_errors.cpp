@@ -305,6 +305,7 @@ void expect_cli_error(const std::string& cmd, const std::string& args, const std
     EXPECT_NE(r.output.find("kvllm " + cmd + ": "), std::string::npos) << cmd << " " << args << ": " << r.output;
     EXPECT_NE(r.output.find(fragment), std::string::npos) << cmd << " " << args << ": " << r.output;
     EXPECT_EQ(r.output.find("Error in "), std::string::npos) << "a source location: " << r.output;
+    EXPECT_EQ(r.output.find("Error: '"), std::string::npos) << "a failed condition: " << r.output;
 }
 
 void expect_cli_ok(const std::string& cmd, const std::string& args) {
