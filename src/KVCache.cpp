@@ -162,7 +162,8 @@ class RopeClaim {
     bool claimed_ = false;
 };
 
-/// Clears has_rope in `index` and every index it holds.
+/// Clears has_rope in `index` and every index it holds, but for a RoPE
+/// adopted models brought (KVIndex::rope_fixed_by_models).
 void forget_rope(KVIndex* index) {
     if (!index->rope_fixed_by_models()) { // adopted models keep theirs
         index->has_rope = false;
