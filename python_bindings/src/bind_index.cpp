@@ -459,7 +459,8 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
                 return s.adopt_trained(trained);
             }, py::arg("trained"),
                  "takes the offline-trained parts (IVFAsym models) of an index built from the same "
-                 "string; returns how many indexes of the chain adopted something")
+                 "string; the whole chain is checked first, so a refusal adopts nothing; returns how many "
+                 "indexes of the chain adopted something")
             .def("memory_bytes", &KVIndex::memory_bytes)
             .def("check_invariants", &KVIndex::check_invariants)
             .def_property_readonly("writes_roll_back", &KVIndex::writes_roll_back,
