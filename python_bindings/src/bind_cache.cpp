@@ -1,6 +1,7 @@
 // KVCache: every (layer, KV head) index of a model, over head-major arrays
 // [heads, n, d].
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,18 @@ using kvindex::KVCache;
 using kvindex::KVIndex;
 
 namespace {
+
+/// Marks a const call on every layer for its lifetime (kvindex::ReadScope):
+/// what walks every head (memory_bytes, check_invariants) raises while
+/// another thread writes a layer, instead of reading its moved memory.
+struct EveryLayerRead {
+    std::vector<std::unique_ptr<kvindex::ReadScope>> scopes;
+    EveryLayerRead(const KVCache& c, const char* what) {
+        for (auto& calls : c.layer_calls) {
+            scopes.push_back(std::make_unique<kvindex::ReadScope>(calls, what, "a layer of the cache"));
+        }
+    }
+};
 
 void check_layer(const KVCache& c, int layer) {
     if (layer < 0 || layer >= c.n_layers) {
@@ -187,8 +200,16 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                  "same shape and string (e.g. read_cache of what kvllm train wrote), into every sparse layer's "
                  "empty heads before their prefill; every head is checked before any adopts, so a refusal "
                  "changes nothing. Returns how many indexes adopted something")
-            .def("memory_bytes", &KVCache::memory_bytes)
-            .def("check_invariants", &KVCache::check_invariants,
+            .def("memory_bytes",
+                 [](const KVCache& c) {
+                     EveryLayerRead reading(c, "KVCache.memory_bytes");
+                     return c.memory_bytes();
+                 })
+            .def("check_invariants",
+                 [](const KVCache& c) {
+                     EveryLayerRead reading(c, "KVCache.check_invariants");
+                     c.check_invariants();
+                 },
                  "raises RuntimeError naming the first layer whose KV heads hold different numbers of tokens "
                  "(a write through index(l, h)) or carry another RoPE than the cache's")
             .def("__repr__", [](const KVCache& c) {

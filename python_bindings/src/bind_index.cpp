@@ -407,7 +407,8 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
             .def_property_readonly("has_rope", [](const KVIndex& s) { return s.has_rope; })
             .def_property_readonly("rope_theta", [](const KVIndex& s) { return s.rope.theta; })
             .def_property_readonly("rope_style", [](const KVIndex& s) { return std::string(kvindex::rope_style_name(s.rope.style)); })
-            .def("factory_string", &KVIndex::factory_string,
+            .def("factory_string",
+                 [](const KVIndex& s) { return read_guarded(s, "factory_string", [&] { return s.factory_string(); }); },
                  "the chain's factory string without the storage prefix (index_factory_string has it)")
             .def("add_kv",
                  [](KVIndex& self, py::handle keys, py::handle values) {
@@ -461,21 +462,28 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
                  "takes the offline-trained parts (IVFAsym models) of an index built from the same "
                  "string; the whole chain is checked first, so a refusal adopts nothing; returns how many "
                  "indexes of the chain adopted something")
-            .def("memory_bytes", &KVIndex::memory_bytes)
-            .def("check_invariants", &KVIndex::check_invariants)
+            .def("memory_bytes",
+                 [](const KVIndex& s) { return read_guarded(s, "memory_bytes", [&] { return s.memory_bytes(); }); })
+            .def("check_invariants",
+                 [](const KVIndex& s) { read_guarded(s, "check_invariants", [&] { s.check_invariants(); }); })
             .def_property_readonly("writes_roll_back", &KVIndex::writes_roll_back,
                  "whether a write (add_kv, prefill, reset) that raises part-way leaves the index as it "
                  "was; where not, the index is marked failed (failed_write) until reset()")
             .def_property_readonly("failed_write", [](const KVIndex& s) -> py::object {
-                     const char* w = s.failed_write();
-                     return w ? py::object(py::str(w)) : py::object(py::none());
+                     return read_guarded(s, "failed_write", [&] {
+                         const char* w = s.failed_write();
+                         return w ? py::object(py::str(w)) : py::object(py::none());
+                     });
                  },
                  "None, or the write that raised part-way and left the index inconsistent "
                  "(\"add_kv: <its error>\"): every call but reset() then raises")
             .def("children", [](KVIndex& s) { return s.mutable_children(); }, py::return_value_policy::reference_internal,
                  "the indexes this one wraps (references: they live as long as this index)")
-            .def("parameter_info", [](const KVIndex& s) { return kvindex::index_parameter_info(&s); })
-            .def("__repr__", &repr);
+            .def("parameter_info",
+                 [](const KVIndex& s) {
+                     return read_guarded(s, "parameter_info", [&] { return kvindex::index_parameter_info(&s); });
+                 })
+            .def("__repr__", [](const KVIndex& s) { return read_guarded(s, "repr", [&] { return repr(s); }); });
 
     py::class_<kvindex::IndexKVFlat, KVIndex, std::shared_ptr<kvindex::IndexKVFlat>>(
             m, "IndexKVFlat",
@@ -546,7 +554,9 @@ window in tokens: the question), pool (scores max-pooled over that many
 neighbouring tokens, odd: SnapKV), n_sink, seed.)doc")
             .def_readonly("keep_percent", &kvindex::IndexProxyEvict::keep_percent)
             .def_readonly("budget_tokens", &kvindex::IndexProxyEvict::budget_tokens)
-            .def_property_readonly("positions", [](const kvindex::IndexProxyEvict& s) { return to_numpy(s.positions); },
+            .def_property_readonly("positions", [](const kvindex::IndexProxyEvict& s) {
+                                       return read_guarded(s, "positions", [&] { return to_numpy(s.positions); });
+                                   },
                                    "int64: the position of each kept token")
             .def_property_readonly("inner", [](kvindex::IndexProxyEvict& s) { return s.inner.get(); },
                                    py::return_value_policy::reference_internal);
@@ -613,19 +623,28 @@ n_anchors, seed.)doc")
                           "decode queries learnt since the prefill")
             .def_property_readonly("learned_anchors", &kvindex::IndexRoarGraph::learned_anchors,
                                    "decode queries held as anchors: min(n_learned, decode_anchors)")
-            .def_property_readonly("hubs", [](const kvindex::IndexRoarGraph& g) { return to_numpy(g.hubs); },
+            .def_property_readonly("hubs", [](const kvindex::IndexRoarGraph& g) {
+                                       return read_guarded(g, "hubs", [&] { return to_numpy(g.hubs); });
+                                   },
                                    "int32: the extra entry points of every search")
-            .def_property_readonly("degrees", [](const kvindex::IndexRoarGraph& g) { return to_numpy(g.degrees); },
+            .def_property_readonly("degrees", [](const kvindex::IndexRoarGraph& g) {
+                                       return read_guarded(g, "degrees", [&] { return to_numpy(g.degrees); });
+                                   },
                                    "uint16, size ntotal: out-degree of each key")
             .def_property_readonly(
                     "neighbors",
                     [](const kvindex::IndexRoarGraph& g) {
-                        py::array_t<int32_t> a = to_numpy(g.neighbors);
-                        return a.reshape({py::ssize_t(g.ntotal), py::ssize_t(g.max_degree())});
+                        return read_guarded(g, "neighbors", [&] {
+                            py::array_t<int32_t> a = to_numpy(g.neighbors);
+                            return a.reshape({py::ssize_t(g.ntotal), py::ssize_t(g.max_degree())});
+                        });
                     },
                     "int32 [ntotal, 2M]: row i = out-edges of key i, -1 padded")
-            .def("count_reachable", &kvindex::IndexRoarGraph::count_reachable,
-                 py::call_guard<py::gil_scoped_release>(),
+            .def("count_reachable",
+                 [](const kvindex::IndexRoarGraph& g) {
+                     py::gil_scoped_release release;
+                     return read_guarded(g, "count_reachable", [&] { return g.count_reachable(); });
+                 },
                  "keys reachable from the entry point (breadth-first)");
 
     py::class_<kvindex::IndexIVFAsym, KVIndex, std::shared_ptr<kvindex::IndexIVFAsym>>(
@@ -659,18 +678,23 @@ train_iterations, min_distance, seed.)doc")
             .def_readonly("nprobe", &kvindex::IndexIVFAsym::nprobe, "buckets read per query")
             .def_readonly("adopted", &kvindex::IndexIVFAsym::adopted, "whether the models were adopted (trained offline)")
             .def_readonly("train_seconds", &kvindex::IndexIVFAsym::train_seconds, "the last self-training at prefill")
-            .def_property_readonly("has_qmodel", [](const kvindex::IndexIVFAsym& x) { return !x.qmodel.empty(); },
+            .def_property_readonly("has_qmodel", [](const kvindex::IndexIVFAsym& x) {
+                                       return read_guarded(x, "has_qmodel", [&] { return !x.qmodel.empty(); });
+                                   },
                                    "whether a Q-model is trained (else queries probe by nearest centroid)")
             .def_property_readonly(
                     "centroids",
                     [](const kvindex::IndexIVFAsym& x) {
-                        py::array_t<float> a = to_numpy(x.centroids);
-                        return a.reshape({py::ssize_t(x.centroids.size() / std::max(x.d, 1)), py::ssize_t(x.d)});
+                        return read_guarded(x, "centroids", [&] {
+                            py::array_t<float> a = to_numpy(x.centroids);
+                            return a.reshape({py::ssize_t(x.centroids.size() / std::max(x.d, 1)), py::ssize_t(x.d)});
+                        });
                     },
                     "float32 [C, d] (de-RoPEd key space); empty before training")
             .def_property_readonly(
                     "bucket_sizes",
                     [](const kvindex::IndexIVFAsym& x) {
+                        kvindex::ReadScope scope(x, "bucket_sizes");
                         std::vector<int64_t> sizes;
                         for (const auto& ids : x.bucket_ids) {
                             sizes.push_back(int64_t(ids.size()));
@@ -685,6 +709,7 @@ train_iterations, min_distance, seed.)doc")
                          throw py::value_error("probe_buckets: one query (1, d)");
                      }
                      std::vector<int32_t> out(std::max(nprobe, 0));
+                     kvindex::ReadScope scope(x, "probe_buckets");
                      idx_t pos = position.is_none() ? x.query_position() : cast_arg<idx_t>(position, "position (an int or None)");
                      x.probe_buckets(qa.data(), pos, nprobe, out.data());
                      return to_numpy(out);
@@ -698,6 +723,7 @@ train_iterations, min_distance, seed.)doc")
                          throw py::value_error("moment_log_masses: one query (1, d)");
                      }
                      std::vector<float> out(x.n_centroids);
+                     kvindex::ReadScope scope(x, "moment_log_masses");
                      x.moment_log_masses(qa.data(), out.data());
                      return to_numpy(out);
                  },
@@ -777,18 +803,30 @@ lowest error is kept (the others are emptied). Factory string:
 "Choose(<chain>;<chain>[;...])", e.g. "Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)".
 Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
             .def_readonly("chosen", &kvindex::IndexChoose::chosen, "number of the chosen candidate (-1: none yet)")
-            .def_property_readonly("errors", [](const kvindex::IndexChoose& x) { return to_numpy(x.errors); },
+            .def_property_readonly("errors", [](const kvindex::IndexChoose& x) {
+                                       return read_guarded(x, "errors", [&] { return to_numpy(x.errors); });
+                                   },
                                    "float64: each candidate's mean held-back error at the last prefill")
             .def_property_readonly("holdout_positions",
-                                   [](const kvindex::IndexChoose& x) { return to_numpy(x.holdout_positions); },
+                                   [](const kvindex::IndexChoose& x) {
+                                       return read_guarded(x, "holdout_positions",
+                                                           [&] { return to_numpy(x.holdout_positions); });
+                                   },
                                    "int64: positions of the held-back queries")
-            .def("chosen_string", &kvindex::IndexChoose::chosen_string, "the chosen candidate's factory string")
-            .def("candidate_strings", &kvindex::IndexChoose::candidate_strings)
+            .def("chosen_string",
+                 [](const kvindex::IndexChoose& x) {
+                     return read_guarded(x, "chosen_string", [&] { return x.chosen_string(); });
+                 },
+                 "the chosen candidate's factory string")
+            .def("candidate_strings", [](const kvindex::IndexChoose& x) {
+                return read_guarded(x, "candidate_strings", [&] { return x.candidate_strings(); });
+            })
             .def("children",
                  [](const kvindex::IndexChoose& x) {
                      // prefill replaces the candidates it drops (and all of
                      // them when it fails): a reference would dangle, so these
                      // are copies, as of now
+                     kvindex::ReadScope scope(x, "children");
                      std::vector<std::shared_ptr<KVIndex>> out;
                      for (const KVIndex* c : x.children()) {
                          out.push_back(std::shared_ptr<KVIndex>(kvindex::clone_index(c)));
@@ -829,7 +867,10 @@ Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
           py::arg("d"), py::arg("description"), py::arg("d_value") = py::none(),
           R"doc(An index from a factory string, e.g. "Flat", "TopK(IVF64,Flat)",
 "Sink4,Window64,LSHSample10x150", "BF16,ProxyEvict20". d_value defaults to d.)doc");
-    m.def("index_factory_string", [](const KVIndex& index) { return kvindex::index_factory_string(&index); },
+    m.def("index_factory_string",
+          [](const KVIndex& index) {
+              return read_guarded(index, "index_factory_string", [&] { return kvindex::index_factory_string(&index); });
+          },
           py::arg("index"), "the whole factory string (with the BF16, / FP16, prefix): index_factory(d, s) rebuilds it");
     m.def("set_index_parameters", [](KVIndex& index, const std::string& s) { kvindex::set_index_parameters(&index, s); },
           py::arg("index"), py::arg("description"),
@@ -847,9 +888,14 @@ Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
           [](KVIndex& index, const std::string& name, double value) { kvindex::set_index_parameter(&index, name, value); },
           py::arg("index"), py::arg("name"), py::arg("value"));
     m.def("get_index_parameter",
-          [](const KVIndex& index, const std::string& name) { return kvindex::get_index_parameter(&index, name); },
+          [](const KVIndex& index, const std::string& name) {
+              return read_guarded(index, "get_index_parameter", [&] { return kvindex::get_index_parameter(&index, name); });
+          },
           py::arg("index"), py::arg("name"));
-    m.def("index_parameter_info", [](const KVIndex& index) { return kvindex::index_parameter_info(&index); },
+    m.def("index_parameter_info",
+          [](const KVIndex& index) {
+              return read_guarded(index, "index_parameter_info", [&] { return kvindex::index_parameter_info(&index); });
+          },
           py::arg("index"), "every parameter of the chain, outermost first");
     m.def("parse_index_spec",
           [](const std::string& s) {

@@ -18,6 +18,19 @@ void bind_index(py::module_& m); ///< KVIndex, the index types, factory, paramet
 void bind_cache(py::module_& m); ///< KVCache
 void bind_io(py::module_& m);    ///< io, registry, RoPE, traces
 
+/** f() as a const call on `index` under its thread-safety check
+ * (kvindex::ReadScope). The module releases the GIL for writes, so an
+ * accessor that copies or walks an index's containers (a graph, the
+ * centroids, a Choose's candidates) while another thread's write
+ * reallocates them would read freed memory: guarded, it raises
+ * RuntimeError instead, and a write that starts meanwhile is refused, as
+ * for search and attend. */
+template <class F>
+auto read_guarded(const kvindex::KVIndex& index, const char* what, F&& f) {
+    kvindex::ReadScope scope(index, what);
+    return f();
+}
+
 /** The per-call search parameters of `params` (None, "name=value,..." or a
  * dict) for this index: nullptr for None; ValueError for a name that is
  * not a per-call knob the index reads (KVIndex::reads_search_knob). */

@@ -153,3 +153,98 @@ def test_overlapping_write_is_refused_not_crashing():
     assert msgs, "no overlap was refused in 5 s"
     assert all("refused" in m for m in msgs), msgs[:3]
     assert index.ntotal == n0 + added  # a refused write changed nothing
+
+
+RACE_SCRIPT = r'''
+import sys, threading, time
+import numpy as np
+import kvindex
+
+d = 16
+rng = np.random.default_rng(0)
+K = rng.standard_normal((2000, d)).astype(np.float32)
+Q = rng.standard_normal((256, d)).astype(np.float32)
+q1 = Q[:1]
+CASES = [
+    ("RoarGraph16", ["x.count_reachable()", "x.neighbors", "x.degrees", "x.hubs", "x.memory_bytes()",
+                     "repr(x)", "x.parameter_info()", "x.check_invariants()", "x.factory_string()"]),
+    ("ProxyEvict50", ["x.positions"]),
+    ("Choose(TopK(Flat);Uniform)", ["x.holdout_positions", "x.errors", "x.children()", "x.chosen_string()",
+                                    "kvindex.get_index_parameter(x, 'k')"]),
+    ("IVFAsym8_Moment", ["x.centroids", "x.bucket_sizes", "x.moment_log_masses(q1)", "x.probe_buckets(q1, 2, 1999)"]),
+]
+
+def race(x, write, read):
+    stop = threading.Event()
+    refused = {"reader": 0, "writer": 0}
+    other = []
+    def writer():
+        while not stop.is_set():
+            try:
+                write()
+            except RuntimeError as e:
+                (refused.__setitem__("writer", refused["writer"] + 1) if "refused" in str(e) else other.append(str(e)))
+    th = threading.Thread(target=writer)
+    th.start()
+    deadline = time.perf_counter() + 3
+    try:
+        while time.perf_counter() < deadline and refused["reader"] + refused["writer"] < 20:
+            try:
+                read()
+            except RuntimeError as e:
+                (refused.__setitem__("reader", refused["reader"] + 1) if "refused" in str(e) else other.append(str(e)))
+    finally:
+        stop.set()
+        th.join()
+    return refused, other
+
+failures = []
+for spec, exprs in CASES:
+    x = kvindex.index_factory(d, spec)
+    if spec.startswith("IVFAsym"):
+        # adopted models outlive reset: every state the reader can see
+        # between the writer's reset and prefill has centroids to probe
+        trained = kvindex.index_factory(d, spec)
+        trained.prefill(K, K, queries=Q)
+        x.adopt_trained(trained)
+    def write():
+        x.reset()
+        x.prefill(K, K, queries=Q)
+    write()
+    for expr in exprs:
+        refused, other = race(x, write, eval("lambda: " + expr))
+        print(spec, expr, refused, other[:1], flush=True)
+        if refused["reader"] + refused["writer"] == 0 or other:
+            failures.append((spec, expr, refused, other[:1]))
+
+L, HQ, HKV = 2, 4, 2
+cache = kvindex.KVCache(L, HQ, HKV, d, "Choose(TopK(Flat);Uniform)")
+KC = rng.standard_normal((HKV, 2000, d)).astype(np.float32)
+QC = rng.standard_normal((HQ, 256, d)).astype(np.float32)
+def write_cache():
+    cache.reset()
+    for layer in range(L):
+        cache.prefill(layer, KC, KC, queries=QC)
+write_cache()
+for expr in ["cache.memory_bytes()", "cache.check_invariants()"]:
+    refused, other = race(cache, write_cache, eval("lambda: " + expr))
+    print("KVCache", expr, refused, other[:1], flush=True)
+    if refused["reader"] + refused["writer"] == 0 or other:
+        failures.append(("KVCache", expr, refused, other[:1]))
+print("FAILURES", failures)
+sys.exit(1 if failures else 0)
+'''
+
+
+def test_accessors_racing_a_write_are_refused_not_crashing():
+    """The accessors that copy or walk an index's containers (a graph's
+    lists, the centroids, a Choose's candidates, a cache's heads) while
+    another thread resets and prefills it: each overlap is refused with
+    a RuntimeError on one side, as for attend, never a crash (they once
+    read freed memory: "double free or corruption", segfaults). Run in a
+    child process, so that a crash is a failure, not the end of pytest."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", RACE_SCRIPT], capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
