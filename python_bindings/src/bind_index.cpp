@@ -377,12 +377,12 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
                     "k",
                     [](const KVIndex& s) {
                         require_k(s);
-                        return idx_t(kvindex::get_index_parameter(&s, "k"));
+                        return read_guarded(s, "k", [&] { return idx_t(kvindex::get_index_parameter(&s, "k")); });
                     },
                     [](KVIndex& s, idx_t k) {
                         require_k(s);
-                        if (k <= 0) {
-                            throw py::value_error("k must be > 0; got " + std::to_string(k));
+                        if (k <= 0 || k > (idx_t(1) << 53)) { // knobs travel as doubles
+                            throw py::value_error("k must be in [1, 2^53]; got " + std::to_string(k));
                         }
                         py::gil_scoped_release release;
                         kvindex::set_index_parameter(&s, "k", double(k));

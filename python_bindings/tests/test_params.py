@@ -22,6 +22,11 @@ def test_params_string_dict_and_setter_agree(rdata):
     assert index.k == 100
     kvindex.set_index_parameters(index, "k=10")
     assert index.k == 10
+    # knobs travel as doubles: a k above 2^53 would come back rounded
+    for bad in (0, -3, 2**53 + 1):
+        with pytest.raises(ValueError, match=r"k must be in \[1, 2\^53\]"):
+            index.k = bad
+    assert index.k == 10
     d_out, d_lse = index.attend(q)
     np.testing.assert_array_equal(a_out, d_out)
     np.testing.assert_array_equal(a_lse, d_lse)
