@@ -321,11 +321,7 @@ void KVCache::append(int layer, idx_t n, const float* keys, const float* values)
 void KVCache::reset() {
     // every layer held first, so that no call runs on a layer while its
     // heads empty one by one
-    std::vector<std::unique_ptr<WriteScope>> scopes;
-    for (int l = 0; l < n_layers; l++) {
-        scopes.push_back(std::make_unique<WriteScope>(
-                layer_calls[l], "KVCache::reset", "a layer of the cache"));
-    }
+    ScopeEach<WriteScope> holding(layer_calls, "KVCache::reset", "a layer of the cache");
     for (auto& head : indexes) {
         head->reset();
     }
@@ -404,11 +400,7 @@ int KVCache::adopt_trained(const KVCache& trained) {
             d);
     // every layer held, as by reset: no call runs on a layer while its
     // heads take their models one by one
-    std::vector<std::unique_ptr<WriteScope>> scopes;
-    for (int l = 0; l < n_layers; l++) {
-        scopes.push_back(std::make_unique<WriteScope>(
-                layer_calls[l], "KVCache::adopt_trained", "a layer of the cache"));
-    }
+    ScopeEach<WriteScope> holding(layer_calls, "KVCache::adopt_trained", "a layer of the cache");
     std::vector<int> sparse;
     for (int l = 0; l < n_layers; l++) {
         if (std::find(dense_layers.begin(), dense_layers.end(), l) == dense_layers.end()) {

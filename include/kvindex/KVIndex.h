@@ -765,4 +765,21 @@ class WriteScope {
     AccessCount& calls_;
 };
 
+/** A Scope (ReadScope or WriteScope) on each of `calls` for its lifetime,
+ * taken in order: a call on every layer of a KVCache (reset,
+ * adopt_trained, memory_bytes) holds them all before it touches any head.
+ * Throws as the first one that refuses; those already taken are released. */
+template <class Scope>
+class ScopeEach {
+   public:
+    ScopeEach(std::vector<AccessCount>& calls, const char* what, const char* where) {
+        for (AccessCount& c : calls) {
+            scopes_.push_back(std::make_unique<Scope>(c, what, where));
+        }
+    }
+
+   private:
+    std::vector<std::unique_ptr<Scope>> scopes_;
+};
+
 } // namespace kvindex

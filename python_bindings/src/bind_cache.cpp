@@ -1,7 +1,6 @@
 // KVCache: every (layer, KV head) index of a model, over head-major arrays
 // [heads, n, d].
 
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,18 +19,6 @@ using kvindex::KVCache;
 using kvindex::KVIndex;
 
 namespace {
-
-/// Marks a const call on every layer for its lifetime (kvindex::ReadScope):
-/// what walks every head (memory_bytes, check_invariants) raises while
-/// another thread writes a layer, instead of reading its moved memory.
-struct EveryLayerRead {
-    std::vector<std::unique_ptr<kvindex::ReadScope>> scopes;
-    EveryLayerRead(const KVCache& c, const char* what) {
-        for (auto& calls : c.layer_calls) {
-            scopes.push_back(std::make_unique<kvindex::ReadScope>(calls, what, "a layer of the cache"));
-        }
-    }
-};
 
 void check_layer(const KVCache& c, int layer) {
     if (layer < 0 || layer >= c.n_layers) {
@@ -202,12 +189,16 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                  "changes nothing. Returns how many indexes adopted something")
             .def("memory_bytes",
                  [](const KVCache& c) {
-                     EveryLayerRead reading(c, "KVCache.memory_bytes");
+                     // a walk over every head: raises while another thread
+                     // writes a layer, instead of reading its moved memory
+                     kvindex::ScopeEach<kvindex::ReadScope> reading(c.layer_calls, "KVCache.memory_bytes",
+                                                                    "a layer of the cache");
                      return c.memory_bytes();
                  })
             .def("check_invariants",
                  [](const KVCache& c) {
-                     EveryLayerRead reading(c, "KVCache.check_invariants");
+                     kvindex::ScopeEach<kvindex::ReadScope> reading(c.layer_calls, "KVCache.check_invariants",
+                                                                    "a layer of the cache");
                      c.check_invariants();
                  },
                  "raises RuntimeError naming the first layer whose KV heads hold different numbers of tokens "
