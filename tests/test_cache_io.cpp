@@ -34,6 +34,24 @@ RopeParams test_rope() {
     return RopeParams{500000.0, RopeStyle::interleaved};
 }
 
+/// Seeded offline models (C centroids, a Q-model, test_rope()) set on the
+/// IVFAsym of one head's chain, as kvllm train sets its trained ones.
+void set_models(KVIndex* head, int C, uint64_t seed) {
+    ivf_asym_in_chain(head)->set_trained(kvtest::gaussian(C, kD, seed), QModel(kD, 8, C, seed), test_rope());
+}
+
+/// The same on every head of `cache`, head (l, h) from seed0 + 10 l + h;
+/// the last head of the last layer keeps none when `skip_last`.
+void set_models_on_every_head(KVCache& cache, int C, uint64_t seed0, bool skip_last = false) {
+    for (int l = 0; l < kLayers; l++) {
+        for (int h = 0; h < kKVHeads; h++) {
+            if (!(skip_last && l == kLayers - 1 && h == kKVHeads - 1)) {
+                set_models(cache.index(l, h), C, seed0 + 10 * l + h);
+            }
+        }
+    }
+}
+
 /// Keys / values [n_kv_heads, n, d] and queries [n_q_heads, n, d] of a layer.
 struct LayerTokens {
     std::vector<float> keys, values, queries;
@@ -327,13 +345,7 @@ TEST(CacheAdopt, OfflineModelsSurviveTheFileAndAreAdopted) {
     const char* s = "Sink2,Window8,IVFAsym4";
     const int C = 4;
     KVCache trained(kLayers, kQHeads, kKVHeads, kD, kD, s);
-    for (int l = 0; l < kLayers; l++) {
-        for (int h = 0; h < kKVHeads; h++) {
-            uint64_t seed = 300 + 10 * l + h;
-            ivf_asym_in_chain(trained.index(l, h))
-                    ->set_trained(kvtest::gaussian(C, kD, seed), QModel(kD, 8, C, seed), test_rope());
-        }
-    }
+    set_models_on_every_head(trained, C, 300);
     std::vector<uint8_t> buf;
     write_cache(trained, &buf);
     std::unique_ptr<KVCache> back = read_cache(buf);
@@ -379,16 +391,7 @@ TEST(CacheAdopt, ARefusedHeadLeavesEveryHeadAsItWas) {
     const char* s = "Sink2,Window8,IVFAsym4";
     const int C = 4;
     KVCache trained(kLayers, kQHeads, kKVHeads, kD, kD, s);
-    for (int l = 0; l < kLayers; l++) {
-        for (int h = 0; h < kKVHeads; h++) {
-            if (l == kLayers - 1 && h == kKVHeads - 1) {
-                continue; // the last head trained nothing
-            }
-            uint64_t seed = 500 + 10 * l + h;
-            ivf_asym_in_chain(trained.index(l, h))
-                    ->set_trained(kvtest::gaussian(C, kD, seed), QModel(kD, 8, C, seed), test_rope());
-        }
-    }
+    set_models_on_every_head(trained, C, 500, /*skip_last=*/true); // the last head trained nothing
     auto adopted_heads = [&](const KVCache& c) {
         int n = 0;
         for (int l = 0; l < kLayers; l++) {
@@ -405,8 +408,7 @@ TEST(CacheAdopt, ARefusedHeadLeavesEveryHeadAsItWas) {
 
     // a head holding tokens refuses (its buckets were made with other
     // models): layer 1 prefilled, layer 0 not, and layer 0 adopts nothing
-    ivf_asym_in_chain(trained.index(1, 1))
-            ->set_trained(kvtest::gaussian(C, kD, 599), QModel(kD, 8, C, 599), test_rope());
+    set_models(trained.index(1, 1), C, 599);
     const idx_t n = 40;
     LayerTokens tk = tokens(1, n, 11);
     cache.prefill(1, n, tk.keys.data(), tk.values.data(), n, tk.queries.data(), nullptr, test_rope());
@@ -436,8 +438,8 @@ TEST(CacheAdopt, AChainChecksEveryChildFirstAndKeepsTheModelsRoPE) {
     // the same within one index: of two IVFAsym candidates, the second's
     // pair untrained, the first adopts nothing
     auto trained = index_factory(kD, "Choose(IVFAsym4;IVFAsym4_Centroid)", kD);
-    auto* first = ivf_asym_in_chain(trained->mutable_children()[0]);
-    first->set_trained(kvtest::gaussian(4, kD, 71), QModel(kD, 8, 4, 71), test_rope());
+    set_models(trained->mutable_children()[0], 4, 71);
+    const IndexIVFAsym* first = ivf_asym_in_chain(trained->mutable_children()[0]);
     auto index = index_factory(kD, "Choose(IVFAsym4;IVFAsym4_Centroid)", kD);
     EXPECT_THROW_MSG(index->adopt_trained(*trained), "has no centroids");
     EXPECT_TRUE(ivf_asym_in_chain(index->mutable_children()[0])->centroids.empty());
@@ -474,13 +476,7 @@ TEST(CacheAdopt, ABareIVFAsymCacheKeepsItsModelsRoPEUntilPrefill) {
     // saved, checked or attended
     const int C = 4;
     KVCache trained(kLayers, kQHeads, kKVHeads, kD, kD, "IVFAsym4");
-    for (int l = 0; l < kLayers; l++) {
-        for (int h = 0; h < kKVHeads; h++) {
-            uint64_t seed = 700 + 10 * l + h;
-            ivf_asym_in_chain(trained.index(l, h))
-                    ->set_trained(kvtest::gaussian(C, kD, seed), QModel(kD, 8, C, seed), test_rope());
-        }
-    }
+    set_models_on_every_head(trained, C, 700);
     trained.check_invariants();
     std::vector<uint8_t> buf;
     write_cache(trained, &buf);
