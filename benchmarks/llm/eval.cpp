@@ -485,7 +485,8 @@ PromptAnswers answer_prompt(
         if (is_dense) dense_log_p.resize(size_t(m) * V);
         fit = ReferenceFit();
         fit.n_tokens = m;
-        int agree = 0;
+        fit.correct.assign(size_t(m), 0);
+        int agree = 0, correct = 0;
         for (int64_t t = 0; t < m; t++) {
             const float* row = logits.data() + t * V;
             std::vector<double> lp = log_softmax(row, V);
@@ -494,9 +495,12 @@ PromptAnswers answer_prompt(
             fit.log_prob += lp[reference[t]];
             fit.kl_mean += kl_divergence(dp, lp.data(), V);
             agree += best(dp) == best(lp.data());
+            fit.correct[t] = best(lp.data()) == reference[t];
+            correct += fit.correct[t];
         }
         fit.kl_mean /= double(m);
         fit.top1 = double(agree) / double(m);
+        fit.accuracy = double(correct) / double(m);
     };
     if (dense_baseline) {
         a.dense = decode(llm.make_cache(rec, "Flat"), "");

@@ -212,6 +212,12 @@ struct ReferenceFit {
     double log_prob = 0;   ///< sum over them of log p(token | prompt, the reference before it)
     double kl_mean = 0;    ///< mean over the positions of KL(dense || this); 0 for dense
     double top1 = 1;       ///< share of the positions where this and dense predict the same token
+    /// share of the positions whose most likely next token is the
+    /// reference's own (teacher-forced token accuracy): an accuracy that a
+    /// model which rarely answers a task still has, so it can be compared
+    /// with dense's
+    double accuracy = 0;
+    std::vector<uint8_t> correct; ///< size n_tokens: 1 where this predicts the reference's token
 };
 
 struct Answer {

@@ -318,7 +318,8 @@ int cmd_ruler(int argc, char** argv) {
              "haystack text of the niah and vt tasks (repeatable; default data/train/*.txt)")
             ("likelihood", po::bool_switch(&c.likelihood),
              "also read each prompt's reference answer teacher-forced: its log-likelihood under dense and each "
-             "index, KL and top-1 agreement (fidelity where the model rarely answers)");
+             "index, KL, top-1 agreement and the share of its tokens and of its items each predicts (fidelity "
+             "where the model rarely answers)");
     add_index_run_options(
             opts,
             c,

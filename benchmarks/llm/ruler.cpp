@@ -428,10 +428,16 @@ RulerSample cwe_sample(int64_t target_tokens, const TokenCounter& count, std::mt
     return s;
 }
 
-/// " a, b, c.": items as an answer lists them, each after `prefix`.
-std::string listed(const std::vector<std::string>& items, const std::string& prefix) {
+/// " a, b, c.": items as an answer lists them, each after `prefix`; the
+/// offset of each item's first character in `starts`.
+std::string listed(const std::vector<std::string>& items, const std::string& prefix, std::vector<size_t>& starts) {
     std::string out;
-    for (size_t i = 0; i < items.size(); i++) out += (i ? ", " : " ") + prefix + items[i];
+    starts.clear();
+    for (size_t i = 0; i < items.size(); i++) {
+        out += (i ? ", " : " ") + prefix;
+        starts.push_back(out.size());
+        out += items[i];
+    }
     return out + ".";
 }
 
@@ -467,8 +473,25 @@ RulerSample make_ruler_sample(
     }
     s.task = task;
     // vt's names stand as "VAR ABCDE" in the text
-    s.reference = listed(s.expected, task == "vt" ? "VAR " : "");
+    s.reference = listed(s.expected, task == "vt" ? "VAR " : "", s.reference_items);
     return s;
+}
+
+std::vector<int64_t> tokens_at(const BpeTokenizer& tok, const std::vector<int>& ids, const std::vector<size_t>& offsets) {
+    std::vector<int64_t> at;
+    size_t end = 0; // end of the text of tokens [0, t]
+    int64_t t = -1;
+    for (size_t off : offsets) {
+        while (end <= off) {
+            if (++t == int64_t(ids.size())) {
+                throw std::invalid_argument("tokens_at: offset " + std::to_string(off) + " past the " +
+                                            std::to_string(end) + " characters of the tokens");
+            }
+            end += tok.decode({ids[t]}).size();
+        }
+        at.push_back(t);
+    }
+    return at;
 }
 
 double ruler_score(const std::string& answer, const std::vector<std::string>& expected) {
@@ -550,24 +573,28 @@ void run_ruler(
     struct IndexTally {
         double score = 0, agree = 0;
         // --likelihood: the difference of the reference's log p to dense's
-        // (and its square), KL and top-1 agreement
-        double ref_delta = 0, ref_delta_sq = 0, ref_kl = 0, ref_top1 = 0;
+        // (and its square), KL, top-1 agreement, token and item accuracy
+        double ref_delta = 0, ref_delta_sq = 0, ref_kl = 0, ref_top1 = 0, ref_accuracy = 0, ref_items = 0;
         IndexTally& operator+=(const IndexTally& o) {
             score += o.score, agree += o.agree, ref_delta += o.ref_delta;
             ref_delta_sq += o.ref_delta_sq, ref_kl += o.ref_kl, ref_top1 += o.ref_top1;
+            ref_accuracy += o.ref_accuracy, ref_items += o.ref_items;
             return *this;
         }
         IndexTally& operator/=(double n) {
             score /= n, agree /= n, ref_delta /= n, ref_delta_sq /= n, ref_kl /= n, ref_top1 /= n;
+            ref_accuracy /= n, ref_items /= n;
             return *this;
         }
     };
     struct Tally {
         double dense = 0, ref_dense = 0; ///< dense's score and log p of the reference
         double ref_tokens = 0;           ///< tokens of the reference
+        /// dense's token and item accuracy on the reference
+        double ref_accuracy_dense = 0, ref_items_dense = 0;
         std::vector<IndexTally> x;       ///< per index
     };
-    const Tally zero{0, 0, 0, std::vector<IndexTally>(NX)};
+    const Tally zero{0, 0, 0, 0, 0, std::vector<IndexTally>(NX)};
     std::vector<std::vector<Tally>> tally(NC, std::vector<Tally>(NT, zero));
     nlohmann::json cases = nlohmann::json::array();
     char line[1024];
@@ -578,6 +605,17 @@ void run_ruler(
                 const std::vector<int> prompt = encode_pieces(tok, s.prompt);
                 const int64_t q0 = s.prompt.question_start();
                 const std::vector<int> reference = cfg.likelihood ? tok.encode(s.reference, false) : std::vector<int>();
+                // the reference's token where each expected string begins
+                const std::vector<int64_t> items =
+                        cfg.likelihood ? tokens_at(tok, reference, s.reference_items) : std::vector<int64_t>();
+                // item accuracy: the share of the expected strings whose first
+                // token the model predicts, teacher-forced (the answer so far
+                // given, the next item retrieved from the prompt)
+                auto item_accuracy = [&](const ReferenceFit& f) {
+                    double hit = 0;
+                    for (int64_t t : items) hit += f.correct.at(size_t(t));
+                    return hit / double(items.size());
+                };
                 const PromptAnswers a = answer_prompt(llm, tok, prompt, q0, cfg.max_new > 0 ? cfg.max_new : s.max_new,
                                                       set, true, reference);
                 const double dense_score = ruler_score(a.dense.text, s.expected);
@@ -594,7 +632,11 @@ void run_ruler(
                 if (cfg.likelihood) {
                     c["reference"] = {{"text", s.reference}, {"tokens", reference.size()}};
                     c["dense"]["reference_log_prob"] = a.dense.reference.log_prob;
+                    c["dense"]["reference_accuracy"] = a.dense.reference.accuracy;
+                    c["dense"]["reference_item_accuracy"] = item_accuracy(a.dense.reference);
                     t.ref_dense += a.dense.reference.log_prob;
+                    t.ref_accuracy_dense += a.dense.reference.accuracy;
+                    t.ref_items_dense += item_accuracy(a.dense.reference);
                     t.ref_tokens += double(reference.size());
                 }
                 auto print = [&](const std::string& label, double score, const char* agree, const std::string& text) {
@@ -620,9 +662,13 @@ void run_ruler(
                         t.x[xi].ref_delta_sq += delta * delta;
                         t.x[xi].ref_kl += f.kl_mean;
                         t.x[xi].ref_top1 += f.top1;
+                        t.x[xi].ref_accuracy += f.accuracy;
+                        t.x[xi].ref_items += item_accuracy(f);
                         results.back()["reference_log_prob"] = f.log_prob;
                         results.back()["reference_kl"] = f.kl_mean;
                         results.back()["reference_top1"] = f.top1;
+                        results.back()["reference_accuracy"] = f.accuracy;
+                        results.back()["reference_item_accuracy"] = item_accuracy(f);
                     }
                     print(specs[xi].str(), score, agree ? "same" : "diff", r.text);
                 }
@@ -654,12 +700,16 @@ void run_ruler(
             m.dense += x.dense;
             m.ref_dense += x.ref_dense;
             m.ref_tokens += x.ref_tokens;
+            m.ref_accuracy_dense += x.ref_accuracy_dense;
+            m.ref_items_dense += x.ref_items_dense;
             for (size_t xi = 0; xi < NX; xi++) m.x[xi] += x.x[xi];
         }
         const double n = double(cfg.samples) * double(t1 - t0);
         m.dense /= n;
         m.ref_dense /= n;
         m.ref_tokens /= n;
+        m.ref_accuracy_dense /= n;
+        m.ref_items_dense /= n;
         for (IndexTally& x : m.x) x /= n;
         return m;
     };
@@ -689,9 +739,13 @@ void run_ruler(
                "index;\ndelta = index - dense (mean over the samples, +- its standard error); rel = exp(delta), the "
                "index's\nlikelihood of the right answer relative to dense's (geometric mean); rel/tok = exp(delta / "
                "tokens),\nthe same per token of the answer; KL(dense || index) and top-1 agreement: means over the "
-               "reference positions\n";
-        std::snprintf(line, sizeof(line), "%-16s %7s %8s  %-44s %8s %8s %7s %6s %7s %9s %6s\n", "task", "context",
-                      "dense_lp", "index", "index_lp", "delta", "+-se", "rel", "rel/tok", "KL", "top1");
+               "reference positions;\nacc_d, acc = dense's and the index's token accuracy (the share of the "
+               "reference's tokens each\npredicts as most likely, teacher-forced), acc/d = acc / acc_d; item_d, "
+               "item, item/d the same over\nthe first token of each expected string (the answer so far given, "
+               "the next item retrieved)\n";
+        std::snprintf(line, sizeof(line), "%-16s %7s %8s  %-44s %8s %8s %7s %6s %7s %9s %6s %6s %6s %6s %6s %6s %6s\n",
+                      "task", "context", "dense_lp", "index", "index_lp", "delta", "+-se", "rel", "rel/tok", "KL",
+                      "top1", "acc_d", "acc", "acc/d", "item_d", "item", "item/d");
         out << line;
         size_t row = 0;
         for (size_t ci = 0; ci < NC; ci++) {
@@ -705,16 +759,33 @@ void run_ruler(
                     const double se = n > 1 ? std::sqrt(var / (n - 1)) : 0.0;
                     const double index_lp = m.ref_dense + x.ref_delta;
                     const double rel = std::exp(x.ref_delta), rel_token = std::exp(x.ref_delta / m.ref_tokens);
+                    // no ratio where dense predicted none of them
+                    auto ratio = [](double index, double dense) {
+                        return dense > 0 ? nlohmann::json(index / dense) : nlohmann::json();
+                    };
+                    auto ratio_text = [](const nlohmann::json& r) {
+                        char text[32] = "-";
+                        if (!r.is_null()) std::snprintf(text, sizeof(text), "%.3f", r.get<double>());
+                        return std::string(text);
+                    };
+                    const nlohmann::json acc_rel = ratio(x.ref_accuracy, m.ref_accuracy_dense);
+                    const nlohmann::json item_rel = ratio(x.ref_items, m.ref_items_dense);
                     std::snprintf(line, sizeof(line),
-                                  "%-16s %7lld %8.3f  %-44s %8.3f %+8.3f %7.3f %6.3f %7.4f %9.2e %6.3f\n",
+                                  "%-16s %7lld %8.3f  %-44s %8.3f %+8.3f %7.3f %6.3f %7.4f %9.2e %6.3f %6.3f %6.3f %6s "
+                                  "%6.3f %6.3f %6s\n",
                                   task_name(ti).c_str(), (long long)cfg.contexts[ci], m.ref_dense,
                                   specs[xi].str().c_str(), index_lp, x.ref_delta, se, rel, rel_token, x.ref_kl,
-                                  x.ref_top1);
+                                  x.ref_top1, m.ref_accuracy_dense, x.ref_accuracy, ratio_text(acc_rel).c_str(),
+                                  m.ref_items_dense, x.ref_items, ratio_text(item_rel).c_str());
                     out << line;
                     summary[row]["reference"] = {{"log_prob_dense", m.ref_dense}, {"log_prob", index_lp},
                                                  {"delta", x.ref_delta}, {"delta_se", se}, {"relative", rel},
                                                  {"tokens", m.ref_tokens}, {"relative_per_token", rel_token},
-                                                 {"kl", x.ref_kl}, {"top1", x.ref_top1}};
+                                                 {"kl", x.ref_kl}, {"top1", x.ref_top1},
+                                                 {"accuracy_dense", m.ref_accuracy_dense},
+                                                 {"accuracy", x.ref_accuracy}, {"accuracy_relative", acc_rel},
+                                                 {"item_accuracy_dense", m.ref_items_dense},
+                                                 {"item_accuracy", x.ref_items}, {"item_accuracy_relative", item_rel}};
                 }
             }
         }

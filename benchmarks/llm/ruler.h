@@ -64,6 +64,9 @@ struct RulerSample {
     /// a right answer as the question's last words go on (" 12345.", " VAR
     /// ABCDE, VAR FGHIJ, ..."): every expected string, in order
     std::string reference;
+    /// size expected.size(): where in `reference` each expected string
+    /// begins (the item an answer must retrieve from the prompt)
+    std::vector<size_t> reference_items;
 };
 
 /** Sample `index` of `task` at about target_tokens tokens (as counted by
@@ -77,6 +80,11 @@ RulerSample make_ruler_sample(
         int64_t index,
         const std::vector<std::string>& haystack,
         const TokenCounter& count);
+
+/// For each character offset of `text` (ascending), the index of the token
+/// of `ids` (the encoding of `text`) that holds it, the tokens decoded one
+/// by one. Throws std::invalid_argument for an offset past the text.
+std::vector<int64_t> tokens_at(const BpeTokenizer& tok, const std::vector<int>& ids, const std::vector<size_t>& offsets);
 
 /// Fraction of `expected` found in `answer`, ignoring ASCII case.
 double ruler_score(const std::string& answer, const std::vector<std::string>& expected);

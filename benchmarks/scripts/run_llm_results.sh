@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the SmolLM2 tables of RESULTS.md (real traces, e2e fidelity,
 # passkey). Document: Debian's licence texts (base-files, on every Debian
-# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|every|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k|multivalue|ruler8k2|likelihood|likelihood_hybrid]...
+# machine), nothing downloaded. Usage: bash benchmarks/scripts/run_llm_results.sh [e2e|needle|trace|every|speed|roargraph|ivfasym|ivfasym2|moment|hybrid|weighted|ruler|budgets|retrievers|ruler8k|multivalue|ruler8k2|likelihood|accuracy|likelihood_hybrid]...
 # (roargraph, ivfasym and hybrid read the trace that `trace` writes)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -417,6 +417,20 @@ for what in "$@"; do
       done
       .venv/bin/python benchmarks/scripts/ruler_table.py --likelihood "$RU"/likelihood_2k.json \
           "$RU"/likelihood_4096.json "$RU"/likelihood_8128.json ;;
+    accuracy)
+      # issue 16: vt and cwe, which the model rarely answers greedily, by
+      # their token accuracy (the share of the reference answer's tokens the
+      # model predicts, teacher-forced) beside the likelihood: the same
+      # seed-1 prompts as likelihood's runs
+      RU=benchmarks/results/ruler; mkdir -p "$RU"
+      .venv/bin/python benchmarks/scripts/python_doc_text.py --out data/train
+      $KVLLM ruler --context 2048 --samples 40 --seed 1 --tasks vt,cwe --likelihood \
+          --index "Weighted|k=2%" --index "TopK(Flat)|k=2%" \
+          --json "$RU/accuracy_2k.json" | tee "$RU/accuracy_2k.txt"
+      for C in 4096 8128; do
+        $KVLLM ruler --context $C --samples 20 --seed 1 --tasks vt,cwe --likelihood --index "Weighted|k=2%" \
+            --json "$RU/accuracy_$C.json" | tee "$RU/accuracy_$C.txt"
+      done ;;
     likelihood_hybrid)
       # issue 16: the hybrid (exact top 1% + a weighted sample of 1% of the
       # rest) on the same vt / cwe prompts as likelihood's 2k run

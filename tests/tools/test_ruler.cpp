@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -327,6 +328,20 @@ TEST(Ruler, ReferenceIsARightAnswerListingTheExpectedStrings) {
     EXPECT_EQ(sample("vt").reference.substr(0, 5), " VAR ");
 }
 
+// reference_items point at each expected string as the reference writes it.
+TEST(Ruler, ReferenceItemsAreWhereTheExpectedStringsBegin) {
+    for (const std::string& task : ruler_task_names()) {
+        for (int64_t i = 0; i < 3; i++) {
+            RulerSample s = sample(task, 1024, 1, i);
+            ASSERT_EQ(s.reference_items.size(), s.expected.size()) << task;
+            for (size_t e = 0; e < s.expected.size(); e++) {
+                EXPECT_EQ(s.reference.substr(s.reference_items[e], s.expected[e].size()), s.expected[e]) << task;
+                if (e) EXPECT_GT(s.reference_items[e], s.reference_items[e - 1]) << task;
+            }
+        }
+    }
+}
+
 TEST(Ruler, ScoreIsTheFractionOfExpectedStringsFound) {
     EXPECT_EQ(ruler_score(" 1234567.", {"1234567"}), 1.0);
     EXPECT_EQ(ruler_score(" 123456", {"1234567"}), 0.0);
@@ -453,6 +468,30 @@ TEST(RulerSmolLM2, PiecesTokenizeAsTheWholeText) {
     }
 }
 
+// tokens_at: the token of the reference that holds each expected string's
+// first character, against decodes of the whole prefixes.
+TEST(RulerSmolLM2, ReferenceItemTokensHoldEachItemsFirstCharacter) {
+    KVLLM_MODEL_OR_SKIP(path);
+    GgufFile file(path);
+    BpeTokenizer tok(file);
+    for (const std::string& task : ruler_task_names()) {
+        const RulerSample s = sample(task, 1024, 1, 0);
+        const std::vector<int> ids = tok.encode(s.reference, false);
+        const std::vector<int64_t> at = tokens_at(tok, ids, s.reference_items);
+        ASSERT_EQ(at.size(), s.expected.size()) << task;
+        for (size_t e = 0; e < at.size(); e++) {
+            ASSERT_GE(at[e], 0) << task;
+            ASSERT_LT(at[e], int64_t(ids.size())) << task;
+            const std::vector<int> before(ids.begin(), ids.begin() + at[e]);
+            const std::vector<int> through(ids.begin(), ids.begin() + at[e] + 1);
+            EXPECT_LE(tok.decode(before).size(), s.reference_items[e]) << task << " item " << e;
+            EXPECT_GT(tok.decode(through).size(), s.reference_items[e]) << task << " item " << e;
+        }
+    }
+    const RulerSample s = sample("passkey", 1024, 1, 0);
+    EXPECT_THROW(tokens_at(tok, tok.encode(s.reference, false), {s.reference.size()}), std::invalid_argument);
+}
+
 // A tiny run of every task: the JSON has its fields, and Flat decodes
 // exactly as the dense baseline (same cache contents, same arithmetic).
 TEST(RulerSmolLM2, TinyRunOfEveryTaskWithFlatAgreesWithDense) {
@@ -488,6 +527,9 @@ TEST(RulerSmolLM2, TinyRunOfEveryTaskWithFlatAgreesWithDense) {
         EXPECT_EQ(cs["indexes"][0]["reference_log_prob"], cs["dense"]["reference_log_prob"]) << cs["task"];
         EXPECT_EQ(cs["indexes"][0]["reference_kl"].get<double>(), 0.0) << cs["task"];
         EXPECT_EQ(cs["indexes"][0]["reference_top1"].get<double>(), 1.0) << cs["task"];
+        EXPECT_EQ(cs["indexes"][0]["reference_accuracy"], cs["dense"]["reference_accuracy"]) << cs["task"];
+        EXPECT_EQ(cs["indexes"][0]["reference_item_accuracy"], cs["dense"]["reference_item_accuracy"])
+                << cs["task"];
         for (const char* k : {"task", "context", "sample", "needle_tokens", "expected", "prefill_s", "depth"}) {
             EXPECT_TRUE(cs.contains(k)) << k;
         }
@@ -507,6 +549,12 @@ TEST(RulerSmolLM2, TinyRunOfEveryTaskWithFlatAgreesWithDense) {
         EXPECT_EQ(ref["relative_per_token"].get<double>(), 1.0) << r["task"];
         EXPECT_GT(ref["tokens"].get<double>(), 0.0) << r["task"];
         EXPECT_EQ(ref["kl"].get<double>(), 0.0) << r["task"];
+        EXPECT_EQ(ref["accuracy"], ref["accuracy_dense"]) << r["task"];
+        if (ref["accuracy_dense"].get<double>() > 0) EXPECT_EQ(ref["accuracy_relative"].get<double>(), 1.0);
+        else EXPECT_TRUE(ref["accuracy_relative"].is_null());
+        EXPECT_EQ(ref["item_accuracy"], ref["item_accuracy_dense"]) << r["task"];
+        if (ref["item_accuracy_dense"].get<double>() > 0) EXPECT_EQ(ref["item_accuracy_relative"].get<double>(), 1.0);
+        else EXPECT_TRUE(ref["item_accuracy_relative"].is_null());
     }
     EXPECT_TRUE(j["config"]["likelihood"].get<bool>());
     EXPECT_NE(out.str().find("reference answers read teacher-forced"), std::string::npos);
@@ -542,26 +590,58 @@ TEST(RulerSmolLM2, ReferenceLikelihoodIsThatOfAPrefillOfPromptAndReference) {
     std::vector<float> logits(size_t(m) * V);
     llm.prefill(all.data(), n + m - 1, logits.data(), n - 1, nullptr, 0);
     double expected = 0;
+    // token accuracy: positions whose best logit is the reference's token;
+    // a position whose two best logits lie within rounding of each other
+    // may go either way in the decode path
+    int64_t correct = 0, near_ties = 0;
     for (int64_t t = 0; t < m; t++) {
         const float* row = logits.data() + t * V;
-        const double top = *std::max_element(row, row + V);
+        const float* best = std::max_element(row, row + V);
+        const double top = *best;
         double z = 0;
         for (int i = 0; i < V; i++) z += std::exp(double(row[i]) - top);
         expected += double(row[reference[t]]) - top - std::log(z);
+        correct += best - row == reference[t];
+        float second = -std::numeric_limits<float>::infinity();
+        for (int i = 0; i < V; i++) {
+            if (row + i != best) second = std::max(second, row[i]);
+        }
+        near_ties += *best - second < 1e-3f * (1.0f + std::abs(*best));
     }
     const ReferenceFit& dense = a.dense.reference;
     EXPECT_EQ(dense.n_tokens, m);
     EXPECT_NEAR(dense.log_prob, expected, 1e-3 * std::abs(expected) + 1e-3);
     EXPECT_EQ(dense.kl_mean, 0.0);
     EXPECT_EQ(dense.top1, 1.0);
+    EXPECT_NEAR(dense.accuracy * double(m), double(correct), double(near_ties))
+            << correct << " of " << m << " reference tokens predicted by the prefill";
+    ASSERT_EQ(dense.correct.size(), size_t(m));
+    for (int64_t t = 0; t < m; t++) {
+        // position by position where no near tie can flip the best token
+        const float* row = logits.data() + t * V;
+        const float* best = std::max_element(row, row + V);
+        float second = -std::numeric_limits<float>::infinity();
+        for (int i = 0; i < V; i++) {
+            if (row + i != best) second = std::max(second, row[i]);
+        }
+        if (*best - second >= 1e-3f * (1.0f + std::abs(*best))) {
+            EXPECT_EQ(dense.correct[t], best - row == reference[t] ? 1 : 0) << "position " << t;
+        }
+    }
     ASSERT_EQ(a.indexes.size(), 2u);
     const ReferenceFit& flat = a.indexes[0].reference;
     EXPECT_EQ(flat.log_prob, dense.log_prob);
     EXPECT_EQ(flat.kl_mean, 0.0);
     EXPECT_EQ(flat.top1, 1.0);
+    EXPECT_EQ(flat.accuracy, dense.accuracy);
     const ReferenceFit& top4 = a.indexes[1].reference;
     EXPECT_EQ(top4.n_tokens, m);
     EXPECT_GT(top4.kl_mean, 0.0) << "4 keys of ~300 change the distributions";
     EXPECT_NE(top4.log_prob, dense.log_prob);
     EXPECT_LE(top4.log_prob, 0.0);
+    // its accuracy counts its own predictions: those it shares with dense
+    // (top1) bound how many of dense's correct ones it keeps
+    EXPECT_GE(top4.accuracy, 0.0);
+    EXPECT_LE(top4.accuracy, 1.0);
+    EXPECT_LE(dense.accuracy - top4.accuracy, 1.0 - top4.top1 + 1e-12);
 }
