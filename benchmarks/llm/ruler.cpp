@@ -633,10 +633,11 @@ void run_ruler(
                     c["reference"] = {{"text", s.reference}, {"tokens", reference.size()}};
                     c["dense"]["reference_log_prob"] = a.dense.reference.log_prob;
                     c["dense"]["reference_accuracy"] = a.dense.reference.accuracy;
-                    c["dense"]["reference_item_accuracy"] = item_accuracy(a.dense.reference);
+                    const double dense_items = item_accuracy(a.dense.reference);
+                    c["dense"]["reference_item_accuracy"] = dense_items;
                     t.ref_dense += a.dense.reference.log_prob;
                     t.ref_accuracy_dense += a.dense.reference.accuracy;
-                    t.ref_items_dense += item_accuracy(a.dense.reference);
+                    t.ref_items_dense += dense_items;
                     t.ref_tokens += double(reference.size());
                 }
                 auto print = [&](const std::string& label, double score, const char* agree, const std::string& text) {
@@ -657,18 +658,18 @@ void run_ruler(
                                        {"score", score}, {"agree", agree}});
                     if (cfg.likelihood) {
                         const ReferenceFit& f = r.reference;
-                        const double delta = f.log_prob - a.dense.reference.log_prob;
+                        const double delta = f.log_prob - a.dense.reference.log_prob, f_items = item_accuracy(f);
                         t.x[xi].ref_delta += delta;
                         t.x[xi].ref_delta_sq += delta * delta;
                         t.x[xi].ref_kl += f.kl_mean;
                         t.x[xi].ref_top1 += f.top1;
                         t.x[xi].ref_accuracy += f.accuracy;
-                        t.x[xi].ref_items += item_accuracy(f);
+                        t.x[xi].ref_items += f_items;
                         results.back()["reference_log_prob"] = f.log_prob;
                         results.back()["reference_kl"] = f.kl_mean;
                         results.back()["reference_top1"] = f.top1;
                         results.back()["reference_accuracy"] = f.accuracy;
-                        results.back()["reference_item_accuracy"] = item_accuracy(f);
+                        results.back()["reference_item_accuracy"] = f_items;
                     }
                     print(specs[xi].str(), score, agree ? "same" : "diff", r.text);
                 }
