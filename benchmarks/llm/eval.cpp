@@ -486,7 +486,7 @@ PromptAnswers answer_prompt(
         fit = ReferenceFit();
         fit.n_tokens = m;
         fit.correct.assign(size_t(m), 0);
-        int agree = 0, correct = 0;
+        int agree = 0;
         for (int64_t t = 0; t < m; t++) {
             const float* row = logits.data() + t * V;
             std::vector<double> lp = log_softmax(row, V);
@@ -496,11 +496,10 @@ PromptAnswers answer_prompt(
             fit.kl_mean += kl_divergence(dp, lp.data(), V);
             agree += best(dp) == best(lp.data());
             fit.correct[t] = best(lp.data()) == reference[t];
-            correct += fit.correct[t];
         }
         fit.kl_mean /= double(m);
         fit.top1 = double(agree) / double(m);
-        fit.accuracy = double(correct) / double(m);
+        fit.accuracy = double(std::count(fit.correct.begin(), fit.correct.end(), 1)) / double(m);
     };
     if (dense_baseline) {
         a.dense = decode(llm.make_cache(rec, "Flat"), "");
