@@ -420,6 +420,72 @@ TEST(RoarGraph, RecallNonDecreasingInEfSearchAndOneAtFullBeam) {
     EXPECT_GE(mean[3], 0.9) << "efSearch " << efs[3];
 }
 
+/** What a best-first beam of width L from `start` reads, walked
+ * independently of the index: scores in double, the best unexpanded
+ * candidate expanded until none is left. Its beam, best first; `rows`
+ * scored and `list_bytes` (degree and ids of every expanded row). */
+std::vector<idx_t> reference_walk(const IndexRoarGraph& g, const float* q, const float* keys,
+                                  size_t L, size_t* rows, size_t* list_bytes) {
+    std::vector<double> s = ref_scores(q, keys, g.d, g.ntotal);
+    auto before = [&](idx_t a, idx_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); };
+    std::vector<idx_t> beam = {g.entry_point};
+    std::set<idx_t> scored = {g.entry_point}, expanded;
+    *list_bytes = 0;
+    for (;;) {
+        auto next = std::find_if(beam.begin(), beam.end(), [&](idx_t v) { return !expanded.count(v); });
+        if (next == beam.end()) {
+            break;
+        }
+        idx_t v = *next;
+        expanded.insert(v);
+        *list_bytes += sizeof(uint16_t) + g.degrees[v] * sizeof(int32_t);
+        for (int j = 0; j < g.degrees[v]; j++) {
+            idx_t u = g.neighbors_of(v)[j];
+            if (scored.insert(u).second) {
+                beam.insert(std::upper_bound(beam.begin(), beam.end(), u, before), u);
+            }
+        }
+        if (beam.size() > L) {
+            beam.resize(L);
+        }
+    }
+    *rows = scored.size();
+    return beam;
+}
+
+TEST(RoarGraph, AWalkReadsWhatAnIndependentBeamReads) {
+    // without seeds or hubs a search is the plain beam from the entry point:
+    // the same answer and the same read as the reference walk, key for key.
+    // The reference then shows the floor bench_recall --walk-floor counts
+    // on: every key the walk returns was expanded, so it scored each of
+    // their neighbours
+    Data x = make_data(3000, kD, 2, 3000, 40, 210);
+    auto g = built(x, "n_hubs=0,seed_anchors=0");
+    ASSERT_TRUE(g->hubs.empty());
+    size_t key = size_t(x.d) * sizeof(float);
+    for (int ef : {10, 40, 160}) {
+        for (idx_t k : {idx_t(1), idx_t(10), idx_t(ef)}) {
+            SCOPED_TRACE("efSearch=" + std::to_string(ef) + " k=" + std::to_string(k));
+            for (idx_t i = 0; i < x.n_test; i++) {
+                const float* q = x.test.data() + i * x.d;
+                size_t rows = 0, list_bytes = 0;
+                std::vector<idx_t> beam = reference_walk(*g, q, x.keys.data(), size_t(std::max<idx_t>(ef, k)),
+                                                         &rows, &list_bytes);
+                std::vector<float> dist(k);
+                std::vector<idx_t> labels(k);
+                size_t read = g->beam_search(q, k, ef, dist.data(), labels.data());
+                ASSERT_TRUE(std::equal(labels.begin(), labels.end(), beam.begin())) << "query " << i;
+                EXPECT_EQ(read, rows + (list_bytes + key - 1) / key) << "query " << i;
+                std::set<idx_t> floor(labels.begin(), labels.end());
+                for (idx_t v : labels) {
+                    floor.insert(g->neighbors_of(v), g->neighbors_of(v) + g->degrees[v]);
+                }
+                EXPECT_GE(rows, floor.size()) << "query " << i;
+            }
+        }
+    }
+}
+
 // ---- 3, 4. reachability and the shape of the graph -------------------------
 
 TEST(RoarGraph, EveryKeyReachableAndDegreesBounded) {

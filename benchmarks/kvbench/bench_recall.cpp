@@ -2,7 +2,7 @@
 // the prompt's queries, as a decode loop would), then a sweep of its search
 // knob, on the scaling benchmarks' synthetic head (mixed preset, d = 128).
 //
-//   ./build/benchmarks/bench_recall [--tokens 131072] [--queries 30] [--json FILE] [--overlap]
+//   ./build/benchmarks/bench_recall [--tokens 131072] [--queries 30] [--json FILE] [--overlap] [--walk-floor]
 //       [--append 4096 [--learn] [--eval-next]]
 //       [--index "RoarGraph32@efSearch=100,200,400" --index "TopK(HNSW16)@efSearch=..."]
 //
@@ -28,6 +28,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <kvindex/IndexRoarGraph.h>
 #include <kvindex/attention.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
@@ -203,9 +204,79 @@ void print_overlap(const std::vector<std::vector<idx_t>>& truth, idx_t n, int k,
     }
 }
 
+/** The fewest keys a beam walk over g can score and still end holding the
+ * exact top-k (`truth`, per query): a walk stops only once every member of
+ * its final beam is expanded, and expanding a node scores each of its
+ * neighbours not yet scored, so it has scored the top-k and the union of
+ * their neighbour lists, whatever its seeds. Printed per head kind as a
+ * fraction of the context, for the whole top-k (a bound) and for the
+ * cheapest `keep` of them (a walk ending at recall keep/k), found greedily:
+ * dropping, one at a time, the member whose list adds the most keys no
+ * other member's list holds. Greedy may miss the cheapest subset, so that
+ * second figure estimates the floor from above, and it leaves out the
+ * lists of the other k - keep keys such a walk returns. */
+void print_walk_floor(const IndexRoarGraph& g, const std::vector<std::vector<idx_t>>& truth,
+                      idx_t n, int keep) {
+    const char* kinds[3] = {"needle", "local", "flat"};
+    double all[3] = {0, 0, 0}, part[3] = {0, 0, 0};
+    int queries[3] = {0, 0, 0};
+    std::vector<int> count(size_t(g.ntotal), 0); // members whose list (or self) holds a key
+    for (size_t i = 0; i < truth.size(); i++) {
+        std::vector<idx_t> members(truth[i].begin(), truth[i].end());
+        auto covered = [&](idx_t v, int delta) {
+            count[size_t(v)] += delta;
+            const int32_t* nb = g.neighbors_of(v);
+            for (int j = 0; j < g.degrees[size_t(v)]; j++) {
+                count[size_t(nb[j])] += delta;
+            }
+        };
+        for (idx_t v : members) {
+            covered(v, 1);
+        }
+        auto union_size = [&]() {
+            return std::count_if(count.begin(), count.end(), [](int c) { return c > 0; });
+        };
+        size_t c = i % 3;
+        all[c] += double(union_size());
+        while (int(members.size()) > keep) {
+            // the member whose removal uncovers the most keys (a key stays
+            // scored if another member is it or lists it)
+            size_t best = 0;
+            long best_gain = -1;
+            for (size_t m = 0; m < members.size(); m++) {
+                idx_t v = members[m];
+                long gain = count[size_t(v)] == 1;
+                const int32_t* nb = g.neighbors_of(v);
+                for (int j = 0; j < g.degrees[size_t(v)]; j++) {
+                    gain += count[size_t(nb[j])] == 1;
+                }
+                if (gain > best_gain) {
+                    best_gain = gain;
+                    best = m;
+                }
+            }
+            covered(members[best], -1);
+            members.erase(members.begin() + long(best));
+        }
+        part[c] += double(union_size());
+        for (idx_t v : members) {
+            covered(v, -1);
+        }
+        queries[c]++;
+    }
+    for (int c = 0; c < 3; c++) {
+        std::printf("%-6s heads: a walk ending with the exact top-%zu scores >= %.2f%% of the keys; "
+                    "with the cheapest %d of them (greedy) %.2f%%\n",
+                    kinds[c], truth.empty() ? size_t(0) : truth[0].size(),
+                    queries[c] ? 100 * all[c] / (double(n) * queries[c]) : 0.0, keep,
+                    queries[c] ? 100 * part[c] / (double(n) * queries[c]) : 0.0);
+    }
+}
+
 struct Point {
     std::string index, knob;
     double kind_recall[3] = {0, 0, 0}; ///< needle, local, flat query heads
+    double kind_scanned[3] = {0, 0, 0}; ///< keys read by each kind, over the context
     double value = 0, recall = 0, scanned = 0, us = 0, speedup = 0, build_s = 0, bytes = 0;
 };
 
@@ -218,7 +289,7 @@ int run_bench(int argc, char** argv) {
     std::vector<std::string> specs;
     std::string json;
     int64_t n_append;
-    bool overlap = false, learn = false, eval_next = false;
+    bool overlap = false, learn = false, eval_next = false, walk_floor = false;
     boost::program_options::options_description opts("bench_recall");
     opts.add_options()
             ("tokens", boost::program_options::value(&n)->default_value(131072), "context length")
@@ -233,7 +304,10 @@ int run_bench(int argc, char** argv) {
              "with --append: a checkpoint's evaluation queries are the next positions' (default: "
              "those after all appended tokens)")
             ("overlap", boost::program_options::bool_switch(&overlap),
-             "also print how alike successive queries' exact top-k are, per head kind");
+             "also print how alike successive queries' exact top-k are, per head kind")
+            ("walk-floor", boost::program_options::bool_switch(&walk_floor),
+             "for each RoarGraph: the fewest keys a beam walk over its graph scores to end "
+             "with the exact top-k (or 95 of it), per head kind");
     boost::program_options::variables_map vm;
     if (!kvtools::parse_options(argc, argv, opts, vm)) {
         return 0;
@@ -245,8 +319,8 @@ int run_bench(int argc, char** argv) {
         throw std::invalid_argument("--append " + std::to_string(n_append) + " must be >= 0");
     }
     // options of the other mode would be dropped without a word
-    if (n_append > 0 && (!json.empty() || overlap)) {
-        throw std::invalid_argument("--json and --overlap do not apply with --append");
+    if (n_append > 0 && (!json.empty() || overlap || walk_floor)) {
+        throw std::invalid_argument("--json, --overlap and --walk-floor do not apply with --append");
     }
     if (n_append == 0 && (learn || eval_next)) {
         throw std::invalid_argument("--learn and --eval-next apply only with --append");
@@ -284,8 +358,8 @@ int run_bench(int argc, char** argv) {
     if (overlap) {
         print_overlap(truth, n, k, 512);
     }
-    std::printf("%-28s %-14s %8s %20s %9s %10s %9s %8s %10s\n", "index", "knob", "recall",
-                "needle/local/flat", "read%", "us/query", "speedup", "build_s", "bytes/tok");
+    std::printf("%-28s %-14s %8s %20s %9s %20s %10s %9s %8s %10s\n", "index", "knob", "recall",
+                "needle/local/flat", "read%", "read% n/l/f", "us/query", "speedup", "build_s", "bytes/tok");
     std::vector<Point> points;
     for (const std::string& spec : specs) {
         size_t at = spec.find('@');
@@ -312,6 +386,12 @@ int run_bench(int argc, char** argv) {
         auto tb = Clock::now();
         index->prefill(in);
         double build_s = seconds_since(tb);
+        if (walk_floor) {
+            if (auto g = dynamic_cast<const IndexRoarGraph*>(index.get())) {
+                std::printf("%s:\n", parsed.str().c_str());
+                print_walk_floor(*g, truth, n, k * 95 / 100);
+            }
+        }
         for (const std::string& v : values) {
             if (!knob.empty()) {
                 set_index_parameters(index.get(), resolve_percentages(knob + "=" + v, in.n_tokens, index.get()));
@@ -320,6 +400,7 @@ int run_bench(int argc, char** argv) {
             counting.count_scanned = true;
             double attend_s = 0, recall = 0, scanned = 0;
             double kind_recall[3] = {0, 0, 0}; // queries take needle, local, flat in turn
+            double kind_scanned[3] = {0, 0, 0};
             for (int i = 0; i < n_queries; i++) {
                 auto t0 = Clock::now();
                 index->attend(1, head.queries[i], out.data(), nullptr);
@@ -337,6 +418,7 @@ int run_bench(int argc, char** argv) {
                 // keys read: the retrieval's, plus the selection's that it
                 // did not score (a sampler's keys; counted once for the others)
                 scanned += double(sel.n_scanned + sel.size());
+                kind_scanned[i % 3] += double(sel.n_scanned + sel.size());
             }
             Point p;
             p.index = parsed.str();
@@ -345,6 +427,7 @@ int run_bench(int argc, char** argv) {
             p.recall = recall / (double(k) * n_queries);
             for (int c = 0; c < 3; c++) {
                 p.kind_recall[c] = kind_recall[c] / (double(k) * ((n_queries + 2 - c) / 3));
+                p.kind_scanned[c] = kind_scanned[c] / (double(n) * ((n_queries + 2 - c) / 3));
             }
             p.scanned = scanned / (double(n) * n_queries);
             p.us = 1e6 * attend_s / n_queries;
@@ -352,9 +435,10 @@ int run_bench(int argc, char** argv) {
             p.build_s = build_s;
             p.bytes = double(index->memory_bytes()) / n;
             points.push_back(p);
-            std::printf("%-28s %-14s %8.3f %6.3f/%6.3f/%6.3f %8.2f%% %10.1f %9.2f %8.2f %10.0f\n",
+            std::printf("%-28s %-14s %8.3f %6.3f/%6.3f/%6.3f %8.2f%% %6.2f/%6.2f/%6.2f %10.1f %9.2f %8.2f %10.0f\n",
                         p.index.c_str(), p.knob.c_str(), p.recall, p.kind_recall[0],
-                        p.kind_recall[1], p.kind_recall[2], 100 * p.scanned, p.us, p.speedup, build_s, p.bytes);
+                        p.kind_recall[1], p.kind_recall[2], 100 * p.scanned, 100 * p.kind_scanned[0],
+                        100 * p.kind_scanned[1], 100 * p.kind_scanned[2], p.us, p.speedup, build_s, p.bytes);
             std::fflush(stdout);
         }
     }
@@ -368,6 +452,8 @@ int run_bench(int argc, char** argv) {
               << "\", \"recall\": " << p.recall << ", \"recall_needle\": " << p.kind_recall[0]
               << ", \"recall_local\": " << p.kind_recall[1]
               << ", \"recall_flat\": " << p.kind_recall[2] << ", \"scanned\": " << p.scanned
+              << ", \"scanned_needle\": " << p.kind_scanned[0] << ", \"scanned_local\": " << p.kind_scanned[1]
+              << ", \"scanned_flat\": " << p.kind_scanned[2]
               << ", \"us\": " << p.us << ", \"speedup\": " << p.speedup
               << ", \"build_s\": " << p.build_s << ", \"bytes_per_token\": " << p.bytes << "}"
               << (i + 1 < points.size() ? ",\n" : "\n");
