@@ -33,12 +33,11 @@ constexpr idx_t kKeysPerHub = 256;  // default hubs: 1 per 256 prompt keys
 constexpr idx_t kLearnScanBlock = 1024; // keys scored for every query of a task while in L2
 constexpr idx_t kLearnScanQueries = 8;  // learnt queries sharing one scan of the keys
 // a search scores at most one anchor per 128 keys (and at least
-// seed_anchors) to pick its seeds, and takes the lists of at most one
-// anchor per 4096 keys: <= 0.8% and <= 2.4% (Nq = 100) of the keys read,
-// so that small contexts, where the beam alone reads a large part, do not
-// pay for seeds they need less
+// seed_anchors) to pick its seeds, and by default (keys_per_seed_list)
+// takes the lists of at most one anchor per 4096 keys: <= 0.8% and <= 2.4%
+// (Nq = 100) of the keys read, so that small contexts, where the beam
+// alone reads a large part, do not pay for seeds they need less
 constexpr idx_t kKeysPerSeedAnchor = 128;
-constexpr idx_t kKeysPerSeedList = 4096;
 // larger pools go through the anchors' k-means groups: sqrt(n_anchors)
 // groups, the members of the nearest kAnchorGroupsProbed scored
 constexpr size_t kAnchorGroupsProbed = 4;
@@ -259,7 +258,8 @@ size_t walk(
         const std::vector<int32_t>& hubs,
         const std::vector<int32_t>& seeds,
         BeamScratch& s,
-        Score&& score) {
+        Score&& score,
+        size_t max_expansions = std::numeric_limits<size_t>::max()) {
     // the entry point, the hubs and the seeds (search only), each scored
     // once, start the beam
     s.begin(g.ntotal);
@@ -285,13 +285,14 @@ size_t walk(
     if (s.beam.size() > L) {
         s.beam.resize(L);
     }
-    size_t i = 0;
-    while (i < s.beam.size()) {
+    size_t i = 0, expansions = 0;
+    while (i < s.beam.size() && expansions < max_expansions) {
         if (s.beam[i].expanded) {
             i++;
             continue;
         }
         s.beam[i].expanded = true;
+        expansions++;
         int32_t node = s.beam[i].id;
         const int32_t* nb = g.neighbors_of(node);
         int deg = g.degrees[node];
@@ -475,7 +476,11 @@ bool IndexRoarGraph::seeds_by_group() const {
     if (G == 0) {
         return false;
     }
-    size_t probed = std::min(G, kAnchorGroupsProbed) * prompt_anchors() / G;
+    size_t per_group = prompt_anchors() / G;
+    if (anchors_per_group > 0) {
+        per_group = std::min(per_group, size_t(anchors_per_group));
+    }
+    size_t probed = std::min(G, kAnchorGroupsProbed) * per_group;
     return G + probed < anchor_pool();
 }
 
@@ -520,8 +525,11 @@ size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds,
         std::partial_sort(s.nearest.begin(), s.nearest.begin() + probe, s.nearest.end());
         for (size_t t = 0; t < probe; t++) {
             size_t g = size_t(s.nearest[t].second);
-            s.anchor_ids.insert(s.anchor_ids.end(), ag.members.begin() + ag.offsets[g],
-                                ag.members.begin() + ag.offsets[g + 1]);
+            size_t size = ag.offsets[g + 1] - ag.offsets[g];
+            size_t taken = anchors_per_group > 0 ? std::min(size, size_t(anchors_per_group)) : size;
+            for (size_t e = 0; e < taken; e++) { // evenly spread over the group
+                s.anchor_ids.push_back(ag.members[ag.offsets[g] + e * size / taken]);
+            }
         }
         scored = G;
     } else {
@@ -541,8 +549,10 @@ size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds,
     add_l2_scores(q, anchor_queries.data(), anchor_sq_norms.data(), size_t(d), s.anchor_ids,
                   s.anchor_scores, s.nearest);
     size_t width = anchor_list_width();
-    size_t take = std::min({s.nearest.size(), size_t(seed_anchors),
-                            size_t(std::max<idx_t>(1, ntotal / kKeysPerSeedList))});
+    size_t take = std::min(s.nearest.size(), size_t(seed_anchors));
+    if (keys_per_seed_list > 0) {
+        take = std::min(take, size_t(std::max<idx_t>(1, ntotal / keys_per_seed_list)));
+    }
     std::partial_sort(s.nearest.begin(), s.nearest.begin() + take, s.nearest.end());
     size_t entries = 0;
     for (size_t t = 0; t < take; t++) {
@@ -575,7 +585,7 @@ size_t IndexRoarGraph::beam_search(
             s.code_query.resize(size_t(d));
             float base = walk_codes.prepare(q, s.code_query.data());
             size_t coded = walk(*this, L, hubs, s.seeds, s,
-                                CodeScore{walk_codes, s.code_query.data(), base});
+                                CodeScore{walk_codes, s.code_query.data(), base}, expansion_limit());
             // the codes ordered the walk; the stored keys order the answer
             s.ids.clear();
             for (const Candidate& c : s.beam) {
@@ -589,7 +599,7 @@ size_t IndexRoarGraph::beam_search(
             std::sort(s.beam.begin(), s.beam.end(), ranks_before);
             scanned = keys_read(s.beam.size(), coded * size_t(d) + s.list_bytes + seeding);
         } else {
-            size_t rows = walk(*this, L, hubs, s.seeds, s, exact);
+            size_t rows = walk(*this, L, hubs, s.seeds, s, exact, expansion_limit());
             scanned = keys_read(rows, s.list_bytes + seeding);
         }
         found = std::min(s.beam.size(), size_t(k));
@@ -1332,6 +1342,9 @@ std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
     info.push_back({"n_anchors", true, "training queries kept to link decode-time keys (0: none), >= 0"});
     info.push_back({"recent_queries", true, "the last positions of every query head always in the training queries, >= 0"});
     info.push_back({"seed_anchors", false, "the anchors nearest the query whose lists seed the search (0: none), >= 0"});
+    info.push_back({"keys_per_seed_list", false, "at most one seed list per this many keys, >= 0 (0: seed_anchors lists at any length)"});
+    info.push_back({"anchors_per_group", false, "members of each probed anchor group scored at most, evenly spread, >= 0 (0: all)"});
+    info.push_back({"max_expansions", false, "beam members a search expands at most, >= -1 (-1: the whole beam; 0: the best of the seeds)"});
     info.push_back({"walk_bits", false, "0: the search scores the stored keys; 8: it walks on 8-bit codes of the keys and scores its beam again on them"});
     info.push_back({"learn_efSearch", false, "beam of the searches that learn decode queries (add_queries), >= 0; 0: twice efSearch"});
     info.push_back({"learn_scan_keys", false, "add_queries lists a decode query by an exact scan of the keys while the index holds at most this many, by a beam of learn_efSearch above; >= 0", true});
@@ -1358,6 +1371,22 @@ bool IndexRoarGraph::set_parameter(const std::string& name, double value) {
                 is_count(value) && value <= 1e6,
                 "parameter seed_anchors=%g must be an integer in 0..1000000", value);
         seed_anchors = int(value);
+        return true;
+    }
+    if (name == "keys_per_seed_list") {
+        keys_per_seed_list = idx_t(count_parameter(name, value));
+        return true;
+    }
+    if (name == "anchors_per_group") {
+        anchors_per_group = idx_t(count_parameter(name, value));
+        return true;
+    }
+    if (name == "max_expansions") {
+        FAISS_THROW_IF_NOT_FMT(
+                value == -1 || (is_count(value) && value <= kMaxBeam),
+                "parameter max_expansions=%g must be -1 (the whole beam) or an integer in 0..1e9",
+                value);
+        max_expansions = int(value);
         return true;
     }
     if (name == "walk_bits") {
@@ -1456,6 +1485,12 @@ bool IndexRoarGraph::get_parameter(const std::string& name, double* value) const
         *value = double(recent_queries);
     } else if (name == "seed_anchors") {
         *value = seed_anchors;
+    } else if (name == "keys_per_seed_list") {
+        *value = double(keys_per_seed_list);
+    } else if (name == "anchors_per_group") {
+        *value = double(anchors_per_group);
+    } else if (name == "max_expansions") {
+        *value = max_expansions;
     } else if (name == "walk_bits") {
         *value = walk_bits;
     } else if (name == "decode_anchors") {
@@ -1512,6 +1547,10 @@ void IndexRoarGraph::write_fields(BufferWriter& w) const {
     w.value<int64_t>(n_learned);
     // record version 5
     w.value<int64_t>(learn_scan_keys);
+    // record version 6
+    w.value<int64_t>(keys_per_seed_list);
+    w.value<int64_t>(anchors_per_group);
+    w.value<int32_t>(max_expansions);
 }
 
 void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
@@ -1563,6 +1602,17 @@ void IndexRoarGraph::read_fields(BufferReader& r, uint32_t version) {
     }
     // older records learn as they did: by the beam alone
     learn_scan_keys = version >= 5 ? r.value<int64_t>("learn_scan_keys") : 0;
+    if (version >= 6) {
+        keys_per_seed_list = r.value<int64_t>("keys_per_seed_list");
+        anchors_per_group = r.value<int64_t>("anchors_per_group");
+        max_expansions = r.value<int32_t>("max_expansions");
+    } else { // the search older records had
+        IndexRoarGraph defaults;
+        keys_per_seed_list = defaults.keys_per_seed_list;
+        anchors_per_group = defaults.anchors_per_group;
+        max_expansions = defaults.max_expansions;
+    }
+    check_knobs("read_index");
     check_graph(); // before the edges are followed
     count_in_degrees();
     index_anchors();
@@ -1646,9 +1696,11 @@ void IndexRoarGraph::check_knobs(const char* what) const {
     FAISS_THROW_IF_NOT_FMT(
             M >= 2 && M <= kMaxM && Nq >= 1 && build_L >= 1 && max_train_queries >= 1 &&
                     efSearch >= 1 && n_train_queries >= 0 && n_hubs >= -1 && n_anchors >= 0 &&
-                    recent_queries >= 0 && seed_anchors >= 0 && (walk_bits == 0 || walk_bits == 8),
+                    recent_queries >= 0 && seed_anchors >= 0 && (walk_bits == 0 || walk_bits == 8) &&
+                    keys_per_seed_list >= 0 && anchors_per_group >= 0 && max_expansions >= -1,
             "%s: invalid RoarGraph parameters M=%d Nq=%d build_L=%d efSearch=%d "
-            "recent_queries=%zd seed_anchors=%d walk_bits=%d",
+            "recent_queries=%zd seed_anchors=%d walk_bits=%d keys_per_seed_list=%zd "
+            "anchors_per_group=%zd max_expansions=%d",
             what,
             M,
             Nq,
@@ -1656,7 +1708,10 @@ void IndexRoarGraph::check_knobs(const char* what) const {
             efSearch,
             ssize_t(recent_queries),
             seed_anchors,
-            walk_bits);
+            walk_bits,
+            ssize_t(keys_per_seed_list),
+            ssize_t(anchors_per_group),
+            max_expansions);
 }
 
 void IndexRoarGraph::check_invariants() const {

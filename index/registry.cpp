@@ -51,7 +51,7 @@ std::vector<IndexTypeInfo> builtin_types() {
             {"IndexLSHSample", fourcc("KVLs"), 1, "LSHSample<K>x<L>",
              "MagicPIG: SimHash tables, keys sampled with their inclusion probability, unbiased estimator",
              IndexLSHSample::from_factory, make_empty<IndexLSHSample>},
-            {"IndexRoarGraph", fourcc("KVRg"), 5, "RoarGraph<M>",
+            {"IndexRoarGraph", fourcc("KVRg"), 6, "RoarGraph<M>",
              "RetrievalAttention: a graph built from the prefill queries' exact neighbours, beam search, top-k attention",
              IndexRoarGraph::from_factory, make_empty<IndexRoarGraph>},
             {"IndexIVFAsym", fourcc("KVIa"), 3, "IVFAsym<C>[_Centroid|_CentroidRoPE|_Oracle|_Moment]",

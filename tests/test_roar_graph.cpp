@@ -486,6 +486,134 @@ TEST(RoarGraph, AWalkReadsWhatAnIndependentBeamReads) {
     }
 }
 
+/// The best k of `cands` for q by a double-precision score, best first.
+std::vector<double> best_scores_of(const float* q, const float* keys, int d, std::set<idx_t> cands, idx_t k) {
+    std::vector<double> s;
+    for (idx_t c : cands) {
+        s.push_back(ref_scores(q, keys + c * d, d, 1)[0]);
+    }
+    std::sort(s.begin(), s.end(), std::greater<double>());
+    s.resize(std::min<size_t>(s.size(), size_t(k)));
+    return s;
+}
+
+TEST(RoarGraph, SeedsAloneAnswerWithTheBestOfTheSeedLists) {
+    // max_expansions = 0: no key is expanded, so the answer is the best k of
+    // the entry point and the seed lists, and the read is those keys plus
+    // the seeding's bytes. The seeds are the lists of the seed_anchors
+    // nearest anchors, every one of them once keys_per_seed_list is 0
+    Data x = make_data(3000, kD, 2, 3000, 30, 230);
+    auto g = built(x, "n_hubs=0,n_anchors=6000");
+    ASSERT_EQ(g->prompt_anchors(), 6000u);
+    set_index_parameters(g.get(), "max_expansions=0,keys_per_seed_list=0");
+    size_t key = size_t(x.d) * sizeof(float);
+    for (int lists : {1, 8, 40}) {
+        set_index_parameters(g.get(), "seed_anchors=" + std::to_string(lists));
+        for (idx_t k : {idx_t(1), idx_t(10), idx_t(100)}) {
+            SCOPED_TRACE("seed_anchors=" + std::to_string(lists) + " k=" + std::to_string(k));
+            for (idx_t i = 0; i < x.n_test; i++) {
+                const float* q = x.test.data() + i * x.d;
+                std::vector<int32_t> seeds;
+                size_t seeding = 0;
+                g->anchor_seeds(q, seeds, &seeding);
+                // full lists of Nq = 100: the lists' entries are in the bytes
+                size_t anchor_bytes = g->anchors_scored(q) * key;
+                ASSERT_EQ(seeding, anchor_bytes + size_t(lists) * 100 * sizeof(int32_t));
+                std::set<idx_t> cands(seeds.begin(), seeds.end());
+                cands.insert(g->entry_point);
+                std::vector<double> want = best_scores_of(q, x.keys.data(), x.d, cands, k);
+                std::vector<float> dist(k);
+                std::vector<idx_t> labels(k);
+                size_t read = g->beam_search(q, k, int(k), dist.data(), labels.data());
+                EXPECT_EQ(read, cands.size() + (seeding + key - 1) / key) << "query " << i;
+                for (idx_t j = 0; j < k; j++) {
+                    ASSERT_TRUE(cands.count(labels[j])) << "query " << i << " rank " << j;
+                    double got = ref_scores(q, x.keys.data() + labels[j] * x.d, x.d, 1)[0];
+                    EXPECT_NEAR(got, want[j], 1e-4 * (1 + std::abs(want[j]))) << "query " << i << " rank " << j;
+                }
+            }
+        }
+    }
+    // keys_per_seed_list caps the lists: one per 1000 keys here is 3
+    set_index_parameters(g.get(), "seed_anchors=40,keys_per_seed_list=1000");
+    std::vector<int32_t> seeds;
+    size_t seeding = 0;
+    g->anchor_seeds(x.test.data(), seeds, &seeding);
+    EXPECT_EQ(seeding, g->anchors_scored(x.test.data()) * key + 3 * 100 * sizeof(int32_t));
+}
+
+TEST(RoarGraph, AnExpansionLimitStopsTheWalkPartWay) {
+    // a walk limited to E expansions is the first E expansions of the whole
+    // walk: it reads no more, and each rank's score is no better than with
+    // more expansions (a beam only ever swaps a member for a better one)
+    Data x = make_data(3000, kD, 2, 3000, 30, 240);
+    auto g = built(x);
+    idx_t k = 10;
+    std::vector<int> limits = {0, 1, 4, 16, 64, -1};
+    for (idx_t i = 0; i < x.n_test; i++) {
+        const float* q = x.test.data() + i * x.d;
+        size_t last_read = 0;
+        std::vector<double> last(size_t(k), -std::numeric_limits<double>::infinity());
+        std::vector<idx_t> unlimited;
+        for (int e : limits) {
+            set_index_parameters(g.get(), "max_expansions=" + std::to_string(e));
+            std::vector<float> dist(k);
+            std::vector<idx_t> labels(k);
+            size_t read = g->beam_search(q, k, 40, dist.data(), labels.data());
+            EXPECT_GE(read, last_read) << "query " << i << " max_expansions=" << e;
+            last_read = read;
+            for (idx_t j = 0; j < k; j++) {
+                double s = labels[j] >= 0 ? ref_scores(q, x.keys.data() + labels[j] * x.d, x.d, 1)[0]
+                                          : -std::numeric_limits<double>::infinity();
+                EXPECT_GE(s, last[j] - 1e-5 * (1 + std::abs(s))) << "query " << i << " rank " << j;
+                last[j] = s;
+            }
+            unlimited = labels;
+        }
+        // a limit the walk never reaches is no limit
+        set_index_parameters(g.get(), "max_expansions=100000");
+        std::vector<float> dist(k);
+        std::vector<idx_t> labels(k);
+        EXPECT_EQ(g->beam_search(q, k, 40, dist.data(), labels.data()), last_read);
+        EXPECT_EQ(labels, unlimited);
+    }
+}
+
+TEST(RoarGraph, AnchorsPerGroupCapsTheMembersEachProbedGroupScores) {
+    // with every anchor in the pool the search goes through the groups: it
+    // scores the centroids and, of each of the 4 groups nearest q (L2,
+    // counted here in double), its members, at most anchors_per_group
+    Data x = make_data(3000, kD, 2, 3000, 20, 250);
+    auto g = built(x, "n_hubs=0,n_anchors=6000");
+    set_index_parameters(g.get(), "seed_anchors=6000");
+    const AnchorGroups& ag = g->anchor_groups;
+    size_t G = ag.n_groups();
+    ASSERT_GT(G, 4u);
+    for (idx_t cap : {idx_t(0), idx_t(5), idx_t(40)}) {
+        set_index_parameters(g.get(), "anchors_per_group=" + std::to_string(cap));
+        ASSERT_TRUE(g->seeds_by_group());
+        for (idx_t i = 0; i < x.n_test; i++) {
+            const float* q = x.test.data() + i * x.d;
+            std::vector<std::pair<double, size_t>> near;
+            for (size_t c = 0; c < G; c++) {
+                double l2 = 0;
+                for (int j = 0; j < x.d; j++) {
+                    double t = double(q[j]) - ag.centroids[c * x.d + j];
+                    l2 += t * t;
+                }
+                near.push_back({l2, c});
+            }
+            std::sort(near.begin(), near.end());
+            size_t want = G;
+            for (size_t t = 0; t < 4; t++) {
+                size_t size = ag.offsets[near[t].second + 1] - ag.offsets[near[t].second];
+                want += cap > 0 ? std::min(size, size_t(cap)) : size;
+            }
+            EXPECT_EQ(g->anchors_scored(q), want) << "anchors_per_group=" << cap << " query " << i;
+        }
+    }
+}
+
 // ---- 3, 4. reachability and the shape of the graph -------------------------
 
 TEST(RoarGraph, EveryKeyReachableAndDegreesBounded) {
@@ -974,7 +1102,8 @@ TEST(RoarGraph, Parameters) {
         EXPECT_FALSE(p.doc.empty()) << p.name;
     }
     for (const char* n : {"k", "efSearch", "M", "Nq", "build_L", "max_train_queries", "seed",
-                          "recent_queries", "seed_anchors", "walk_bits"}) {
+                          "recent_queries", "seed_anchors", "walk_bits", "keys_per_seed_list",
+                          "anchors_per_group", "max_expansions"}) {
         EXPECT_TRUE(names.count(n)) << n;
     }
     // bad values throw, naming the knob, and leave it as it was
@@ -989,8 +1118,18 @@ TEST(RoarGraph, Parameters) {
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "seed_anchors=-1"), "seed_anchors");
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "seed_anchors=2.5"), "seed_anchors");
     EXPECT_THROW_MSG(set_index_parameters(g.get(), "recent_queries=-1"), "recent_queries");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "keys_per_seed_list=-1"), "keys_per_seed_list");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "keys_per_seed_list=1.5"), "keys_per_seed_list");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "anchors_per_group=-1"), "anchors_per_group");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "max_expansions=-2"), "max_expansions");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "max_expansions=0.5"), "max_expansions");
+    EXPECT_THROW_MSG(set_index_parameters(g.get(), "max_expansions=2e9"), "max_expansions");
     set_index_parameters(g.get(), "seed_anchors=4,recent_queries=10");
     kvtest::expect_knobs(g.get(), "seed_anchors=4,recent_queries=10", "set");
+    set_index_parameters(g.get(), "keys_per_seed_list=0,anchors_per_group=7,max_expansions=3");
+    kvtest::expect_knobs(g.get(), "keys_per_seed_list=0,anchors_per_group=7,max_expansions=3", "set");
+    set_index_parameters(g.get(), "keys_per_seed_list=4096,anchors_per_group=0,max_expansions=-1");
+    kvtest::expect_knobs(g.get(), "keys_per_seed_list=4096,anchors_per_group=0,max_expansions=-1", "set");
     EXPECT_EQ(g->efSearch, 64);
     EXPECT_EQ(g->Nq, 50);
     EXPECT_EQ(g->M, 24);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -137,7 +138,7 @@ struct AnchorGroups {
  * hubs (the keys in the most training lists, one per 256 prompt keys:
  * scored first, they start the beam near where attention usually goes)
  * and the seeds: the exact lists of the seed_anchors (32) anchors nearest
- * the query, at most one per 4096 keys (L2 between queries, over a pool
+ * the query, at most one per keys_per_seed_list (4096) keys (L2 between queries, over a pool
  * of at most one anchor per 128 keys, spread over them; when the pool
  * would be larger than that, the anchors are grouped by k-means into
  * sqrt(n_anchors) groups and the search scores the centroids and the
@@ -170,6 +171,7 @@ struct AnchorGroups {
  * Per call: SearchParametersTopK (IndexTopK.h), whose efSearch is the
  * beam width of graph retrievers, HNSW's and this one's alike.
  * Factory string: "RoarGraph<M>". Knobs: k, efSearch, seed_anchors,
+ * keys_per_seed_list, anchors_per_group, max_expansions,
  * walk_bits, decode_anchors, learn_efSearch, learn_scan_keys; prefill-time: M, Nq, build_L, max_train_queries,
  * recent_queries, n_hubs, n_anchors, seed. Record version 2 adds
  * recent_queries, seed_anchors and the anchors' lists; a version-1 record
@@ -179,7 +181,22 @@ struct AnchorGroups {
  * decode_anchors, learn_efSearch and n_learned (the learned anchors are among the
  * anchors); older records read with the default ring and none learned.
  * Version 5 adds learn_scan_keys; older records read with 0 (they learn
- * by the beam, as they did).
+ * by the beam, as they did). Version 6 adds keys_per_seed_list,
+ * anchors_per_group and max_expansions; older records read with their
+ * defaults (4096, 0, -1: the search they had).
+ *
+ * Seeds and a short walk (long contexts): a walk that expands its whole
+ * beam scores every neighbour of every key it returns, ~2.5% of the keys
+ * at 128k for M = 32 (bench_recall --walk-floor). With every training
+ * query kept as an anchor, the lists of the query's nearest anchors
+ * already hold most of its top-k (RoarGraph's query-to-key bipartite
+ * graph, read directly), so a few expansions from them finish the
+ * search: synthetic 128k, "RoarGraph32|max_train_queries=24576,
+ * n_anchors=24576,n_hubs=0,keys_per_seed_list=0,anchors_per_group=192,
+ * seed_anchors=64,max_expansions=30": recall@100 0.954 scoring 2.79% of
+ * the keys, build 24 s on 2 cores, 1617 bytes/token (RESULTS "Session
+ * 44"). The defaults stay those of short contexts, where 64 lists of 100
+ * would be most of the keys.
  */
 struct IndexRoarGraph : KVIndex {
     int M = 32;                      ///< out-degree of the projection; degree bound 2M
@@ -193,6 +210,18 @@ struct IndexRoarGraph : KVIndex {
     idx_t n_anchors = 1024;          ///< training queries kept as anchors (appends, seeds)
     idx_t recent_queries = 1024;     ///< last positions of every query head always trained on
     int seed_anchors = 32;           ///< nearest anchors whose lists seed a search (0: none)
+    /// at most one seed list per this many keys (0: no cap: seed_anchors
+    /// lists at any context length)
+    idx_t keys_per_seed_list = 4096;
+    /// members of each probed anchor group scored at most, evenly spread
+    /// over the group (0: all). k-means leaves a few groups large where
+    /// the queries are alike (flat heads: ~900 of 32768 anchors each)
+    idx_t anchors_per_group = 0;
+    /// beam members a search expands at most (-1: until every member of
+    /// the beam is expanded; 0: the answer is the best of the entry point,
+    /// hubs and seeds). Searches only: the build and the appends always
+    /// expand their whole beam
+    int max_expansions = -1;
     /// 0: the beam scores the stored keys; 8: it walks on 8-bit codes of
     /// the keys (walk_codes) and the whole beam is scored again on the
     /// stored keys before the best k are kept
@@ -291,6 +320,11 @@ struct IndexRoarGraph : KVIndex {
      * centroids (float rows of d) and the seed lists taken.
      * Selection::n_scanned counts them with the keys (keys_read). */
     size_t seeding_bytes(const float* q) const;
+    /// The lists of the seed_anchors anchors nearest q, in `seeds` (the
+    /// keys a search starts from, repeats included); returns the anchors
+    /// and centroids scored, and in *bytes what the seeding read
+    /// (seeding_bytes).
+    size_t anchor_seeds(const float* q, std::vector<int32_t>& seeds, size_t* bytes) const;
     /** Whether the searches pick their seeds through anchor_groups: when
      * scoring the centroids and the members of the groups probed costs
      * less than the flat pool of one anchor per 128 keys. */
@@ -354,6 +388,10 @@ struct IndexRoarGraph : KVIndex {
    private:
     /// The beam for one call: max(params' or own efSearch, k).
     int beam_for(const faiss::SearchParameters* params, idx_t k) const;
+    /// The expansions a search may make (max_expansions; -1: no limit).
+    size_t expansion_limit() const {
+        return max_expansions < 0 ? std::numeric_limits<size_t>::max() : size_t(max_expansions);
+    }
     /// Appends keys and values, their norms and empty edge rows.
     void append_tokens(idx_t n, const float* keys, const float* values);
     /// Drops the tokens from n0 on and every edge to them (a failed add).
@@ -386,10 +424,6 @@ struct IndexRoarGraph : KVIndex {
     /** The pivots of the anchors whose exact lists key x would have
      * entered (score >= bar), best margin first, at most M. */
     std::vector<int32_t> anchor_pivots_of(const float* key, idx_t x) const;
-    /// The lists of the seed_anchors anchors nearest q, in `seeds`;
-    /// returns the anchors and centroids scored, and in *bytes what the
-    /// seeding read (seeding_bytes).
-    size_t anchor_seeds(const float* q, std::vector<int32_t>& seeds, size_t* bytes) const;
     /** The exact lists of m queries (q: size m * d): the top width keys
      * of each (scores, ids: size m * width, best first, -1 padded), in one
      * pass over the keys, a block of them scored for every query while it
