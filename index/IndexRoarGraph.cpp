@@ -573,7 +573,8 @@ size_t IndexRoarGraph::beam_search(
         idx_t k,
         int beam,
         float* distances,
-        idx_t* labels) const {
+        idx_t* labels,
+        size_t max_expansions) const {
     size_t found = 0, scanned = 0;
     if (ntotal > 0 && k > 0) {
         BeamScratch& s = beam_scratch();
@@ -585,7 +586,7 @@ size_t IndexRoarGraph::beam_search(
             s.code_query.resize(size_t(d));
             float base = walk_codes.prepare(q, s.code_query.data());
             size_t coded = walk(*this, L, hubs, s.seeds, s,
-                                CodeScore{walk_codes, s.code_query.data(), base}, expansion_limit());
+                                CodeScore{walk_codes, s.code_query.data(), base}, max_expansions);
             // the codes ordered the walk; the stored keys order the answer
             s.ids.clear();
             for (const Candidate& c : s.beam) {
@@ -599,7 +600,7 @@ size_t IndexRoarGraph::beam_search(
             std::sort(s.beam.begin(), s.beam.end(), ranks_before);
             scanned = keys_read(s.beam.size(), coded * size_t(d) + s.list_bytes + seeding);
         } else {
-            size_t rows = walk(*this, L, hubs, s.seeds, s, exact, expansion_limit());
+            size_t rows = walk(*this, L, hubs, s.seeds, s, exact, max_expansions);
             scanned = keys_read(rows, s.list_bytes + seeding);
         }
         found = std::min(s.beam.size(), size_t(k));
@@ -1256,7 +1257,8 @@ void IndexRoarGraph::add_queries_impl(idx_t n, const float* queries) {
         int beam = beam_for(&learning, idx_t(width));
         parallel_for(m, [&](idx_t i) {
             beam_search(queries + size_t(first + i) * d, idx_t(width), beam,
-                        scores.data() + size_t(i) * width, ids.data() + size_t(i) * width);
+                        scores.data() + size_t(i) * width, ids.data() + size_t(i) * width,
+                        std::numeric_limits<size_t>::max());
         });
     }
     for (idx_t i = 0; i < m; i++) {

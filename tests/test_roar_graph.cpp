@@ -579,6 +579,28 @@ TEST(RoarGraph, AnExpansionLimitStopsTheWalkPartWay) {
     }
 }
 
+TEST(RoarGraph, LearningWalksTheWholeBeamWhateverTheExpansionLimit) {
+    // a learnt decode query's list seeds every later search: it is made
+    // by a whole walk even where the searches themselves stop early
+    Data x = make_data(3000, kD, 2, 3000, 12, 260);
+    auto a = built(x, "learn_scan_keys=0");
+    std::vector<uint8_t> record;
+    write_index(a.get(), &record);
+    auto b = read_index(record);
+    auto* g = dynamic_cast<IndexRoarGraph*>(b.get());
+    ASSERT_TRUE(g);
+    set_index_parameters(g, "max_expansions=0");
+    a->add_queries(x.n_test, x.test.data());
+    g->add_queries(x.n_test, x.test.data());
+    ASSERT_GT(a->learned_anchors(), 0u);
+    EXPECT_EQ(g->anchor_lists, a->anchor_lists);
+    // and the limit is real for the searches of the same index
+    std::vector<float> da(10), dg(10);
+    std::vector<idx_t> la(10), lg(10);
+    EXPECT_GT(a->beam_search(x.test.data(), 10, 40, da.data(), la.data()),
+              g->beam_search(x.test.data(), 10, 40, dg.data(), lg.data()));
+}
+
 TEST(RoarGraph, AnchorsPerGroupCapsTheMembersEachProbedGroupScores) {
     // with every anchor in the pool the search goes through the groups: it
     // scores the centroids and, of each of the 4 groups nearest q (L2,

@@ -219,8 +219,8 @@ struct IndexRoarGraph : KVIndex {
     idx_t anchors_per_group = 0;
     /// beam members a search expands at most (-1: until every member of
     /// the beam is expanded; 0: the answer is the best of the entry point,
-    /// hubs and seeds). Searches only: the build and the appends always
-    /// expand their whole beam
+    /// hubs and seeds). Searches only: the build, the appends and the
+    /// learning of decode queries always expand their whole beam
     int max_expansions = -1;
     /// 0: the beam scores the stored keys; 8: it walks on 8-bit codes of
     /// the keys (walk_codes) and the whole beam is scored again on the
@@ -294,10 +294,17 @@ struct IndexRoarGraph : KVIndex {
     }
 
     /** Best-first beam search for the `k` keys of largest inner product
-     * with q, beam max(beam, k). Returns the keys whose score was
-     * computed. distances / labels: size k, best first, (lowest, -1) padded.
+     * with q, beam max(beam, k), at most max_expansions (the knob) of its
+     * members expanded. Returns the keys read (keys_read). distances /
+     * labels: size k, best first, (lowest, -1) padded.
      */
-    size_t beam_search(const float* q, idx_t k, int beam, float* distances, idx_t* labels) const;
+    size_t beam_search(const float* q, idx_t k, int beam, float* distances, idx_t* labels) const {
+        return beam_search(q, k, beam, distances, labels, expansion_limit());
+    }
+    /// The same, expanding at most max_expansions beam members (learning
+    /// a decode query walks its whole beam: its list seeds later searches).
+    size_t beam_search(const float* q, idx_t k, int beam, float* distances, idx_t* labels,
+                       size_t max_expansions) const;
 
     /** Step 1: the rows of the prefill queries trained on (row h *
      * n_queries + p: query head h at position p), ascending: all of them,
