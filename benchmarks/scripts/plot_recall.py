@@ -2,7 +2,7 @@
 """Recall@k vs keys read, from bench_recall or kvbench JSON files.
 
     .venv/bin/python benchmarks/scripts/plot_recall.py OUT.png run.json [run2.json ...] \
-        [--reference NAME=FILE] [--drop FILE:INDEX]
+        [--reference NAME=FILE] [--drop FILE:INDEX] [--label FILE:INDEX=TEXT]
 
 One line per index of each file (its sweep of efSearch / nprobe; single
 points for indexes without a sweep). bench_recall files: x = keys the
@@ -13,7 +13,9 @@ kvbench's touched fraction (vectors read, retrieval and attention, over
 2(p + 1)), y = recall@k. --reference adds a line from a text file of
 "scanned_percent recall" rows (e.g. the official RoarGraph build measured
 on the same keys and queries). --drop leaves out the line of one index
-of one file (an older curve of an index a newer file measures again).
+of one file (an older curve of an index a newer file measures again);
+--label names the line of one index of one file in the legend (long
+parameter strings).
 """
 import json
 import sys
@@ -26,7 +28,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main(argv):
-    refs, paths, drops = [], [], set()
+    refs, paths, drops, labels = [], [], set(), {}
     args = iter(argv[1:])
     for a in args:
         if a == "--reference":
@@ -34,6 +36,9 @@ def main(argv):
             refs.append((name, path))
         elif a == "--drop":
             drops.add(tuple(next(args).split(":", 1)))
+        elif a == "--label":
+            where, text = next(args).rsplit("=", 1)
+            labels[tuple(where.split(":", 1))] = text
         else:
             paths.append(a)
     if len(paths) < 2:
@@ -63,7 +68,7 @@ def main(argv):
                 continue
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
-                    label=name + suffix)
+                    label=labels.get((path, name), name) + suffix)
     for name, path in refs:
         rows = [list(map(float, line.split())) for line in open(path)
                 if line.strip() and not line.startswith("#")]
@@ -73,7 +78,7 @@ def main(argv):
     ax.set_ylabel("recall@k of the exact top-k")
     ax.set_ylim(0, 1.02)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     print("wrote", out)
