@@ -476,11 +476,7 @@ bool IndexRoarGraph::seeds_by_group() const {
     if (G == 0) {
         return false;
     }
-    size_t per_group = prompt_anchors() / G;
-    if (anchors_per_group > 0) {
-        per_group = std::min(per_group, size_t(anchors_per_group));
-    }
-    size_t probed = std::min(G, kAnchorGroupsProbed) * per_group;
+    size_t probed = std::min(G, kAnchorGroupsProbed) * group_members_scored(prompt_anchors() / G);
     return G + probed < anchor_pool();
 }
 
@@ -526,7 +522,7 @@ size_t IndexRoarGraph::anchor_seeds(const float* q, std::vector<int32_t>& seeds,
         for (size_t t = 0; t < probe; t++) {
             size_t g = size_t(s.nearest[t].second);
             size_t size = ag.offsets[g + 1] - ag.offsets[g];
-            size_t taken = anchors_per_group > 0 ? std::min(size, size_t(anchors_per_group)) : size;
+            size_t taken = group_members_scored(size);
             for (size_t e = 0; e < taken; e++) { // evenly spread over the group
                 s.anchor_ids.push_back(ag.members[ag.offsets[g] + e * size / taken]);
             }

@@ -487,7 +487,8 @@ TEST(RoarGraph, AWalkReadsWhatAnIndependentBeamReads) {
 }
 
 /// The best k of `cands` for q by a double-precision score, best first.
-std::vector<double> best_scores_of(const float* q, const float* keys, int d, std::set<idx_t> cands, idx_t k) {
+std::vector<double> best_scores_of(const float* q, const float* keys, int d, const std::set<idx_t>& cands,
+                                   idx_t k) {
     std::vector<double> s;
     for (idx_t c : cands) {
         s.push_back(ref_scores(q, keys + c * d, d, 1)[0]);

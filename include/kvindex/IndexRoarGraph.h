@@ -332,6 +332,11 @@ struct IndexRoarGraph : KVIndex {
     /// and centroids scored, and in *bytes what the seeding read
     /// (seeding_bytes).
     size_t anchor_seeds(const float* q, std::vector<int32_t>& seeds, size_t* bytes) const;
+    /// Members of a probed anchor group of `size` a search scores
+    /// (anchors_per_group; 0: all of them).
+    size_t group_members_scored(size_t size) const {
+        return anchors_per_group > 0 ? std::min(size, size_t(anchors_per_group)) : size;
+    }
     /** Whether the searches pick their seeds through anchor_groups: when
      * scoring the centroids and the members of the groups probed costs
      * less than the flat pool of one anchor per 128 keys. */
