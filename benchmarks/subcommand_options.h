@@ -15,6 +15,8 @@
 
 #include <boost/program_options.hpp>
 
+#include <kvindex/errors.h>
+
 namespace kvtools {
 
 /// Parses argv[1..] against opts, with --help added; prints the help and
@@ -60,40 +62,6 @@ inline bool parse_subcommand(
     return parse_options(argc - 1, argv + 1, opts, vm);
 }
 
-/** What a tool prints of an exception: its message without the location
- * Faiss puts before every library error ("Error in <function> at
- * <file>:<line>: "), which names our source, not the user's mistake, and
- * without the condition FAISS_THROW_IF_NOT_* put before the message
- * ("Error: '<expression>' failed: "), which is our code's, not theirs. */
-inline std::string error_text(const std::exception& e) {
-    std::string msg = e.what();
-    const std::string head = "Error in ";
-    while (msg.compare(0, head.size(), head) == 0) {
-        // "Error in <function> at <file>:<line>: <message>"; the path has no ':'
-        size_t at = msg.find(" at ");
-        size_t colon = at == std::string::npos ? at : msg.find(':', at);
-        if (colon == std::string::npos) {
-            break;
-        }
-        size_t end = colon + 1;
-        while (end < msg.size() && std::isdigit(static_cast<unsigned char>(msg[end]))) {
-            end++;
-        }
-        if (end == colon + 1 || msg.compare(end, 2, ": ") != 0) {
-            break;
-        }
-        msg.erase(0, end + 2);
-    }
-    const std::string condition = "Error: '", failed = "' failed: ";
-    if (msg.compare(0, condition.size(), condition) == 0) {
-        size_t end = msg.find(failed, condition.size());
-        if (end != std::string::npos) {
-            msg.erase(0, end + failed.size());
-        }
-    }
-    return msg;
-}
-
 /// Runs a tool's body and turns an exception (an unknown option, a bad
 /// value, an error from the library) into "tool: message" on stderr and exit
 /// status 2, where an uncaught exception would abort with a core dump.
@@ -102,7 +70,7 @@ int run_tool(const char* tool, Body&& body) {
     try {
         return body();
     } catch (const std::exception& e) {
-        std::cerr << tool << ": " << error_text(e) << "\n";
+        std::cerr << tool << ": " << kvindex::error_message(e) << "\n";
         return 2;
     }
 }

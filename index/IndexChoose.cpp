@@ -180,7 +180,7 @@ std::unique_ptr<KVIndex> IndexChoose::from_factory(FactoryChain& chain) {
                     e.c_str(),
                     i + 1,
                     parts[i].c_str(),
-                    bare_message(ex).c_str());
+                    bare_error_message(ex).c_str());
         }
     }
     return std::make_unique<IndexChoose>(std::move(cands));

@@ -263,18 +263,18 @@ void IndexHybrid::add_kv_impl(idx_t n, const float* keys, const float* values) {
 void IndexHybrid::prefill_impl(const PrefillInput& in) {
     check_prefill(in);
     // the knobs checked before anything is added: a refused prefill fixes nothing
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             !(epsilon > 0 && budget > 0),
             "IndexHybrid: epsilon=%g and budget=%zd are two calibrations: set one",
             epsilon,
             size_t(budget));
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             (epsilon == 0 && budget == 0) || tail->samples_uniformly(),
             "IndexHybrid: epsilon and budget set the sample of a uniform tail, and %s does "
             "not sample uniformly (use Uniform)",
             tail->factory_string().c_str());
     // both calibrations model the heavy part as the exact top-k of its k
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             (epsilon == 0 && budget == 0) || heavy->reads_search_knob("k"),
             "IndexHybrid: epsilon and budget calibrate the tail against the heavy part's "
             "top-k, and the heavy part %s has no k (use a top-k: TopK, RoarGraph)",

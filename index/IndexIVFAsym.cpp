@@ -392,7 +392,7 @@ size_t IndexIVFAsym::memory_bytes() const {
 
 void IndexIVFAsym::check_probe_query(const float* q, idx_t position, const char* what) const {
     FAISS_THROW_IF_NOT_FMT(is_trained_models(), "IndexIVFAsym::%s: no centroids (not trained)", what);
-    FAISS_THROW_IF_NOT_FMT(position >= 0, "IndexIVFAsym::%s: position=%zd must be >= 0", what, ssize_t(position));
+    KVINDEX_CHECK_ARG(position >= 0, "IndexIVFAsym::%s: position=%zd must be >= 0", what, ssize_t(position));
     check_not_null(q, "IndexIVFAsym: query");
     check_input(q, 1, d, "IndexIVFAsym: query");
 }
@@ -522,7 +522,7 @@ void IndexIVFAsym::probe_buckets(const float* q, idx_t position, int n, int32_t*
 int IndexIVFAsym::nprobe_for(const faiss::SearchParameters* params) const {
     if (auto p = dynamic_cast<const SearchParametersTopK*>(params)) {
         if (p->nprobe > 0) {
-            FAISS_THROW_IF_NOT_FMT(
+            KVINDEX_CHECK_ARG(
                     p->nprobe <= size_t(n_centroids),
                     "SearchParametersTopK: nprobe=%zd exceeds the C=%d buckets of IndexIVFAsym",
                     p->nprobe,

@@ -341,7 +341,7 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
                 pos.push_back(p);
             }
         }
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 !pick.empty(),
                 "%s: prefill has no queries at positions [%zd, %zd) to "
                 "score the prompt with",

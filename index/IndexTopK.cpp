@@ -96,7 +96,7 @@ IndexTopK::IndexTopK(
         FAISS_THROW_FMT(
                 "TopK(%s): Faiss cannot build this retriever: %s",
                 retriever_string.c_str(),
-                e.what());
+                bare_error_message(e).c_str());
     }
     // Faiss silently builds some families for L2 whatever the metric asked
     FAISS_THROW_IF_NOT_FMT(
@@ -112,7 +112,7 @@ IndexTopK::IndexTopK(
         check_faiss_blob(blob.data.data(), blob.data.size(), d);
     } catch (const std::exception& e) {
         FAISS_THROW_FMT(
-                "TopK(%s): unsupported retriever: %s", retriever_string.c_str(), e.what());
+                "TopK(%s): unsupported retriever: %s", retriever_string.c_str(), bare_error_message(e).c_str());
     }
     min_train_points = min_keys_to_train(retriever.get(), retriever_string);
     set_default_knobs(retriever.get());
@@ -300,7 +300,7 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         // new one); an HNSW graph may hold part of them: KVIndex marks the
         // index failed (writes_roll_back), and reset() starts it again
         storage.truncate(storage.size() - n);
-        FAISS_THROW_FMT("TopK(%s): add failed: %s", retriever_string.c_str(), e.what());
+        FAISS_THROW_FMT("TopK(%s): add failed: %s", retriever_string.c_str(), bare_error_message(e).c_str());
     }
 }
 
@@ -724,13 +724,13 @@ void IndexTopK::read_fields(BufferReader& r, uint32_t) {
     try {
         check_faiss_blob(fr.data.data(), fr.data.size(), d);
     } catch (const std::exception& e) {
-        FAISS_THROW_FMT("read_index: TopK retriever malformed: %s", e.what());
+        FAISS_THROW_FMT("read_index: TopK retriever malformed: %s", bare_error_message(e).c_str());
     }
     try {
         retriever.reset(faiss::read_index(&fr));
     } catch (const std::exception& e) {
         // Faiss's reader also throws std::bad_alloc / length_error
-        FAISS_THROW_FMT("read_index: TopK retriever unreadable: %s", e.what());
+        FAISS_THROW_FMT("read_index: TopK retriever unreadable: %s", bare_error_message(e).c_str());
     }
     check_faiss_retriever(
             retriever.get(), retriever_string, d, retriever->is_trained ? ntotal : 0);

@@ -22,7 +22,7 @@ void KVCache::check_shape(
         int d,
         int d_value,
         const std::vector<int>& dense_layers) {
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             n_layers > 0 && n_layers <= kMaxLayers && n_q_heads > 0 && n_q_heads <= kMaxHeads &&
                     n_kv_heads > 0 && n_kv_heads <= kMaxHeads,
             "%s: n_layers=%d must be in [1, %d], n_q_heads=%d and n_kv_heads=%d in [1, %d]",
@@ -32,13 +32,13 @@ void KVCache::check_shape(
             n_q_heads,
             n_kv_heads,
             kMaxHeads);
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             n_q_heads % n_kv_heads == 0,
             "%s: n_q_heads=%d is not a multiple of n_kv_heads=%d (GQA)",
             what,
             n_q_heads,
             n_kv_heads);
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             d > 0 && d <= kMaxDimension && (d_value == -1 || (d_value > 0 && d_value <= kMaxDimension)),
             "%s: d=%d and d_value=%d must be in [1, %d] (d_value -1: d)",
             what,
@@ -46,7 +46,7 @@ void KVCache::check_shape(
             d_value,
             kMaxDimension);
     for (int l : dense_layers) {
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 l >= 0 && l < n_layers, "%s: dense layer %d out of [0, n_layers=%d)", what, l, n_layers);
     }
 }
@@ -89,12 +89,12 @@ KVIndex* KVCache::index(int layer, int kv_head) {
 }
 
 const KVIndex* KVCache::index(int layer, int kv_head) const {
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             layer >= 0 && layer < n_layers,
             "KVCache: layer %d out of [0, %d)",
             layer,
             n_layers);
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             kv_head >= 0 && kv_head < n_kv_heads,
             "KVCache: KV head %d out of [0, %d)",
             kv_head,
@@ -117,7 +117,7 @@ class RopeClaim {
     RopeClaim(KVCache& cache, int layer, const RopeParams& rope) : cache_(cache) {
         std::lock_guard<std::mutex> lock(cache_.rope_mutex.mutex);
         bool taken = cache_.has_rope || cache_.rope_claims > 0;
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 !taken || rope == cache_.rope,
                 "KVCache::prefill: RoPE parameters mismatch: layer %d has theta=%g "
                 "style=%s, the cache has theta=%g style=%s (%s)",
@@ -235,7 +235,7 @@ void KVCache::prefill(
     RopeClaim claim(*this, layer, rope);
     // Check everything before touching any head, so that bad input leaves
     // the layer as it was.
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::prefill: n=%zd must be >= 0", size_t(n));
+    KVINDEX_CHECK_ARG(n >= 0, "KVCache::prefill: n=%zd must be >= 0", size_t(n));
     for (int h = 0; h < n_kv_heads; h++) {
         FAISS_THROW_IF_NOT_FMT(
                 index(layer, h)->ntotal == 0,
@@ -290,7 +290,7 @@ void KVCache::append(int layer, idx_t n, const float* keys, const float* values)
     index(layer, 0);
     WriteScope scope(layer_calls[layer], "KVCache::append", "this layer of the cache");
     check_layer_in_step(layer, "KVCache::append");
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::append: n=%zd must be >= 0", size_t(n));
+    KVINDEX_CHECK_ARG(n >= 0, "KVCache::append: n=%zd must be >= 0", size_t(n));
     // bad input is refused before any head appends: the layer's arrays,
     // then each head's slice as that head's add_kv checks it (finite, and
     // within its storage type: a value an FP16 head cannot hold in head 2
@@ -337,7 +337,7 @@ void KVCache::attend(
     index(layer, 0);
     ReadScope scope(layer_calls[layer], "KVCache::attend", "this layer of the cache");
     check_layer_in_step(layer, "KVCache::attend");
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::attend: n=%zd must be >= 0", size_t(n));
+    KVINDEX_CHECK_ARG(n >= 0, "KVCache::attend: n=%zd must be >= 0", size_t(n));
     if (n > 0) {
         check_input_size(n, size_t(n_q_heads) * std::max(d, d_value), "KVCache::attend");
         check_not_null(q, "KVCache::attend: queries");
@@ -372,7 +372,7 @@ void KVCache::add_queries(int layer, idx_t n, const float* q) {
     index(layer, 0);
     WriteScope scope(layer_calls[layer], "KVCache::add_queries", "this layer of the cache");
     check_layer_in_step(layer, "KVCache::add_queries");
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "KVCache::add_queries: n=%zd must be >= 0", size_t(n));
+    KVINDEX_CHECK_ARG(n >= 0, "KVCache::add_queries: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
         return;
     }
@@ -387,7 +387,7 @@ void KVCache::add_queries(int layer, idx_t n, const float* q) {
 }
 
 int KVCache::adopt_trained(const KVCache& trained) {
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             trained.n_layers == n_layers && trained.n_kv_heads == n_kv_heads &&
                     trained.d == d,
             "KVCache::adopt_trained: the trained cache has %d layers x %d KV heads, d=%d; "
@@ -415,11 +415,12 @@ int KVCache::adopt_trained(const KVCache& trained) {
             try {
                 index(l, h)->check_adopt_trained(*trained.index(l, h));
             } catch (const faiss::FaissException& e) {
-                FAISS_THROW_FMT(
+                KVINDEX_THROW_FMT(
+                        InvalidArgument,
                         "KVCache::adopt_trained: layer %d, KV head %d: %s",
                         l,
                         h,
-                        bare_message(e).c_str());
+                        bare_error_message(e).c_str());
             }
         }
     }

@@ -43,13 +43,15 @@ ReadScope::ReadScope(AccessCount& calls, const char* what, const char* where) : 
     std::atomic<int64_t>& state = calls.state;
     int64_t s = state.load(std::memory_order_relaxed);
     do {
-        FAISS_THROW_IF_NOT_FMT(
-                s >= 0,
-                "%s: refused, a write (add_kv, prefill, reset or a knob change) is "
-                "running on %s in another thread; writes must not overlap "
-                "other calls on one index (KVIndex.h, thread safety)",
-                what,
-                where);
+        if (s < 0) {
+            KVINDEX_THROW_FMT(
+                    CallRefused,
+                    "%s: refused, a write (add_kv, prefill, reset or a knob change) is "
+                    "running on %s in another thread; writes must not overlap "
+                    "other calls on one index (KVIndex.h, thread safety)",
+                    what,
+                    where);
+        }
     } while (!state.compare_exchange_weak(s, s + 1, std::memory_order_acquire));
 }
 
@@ -66,7 +68,8 @@ WriteScope::WriteScope(AccessCount& calls, const char* what, const char* where) 
         std::string running = s < 0
                 ? std::string("another write is")
                 : std::to_string(s) + " const calls (search, attend, ...) are";
-        FAISS_THROW_FMT(
+        KVINDEX_THROW_FMT(
+                CallRefused,
                 "%s: refused, %s running on %s in another thread; writes "
                 "must not overlap other calls on one index (KVIndex.h, thread safety)",
                 what,
@@ -97,7 +100,7 @@ void KVIndex::record_children_stamps() {
 }
 
 void KVIndex::mark_failed(const char* what, const char* why) noexcept {
-    std::snprintf(failed_write_, sizeof(failed_write_), "%s: %s", what, why);
+    std::snprintf(failed_write_, sizeof(failed_write_), "%s: %s", what, bare_error_text(why));
 }
 
 void KVIndex::write_tokens(const char* what, const std::function<void()>& core) {
@@ -201,7 +204,7 @@ void KVIndex::check_add_kv(
         const char* keys_what,
         const char* values_what) const {
     check_children();
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "%s: n=%zd must be >= 0", what, size_t(n));
+    KVINDEX_CHECK_ARG(n >= 0, "%s: n=%zd must be >= 0", what, size_t(n));
     if (n == 0) {
         return;
     }
@@ -218,7 +221,7 @@ void KVIndex::check_add_kv(
     check_kv_type_fits(kv_type, keys, size_t(n) * d, d, keys_what);
     check_kv_type_fits(kv_type, values, size_t(n) * d_value, d_value, values_what);
     // a count (or an eviction index's position) near the top would wrap
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             ntotal <= kMaxPosition && n <= kMaxPosition - ntotal,
             "%s: ntotal=%zd + n=%zd tokens is more than an index counts (2^62)",
             what,
@@ -229,7 +232,7 @@ void KVIndex::check_add_kv(
 void KVIndex::add_queries(idx_t n, const float* queries) {
     WriteScope scope(*this, "add_queries");
     check_children();
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "add_queries: n=%zd must be >= 0", size_t(n));
+    KVINDEX_CHECK_ARG(n >= 0, "add_queries: n=%zd must be >= 0", size_t(n));
     if (n == 0) {
         return;
     }
@@ -246,13 +249,13 @@ void KVIndex::add_queries_impl(idx_t n, const float* queries) {
 }
 
 void check_prompt(const PrefillInput& in, int d, const char* what) {
-    FAISS_THROW_IF_NOT_FMT(in.n_tokens >= 0, "%s: n_tokens=%zd must be >= 0", what, ssize_t(in.n_tokens));
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(in.n_tokens >= 0, "%s: n_tokens=%zd must be >= 0", what, ssize_t(in.n_tokens));
+    KVINDEX_CHECK_ARG(
             in.first_position >= 0, "%s: first_position=%zd must be >= 0", what, ssize_t(in.first_position));
-    FAISS_THROW_IF_NOT_FMT(in.n_after >= 0, "%s: n_after=%zd must be >= 0", what, ssize_t(in.n_after));
+    KVINDEX_CHECK_ARG(in.n_after >= 0, "%s: n_after=%zd must be >= 0", what, ssize_t(in.n_after));
     // every position (first_position + j, + n_after) must be representable:
     // checked by subtraction, the sum itself could overflow
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             in.first_position <= kMaxPosition && in.n_after <= kMaxPosition &&
                     in.n_tokens <= kMaxPosition - in.first_position - in.n_after,
             "%s: first_position=%zd + n_tokens=%zd + n_after=%zd must be <= 2^62",
@@ -260,18 +263,18 @@ void check_prompt(const PrefillInput& in, int d, const char* what) {
             size_t(in.first_position),
             size_t(in.n_tokens),
             size_t(in.n_after));
-    FAISS_THROW_IF_NOT_FMT(in.n_queries >= 0, "%s: n_queries=%zd must be >= 0", what, ssize_t(in.n_queries));
+    KVINDEX_CHECK_ARG(in.n_queries >= 0, "%s: n_queries=%zd must be >= 0", what, ssize_t(in.n_queries));
     if (in.n_queries == 0) {
         return;
     }
-    FAISS_THROW_IF_NOT_FMT(in.n_query_heads >= 1, "%s: n_query_heads=%d must be >= 1", what, in.n_query_heads);
+    KVINDEX_CHECK_ARG(in.n_query_heads >= 1, "%s: n_query_heads=%d must be >= 1", what, in.n_query_heads);
     const std::string queries = std::string(what) + ": queries";
     check_not_null(in.queries, queries.c_str());
     check_input_size(in.n_queries, size_t(in.n_query_heads) * d, queries.c_str());
     check_input(in.queries, in.n_queries * in.n_query_heads, d, queries.c_str());
     if (in.query_positions) {
         for (idx_t i = 0; i < in.n_queries; i++) {
-            FAISS_THROW_IF_NOT_FMT(
+            KVINDEX_CHECK_ARG(
                     in.query_positions[i] >= 0,
                     "%s: query_positions[%zd]=%zd must be >= 0",
                     what,
@@ -279,7 +282,7 @@ void check_prompt(const PrefillInput& in, int d, const char* what) {
                     ssize_t(in.query_positions[i]));
         }
     } else {
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 in.n_queries <= in.first_position + in.n_tokens,
                 "%s: %zd queries without positions, but the prompt has only %zd tokens",
                 what,
@@ -303,7 +306,7 @@ void check_empty_for_prefill(idx_t ntotal) {
 void KVIndex::check_prefill(const PrefillInput& in) const {
     check_empty_for_prefill(ntotal);
     check_rope_params(in.rope, d);
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             !has_rope || in.rope == rope,
             "prefill: RoPE parameters mismatch: index has theta=%g style=%s, "
             "prefill has theta=%g style=%s",
@@ -397,21 +400,22 @@ void KVIndex::check_params(const faiss::SearchParameters* params) const {
     if (!params) {
         return;
     }
-    FAISS_THROW_IF_NOT_MSG(
-            params->sel == nullptr, "search parameters: IDSelector is not supported by KV indexes");
+    KVINDEX_CHECK_ARG(
+            params->sel == nullptr, "%s", "search parameters: IDSelector is not supported by KV indexes");
     // Faiss's own subclasses (SearchParametersIVF, ...HNSW) carry knobs no
     // KV index reads: silently ignoring their nprobe would mislead
-    FAISS_THROW_IF_NOT_MSG(
+    KVINDEX_CHECK_ARG(
             dynamic_cast<const SearchParametersKV*>(params) ||
                     typeid(*params) == typeid(faiss::SearchParameters),
+            "%s",
             "search parameters: a Faiss SearchParameters subclass is not read by KV indexes; "
             "pass kvindex::SearchParametersKV, or SearchParametersTopK for nprobe / efSearch");
     if (auto p = dynamic_cast<const SearchParametersKV*>(params)) {
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 p->k >= 0,
                 "search parameters: k=%zd must be > 0 (0: index default)",
                 size_t(p->k));
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 p->k == 0 || reads_search_knob("k"),
                 "search parameters: k=%zd does not apply to %s (no index of it reads a "
                 "top-k budget)",
@@ -420,7 +424,7 @@ void KVIndex::check_params(const faiss::SearchParameters* params) const {
         // a knob of another retriever would be ignored: refused, so that a
         // sweep over nprobe on a chain without IVF does not measure nothing
         for (const SearchKnob& knob : p->set_knobs()) {
-            FAISS_THROW_IF_NOT_FMT(
+            KVINDEX_CHECK_ARG(
                     reads_search_knob(knob.name),
                     "search parameters: %s=%g does not apply to %s (no index of it reads %s)",
                     knob.name,
@@ -520,12 +524,12 @@ idx_t KVIndex::effective_k(const faiss::SearchParameters* params) const {
             kk = p->k;
         }
     }
-    FAISS_THROW_IF_NOT_FMT(kk > 0, "top-k budget k=%zd must be > 0", size_t(kk));
+    KVINDEX_CHECK_ARG(kk > 0, "top-k budget k=%zd must be > 0", size_t(kk));
     return kk;
 }
 
 void KVIndex::check_query_args(idx_t n, const float* q, const char* what) const {
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "%s: n=%zd must be >= 0", what, size_t(n));
+    KVINDEX_CHECK_ARG(n >= 0, "%s: n=%zd must be >= 0", what, size_t(n));
     if (n == 0) {
         return;
     }
@@ -548,7 +552,7 @@ void KVIndex::search(
         const faiss::SearchParameters* params) const {
     ReadScope scope(*this, "search");
     check_children();
-    FAISS_THROW_IF_NOT_FMT(k > 0, "search: k=%zd must be > 0", size_t(k));
+    KVINDEX_CHECK_ARG(k > 0, "search: k=%zd must be > 0", size_t(k));
     check_query_args(n, q, "search: queries");
     check_params(params);
     if (n == 0) {
@@ -863,7 +867,7 @@ void KVIndex::check_adopt_trained(const KVIndex& trained) const {
 int KVIndex::adopt_trained(const KVIndex& trained) {
     // the whole chain first: a mismatch in a later child would otherwise
     // leave the earlier ones with the new models
-    check_adopt_trained(trained);
+    classify_errors<InvalidArgument>([&] { check_adopt_trained(trained); });
     std::vector<KVIndex*> mine = mutable_children();
     std::vector<const KVIndex*> theirs = trained.children();
     int adopted = 0;

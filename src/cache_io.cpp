@@ -196,7 +196,9 @@ void write_cache(const KVCache& cache, const std::string& fname) {
     write_file(fname, buf, "write_cache");
 }
 
-std::unique_ptr<KVCache> read_cache(const uint8_t* data, size_t size) {
+namespace {
+
+std::unique_ptr<KVCache> parse_cache(const uint8_t* data, size_t size) {
     if (data && size >= kFrameHeaderSize) { // an index file is named, not just refused
         BufferReader head(data, size);
         FAISS_THROW_IF_NOT_MSG(
@@ -212,8 +214,17 @@ std::unique_ptr<KVCache> read_cache(const uint8_t* data, size_t size) {
     return cache;
 }
 
+} // namespace
+
+std::unique_ptr<KVCache> read_cache(const uint8_t* data, size_t size) {
+    return read_data("read_cache", "buffer of " + std::to_string(size) + " bytes", [&] {
+        return parse_cache(data, size);
+    });
+}
+
 std::unique_ptr<KVCache> read_cache(const std::string& fname) {
-    return read_cache(read_file(fname, "read_cache"));
+    std::vector<uint8_t> buf = read_file(fname, "read_cache");
+    return read_data("read_cache", "'" + fname + "'", [&] { return parse_cache(buf.data(), buf.size()); });
 }
 
 } // namespace kvindex

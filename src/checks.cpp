@@ -19,7 +19,8 @@ void throw_out_of_bounds(float v, size_t row, size_t column, const char* what, f
     } else if (finite) {
         std::snprintf(bound, sizeof(bound), " (|x| must be <= %g)", double(max_abs));
     }
-    FAISS_THROW_FMT(
+    KVINDEX_THROW_FMT(
+            InvalidArgument,
             "%s: %s value %g at row %zu, column %zu%s",
             what,
             finite ? "too large a" : "non-finite",
@@ -49,8 +50,8 @@ void check_bounded(const float* x, idx_t n_rows, size_t row_dim, const char* wha
 }
 
 void check_input_size(idx_t n_rows, size_t row_dim, const char* what) {
-    FAISS_THROW_IF_NOT_FMT(n_rows >= 0, "%s: n=%zd rows must be >= 0", what, ssize_t(n_rows));
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(n_rows >= 0, "%s: n=%zd rows must be >= 0", what, ssize_t(n_rows));
+    KVINDEX_CHECK_ARG(
             row_dim == 0 || size_t(n_rows) <= kMaxBufferBytes / sizeof(float) / row_dim,
             "%s: %zd rows of %zd floats are more than any buffer can hold (2^56 bytes)",
             what,
@@ -75,7 +76,7 @@ bool is_count(double x) {
 }
 
 uint64_t count_parameter(const std::string& name, double value) {
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             is_count(value),
             "parameter %s=%g must be a non-negative integer",
             name.c_str(),
@@ -84,9 +85,9 @@ uint64_t count_parameter(const std::string& name, double value) {
 }
 
 void check_excluded(const idx_t* excluded, size_t n_excluded, idx_t n, const char* what) {
-    FAISS_THROW_IF_NOT_FMT(excluded || n_excluded == 0, "%s: excluded is nullptr", what);
+    KVINDEX_CHECK_ARG(excluded || n_excluded == 0, "%s: excluded is nullptr", what);
     for (size_t j = 0; j < n_excluded; j++) {
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 excluded[j] >= 0 && excluded[j] < n && (j == 0 || excluded[j] > excluded[j - 1]),
                 "%s: excluded[%zd] = %zd: ids must be increasing, in [0, %zd)",
                 what,
@@ -97,7 +98,7 @@ void check_excluded(const idx_t* excluded, size_t n_excluded, idx_t n, const cha
 }
 
 void check_seed_knob(uint64_t seed, const char* what) {
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             seed <= (uint64_t(1) << 53),
             "%s: seed=%llu must be at most 2^53 (the seed knob is exact as a double up to there)",
             what,
@@ -120,27 +121,7 @@ void check_child_in_step(const KVIndex* child, idx_t expected, const char* wrapp
 }
 
 void check_not_null(const void* ptr, const char* what) {
-    FAISS_THROW_IF_NOT_FMT(ptr != nullptr, "%s is missing (nullptr)", what);
-}
-
-std::string bare_message(const faiss::FaissException& e) {
-    std::string m = e.what();
-    if (m.compare(0, 9, "Error in ") == 0) {
-        size_t at = m.find(" at ");
-        size_t colon = at == std::string::npos ? at : m.find(": ", at);
-        if (colon != std::string::npos) {
-            m = m.substr(colon + 2);
-        }
-    }
-    // FAISS_THROW_IF_NOT_* add the condition: "Error: 'x' failed: "
-    const char* failed = "' failed: ";
-    if (m.compare(0, 8, "Error: '") == 0) {
-        size_t end = m.find(failed, 8);
-        if (end != std::string::npos) {
-            m = m.substr(end + std::strlen(failed));
-        }
-    }
-    return m;
+    KVINDEX_CHECK_ARG(ptr != nullptr, "%s is missing (nullptr)", what);
 }
 
 void check_head_arrays(

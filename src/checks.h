@@ -7,6 +7,7 @@
 #include <faiss/impl/FaissException.h>
 
 #include <kvindex/KVIndex.h>
+#include <kvindex/errors.h>
 
 namespace kvindex {
 
@@ -93,9 +94,5 @@ void check_head_arrays(
 /// Throws unless ptr is non-null; names the argument.
 void check_not_null(const void* ptr, const char* what);
 
-/// The message of a Faiss exception without its "Error in f at file:line: "
-/// and "Error: 'condition' failed: " (to say it again after a caller's own
-/// prefix).
-std::string bare_message(const faiss::FaissException& e);
 
 } // namespace kvindex

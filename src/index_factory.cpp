@@ -141,7 +141,10 @@ std::unique_ptr<KVIndex> FactoryChain::parse_next() {
             known_elements().c_str());
 }
 
-std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, int d_value) {
+namespace {
+
+/// index_factory's body.
+std::unique_ptr<KVIndex> build_index(int d, const std::string& description, int d_value) {
     FAISS_THROW_IF_NOT_FMT(
             d > 0 && d <= kMaxDimension,
             "index_factory: key dimension d=%d must be in [1, %d]",
@@ -168,6 +171,13 @@ std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, in
         set_index_parameters(index.get(), spec.params);
     }
     return index;
+}
+
+} // namespace
+
+std::unique_ptr<KVIndex> index_factory(int d, const std::string& description, int d_value) {
+    // every error of a string's parse, or of its parameters, is the string's
+    return classify_errors<InvalidArgument>([&] { return build_index(d, description, d_value); });
 }
 
 std::string index_factory_string(const KVIndex* index) {

@@ -128,7 +128,9 @@ void write_index(const KVIndex* index, const std::string& fname) {
     write_file(fname, buf, "write_index");
 }
 
-std::unique_ptr<KVIndex> read_index(const uint8_t* data, size_t size) {
+namespace {
+
+std::unique_ptr<KVIndex> parse_index(const uint8_t* data, size_t size) {
     BufferReader pr = read_framed(kIndexFrame, data, size);
     std::unique_ptr<KVIndex> index = read_index_record(pr);
     FAISS_THROW_IF_NOT_FMT(
@@ -136,6 +138,14 @@ std::unique_ptr<KVIndex> read_index(const uint8_t* data, size_t size) {
             "read_index: %zd trailing bytes after the index",
             pr.remaining());
     return index;
+}
+
+} // namespace
+
+std::unique_ptr<KVIndex> read_index(const uint8_t* data, size_t size) {
+    return read_data("read_index", "buffer of " + std::to_string(size) + " bytes", [&] {
+        return parse_index(data, size);
+    });
 }
 
 std::unique_ptr<KVIndex> clone_index(const KVIndex* index) {
@@ -146,7 +156,8 @@ std::unique_ptr<KVIndex> clone_index(const KVIndex* index) {
 }
 
 std::unique_ptr<KVIndex> read_index(const std::string& fname) {
-    return read_index(read_file(fname, "read_index"));
+    std::vector<uint8_t> buf = read_file(fname, "read_index");
+    return read_data("read_index", "'" + fname + "'", [&] { return parse_index(buf.data(), buf.size()); });
 }
 
 } // namespace kvindex

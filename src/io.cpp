@@ -1,8 +1,17 @@
 #include <kvindex/impl/io.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <kvindex/errors.h>
 
 namespace kvindex {
 
@@ -104,29 +113,159 @@ BufferReader read_framed(const FileFrame& frame, const uint8_t* data, size_t siz
     return payload;
 }
 
+namespace {
+
+/// FileError naming the call, the path and errno's text.
+[[noreturn]] void throw_file_error(const char* who, const char* doing, const std::string& fname, int err) {
+    throw FileError(
+            std::string(who) + ": cannot " + doing + " '" + fname + "': " + std::strerror(err),
+            err,
+            fname,
+            std::string(who) + ": cannot " + doing + ": " + std::strerror(err),
+            __PRETTY_FUNCTION__,
+            __FILE__,
+            __LINE__);
+}
+
+} // namespace
+
+AtomicFileWriter::AtomicFileWriter(std::string path, const char* who)
+        : path_(std::move(path)), tmp_(path_ + ".tmp.XXXXXX"), who_(who) {
+    fd_ = ::mkstemp(&tmp_[0]);
+    if (fd_ < 0) {
+        throw_file_error(who_, "create a temporary file beside", path_, errno);
+    }
+    // mkstemp makes the file 0600; a saved file is as readable as any file
+    // the user writes
+    mode_t mask = ::umask(0);
+    ::umask(mask);
+    if (::fchmod(fd_, 0666 & ~mask) != 0) {
+        fail("set the permissions of the temporary file for");
+    }
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+    if (fd_ >= 0) { // not committed: the target keeps what it held
+        ::close(fd_);
+        ::unlink(tmp_.c_str());
+    }
+}
+
+void AtomicFileWriter::fail(const char* doing) {
+    int err = errno;
+    if (fd_ >= 0) {
+        ::close(fd_);
+        fd_ = -1;
+    }
+    ::unlink(tmp_.c_str());
+    throw_file_error(who_, doing, path_, err);
+}
+
+void AtomicFileWriter::write(const void* data, size_t n) {
+    FAISS_THROW_IF_NOT_FMT(fd_ >= 0, "%s: '%s' is already committed", who_, path_.c_str());
+    const char* p = static_cast<const char*>(data);
+    for (size_t done = 0; done < n;) {
+        ssize_t w = ::write(fd_, p + done, n - done);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            if (w == 0) {
+                errno = ENOSPC;
+            }
+            fail("write");
+        }
+        done += size_t(w);
+    }
+}
+
+void AtomicFileWriter::commit() {
+    FAISS_THROW_IF_NOT_FMT(fd_ >= 0, "%s: '%s' is already committed", who_, path_.c_str());
+    if (::fsync(fd_) != 0) {
+        fail("flush to disk");
+    }
+    int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) {
+        errno = errno ? errno : EIO;
+        ::unlink(tmp_.c_str());
+        throw_file_error(who_, "close", path_, errno);
+    }
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+        int err = errno;
+        ::unlink(tmp_.c_str());
+        throw_file_error(who_, "rename the temporary file over", path_, err);
+    }
+}
+
 void write_file(const std::string& fname, const std::vector<uint8_t>& buf, const char* writer) {
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(fname.c_str(), "wb"), std::fclose);
-    FAISS_THROW_IF_NOT_FMT(f, "%s: cannot open '%s' for writing", writer, fname.c_str());
-    FAISS_THROW_IF_NOT_FMT(
-            std::fwrite(buf.data(), 1, buf.size(), f.get()) == buf.size(),
-            "%s: short write to '%s'",
-            writer,
-            fname.c_str());
-    // a full disk can show only at close
-    FAISS_THROW_IF_NOT_FMT(
-            std::fclose(f.release()) == 0, "%s: error closing '%s'", writer, fname.c_str());
+    AtomicFileWriter out(fname, writer);
+    out.write(buf.data(), buf.size());
+    out.commit();
+}
+
+RegularFile::RegularFile(const std::string& fname, const char* reader) : fname_(fname), reader_(reader) {
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; it is then
+    // refused as not a regular file
+    fd_ = ::open(fname.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd_ < 0) {
+        throw_file_error(reader, "open", fname, errno);
+    }
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) {
+        int err = errno;
+        ::close(fd_);
+        throw_file_error(reader, "stat", fname, err);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ::close(fd_);
+        throw FileError(
+                std::string(reader) + ": '" + fname + "' is not a regular file (a FIFO, a device or a directory)",
+                EINVAL,
+                fname,
+                std::string(reader) + ": not a regular file (a FIFO, a device or a directory)",
+                __PRETTY_FUNCTION__,
+                __FILE__,
+                __LINE__);
+    }
+    size_ = size_t(st.st_size);
+}
+
+RegularFile::~RegularFile() {
+    ::close(fd_);
+}
+
+size_t RegularFile::read(void* data, size_t n) {
+    char* p = static_cast<char*>(data);
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = ::read(fd_, p + done, n - done);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            throw_file_error(reader_, "read", fname_, errno);
+        }
+        if (r == 0) {
+            break;
+        }
+        done += size_t(r);
+    }
+    return done;
+}
+
+void RegularFile::seek(size_t offset) {
+    if (::lseek(fd_, off_t(offset), SEEK_SET) < 0) {
+        throw_file_error(reader_, "seek in", fname_, errno);
+    }
 }
 
 std::vector<uint8_t> read_file(const std::string& fname, const char* reader) {
-    std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(fname.c_str(), "rb"), std::fclose);
-    FAISS_THROW_IF_NOT_FMT(f, "%s: cannot open '%s'", reader, fname.c_str());
-    std::vector<uint8_t> buf;
-    uint8_t chunk[1 << 16];
-    size_t got;
-    while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0) {
-        buf.insert(buf.end(), chunk, chunk + got);
-    }
-    FAISS_THROW_IF_NOT_FMT(!std::ferror(f.get()), "%s: error reading '%s'", reader, fname.c_str());
+    RegularFile in(fname, reader);
+    // the size bounds the read: a file growing meanwhile is read as it was,
+    // one that shrank is read as it is (the parser says what is missing)
+    std::vector<uint8_t> buf(in.size());
+    buf.resize(in.read(buf.data(), buf.size()));
     return buf;
 }
 

@@ -4,6 +4,8 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/errors.h>
+
 namespace kvindex {
 
 const char* kv_type_name(KVType t) {
@@ -64,7 +66,8 @@ void check_kv_type_fits(KVType t, const float* x, size_t n, size_t row_dim, cons
     size_t dim = row_dim ? row_dim : 1;
     for (size_t i = 0; i < n; i++) {
         if (!kv_type_fits(t, x[i])) {
-            FAISS_THROW_FMT(
+            KVINDEX_THROW_FMT(
+                    InvalidArgument,
                     "%s: value %g at row %zd, column %zd does not fit %s storage "
                     "(%s): use float32 storage (no BF16/FP16 prefix) or rescale",
                     what,

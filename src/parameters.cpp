@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <utility>
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/errors.h>
 #include <kvindex/index_factory.h>
 
 namespace kvindex {
@@ -38,7 +40,7 @@ template <class F>
 void for_each_item(const std::string& description, F&& f) {
     for (const std::string& item : parameter_items(description)) {
         size_t eq = item.find('=');
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 eq != std::string::npos && eq > 0 && eq + 1 < item.size(),
                 "cannot parse parameter '%s' in '%s' (expected name=value)",
                 item.c_str(),
@@ -55,7 +57,7 @@ bool set_in_chain(KVIndex* index, const std::string& name, double value) {
     // tokens it would be accepted without effect, so it is refused
     if (index->ntotal > 0) {
         for (const ParameterInfo& p : index->parameter_info()) {
-            FAISS_THROW_IF_NOT_FMT(
+            KVINDEX_CHECK_ARG(
                     p.name != name || !p.prefill_time,
                     "parameter '%s' is prefill-time: set it before prefill (%s "
                     "already holds %zd tokens)",
@@ -138,15 +140,19 @@ struct ParameterSnapshot {
 
 /// Sets each (name, value) in order, all or nothing.
 void set_all(KVIndex* index, const std::vector<std::pair<std::string, double>>& items) {
-    FAISS_THROW_IF_NOT_MSG(index, "set_index_parameter: index is nullptr");
+    KVINDEX_CHECK_ARG(index, "%s", "set_index_parameter: index is nullptr");
     ParameterSnapshot before;
     for (const auto& item : items) {
         before.take(index, item.first);
     }
     try {
-        for (const auto& [name, value] : items) {
-            FAISS_THROW_IF_NOT_FMT(
-                    set_in_chain(index, name, value),
+        for (const auto& item : items) {
+            const std::string& name = item.first;
+            // a type's set_parameter refuses a value with a plain Faiss
+            // error: the value is the caller's
+            bool found = classify_errors<InvalidArgument>([&] { return set_in_chain(index, name, item.second); });
+            KVINDEX_CHECK_ARG(
+                    found,
                     "unknown parameter '%s' for index %s",
                     name.c_str(),
                     index_factory_string(index).c_str());
@@ -186,19 +192,19 @@ std::vector<std::pair<std::string, double>> parse_parameters(const std::string& 
     }
     for_each_item(description, [&](const std::string& name, const std::string& text) {
         double value;
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 text.back() != '%',
                 "parameter '%s': value '%s' is a percentage of the context "
                 "length: resolve it first (resolve_percentages)",
                 name.c_str(),
                 text.c_str());
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 parse_decimal(text, &value),
                 "parameter '%s': value '%s' is not a decimal number",
                 name.c_str(),
                 text.c_str());
         for (const auto& item : items) {
-            FAISS_THROW_IF_NOT_FMT(
+            KVINDEX_CHECK_ARG(
                     item.first != name,
                     "parameter '%s' given twice in '%s'",
                     name.c_str(),
@@ -215,9 +221,9 @@ void set_index_parameters(KVIndex* index, const std::string& description) {
 }
 
 double get_index_parameter(const KVIndex* index, const std::string& name) {
-    FAISS_THROW_IF_NOT_MSG(index, "get_index_parameter: index is nullptr");
+    KVINDEX_CHECK_ARG(index, "%s", "get_index_parameter: index is nullptr");
     double value = 0;
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             get_in_chain(index, name, &value),
             "unknown parameter '%s' for index %s",
             name.c_str(),
@@ -226,7 +232,7 @@ double get_index_parameter(const KVIndex* index, const std::string& name) {
 }
 
 std::vector<ParameterInfo> index_parameter_info(const KVIndex* index) {
-    FAISS_THROW_IF_NOT_MSG(index, "index_parameter_info: index is nullptr");
+    KVINDEX_CHECK_ARG(index, "%s", "index_parameter_info: index is nullptr");
     std::vector<ParameterInfo> out;
     collect_info(index, out);
     return out;
@@ -236,13 +242,13 @@ IndexSpec parse_index_spec(const std::string& s) {
     IndexSpec spec;
     size_t bar = s.find('|');
     spec.factory = s.substr(0, bar);
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             !spec.factory.empty() || bar == std::string::npos,
             "index spec '%s': empty factory string before '|'",
             s.c_str());
     // a '|' inside "Choose(TopK(Flat)|k=3;...)": the factory parser would
     // name the cut-off string's parentheses, not the '|'
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             bar == std::string::npos ||
                     std::count(spec.factory.begin(), spec.factory.end(), '(') ==
                             std::count(spec.factory.begin(), spec.factory.end(), ')'),
@@ -251,7 +257,7 @@ IndexSpec parse_index_spec(const std::string& s) {
             s.c_str());
     if (bar != std::string::npos) {
         spec.params = s.substr(bar + 1);
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 !spec.params.empty(), "index spec '%s': no parameters after '|'", s.c_str());
     }
     return spec;
@@ -271,7 +277,7 @@ std::string resolve_percentages(const std::string& params, idx_t n_context, cons
         if (text.back() == '%') {
             // a name the chain lacks is named by set_index_parameters
             for (const ParameterInfo& p : info) {
-                FAISS_THROW_IF_NOT_FMT(
+                KVINDEX_CHECK_ARG(
                         p.name != name || p.in_tokens,
                         "parameter '%s=%s': %s of %s is not a count of tokens, so it "
                         "cannot be a share of the context (%s); give its value",
@@ -282,14 +288,14 @@ std::string resolve_percentages(const std::string& params, idx_t n_context, cons
                         p.doc.c_str());
             }
             double pct;
-            FAISS_THROW_IF_NOT_FMT(
+            KVINDEX_CHECK_ARG(
                     parse_decimal(text.substr(0, text.size() - 1), &pct) && pct > 0 &&
                             pct <= 100,
                     "parameter '%s=%s': a percentage must be in (0, 100]",
                     name.c_str(),
                     text.c_str());
             // above 2^53 the share would not convert back to an integer
-            FAISS_THROW_IF_NOT_FMT(
+            KVINDEX_CHECK_ARG(
                     n_context > 0 && n_context <= (idx_t(1) << 53),
                     "parameter '%s=%s': a percentage needs a context length in [1, 2^53], "
                     "got %zd",

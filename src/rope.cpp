@@ -4,6 +4,8 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/errors.h>
+
 namespace kvindex {
 
 const char* rope_style_name(RopeStyle style) {
@@ -17,18 +19,19 @@ RopeStyle rope_style_from_name(const std::string& name) {
     if (name == "interleaved") {
         return RopeStyle::interleaved;
     }
-    FAISS_THROW_FMT(
+    KVINDEX_THROW_FMT(
+            InvalidArgument,
             "unknown RoPE style '%s' (expected 'half' or 'interleaved')", name.c_str());
 }
 
 void check_rope_params(const RopeParams& rope, int d) {
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             std::isfinite(rope.theta) && rope.theta > 0,
             "RoPE theta=%g must be finite and > 0",
             rope.theta);
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             d > 0 && d % 2 == 0, "RoPE needs an even head dimension, got d=%d", d);
-    FAISS_THROW_IF_NOT_FMT(
+    KVINDEX_CHECK_ARG(
             rope.style == RopeStyle::half || rope.style == RopeStyle::interleaved,
             "RoPE style %d is not half or interleaved",
             int(rope.style));
@@ -39,13 +42,13 @@ namespace {
 /// Rotates every pair of x by sign * the angle of position pos.
 void rotate(int64_t n, int d, float* x, const int64_t* pos, const RopeParams& rope, double sign) {
     check_rope_params(rope, d);
-    FAISS_THROW_IF_NOT_FMT(n >= 0, "RoPE: n=%zd must be >= 0", size_t(n));
+    KVINDEX_CHECK_ARG(n >= 0, "RoPE: n=%zd must be >= 0", size_t(n));
     if (n > 0) {
-        FAISS_THROW_IF_NOT_MSG(x && pos, "RoPE: vectors or positions missing (nullptr)");
+        KVINDEX_CHECK_ARG(x && pos, "%s", "RoPE: vectors or positions missing (nullptr)");
     }
     // every position first: a refused call leaves x as it was
     for (int64_t i = 0; i < n; i++) {
-        FAISS_THROW_IF_NOT_FMT(
+        KVINDEX_CHECK_ARG(
                 pos[i] >= 0, "RoPE: position %zd at row %zd must be >= 0",
                 size_t(pos[i]), size_t(i));
     }

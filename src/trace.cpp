@@ -11,17 +11,27 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/errors.h>
+#include <kvindex/impl/io.h>
 #include <kvindex/kv_type.h>
 #include <nlohmann/json.hpp>
 
 /* Like FAISS_THROW_IF_NOT_FMT, but without the condition's source text in
  * the message: it would name fields and files the problem is not about
- * (and let tests that look for a name pass for the wrong reason). */
-#define TRACE_CHECK(COND, ...)              \
-    do {                                    \
-        if (!(COND)) {                      \
-            FAISS_THROW_FMT(__VA_ARGS__);   \
-        }                                   \
+ * (and let tests that look for a name pass for the wrong reason). A file
+ * that fails is InvalidData; arrays given to a writer are InvalidArgument
+ * (errors.h). */
+#define TRACE_CHECK(COND, ...)                                  \
+    do {                                                        \
+        if (!(COND)) {                                          \
+            KVINDEX_THROW_FMT(::kvindex::InvalidData, __VA_ARGS__); \
+        }                                                       \
+    } while (false)
+#define TRACE_ARG_CHECK(COND, ...)                                      \
+    do {                                                                \
+        if (!(COND)) {                                                  \
+            KVINDEX_THROW_FMT(::kvindex::InvalidArgument, __VA_ARGS__); \
+        }                                                               \
     } while (false)
 
 namespace kvindex {
@@ -155,13 +165,10 @@ struct NpyHeaderParser {
 } // namespace
 
 NpyArray read_npy(const std::string& path) {
-    std::error_code ec;
-    TRACE_CHECK(fs::is_regular_file(path, ec), "%s: cannot open (missing or not a file)", path.c_str());
-    size_t file_size = fs::file_size(path, ec);
-    std::ifstream f(path, std::ios::binary);
-    TRACE_CHECK(!ec && f, "%s: cannot open", path.c_str());
+    RegularFile f(path, "read_npy");
+    const size_t file_size = f.size();
     uint8_t pre[12] = {};
-    f.read(reinterpret_cast<char*>(pre), std::min<size_t>(12, file_size));
+    f.read(pre, std::min<size_t>(12, file_size));
     TRACE_CHECK(file_size >= 10 && std::memcmp(pre, "\x93NUMPY", 6) == 0,
                 "%s: not a .npy file (bad magic)", path.c_str());
     int major = pre[6], minor = pre[7];
@@ -177,8 +184,8 @@ NpyArray read_npy(const std::string& path) {
                 "%s: truncated npy header (%zd bytes announced, file has %zd)",
                 path.c_str(), header_len, file_size);
     std::string header(header_len, '\0');
-    f.seekg(prefix);
-    f.read(&header[0], header_len);
+    f.seek(prefix);
+    TRACE_CHECK(f.read(&header[0], header_len) == header_len, "%s: truncated npy header", path.c_str());
 
     NpyArray a;
     NpyHeaderParser p{path, header};
@@ -224,13 +231,16 @@ NpyArray read_npy(const std::string& path) {
                     path.c_str(), shape_string(a.shape).c_str(), data_bytes);
         count *= dim;
     }
-    TRACE_CHECK(count * es == data_bytes,
+    TRACE_CHECK(count * es <= data_bytes,
                 "%s: shape %s of %s needs %zd data bytes, the file has %zd (truncated?)",
                 path.c_str(), shape_string(a.shape).c_str(), a.dtype.c_str(), count * es,
                 data_bytes);
+    TRACE_CHECK(count * es == data_bytes,
+                "%s: %zd bytes after the %zd data bytes of shape %s of %s (not one .npy array)",
+                path.c_str(), data_bytes - count * es, count * es, shape_string(a.shape).c_str(),
+                a.dtype.c_str());
     a.data.resize(data_bytes);
-    f.read(reinterpret_cast<char*>(a.data.data()), data_bytes);
-    TRACE_CHECK(f || data_bytes == 0, "%s: read error", path.c_str());
+    TRACE_CHECK(f.read(a.data.data(), data_bytes) == data_bytes, "%s: shorter than when opened", path.c_str());
     return a;
 }
 
@@ -240,8 +250,8 @@ void write_npy(
         const std::vector<size_t>& shape,
         const void* data) {
     size_t es = dtype_size(dtype);
-    TRACE_CHECK(es > 0, "%s: dtype '%s' not supported (<f4, <f2, <i8 only)",
-                path.c_str(), dtype.c_str());
+    TRACE_ARG_CHECK(es > 0, "%s: dtype '%s' not supported (<f4, <f2, <i8 only)",
+                    path.c_str(), dtype.c_str());
     // byte for byte what numpy.save writes: the repr of the dict ("(5,)" for
     // 1-D), room for shape[0] to grow to 21 digits, then 1 to 64 spaces and
     // '\n' so that the data starts at a multiple of 64 bytes
@@ -258,17 +268,15 @@ void write_npy(
         header += std::string(21 - std::to_string(shape[0]).size(), ' ');
     }
     header += std::string(64 - (10 + header.size() + 1) % 64, ' ') + "\n";
-    TRACE_CHECK(header.size() <= 0xFFFF, "%s: npy header of %zd bytes does not fit version 1.0",
-                path.c_str(), header.size());
-    std::ofstream f(path, std::ios::binary);
-    TRACE_CHECK(f, "%s: cannot open for writing", path.c_str());
-    f.write("\x93NUMPY\x01\x00", 8);
-    f.put(char(header.size() & 0xFF));
-    f.put(char(header.size() >> 8));
-    f.write(header.data(), header.size());
-    f.write(static_cast<const char*>(data), std::streamsize(count * es));
-    f.close();
-    TRACE_CHECK(f, "%s: write error", path.c_str());
+    TRACE_ARG_CHECK(header.size() <= 0xFFFF, "%s: npy header of %zd bytes does not fit version 1.0",
+                    path.c_str(), header.size());
+    const uint8_t prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, uint8_t(header.size() & 0xFF),
+                                uint8_t(header.size() >> 8)};
+    AtomicFileWriter f(path, "write_npy");
+    f.write(prefix, sizeof(prefix));
+    f.write(header);
+    f.write(data, count * es);
+    f.commit();
 }
 
 // ---- meta.json and layers ---------------------------------------------------
@@ -365,13 +373,18 @@ void check_meta_and_layer(const std::string& dir, const TraceMeta& meta, int lay
 }
 
 /// Throws naming the file and the position of the first NaN / Inf.
+/// Throws E (InvalidData for a file read, InvalidArgument for arrays given
+/// to a writer) naming the first non-finite value of x.
+template <class E>
 void check_finite(const std::string& path, const std::vector<size_t>& shape, const float* x) {
     size_t n = shape[0] * shape[1] * shape[2];
     for (size_t i = 0; i < n; i++) {
-        TRACE_CHECK(std::isfinite(x[i]),
-                    "%s: non-finite value %g at index %zd (head %zd, token %zd, dim %zd)",
-                    path.c_str(), double(x[i]), i, i / shape[2] / shape[1],
-                    i / shape[2] % shape[1], i % shape[2]);
+        if (!std::isfinite(x[i])) {
+            KVINDEX_THROW_FMT(
+                    E, "%s: non-finite value %g at index %zd (head %zd, token %zd, dim %zd)",
+                    path.c_str(), double(x[i]), i, i / shape[2] / shape[1], i / shape[2] % shape[1],
+                    i % shape[2]);
+        }
     }
 }
 
@@ -398,7 +411,7 @@ std::vector<float> read_layer_array(
             out[i] = half_to_float(h);
         }
     }
-    check_finite(path, shape, out.data());
+    check_finite<InvalidData>(path, shape, out.data());
     return out;
 }
 
@@ -409,9 +422,9 @@ std::vector<uint8_t> encode_layer_array(
         const TraceMeta& meta,
         const std::vector<size_t>& shape,
         const std::vector<float>& x) {
-    TRACE_CHECK(x.size() == shape[0] * shape[1] * shape[2], "%s: %zd values given for shape %s",
-                path.c_str(), x.size(), shape_string(shape).c_str());
-    check_finite(path, shape, x.data());
+    TRACE_ARG_CHECK(x.size() == shape[0] * shape[1] * shape[2], "%s: %zd values given for shape %s",
+                    path.c_str(), x.size(), shape_string(shape).c_str());
+    check_finite<InvalidArgument>(path, shape, x.data());
     std::vector<uint8_t> bytes(x.size() * (meta.dtype == "float32" ? 4 : 2));
     if (meta.dtype == "float32") {
         std::memcpy(bytes.data(), x.data(), bytes.size());
@@ -419,8 +432,8 @@ std::vector<uint8_t> encode_layer_array(
     }
     for (size_t i = 0; i < x.size(); i++) {
         uint16_t h = float_to_half(x[i]);
-        TRACE_CHECK((h & 0x7C00) != 0x7C00, "%s: value %g at index %zd overflows float16 (max 65504)",
-                    path.c_str(), double(x[i]), i);
+        TRACE_ARG_CHECK((h & 0x7C00) != 0x7C00, "%s: value %g at index %zd overflows float16 (max 65504)",
+                        path.c_str(), double(x[i]), i);
         std::memcpy(bytes.data() + 2 * i, &h, 2);
     }
     return bytes;
@@ -429,27 +442,31 @@ std::vector<uint8_t> encode_layer_array(
 void make_dirs(const std::string& dir) {
     std::error_code ec;
     fs::create_directories(dir, ec);
-    TRACE_CHECK(!ec, "%s: cannot create directory: %s", dir.c_str(), ec.message().c_str());
+    if (ec) {
+        throw FileError(dir + ": cannot create directory: " + ec.message(), ec.value(), dir,
+                        "cannot create directory: " + ec.message(), __PRETTY_FUNCTION__, __FILE__, __LINE__);
+    }
 }
 
 } // namespace
 
 void TraceMeta::check() const {
     std::string problem = meta_problem(*this);
-    TRACE_CHECK(problem.empty(), "trace meta: %s", problem.c_str());
+    TRACE_ARG_CHECK(problem.empty(), "trace meta: %s", problem.c_str());
 }
 
 TraceMeta read_trace_meta(const std::string& dir) {
     std::string path = dir + "/meta.json";
-    std::ifstream f(path);
-    TRACE_CHECK(f, "%s: cannot open (not a trace directory?)", path.c_str());
+    // a regular file, read whole (not a FIFO that would block): a missing
+    // one says the directory is not a trace
+    const std::vector<uint8_t> text = read_file(path, "read_trace_meta");
     nlohmann::json j;
     try {
         // parse the whole file: `f >> j` would stop after the first value
         // and ignore what follows it ("{...} garbage", a second object)
-        j = nlohmann::json::parse(std::string(std::istreambuf_iterator<char>(f), {}));
+        j = nlohmann::json::parse(text.begin(), text.end());
     } catch (const std::exception& e) {
-        FAISS_THROW_FMT("%s: not valid JSON: %s", path.c_str(), e.what());
+        KVINDEX_THROW_FMT(InvalidData, "%s: not valid JSON: %s", path.c_str(), e.what());
     }
     TRACE_CHECK(j.is_object(), "%s: not a JSON object", path.c_str());
     TraceMeta m;
@@ -489,11 +506,9 @@ void write_trace_meta(const std::string& dir, const TraceMeta& m) {
             {"n_ctx", m.n_ctx},         {"rope_theta", m.rope_theta},
             {"rope_style", rope_style_name(m.rope_style)},
             {"source", m.source},       {"dtype", m.dtype}};
-    std::string path = dir + "/meta.json";
-    std::ofstream f(path);
-    f << j.dump(2) << "\n";
-    f.close();
-    TRACE_CHECK(f, "%s: cannot write", path.c_str());
+    AtomicFileWriter f(dir + "/meta.json", "write_trace_meta");
+    f.write(j.dump(2) + "\n");
+    f.commit();
 }
 
 TraceLayer read_trace_layer(const std::string& dir, const TraceMeta& meta, int layer) {
@@ -529,7 +544,7 @@ std::array<std::vector<uint8_t>, 3> encode_layer(
 
 void check_trace_layer(const TraceMeta& meta, const TraceLayer& t, const std::string& what) {
     std::string problem = meta_problem(meta);
-    TRACE_CHECK(problem.empty(), "%s: trace meta: %s", what.c_str(), problem.c_str());
+    TRACE_ARG_CHECK(problem.empty(), "%s: trace meta: %s", what.c_str(), problem.c_str());
     encode_layer(meta, t, [&](const char* name) { return what + "['" + name + "']"; });
 }
 

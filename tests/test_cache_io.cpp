@@ -281,7 +281,7 @@ TEST(CacheIO, ForgedFieldsThrow) {
     kvtest::forge_header(b);
     // named by the cache's reader, the count as read (it printed as -1,
     // after "read_index:")
-    EXPECT_THROW_MSG(read_cache(b), "read_cache: index string claims 18446744073709551615 elements");
+    EXPECT_THROW_MSG(read_cache(b), "index string claims 18446744073709551615 elements");
 
     b = buf;
     b[index_string + 8] = 'X'; // "Xink4,...": the string no longer parses

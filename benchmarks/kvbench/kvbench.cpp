@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kvbench: unknown command '%s'\n%s", cmd.c_str(), usage.c_str());
         return 2;
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "kvbench %s: %s\n", cmd.c_str(), kvtools::error_text(e).c_str());
+        std::fprintf(stderr, "kvbench %s: %s\n", cmd.c_str(), kvindex::error_message(e).c_str());
         return 1;
     }
 }

@@ -442,7 +442,7 @@ int main(int argc, char** argv) {
         if (cmd == "ruler") return cmd_ruler(argc, argv);
         if (cmd == "train") return cmd_train(argc, argv);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "kvllm %s: %s\n", cmd.c_str(), kvtools::error_text(e).c_str());
+        std::fprintf(stderr, "kvllm %s: %s\n", cmd.c_str(), kvindex::error_message(e).c_str());
         return 1;
     }
     usage();

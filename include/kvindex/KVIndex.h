@@ -10,6 +10,7 @@
 
 #include <faiss/Index.h>
 
+#include <kvindex/errors.h>
 #include <kvindex/kv_type.h>
 #include <kvindex/rope.h>
 

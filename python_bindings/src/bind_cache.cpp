@@ -100,8 +100,10 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
             .def(py::init([](int n_layers, int n_q_heads, int n_kv_heads, int d, const std::string& index_string,
                              py::object d_value, const std::string& dense_string, const std::vector<int>& dense_layers) {
                      int dv = d_value.is_none() ? d : cast_arg<int>(d_value, "d_value (an int or None)");
-                     return std::make_unique<KVCache>(n_layers, n_q_heads, n_kv_heads, d, dv, index_string,
-                                                      dense_string, dense_layers);
+                     return constructed([&] {
+                         return std::make_unique<KVCache>(n_layers, n_q_heads, n_kv_heads, d, dv, index_string,
+                                                          dense_string, dense_layers);
+                     });
                  }),
                  py::arg("n_layers"), py::arg("n_q_heads"), py::arg("n_kv_heads"), py::arg("d"),
                  py::arg("index_string"), py::arg("d_value") = py::none(), py::arg("dense_string") = "Flat",

@@ -491,7 +491,7 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
             "product; select returns every token; attend runs the fused dense kernel (one pass over "
             "keys and values for a batch of queries). Factory string: \"Flat\".")
             .def(py::init([](int d, py::object d_value, const std::string& kv_type) {
-                     return std::make_shared<kvindex::IndexKVFlat>(d, d_value_or(d, d_value), kv_type_of(kv_type));
+                     return constructed([&] { return std::make_shared<kvindex::IndexKVFlat>(d, d_value_or(d, d_value), kv_type_of(kv_type)); });
                  }),
                  py::arg("d"), py::arg("d_value") = py::none(), py::arg("kv_type") = "f32");
 
@@ -505,7 +505,7 @@ retrievers start with nprobe = min(nlist, 8) and train on a random sample of
 the first add. Factory string: "TopK(<faiss string>)". Knobs: k, nprobe
 (IVF), efSearch (HNSW).)doc")
             .def(py::init([](int d, const std::string& retriever, py::object d_value, const std::string& kv_type) {
-                     return std::make_shared<kvindex::IndexTopK>(d, d_value_or(d, d_value), retriever, kv_type_of(kv_type));
+                     return constructed([&] { return std::make_shared<kvindex::IndexTopK>(d, d_value_or(d, d_value), retriever, kv_type_of(kv_type)); });
                  }),
                  py::arg("d"), py::arg("retriever_string") = "Flat", py::arg("d_value") = py::none(),
                  py::arg("kv_type") = "f32")
@@ -571,7 +571,7 @@ sample. Compose with the static part: "Sink4,Window64,LSHSample10x150".
 Factory string: "LSHSample<K>x<L>". Knobs: min_hits, max_sample (no k: K and L set
 the sample).)doc")
             .def(py::init([](int d, int K, int L, py::object d_value, const std::string& kv_type) {
-                     return std::make_shared<kvindex::IndexLSHSample>(d, d_value_or(d, d_value), K, L, kv_type_of(kv_type));
+                     return constructed([&] { return std::make_shared<kvindex::IndexLSHSample>(d, d_value_or(d, d_value), K, L, kv_type_of(kv_type)); });
                  }),
                  py::arg("d"), py::arg("K") = 10, py::arg("L") = 150, py::arg("d_value") = py::none(),
                  py::arg("kv_type") = "f32")
@@ -604,7 +604,7 @@ decode_anchors, learn_efSearch, learn_scan_keys;
 prefill-time: M, Nq, build_L, max_train_queries, recent_queries, n_hubs,
 n_anchors, seed.)doc")
             .def(py::init([](int d, int M, py::object d_value, const std::string& kv_type) {
-                     return std::make_shared<kvindex::IndexRoarGraph>(d, d_value_or(d, d_value), M, kv_type_of(kv_type));
+                     return constructed([&] { return std::make_shared<kvindex::IndexRoarGraph>(d, d_value_or(d, d_value), M, kv_type_of(kv_type)); });
                  }),
                  py::arg("d"), py::arg("M") = 32, py::arg("d_value") = py::none(),
                  py::arg("kv_type") = "f32")
@@ -678,7 +678,7 @@ train_iterations, min_distance, seed.)doc")
                              : probe == "moment"                ? kvindex::IVFAsymProbe::moment
                                                                 : throw py::value_error(
                                                                     "probe must be 'qmodel', 'centroid', 'centroid_rope', 'oracle' or 'moment', not '" + probe + "'");
-                     return std::make_shared<kvindex::IndexIVFAsym>(d, d_value_or(d, d_value), C, p, kv_type_of(kv_type));
+                     return constructed([&] { return std::make_shared<kvindex::IndexIVFAsym>(d, d_value_or(d, d_value), C, p, kv_type_of(kv_type)); });
                  }),
                  py::arg("d"), py::arg("C") = 64, py::arg("probe") = "qmodel", py::arg("d_value") = py::none(),
                  py::arg("kv_type") = "f32")
@@ -745,7 +745,7 @@ k tokens drawn uniformly without replacement (u = k / n) and attends with
 softmax(s_i - log u). The draw is a function of (seed, stream, the query,
 ntotal). The tail of IndexHybrid. Factory string: "Uniform". Knobs: k, seed.)doc")
             .def(py::init([](int d, py::object d_value, const std::string& kv_type) {
-                     return std::make_shared<kvindex::IndexUniformSample>(d, d_value_or(d, d_value), kv_type_of(kv_type));
+                     return constructed([&] { return std::make_shared<kvindex::IndexUniformSample>(d, d_value_or(d, d_value), kv_type_of(kv_type)); });
                  }),
                  py::arg("d"), py::arg("d_value") = py::none(), py::arg("kv_type") = "f32")
             .def_readonly("seed", &kvindex::IndexUniformSample::seed, "seed of the draws");
@@ -759,7 +759,7 @@ is the exact one; the output is unbiased. Alone, or as the tail of
 IndexHybrid ("Hybrid(TopK(Flat),Weighted)"). Factory string: "Weighted".
 Knobs: k, seed.)doc")
             .def(py::init([](int d, py::object d_value, const std::string& kv_type) {
-                     return std::make_shared<kvindex::IndexWeightedSample>(d, d_value_or(d, d_value), kv_type_of(kv_type));
+                     return constructed([&] { return std::make_shared<kvindex::IndexWeightedSample>(d, d_value_or(d, d_value), kv_type_of(kv_type)); });
                  }),
                  py::arg("d"), py::arg("d_value") = py::none(), py::arg("kv_type") = "f32")
             .def_readonly("seed", &kvindex::IndexWeightedSample::seed, "seed of the draws");

@@ -4,11 +4,13 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <pybind11/pybind11.h>
 
 #include <kvindex/KVIndex.h>
+#include <kvindex/errors.h>
 
 #include "arrays.h"
 
@@ -29,6 +31,14 @@ template <class F>
 auto read_guarded(const kvindex::KVIndex& index, const char* what, F&& f) {
     kvindex::ReadScope scope(index, what);
     return f();
+}
+
+/** f() for a constructor: an error the library throws there is the
+ * arguments' (a dimension, K and L, M, C), so it reaches Python as
+ * ValueError (kvindex/errors.h). */
+template <class F>
+auto constructed(F&& f) {
+    return kvindex::classify_errors<kvindex::InvalidArgument>(std::forward<F>(f));
 }
 
 /** The per-call search parameters of `params` (None, "name=value,..." or a

@@ -59,7 +59,7 @@ def test_epsilon_sets_the_tail_budget_at_prefill_and_survives_io():
     back = kvindex.deserialize_index(kvindex.serialize_index(index))
     assert back.calibrated_sample == m
     np.testing.assert_array_equal(back.attend(q)[0], index.attend(q)[0])
-    with pytest.raises(RuntimeError, match="does not sample uniformly"):
+    with pytest.raises(ValueError, match="does not sample uniformly"):
         lsh = kvindex.index_factory(keys.shape[1], "Hybrid(TopK(Flat),LSHSample6x10)|epsilon=0.1")
         lsh.prefill(keys, values, queries=q)
 

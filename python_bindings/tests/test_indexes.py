@@ -308,7 +308,7 @@ def test_proxy_evict_query_positions_and_heads(rdata):
     np.testing.assert_array_equal(sa, sb)
     # queries placed at the start of the prompt are outside the proxy window
     c = kvindex.index_factory(rdata.keys.shape[1], "ProxyEvict20")
-    with pytest.raises(RuntimeError, match="no queries"):
+    with pytest.raises(ValueError, match="no queries"):
         c.prefill(rdata.keys, rdata.values, queries=pq,
                   query_positions=np.arange(nq, dtype=np.int64))
     # a GQA group: (n_query_heads, nq, d)
@@ -325,7 +325,7 @@ def test_proxy_evict_query_positions_and_heads(rdata):
 
 def test_proxy_evict_needs_queries(rdata):
     index = kvindex.index_factory(rdata.keys.shape[1], "ProxyEvict20")
-    with pytest.raises(RuntimeError, match="queries"):
+    with pytest.raises(ValueError, match="queries"):
         index.prefill(rdata.keys, rdata.values)
 
 
@@ -468,7 +468,7 @@ def test_constructors_equal_the_factory(make, factory):
 
 
 def test_constructor_arguments_are_checked():
-    with pytest.raises(RuntimeError, match="K=20"):
+    with pytest.raises(ValueError, match="K=20"):
         kvindex.IndexLSHSample(16, 20, 20)
     with pytest.raises(ValueError, match="kv_type"):
         kvindex.IndexKVFlat(16, kv_type="fp8")

@@ -79,17 +79,17 @@ def test_non_finite(bad, index, q):
     qq = q.copy()
     qq[2, 7] = bad
     for call in (index.attend, index.select, lambda x: index.search(x, 3)):
-        with pytest.raises(RuntimeError, match="non-finite") as e:
+        with pytest.raises(ValueError, match="non-finite") as e:
             call(qq)
         assert "row 2" in str(e.value) and "column 7" in str(e.value), str(e.value)
     keys = np.ones((3, D), np.float32)
     keys[1, 4] = bad
-    with pytest.raises(RuntimeError, match="non-finite"):
+    with pytest.raises(ValueError, match="non-finite"):
         index.add_kv(keys, np.ones((3, D), np.float32))
-    with pytest.raises(RuntimeError, match="non-finite"):
+    with pytest.raises(ValueError, match="non-finite"):
         index.add_kv(np.ones((3, D), np.float32), keys)
     fresh = kvindex.index_factory(D, "Flat")
-    with pytest.raises(RuntimeError, match="non-finite"):
+    with pytest.raises(ValueError, match="non-finite"):
         fresh.prefill(keys, np.ones((3, D), np.float32))
     assert index.ntotal == n0 and fresh.ntotal == 0
 
@@ -213,7 +213,7 @@ def test_failure_contract_is_reported(string, rolls_back):
     k = rng.standard_normal((64, 16)).astype(np.float32)
     idx.add_kv(k, k)
     k[3, 2] = np.nan
-    with pytest.raises(RuntimeError, match="non-finite"):
+    with pytest.raises(ValueError, match="non-finite"):
         idx.add_kv(k, k)  # refused before the write: nothing is marked
     assert idx.failed_write is None
     assert idx.ntotal == 64

@@ -83,7 +83,7 @@ def test_truncated_buffers_raise(small):
     index = build("Sink2,Window8,TopK(Flat)", small, n=50)
     raw = kvindex.serialize_index(index).tobytes()
     for cut in sorted({0, 1, 4, 8, 16, 32, len(raw) // 3, len(raw) // 2, len(raw) - 1}):
-        with pytest.raises(RuntimeError):
+        with pytest.raises(ValueError, match="buffer of %d bytes" % cut):
             kvindex.deserialize_index(raw[:cut])
 
 
@@ -91,16 +91,17 @@ def test_corrupted_header_raises(small):
     index = build("Flat", small, n=50)
     buf = kvindex.serialize_index(index).copy()
     buf[:4] ^= 0xFF
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match="not a kvindex file"):
         kvindex.deserialize_index(buf)
 
 
 def test_read_missing_or_garbage_file(tmp_path):
-    with pytest.raises((RuntimeError, OSError)):
+    with pytest.raises(FileNotFoundError, match="does-not-exist.kvix") as e:
         kvindex.read_index(str(tmp_path / "does-not-exist.kvix"))
+    assert e.value.filename == str(tmp_path / "does-not-exist.kvix")
     p = tmp_path / "garbage.kvix"
     p.write_bytes(b"not an index at all" * 10)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ValueError, match="garbage.kvix': not a kvindex file"):
         kvindex.read_index(str(p))
 
 
@@ -131,7 +132,7 @@ FUZZ = textwrap.dedent("""
                 buf[rng.integers(buf.size)] = rng.integers(256)
             try:
                 c = kvindex.deserialize_index(buf)
-            except RuntimeError:
+            except ValueError:
                 raised += 1
                 continue
             loaded += 1
@@ -146,7 +147,7 @@ FUZZ = textwrap.dedent("""
 
 
 def test_random_corruption_never_crashes():
-    """Random byte flips: deserialize raises RuntimeError or the index loads
+    """Random byte flips: deserialize raises ValueError or the index loads
     and answers; run in a subprocess so that a crash is a failure, not the
     end of the test run."""
     strings = ["Flat", "Sink2,Window8,LSHSample6x20", "TopK(IVF4,Flat)", "ProxyEvict20"]

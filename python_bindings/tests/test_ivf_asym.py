@@ -53,7 +53,7 @@ def test_full_probe_is_exact_and_per_call_nprobe_reads_fewer_keys():
     qr = kvref.rope(q[-1:], [-last], THETA)[0]
     best = np.argsort(-(index.centroids.astype(np.float64) @ qr), kind="stable")[:2]
     np.testing.assert_array_equal(index.probe_buckets(q[-1:], 2), best)
-    with pytest.raises(RuntimeError, match="nprobe=9"):
+    with pytest.raises(ValueError, match="nprobe=9"):
         index.attend(q, params={"nprobe": 9})
 
 
@@ -73,7 +73,7 @@ def test_adopted_models_survive_io_and_reset():
     np.testing.assert_array_equal(a, b)
     fresh.reset()
     assert fresh.children()[0].adopted and fresh.children()[0].centroids.shape == (8, 16)
-    with pytest.raises(RuntimeError, match="same factory string"):
+    with pytest.raises(ValueError, match="same factory string"):
         fresh.adopt_trained(kvindex.index_factory(16, "Flat"))
 
 

@@ -61,6 +61,6 @@ def test_fp16_out_of_range_raises(small):
     index = kvindex.index_factory(small.keys.shape[1], "FP16,Flat")
     keys = small.keys.copy()
     keys[2, 3] = 1e5
-    with pytest.raises(RuntimeError, match="keys"):
+    with pytest.raises(ValueError, match="keys"):
         index.add_kv(keys, small.values)
     assert index.ntotal == 0

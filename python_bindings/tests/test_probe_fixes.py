@@ -80,12 +80,12 @@ def test_ivf_asym_diagnostics_check_their_query():
     # the C++ methods check, as attend does (RuntimeError, like attend's)
     for bad in (np.nan, np.inf, 1e30):
         q[0, 3] = bad
-        with pytest.raises(RuntimeError, match="non-finite|too large"):
+        with pytest.raises(ValueError, match="non-finite|too large"):
             index.probe_buckets(q, 2)
-        with pytest.raises(RuntimeError, match="non-finite|too large"):
+        with pytest.raises(ValueError, match="non-finite|too large"):
             index.moment_log_masses(q)
     q[0, 3] = 0.0
-    with pytest.raises(RuntimeError, match="position=-1"):
+    with pytest.raises(ValueError, match="position=-1"):
         index.probe_buckets(q, 2, position=-1)
 
 
@@ -151,7 +151,7 @@ def test_a_refused_write_trace_writes_nothing(tmp_path):
         kvindex.write_trace(d, {"n_ctx": 5, "source": "new"}, new)
     new = _trace_layers(2)
     new[1]["keys"][0, 3, 2] = 1e6  # beyond float16
-    with pytest.raises(RuntimeError, match=r"layers\[1\]\['keys'\].*overflows float16"):
+    with pytest.raises(ValueError, match=r"layers\[1\]\['keys'\].*overflows float16"):
         kvindex.write_trace(d, {"n_ctx": 5, "source": "new", "dtype": "float16"}, new)
     meta, layers = kvindex.read_trace(d)
     assert meta["source"] == "old" and meta["n_ctx"] == 8

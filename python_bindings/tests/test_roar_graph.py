@@ -69,7 +69,7 @@ def test_appends_stay_reachable_and_m_is_refused_after_prefill():
     for i in range(1000, 1200):
         index.add_kv(keys[i:i + 1], values[i:i + 1])
     assert index.count_reachable() == 1200
-    with pytest.raises(RuntimeError, match="prefill-time"):
+    with pytest.raises(ValueError, match="prefill-time"):
         kvindex.set_index_parameters(index, "M=16")
 
 
@@ -88,7 +88,7 @@ def test_walk_on_codes_is_exact_at_full_beam_and_reads_less():
     # a code is a quarter of a float32 key's bytes; the 40 keys of the beam
     # are read again: about the same walk reads well under 60%
     assert sum(after) < 0.6 * sum(before)
-    with pytest.raises(RuntimeError, match="walk_bits"):
+    with pytest.raises(ValueError, match="walk_bits"):
         kvindex.set_index_parameters(index, "walk_bits=4")
 
 
@@ -111,7 +111,7 @@ def test_decode_queries_are_learnt_through_index_and_cache():
         index.add_queries(np.zeros((2, d + 1), np.float32))
     bad = test[:2].copy()
     bad[1, 3] = np.nan
-    with pytest.raises(RuntimeError, match="add_queries: queries"):
+    with pytest.raises(ValueError, match="add_queries: queries"):
         index.add_queries(bad)
     assert index.n_learned == 40
     # a KVCache: each KV head learns its group's queries

@@ -186,34 +186,6 @@ TEST(KVBench, DumpMatchesJson) {
     EXPECT_NEAR(err / rows.shape[0], j["results"][1]["rel_err_mean"].get<double>(), 1e-6);
 }
 
-// The tools print a library error without Faiss's source location: the
-// message is the user's, "Error in <function> at <file>:<line>: " is ours.
-TEST(KVBench, ToolErrorsDropTheSourceLocation) {
-    int line = 0;
-    try {
-        line = __LINE__ + 1;
-        FAISS_THROW_FMT("n_ctx=%d must be in [1, n_tokens=%d]", -5, 200);
-    } catch (const std::exception& e) {
-        ASSERT_NE(std::string(e.what()).find(":" + std::to_string(line) + ": "), std::string::npos) << e.what();
-        EXPECT_EQ(kvtools::error_text(e), "n_ctx=-5 must be in [1, n_tokens=200]");
-    }
-    // other errors, and a message that only looks like the prefix, stand as they are
-    EXPECT_EQ(kvtools::error_text(std::invalid_argument("bad list element \"x\"")), "bad list element \"x\"");
-    EXPECT_EQ(kvtools::error_text(std::runtime_error("Error in the prompt at token 7")),
-              "Error in the prompt at token 7");
-    EXPECT_EQ(kvtools::error_text(std::runtime_error("Error in f at a.cpp:12: Error in g at b.cpp:3: inner")),
-              "inner");
-    // FAISS_THROW_IF_NOT_MSG's failed condition goes too
-    try {
-        const int n = -5;
-        FAISS_THROW_IF_NOT_MSG(n > 0, "n must be > 0");
-    } catch (const std::exception& e) {
-        ASSERT_NE(std::string(e.what()).find("Error: 'n > 0' failed: "), std::string::npos) << e.what();
-        EXPECT_EQ(kvtools::error_text(e), "n must be > 0");
-    }
-    EXPECT_EQ(kvtools::error_text(std::runtime_error("Error: 'x' was not found")), "Error: 'x' was not found");
-}
-
 TEST(KVBench, RepeatedLayersAndEmptyEvaluationAreRefused) {
     std::string dir = tiny_trace("layers");
     kvbench::RunOptions opt;

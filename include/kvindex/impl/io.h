@@ -43,11 +43,69 @@ void write_framed(const FileFrame& frame, const std::vector<uint8_t>& payload, s
  * read. */
 BufferReader read_framed(const FileFrame& frame, const uint8_t* data, size_t size);
 
-/// Writes buf to fname; `writer` ("write_index") prefixes the errors.
+/** A file written whole or not at all. The bytes go to a temporary file
+ * beside `path`; commit() flushes it to the disk (fsync) and renames it
+ * over `path`. A writer destroyed before commit(), an error on the way
+ * included, removes its temporary file: `path` keeps what it held. Errors
+ * are FileError ("<who>: cannot write '<path>': No space left on device").
+ * Every file kvindex and its tools save goes through one. */
+class AtomicFileWriter {
+   public:
+    AtomicFileWriter(std::string path, const char* who);
+    ~AtomicFileWriter();
+    AtomicFileWriter(const AtomicFileWriter&) = delete;
+    AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+    void write(const void* data, size_t n);
+    void write(const std::string& s) {
+        write(s.data(), s.size());
+    }
+    /// Flushes, syncs and renames over the target; the writer is done.
+    void commit();
+
+   private:
+    std::string path_, tmp_;
+    const char* who_;
+    int fd_ = -1;
+    [[noreturn]] void fail(const char* doing);
+};
+
+/// Writes buf to fname, whole or not at all (AtomicFileWriter); `writer`
+/// ("write_index") prefixes the errors.
 void write_file(const std::string& fname, const std::vector<uint8_t>& buf, const char* writer);
 
-/// The bytes of fname; `reader` ("read_index") prefixes the errors.
+/** The bytes of fname; `reader` ("read_index") prefixes the errors. A FIFO,
+ * a device or a directory is refused (FileError) without reading: it could
+ * block forever or never end; a regular file is read up to the size it had
+ * when opened. */
 std::vector<uint8_t> read_file(const std::string& fname, const char* reader);
+
+/** A regular file opened for reading, as read_file does (a FIFO, a device,
+ * a directory or a missing file is a FileError, without blocking), for a
+ * reader that streams: the descriptor, closed by the destructor, and the
+ * size the file had when opened. */
+class RegularFile {
+   public:
+    RegularFile(const std::string& fname, const char* reader);
+    ~RegularFile();
+    RegularFile(const RegularFile&) = delete;
+    RegularFile& operator=(const RegularFile&) = delete;
+
+    size_t size() const {
+        return size_;
+    }
+    /// Reads up to n bytes at the current offset; returns how many (fewer
+    /// only at the end of the file).
+    size_t read(void* data, size_t n);
+    /// Moves to byte `offset`.
+    void seek(size_t offset);
+
+   private:
+    std::string fname_;
+    const char* reader_;
+    int fd_ = -1;
+    size_t size_ = 0;
+};
 
 /// Appends little-endian plain values to a byte vector.
 struct BufferWriter {
@@ -55,6 +113,12 @@ struct BufferWriter {
     /// byte ranges [begin, end) of *out that another library's serializer
     /// wrote (Faiss sub-indexes, see foreign): their format is its own
     std::vector<std::pair<size_t, size_t>> foreign_ranges;
+    /// byte ranges [begin, end) of the elements of each array (vector(),
+    /// string(), foreign() and bytes()) of at least kArrayBytes bytes: a
+    /// reader takes each in one checked read, so a file cut anywhere inside
+    /// one fails the same way (tests that cut files use it)
+    std::vector<std::pair<size_t, size_t>> array_ranges;
+    static constexpr size_t kArrayBytes = 64;
 
     explicit BufferWriter(std::vector<uint8_t>* out) : out(out) {}
 
@@ -63,6 +127,9 @@ struct BufferWriter {
             return;
         }
         const uint8_t* b = static_cast<const uint8_t*>(p);
+        if (n >= kArrayBytes) {
+            array_ranges.emplace_back(out->size(), out->size() + n);
+        }
         out->insert(out->end(), b, b + n);
     }
     template <class T>
