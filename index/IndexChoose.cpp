@@ -460,13 +460,13 @@ size_t IndexChoose::memory_bytes() const {
 std::vector<ParameterInfo> IndexChoose::parameter_info() const {
     // no "k" of its own: the candidates' budgets are theirs
     std::vector<ParameterInfo> info = {
-            {"n_holdout", true,
-             "prefill queries held back to measure each candidate's error, 1..4096 (at "
-             "most half of the queries)"},
-            {"seed", true, "seed of the holdout sample (with the per-head stream), >= 0"},
-            {"chosen", false,
-             "read-only: the candidate prefill chose (0-based, in string order), -1 before "
-             "a choice"}};
+            ParameterInfo::integer("n_holdout", 1, double(kMaxHoldout),
+                                   "prefill queries held back to measure each candidate's error (at most half of "
+                                   "the queries)")
+                    .prefill(),
+            ParameterInfo::integer("seed", 0, ParameterInfo::kNoBound, "seed of the holdout sample (with the per-head stream)")
+                    .prefill(),
+            ParameterInfo::reported("chosen", "the candidate prefill chose (0-based, in string order), -1 before a choice")};
     // after a choice the chain walk sees the chosen index only: the dormant
     // candidates' knobs are listed here (set_parameter and get_parameter
     // take them)

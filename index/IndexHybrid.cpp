@@ -445,16 +445,20 @@ bool IndexHybrid::reads_search_knob(const std::string& name) const {
 }
 
 std::vector<ParameterInfo> IndexHybrid::parameter_info() const {
-    return {{"sample", false,
-             "tail budget, its k (tokens a uniform tail draws), >= 0; 0: no tail; -1: the tail's own k (default)", true},
-            {"epsilon", true,
-             "relative error target of a uniform tail: > 0 sets its sample per head at prefill, 0: off"},
-            {"budget", true,
-             "tokens per query (k + sample) split per head at prefill by predicted error, >= 0; 0: off", true},
-            {"delta", true, "failure probability of the epsilon target, in (0, 1)"},
-            {"n_calibration", true, "last prompt positions whose queries set the tail budget, >= 1"},
-            {"calibrated_k", false, "read-only: the heavy k the last prefill chose (-1: none)"},
-            {"calibrated_sample", false, "read-only: the tail sample the last prefill chose (-1: none)"}};
+    using P = ParameterInfo;
+    return {P::integer("sample", 0, P::kNoBound,
+                       "tail budget, its k (tokens a uniform tail draws); 0: no tail; -1: the tail's own k (default)")
+                    .tokens()
+                    .also(-1),
+            P::real("epsilon", 0, 1e6, "relative error target of a uniform tail: > 0 sets its sample per head at prefill, 0: off")
+                    .prefill(),
+            P::integer("budget", 0, P::kNoBound, "tokens per query (k + sample) split per head at prefill by predicted error; 0: off")
+                    .prefill()
+                    .tokens(),
+            P::real("delta", 0, 1, "failure probability of the epsilon target").prefill().open_min().open_max(),
+            P::integer("n_calibration", 1, P::kNoBound, "last prompt positions whose queries set the tail budget").prefill(),
+            P::reported("calibrated_k", "the heavy k the last prefill chose (-1: none)"),
+            P::reported("calibrated_sample", "the tail sample the last prefill chose (-1: none)")};
 }
 
 bool IndexHybrid::set_parameter(const std::string& name, double value) {

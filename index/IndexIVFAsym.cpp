@@ -671,13 +671,14 @@ bool IndexIVFAsym::reads_search_knob(const std::string& name) const {
 
 std::vector<ParameterInfo> IndexIVFAsym::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
-    info.push_back({"nprobe", false, "buckets read per query (ell), 0..C; C reads every key"});
-    info.push_back({"group_probe", false, "1: one bucket set per GQA group in attend (summed classifier outputs), 0: per query"});
-    info.push_back({"var_weight", false, "_Moment: weight in [0, 1] of the variance term (0: mean only, 1: Gaussian)"});
-    info.push_back({"hidden", true, "width of the self-trained Q-model, 1..65536"});
-    info.push_back({"train_iterations", true, "Adam steps of self-training; -1: 10 epochs of its rows, 50..2000"});
-    info.push_back({"min_distance", true, "self-training: long range = more than this many tokens back; -1: the window (n_after)"});
-    info.push_back({"seed", true, "seed of self-training (with the per-head stream), >= 0"});
+    using P = ParameterInfo;
+    info.push_back(P::integer("nprobe", 0, n_centroids, "buckets read per query (ell); C reads every key"));
+    info.push_back(P::flag("group_probe", "1: one bucket set per GQA group in attend (summed classifier outputs), 0: per query"));
+    info.push_back(P::real("var_weight", 0, 1, "_Moment: weight of the variance term (0: mean only, 1: Gaussian)"));
+    info.push_back(P::integer("hidden", 1, 65536, "width of the self-trained Q-model").prefill());
+    info.push_back(P::integer("train_iterations", 1, 1e7, "Adam steps of self-training; -1: 10 epochs of its rows, between 50 and 2000").prefill().also(-1));
+    info.push_back(P::integer("min_distance", 0, P::kNoBound, "self-training: long range = more than this many tokens back; -1: the window (n_after)").prefill().also(-1));
+    info.push_back(P::integer("seed", 0, P::kNoBound, "seed of self-training (with the per-head stream)").prefill());
     info.erase(std::remove_if(info.begin(), info.end(),
                               [&](const ParameterInfo& p) { return !probe_reads(p.name); }),
                info.end());

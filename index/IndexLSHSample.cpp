@@ -1085,8 +1085,8 @@ bool IndexLSHSample::reads_search_knob(const std::string& name) const {
 
 std::vector<ParameterInfo> IndexLSHSample::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
-    info.push_back({"min_hits", false, "tables a key must collide in to be sampled, 0..L (0: every token)"});
-    info.push_back({"max_sample", false, "keep at most this many sampled keys, by score (0: all)", true});
+    info.push_back(ParameterInfo::integer("min_hits", 0, L, "tables a key must collide in to be sampled (0: every token)"));
+    info.push_back(ParameterInfo::integer("max_sample", 0, ParameterInfo::kNoBound, "keep at most this many sampled keys, by score (0: all)").tokens());
     return info;
 }
 

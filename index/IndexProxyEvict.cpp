@@ -500,19 +500,24 @@ size_t IndexProxyEvict::memory_bytes() const {
 
 std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
-    info.push_back({"budget", true, "tokens kept at prefill, > 0 (overrides the percent of the string); 0 = the percent (default)", true});
-    info.push_back({"protect", true, "NaCl: sinks + recent tokens kept, percent of the prompt; -1 = Table 4 (default)"});
-    info.push_back({"proxy_keep", true, "NaCl: tokens kept by proxy score, percent of the prompt; -1 = Table 4 (default)"});
-    info.push_back({"proxy_window", true, "NaCl: proxy queries beyond the protected ones, percent of the prompt; -1 = Table 4 (default)"});
-    info.push_back({"proxy_tokens", true,
-                    "NaCl: proxy queries = the last N prompt positions (the question), tokens, "
-                    "integer >= 0, clamped to the prompt; 0 = the proxy_window percent (default); "
-                    "other policies: 0 only", true});
-    info.push_back({"pool", true,
-                    "NaCl, H2O, TOVA: scores max-pooled over this many tokens centred on each "
-                    "before keeping (SnapKV), odd; 0 = off (default)"});
-    info.push_back({"n_sink", true, "first tokens among the protected ones (NaCl, StreamingLLM), >= 0"});
-    info.push_back({"seed", true, "seed of the random part (with the per-head stream), >= 0"});
+    using P = ParameterInfo;
+    info.push_back(P::integer("budget", 0, P::kNoBound, "tokens kept at prefill (overrides the percent of the string); 0 = the percent (default)").prefill().tokens());
+    info.push_back(P::real("protect", 0, 100, "NaCl: sinks + recent tokens kept, percent of the prompt; -1 = Table 4 (default)").prefill().also(-1));
+    info.push_back(P::real("proxy_keep", 0, 100, "NaCl: tokens kept by proxy score, percent of the prompt; -1 = Table 4 (default)").prefill().also(-1));
+    info.push_back(P::real("proxy_window", 0, 100, "NaCl: proxy queries beyond the protected ones, percent of the prompt; -1 = Table 4 (default)").prefill().also(-1));
+    info.push_back(P::integer("proxy_tokens", 0, policy == EvictPolicy::nacl ? P::kNoBound : 0,
+                              "NaCl: proxy queries = the last N prompt positions (the question), in tokens, clamped "
+                              "to the prompt; 0 = the proxy_window percent (default); other policies: 0 only")
+                           .prefill()
+                           .tokens());
+    const std::string pool_doc =
+            "NaCl, H2O, TOVA: scores max-pooled over this many tokens centred on each before keeping "
+            "(SnapKV); 0 = off (default)";
+    info.push_back((scores_tokens(policy) ? P::integer("pool", 1, P::kNoBound - 1, pool_doc).odd().also(0)
+                                          : P::integer("pool", 0, 0, pool_doc))
+                           .prefill());
+    info.push_back(P::integer("n_sink", 0, P::kNoBound, "first tokens among the protected ones (NaCl, StreamingLLM)").prefill());
+    info.push_back(P::integer("seed", 0, P::kNoBound, "seed of the random part (with the per-head stream)").prefill());
     info.erase(std::remove_if(info.begin(), info.end(),
                               [&](const ParameterInfo& p) { return !policy_reads(p.name); }),
                info.end());

@@ -1330,24 +1330,25 @@ bool IndexRoarGraph::reads_search_knob(const std::string& name) const {
 }
 
 std::vector<ParameterInfo> IndexRoarGraph::parameter_info() const {
+    using P = ParameterInfo;
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
-    info.push_back({"efSearch", false, "beam width of the search, >= 1 (the beam is max(efSearch, k))", true});
-    info.push_back({"M", true, "out-degree of the projection (degree bound 2M), 2..512; empty index only"});
-    info.push_back({"Nq", true, "exact neighbours per training query, 1..100000"});
-    info.push_back({"build_L", true, "beam of the linking searches (build and appends), >= 1"});
-    info.push_back({"max_train_queries", true, "training queries at most (a seeded sample beyond), >= 1"});
-    info.push_back({"n_hubs", true, "keys scored as extra entry points of every search (the keys in most training lists); -1: one per 256 prompt keys", true});
-    info.push_back({"n_anchors", true, "training queries kept to link decode-time keys (0: none), >= 0"});
-    info.push_back({"recent_queries", true, "the last positions of every query head always in the training queries, >= 0"});
-    info.push_back({"seed_anchors", false, "the anchors nearest the query whose lists seed the search (0: none), >= 0"});
-    info.push_back({"keys_per_seed_list", false, "at most one seed list per this many keys, >= 0 (0: seed_anchors lists at any length)"});
-    info.push_back({"anchors_per_group", false, "members of each probed anchor group scored at most, evenly spread, >= 0 (0: all)"});
-    info.push_back({"max_expansions", false, "beam members a search expands at most, >= -1 (-1: the whole beam; 0: the best of the seeds)"});
-    info.push_back({"walk_bits", false, "0: the search scores the stored keys; 8: it walks on 8-bit codes of the keys and scores its beam again on them"});
-    info.push_back({"learn_efSearch", false, "beam of the searches that learn decode queries (add_queries), >= 0; 0: twice efSearch"});
-    info.push_back({"learn_scan_keys", false, "add_queries lists a decode query by an exact scan of the keys while the index holds at most this many, by a beam of learn_efSearch above; >= 0", true});
-    info.push_back({"decode_anchors", false, "decode queries (add_queries) kept as anchors, the most recent; 0: none; setting it drops those learned"});
-    info.push_back({"seed", true, "seed of the training sample (with the per-head stream), >= 0"});
+    info.push_back(P::integer("efSearch", 1, kMaxBeam, "beam width of the search (the beam is max(efSearch, k))").tokens());
+    info.push_back(P::integer("M", 2, kMaxM, "out-degree of the projection (degree bound 2M); empty index only").prefill());
+    info.push_back(P::integer("Nq", 1, 100000, "exact neighbours per training query").prefill());
+    info.push_back(P::integer("build_L", 1, kMaxBeam, "beam of the linking searches (build and appends)").prefill());
+    info.push_back(P::integer("max_train_queries", 1, P::kNoBound, "training queries at most (a seeded sample beyond)").prefill());
+    info.push_back(P::integer("n_hubs", 0, P::kNoBound, "keys scored as extra entry points of every search (the keys in most training lists); -1: one per 256 prompt keys").prefill().tokens().also(-1));
+    info.push_back(P::integer("n_anchors", 0, P::kNoBound, "training queries kept to link decode-time keys (0: none)").prefill());
+    info.push_back(P::integer("recent_queries", 0, P::kNoBound, "the last positions of every query head always in the training queries").prefill());
+    info.push_back(P::integer("seed_anchors", 0, 1e6, "the anchors nearest the query whose lists seed the search (0: none)"));
+    info.push_back(P::integer("keys_per_seed_list", 0, P::kNoBound, "at most one seed list per this many keys (0: seed_anchors lists at any length)"));
+    info.push_back(P::integer("anchors_per_group", 0, P::kNoBound, "members of each probed anchor group scored at most, evenly spread (0: all)"));
+    info.push_back(P::integer("max_expansions", -1, kMaxBeam, "beam members a search expands at most (-1: the whole beam; 0: the best of the seeds)"));
+    info.push_back(P::integer("walk_bits", 0, 0, "0: the search scores the stored keys; 8: it walks on 8-bit codes of the keys and scores its beam again on them").also(8));
+    info.push_back(P::integer("learn_efSearch", 0, kMaxBeam, "beam of the searches that learn decode queries (add_queries); 0: twice efSearch"));
+    info.push_back(P::integer("learn_scan_keys", 0, P::kNoBound, "add_queries lists a decode query by an exact scan of the keys while the index holds at most this many, by a beam of learn_efSearch above").tokens());
+    info.push_back(P::integer("decode_anchors", 0, 1e6, "decode queries (add_queries) kept as anchors, the most recent; 0: none; setting it drops those learned"));
+    info.push_back(P::integer("seed", 0, P::kNoBound, "seed of the training sample (with the per-head stream)").prefill());
     return info;
 }
 

@@ -45,7 +45,7 @@ size_t IndexSampleBase::memory_bytes() const {
 
 std::vector<ParameterInfo> IndexSampleBase::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
-    info.push_back({"seed", false, "seed of the draws (with the per-head stream), >= 0"});
+    info.push_back(ParameterInfo::integer("seed", 0, ParameterInfo::kNoBound, "seed of the draws (with the per-head stream)"));
     return info;
 }
 

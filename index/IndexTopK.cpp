@@ -632,10 +632,11 @@ bool IndexTopK::reads_search_knob(const std::string& name) const {
 std::vector<ParameterInfo> IndexTopK::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
     if (faiss::ivflib::try_extract_index_ivf(retriever.get())) {
-        info.push_back({"nprobe", false, "IVF retriever: inverted lists visited, 1..nlist"});
+        const double nlist = double(faiss::ivflib::try_extract_index_ivf(retriever.get())->nlist);
+        info.push_back(ParameterInfo::integer("nprobe", 1, nlist, "IVF retriever: inverted lists visited"));
     }
     if (dynamic_cast<const faiss::IndexHNSW*>(retriever.get())) {
-        info.push_back({"efSearch", false, "HNSW retriever: beam width of the search, >= 1", true});
+        info.push_back(ParameterInfo::integer("efSearch", 1, kMaxEfSearch, "HNSW retriever: beam width of the search").tokens());
     }
     return info;
 }

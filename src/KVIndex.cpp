@@ -817,7 +817,7 @@ std::vector<ParameterInfo> KVIndex::parameter_info() const {
     if (!reads_search_knob("k")) {
         return {};
     }
-    return {{"k", false, "top-k budget: keys selected per query, >= 1", true}};
+    return {ParameterInfo::integer("k", 1, ParameterInfo::kNoBound, "top-k budget: keys selected per query").tokens()};
 }
 
 bool KVIndex::set_parameter(const std::string& name, double value) {

@@ -165,6 +165,104 @@ void set_all(KVIndex* index, const std::vector<std::pair<std::string, double>>& 
 
 } // namespace
 
+ParameterInfo ParameterInfo::integer(std::string name, double min_value, double max_value, std::string doc) {
+    ParameterInfo p;
+    p.name = std::move(name);
+    p.doc = std::move(doc);
+    p.kind = ParameterKind::integer;
+    p.min_value = min_value;
+    p.max_value = max_value;
+    return p;
+}
+
+ParameterInfo ParameterInfo::real(std::string name, double min_value, double max_value, std::string doc) {
+    ParameterInfo p = integer(std::move(name), min_value, max_value, std::move(doc));
+    p.kind = ParameterKind::real;
+    return p;
+}
+
+ParameterInfo ParameterInfo::flag(std::string name, std::string doc) {
+    ParameterInfo p = integer(std::move(name), 0, 1, std::move(doc));
+    p.kind = ParameterKind::flag;
+    return p;
+}
+
+ParameterInfo ParameterInfo::reported(std::string name, std::string doc) {
+    ParameterInfo p = integer(std::move(name), -HUGE_VAL, HUGE_VAL, std::move(doc));
+    p.read_only = true;
+    return p;
+}
+
+namespace {
+
+/// A bound as the reference prints it: integers in full, 2^53 as such.
+std::string number_text(double x) {
+    if (x == ParameterInfo::kNoBound) {
+        return "2^53";
+    }
+    if (x == ParameterInfo::kNoBound - 1) {
+        return "2^53 - 1";
+    }
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.10g", x);
+    return buf;
+}
+
+} // namespace
+
+std::string ParameterInfo::range() const {
+    if (read_only) {
+        return "read-only";
+    }
+    if (kind == ParameterKind::flag) {
+        return "0 or 1";
+    }
+    if (kind == ParameterKind::integer && min_value == max_value) {
+        std::string r = number_text(min_value); // a set of values ("0 or 8")
+        for (size_t i = 0; i < also_values.size(); i++) {
+            r += (i + 1 == also_values.size() ? " or " : ", ") + number_text(also_values[i]);
+        }
+        return r;
+    }
+    std::string r;
+    const bool no_max = std::isinf(max_value) || (kind == ParameterKind::integer && max_value == kNoBound);
+    if (kind == ParameterKind::integer) {
+        r = std::string(odd_only ? "odd " : "") +
+                (no_max ? ">= " + number_text(min_value) : number_text(min_value) + ".." + number_text(max_value));
+    } else if (no_max && !std::isinf(min_value)) {
+        r = (min_open ? "> " : ">= ") + number_text(min_value);
+    } else {
+        r = std::string(min_open ? "(" : "[") + number_text(min_value) + ", " + number_text(max_value) +
+                (max_open ? ")" : "]");
+    }
+    if (!also_values.empty()) {
+        std::string also;
+        for (double v : also_values) {
+            also += number_text(v) + ", ";
+        }
+        r = also + "or " + r;
+    }
+    return r;
+}
+
+bool ParameterInfo::accepts(double value) const {
+    if (read_only || !std::isfinite(value)) {
+        return false;
+    }
+    if (std::find(also_values.begin(), also_values.end(), value) != also_values.end()) {
+        return true;
+    }
+    if (kind != ParameterKind::real && value != std::floor(value)) {
+        return false;
+    }
+    if (odd_only && std::fmod(value, 2) != 1) {
+        return false;
+    }
+    const bool above_min = min_open ? value > min_value : value >= min_value;
+    const bool below_max = max_open ? value < max_value : value <= max_value;
+    return above_min && below_max;
+}
+
 std::vector<std::string> parameter_items(const std::string& description) {
     std::vector<std::string> items;
     if (description.empty()) {

@@ -149,16 +149,86 @@ struct PrefillInput {
     }
 };
 
-/// A named knob of an index type, set by name with set_index_parameters.
+/// The values a knob takes (ParameterInfo::kind).
+enum class ParameterKind {
+    integer, ///< integers in [min_value, max_value], or one of also_values
+    real,    ///< reals in [min_value, max_value] (ends excluded where *_open)
+    flag,    ///< 0 or 1
+};
+
+/** A named knob of an index type, set by name with set_index_parameters.
+ * The type's parameter_info() describes each of its knobs: the reference
+ * (docs/reference.md) is generated from these, and a test checks that the
+ * values described are the values set_parameter accepts. Built with the
+ * helpers below:
+ *
+ *   ParameterInfo::integer("M", 2, 512, "out-degree of the projection").prefill()
+ */
 struct ParameterInfo {
     std::string name;
     /// prefill-time knobs shape what prefill builds (set them before
     /// prefill); the others are read by every search / select / attend
     bool prefill_time = false;
-    std::string doc; ///< meaning, unit and range, one line
+    /// meaning and unit, and what its special values mean, one line (the
+    /// range is in the fields below)
+    std::string doc;
     /// a count of tokens (k, a sample, a budget): only such a knob may be
     /// given in percent of the context ("k=2%", resolve_percentages)
     bool in_tokens = false;
+    ParameterKind kind = ParameterKind::integer;
+    double min_value = 0; ///< smallest value accepted
+    /// largest value accepted: kNoBound for integers without one (2^53,
+    /// the largest a knob's double holds exactly), infinity for reals
+    double max_value = kNoBound;
+    bool min_open = false; ///< reals: min_value itself refused
+    bool max_open = false; ///< reals: max_value itself refused
+    /// values accepted outside [min_value, max_value] (-1: "automatic")
+    std::vector<double> also_values;
+    /// integers: only the odd ones of [min_value, max_value]
+    bool odd_only = false;
+    /// reported by get_index_parameter, never set (IndexChoose's chosen)
+    bool read_only = false;
+
+    /// Integers with no upper bound go up to 2^53.
+    static constexpr double kNoBound = 9007199254740992.0;
+
+    static ParameterInfo integer(std::string name, double min_value, double max_value, std::string doc);
+    static ParameterInfo real(std::string name, double min_value, double max_value, std::string doc);
+    static ParameterInfo flag(std::string name, std::string doc);
+    /// A value reported by get_index_parameter only.
+    static ParameterInfo reported(std::string name, std::string doc);
+
+    ParameterInfo& prefill() {
+        prefill_time = true;
+        return *this;
+    }
+    ParameterInfo& tokens() {
+        in_tokens = true;
+        return *this;
+    }
+    ParameterInfo& also(double value) {
+        also_values.push_back(value);
+        return *this;
+    }
+    ParameterInfo& odd() {
+        odd_only = true;
+        return *this;
+    }
+    ParameterInfo& open_min() {
+        min_open = true;
+        return *this;
+    }
+    ParameterInfo& open_max() {
+        max_open = true;
+        return *this;
+    }
+
+    /// The accepted values as the reference prints them: "2..512",
+    /// ">= 1", "-1, or 50..2000", "(0, 1)", "0 or 1".
+    std::string range() const;
+    /// Whether the description accepts value (set_parameter is the judge;
+    /// a test checks that the two agree).
+    bool accepts(double value) const;
 };
 
 /** How many calls run on one index, for the thread-safety contract below:

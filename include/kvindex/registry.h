@@ -42,6 +42,9 @@ struct IndexTypeInfo {
     std::unique_ptr<KVIndex> (*parse)(FactoryChain& chain) = nullptr;
     /// An empty index of this type, for read_index to fill (read_fields).
     std::unique_ptr<KVIndex> (*make_empty)() = nullptr;
+    /// Factory strings that build it, one per variant whose knobs differ
+    /// (docs/reference.md lists the knobs and their defaults from these)
+    std::vector<std::string> examples;
 };
 
 /// Every registered type: the built-in rows, then the added ones, in order

@@ -350,9 +350,19 @@ void bind_index(py::module_& m) {
             .def_readonly("prefill_time", &kvindex::ParameterInfo::prefill_time,
                           "True: shapes what prefill builds (set before prefill)")
             .def_readonly("doc", &kvindex::ParameterInfo::doc)
+            .def_readonly("in_tokens", &kvindex::ParameterInfo::in_tokens,
+                          "True: a count of tokens, which may be given in percent of the prompt")
+            .def_property_readonly("kind", [](const kvindex::ParameterInfo& p) {
+                return p.kind == kvindex::ParameterKind::integer ? "integer"
+                        : p.kind == kvindex::ParameterKind::real ? "real"
+                                                                 : "flag";
+            }, "'integer', 'real' or 'flag'")
+            .def_readonly("read_only", &kvindex::ParameterInfo::read_only)
+            .def_property_readonly("range", &kvindex::ParameterInfo::range, "the accepted values, as docs/reference.md prints them")
+            .def("accepts", &kvindex::ParameterInfo::accepts, py::arg("value"))
             .def("__repr__", [](const kvindex::ParameterInfo& p) {
-                return "<kvindex.ParameterInfo " + p.name + (p.prefill_time ? " (prefill-time)" : "") + ": " +
-                        p.doc + ">";
+                return "<kvindex.ParameterInfo " + p.name + " " + p.range() +
+                        (p.prefill_time ? " (prefill-time)" : "") + ": " + p.doc + ">";
             });
 
     py::class_<KVIndex, std::shared_ptr<KVIndex>>(m, "KVIndex", R"doc(The KV cache of one (layer, KV head) as a Faiss index.
