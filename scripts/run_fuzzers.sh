@@ -6,32 +6,19 @@
 # an OOM or a timeout; the input that did it is in BUILD_DIR/artifacts/.
 #
 # Usage: bash scripts/run_fuzzers.sh [seconds-per-target] [build-dir]
-#        (defaults: 60, build-fuzz)
+#        (defaults: 60, build-san, the build scripts/build_sanitizers.sh
+#        shares with the sanitizer tests); the targets run one per core
 # FUZZ_SEED=n fixes libFuzzer's mutation sequence (the test command uses 1, so
 # a commit's result does not hang on the luck of one run); unset or 0 draws a
 # new seed each run, which is what long exploratory runs want.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${1:-60}"
-BUILD_DIR="${2:-build-fuzz}"
-
-PACKAGES=(clang libclang-rt-dev libomp-dev cmake libfaiss-dev libopenblas-dev
-          nlohmann-json3-dev)
-bash scripts/install_packages.sh "${PACKAGES[@]}"
-
-# The whole build is instrumented (library included); only the harnesses
-# link libFuzzer's main (tests/fuzz/CMakeLists.txt adds -fsanitize=fuzzer).
-SAN_FLAGS="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+BUILD_DIR="${2:-build-san}"
 start=$(date +%s)
-cmake --no-warn-unused-cli -S . -B "$BUILD_DIR" \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DCMAKE_CXX_FLAGS="$SAN_FLAGS" \
-  -DKVINDEX_BUILD_FUZZERS=ON -DKVINDEX_BUILD_TESTS=OFF -DKVINDEX_BUILD_BENCHMARKS=OFF \
-  -DKVINDEX_ENABLE_GPU=OFF -DKVINDEX_ENABLE_PYTHON=OFF >/dev/null
-TARGETS=(fuzz_read_index fuzz_factory fuzz_trace fuzz_gguf)
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target "${TARGETS[@]}" kvindex_fuzz_make_seeds
+bash scripts/build_sanitizers.sh "$BUILD_DIR"
 echo "run_fuzzers: build took $(( $(date +%s) - start )) s"
+TARGETS=(fuzz_read_index fuzz_factory fuzz_trace fuzz_gguf)
 
 # One thread everywhere: reproducible runs, and no OpenMP / BLAS pools per input.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
@@ -51,26 +38,39 @@ declare -A DICT=([fuzz_factory]=tests/fuzz/factory.dict [fuzz_trace]=tests/fuzz/
 
 failed=()
 summary=()
-for t in "${TARGETS[@]}"; do
-  corpus="$CORPUS/${t#fuzz_}"
-  log="$LOGS/$t.log"
-  args=(-max_total_time="$SECS" -rss_limit_mb=2048 -timeout=30 -max_len="${MAX_LEN[$t]}"
-        -print_final_stats=1 -artifact_prefix="$ARTIFACTS/$t-" -seed="${FUZZ_SEED:-0}")
+run_target() { # target -> exit status; its log in $LOGS
+  local t=$1 corpus="$CORPUS/${1#fuzz_}" log="$LOGS/$1.log"
+  local args=(-max_total_time="$SECS" -rss_limit_mb=2048 -timeout=30 -max_len="${MAX_LEN[$t]}"
+              -print_final_stats=1 -artifact_prefix="$ARTIFACTS/$t-" -seed="${FUZZ_SEED:-0}")
   [ -n "${DICT[$t]:-}" ] && args+=(-dict="${DICT[$t]}")
-  echo "run_fuzzers: $t for $SECS s (log: $log)"
+  "$BUILD_DIR/tests/fuzz/$t" "${args[@]}" "$corpus" >"$log" 2>&1
+}
+# one target per core at a time (each is single-threaded)
+JOBS=$(nproc)
+for ((b = 0; b < ${#TARGETS[@]}; b += JOBS)); do
+  batch=("${TARGETS[@]:b:JOBS}")
+  pids=()
   t0=$(date +%s)
-  rc=0
-  "$BUILD_DIR/tests/fuzz/$t" "${args[@]}" "$corpus" >"$log" 2>&1 || rc=$?
-  secs=$(( $(date +%s) - t0 ))
-  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
-  if [ "$rc" -eq 0 ]; then
-    summary+=("$t: ${execs:-?} executions in $secs s, no crash")
-  else
-    failed+=("$t")
-    summary+=("$t: FAILED (exit $rc) after ${execs:-?} executions in $secs s; see $log and $ARTIFACTS/")
-    echo "---- $t: last lines of $log" >&2
-    tail -n 60 "$log" >&2
-  fi
+  for t in "${batch[@]}"; do
+    echo "run_fuzzers: $t for $SECS s (log: $LOGS/$t.log)"
+    run_target "$t" &
+    pids+=($!)
+  done
+  for ((i = 0; i < ${#batch[@]}; i++)); do
+    t=${batch[$i]}
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    secs=$(( $(date +%s) - t0 ))
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$LOGS/$t.log" | tail -n 1)
+    if [ "$rc" -eq 0 ]; then
+      summary+=("$t: ${execs:-?} executions in $secs s, no crash")
+    else
+      failed+=("$t")
+      summary+=("$t: FAILED (exit $rc) after ${execs:-?} executions in $secs s; see $LOGS/$t.log and $ARTIFACTS/")
+      echo "---- $t: last lines of $LOGS/$t.log" >&2
+      tail -n 60 "$LOGS/$t.log" >&2
+    fi
+  done
 done
 
 echo "run_fuzzers: summary (total $(( $(date +%s) - start )) s)"

@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
-# The Python package's tests: builds and installs python_bindings/ into the
-# virtual environment .venv-py (reused; the CMake build dir
-# python_bindings/build/ makes a reinstall incremental), runs the pytest
-# suite, then both examples at small sizes so that they cannot rot.
-# Needs the system packages of scripts/setup.sh (Faiss, OpenBLAS, pybind11,
-# Python headers). Usage: bash scripts/run_python_tests.sh [pytest args...]
+# The Python package's tests: installs python_bindings/ into the project's
+# virtual environment .venv (scripts/setup.sh made it), linking the library
+# the C++ build already compiled (installed into <build>/install), runs the
+# pytest suite, then the examples at small sizes so that they cannot rot.
+# Usage: bash scripts/run_python_tests.sh [pytest args...]
+#   KVINDEX_BUILD_DIR: the C++ build to link (default build; without one,
+#   pip compiles the library itself)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+BUILD_DIR="${KVINDEX_BUILD_DIR:-build}"
+PIP=("$PY" -m pip install -q --disable-pip-version-check)
 
-VENV=.venv-py
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
+"${PIP[@]}" -r python_bindings/tests/requirements.txt
+pip_args=()
+if [ -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  cmake --install "$BUILD_DIR" --prefix "$BUILD_DIR/install" >/dev/null
+  # the build backend from the venv (requirements.txt), not a fresh
+  # isolated one per install; the library from the install above
+  pip_args+=(--no-build-isolation
+             -C "cmake.define.kvindex_DIR=$PWD/$BUILD_DIR/install/lib/cmake/kvindex")
 fi
-# keep the environment out of git status
-[ -f "$VENV/.gitignore" ] || echo '*' > "$VENV/.gitignore"
-PY="$VENV/bin/python"
-
-"$PY" -m pip install -q --disable-pip-version-check -r python_bindings/tests/requirements.txt
-"$PY" -m pip install -q --disable-pip-version-check ./python_bindings
+"${PIP[@]}" "${pip_args[@]}" ./python_bindings
 
 # run from outside the source tree, so that `import kvindex` is the installed
 # package, not python_bindings/kvindex (which has no compiled module)
@@ -31,8 +35,8 @@ echo "== examples/trace_to_kvbench.py: a trace written from Python, replayed by 
 TRACE_DIR="$(mktemp -d)"
 trap 'rm -rf "$TRACE_DIR"' EXIT
 "$PY" python_bindings/examples/trace_to_kvbench.py "$TRACE_DIR/trace" --tokens 600 --n-ctx 560
-if [ -x build/benchmarks/kvbench ]; then
-  build/benchmarks/kvbench run --trace "$TRACE_DIR/trace" --index Flat --index "TopK(Flat)|k=32" --max-queries 8
+if [ -x "$BUILD_DIR/benchmarks/kvbench" ]; then
+  "$BUILD_DIR/benchmarks/kvbench" run --trace "$TRACE_DIR/trace" --index Flat --index "TopK(Flat)|k=32" --max-queries 8
 else
-  echo "(build/benchmarks/kvbench not built: replay skipped)"
+  echo "($BUILD_DIR/benchmarks/kvbench not built: replay skipped)"
 fi

@@ -1,15 +1,64 @@
 #!/usr/bin/env bash
-# Every test: set-up and build, the gtest suites through CTest, the Python
-# package's pytest suite (scripts/run_python_tests.sh), the library's tests again under ASan + UBSan (scripts/run_sanitizers.sh), and
-# each libFuzzer target for 60 seconds from a fixed seed (scripts/run_fuzzers.sh;
-# longer runs with fresh seeds: `bash scripts/run_fuzzers.sh 600`).
+# Every test, from a fresh clone (CI runs exactly this: .ci/run):
+#
+#   setup      packages, the Python environment .venv (scripts/setup.sh)
+#   build      Release build with Ninja: library, tests, tools, GPU code
+#              (compiled to PTX only: no GPU here runs machine code;
+#              scripts/build_device.sh builds sm_90 for a GPU machine)
+#   ctest      every gtest, the tools' and the model's tests, the docs
+#              staleness check and the installed-package consumer
+#   python     the Python package (linking the library built above), its
+#              pytest suite and examples (scripts/run_python_tests.sh)
+#   san-build  one clang build with ASan + UBSan + libFuzzer coverage for
+#              both the sanitizer tests and the fuzzers (build_sanitizers.sh)
+#   sanitizers the library's tests and the allocation-fault tests under
+#              ASan + UBSan, one shard per core (scripts/run_sanitizers.sh)
+#   fuzz       each libFuzzer target 60 s from a fixed seed, one per core
+#              (scripts/run_fuzzers.sh)
+#
+# and prints a table of the phases' seconds. `--quick` (after a build, the
+# inner loop): an incremental Release build, ctest and pytest only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh build
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then
+  QUICK=1
+fi
+
+PHASES=()
+START=$(date +%s)
+print_table() {
+  local rc=$?
+  echo
+  printf '%-12s %8s\n' phase seconds
+  for p in "${PHASES[@]}"; do
+    printf '%-12s %8s\n' ${p}
+  done
+  printf '%-12s %8s\n' total "$(( $(date +%s) - START ))"
+  [ "$rc" -eq 0 ] || echo "run_tests: FAILED (exit $rc)" >&2
+}
+trap print_table EXIT
+# phase NAME COMMAND...: runs it, records its seconds (a failure ends the run)
+phase() {
+  local name=$1 t0
+  shift
+  t0=$(date +%s)
+  echo "==== run_tests: $name"
+  "$@"
+  PHASES+=("$name $(( $(date +%s) - t0 ))")
+}
+
+if [ "$QUICK" = 0 ]; then
+  phase setup bash scripts/setup.sh --no-build
+fi
+KVINDEX_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90-virtual" phase build bash scripts/setup.sh build
 source scripts/blas_env.sh
 # setup.sh installed the model: the tests that need it must run, not skip
-KVINDEX_REQUIRE_MODEL=1 ctest --test-dir build --output-on-failure -j "$(nproc)"
-# the Python package: pip install into .venv-py, pytest suite, examples
-bash scripts/run_python_tests.sh
-bash scripts/run_sanitizers.sh build-asan
-FUZZ_SEED=1 bash scripts/run_fuzzers.sh 60 build-fuzz
+KVINDEX_REQUIRE_MODEL=1 phase ctest ctest --test-dir build --output-on-failure -j "$(nproc)"
+phase python bash scripts/run_python_tests.sh
+if [ "$QUICK" = 1 ]; then
+  exit 0
+fi
+phase san-build bash scripts/build_sanitizers.sh build-san
+phase sanitizers bash scripts/run_sanitizers.sh build-san
+FUZZ_SEED=1 phase fuzz bash scripts/run_fuzzers.sh 60 build-san

@@ -54,7 +54,8 @@ enum class Role { top, quantizer, hnsw_storage };
 
 class BlobWalker {
    public:
-    BlobWalker(const uint8_t* data, size_t size, int d) : in_(data, size), d_(d) {}
+    BlobWalker(const uint8_t* data, size_t size, int d, std::vector<std::pair<size_t, size_t>>* arrays)
+            : in_(data, size), d_(d), arrays_(arrays) {}
 
     void walk_all() {
         walk_index(Role::top, 0);
@@ -66,6 +67,8 @@ class BlobWalker {
    private:
     BufferReader in_; ///< every read checked against the bytes left
     const int d_;
+    /// where the arrays of 64 bytes or more are, when asked (nullptr)
+    std::vector<std::pair<size_t, size_t>>* arrays_;
 
     [[noreturn]] void fail(const std::string& what) const {
         FAISS_THROW_MSG(what);
@@ -91,6 +94,9 @@ class BlobWalker {
         if (count >= (uint64_t(1) << 40) || count > in_.remaining() / elem_size) {
             fail(std::string(what) + " holds " + std::to_string(count) +
                  " elements, more than the bytes left");
+        }
+        if (arrays_ && count * elem_size >= BufferWriter::kArrayBytes) {
+            arrays_->emplace_back(in_.pos, in_.pos + count * elem_size);
         }
         in_.skip(count * elem_size, what);
         return count;
@@ -208,7 +214,13 @@ class BlobWalker {
             if (s > in_.remaining() / entry) {
                 fail("an inverted list of " + std::to_string(s) + " entries, more than the bytes left");
             }
-            in_.skip(s * entry, "inverted list");
+            // the list's codes, then its ids (Faiss writes each whole)
+            for (size_t bytes : {s * code_size, s * sizeof(int64_t)}) {
+                if (arrays_ && bytes >= BufferWriter::kArrayBytes) {
+                    arrays_->emplace_back(in_.pos, in_.pos + bytes);
+                }
+                in_.skip(bytes, "inverted list");
+            }
         }
     }
 
@@ -322,7 +334,15 @@ class BlobWalker {
 } // namespace
 
 void check_faiss_blob(const uint8_t* data, size_t size, int d) {
-    BlobWalker(data, size, d).walk_all();
+    BlobWalker(data, size, d, nullptr).walk_all();
+}
+
+void check_faiss_blob(
+        const uint8_t* data,
+        size_t size,
+        int d,
+        std::vector<std::pair<size_t, size_t>>* arrays) {
+    BlobWalker(data, size, d, arrays).walk_all();
 }
 
 } // namespace kvindex

@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <faiss/Index.h>
 
@@ -48,5 +50,14 @@ int64_t product_quantizer_centroids(const std::string& factory_string);
  * dimension d, with every size consistent with the bytes present; throws
  * naming the first problem otherwise. */
 void check_faiss_blob(const uint8_t* data, size_t size, int d);
+
+/** The same walk, listing the byte ranges [begin, end) of the blob's arrays
+ * of 64 bytes or more (codes, inverted lists, graph links), which Faiss
+ * reads whole (IndexFileLayout, for tests that corrupt files). */
+void check_faiss_blob(
+        const uint8_t* data,
+        size_t size,
+        int d,
+        std::vector<std::pair<size_t, size_t>>* arrays);
 
 } // namespace kvindex

@@ -9,6 +9,7 @@
 #include <kvindex/registry.h>
 
 #include "checks.h"
+#include "faiss_checks.h"
 
 namespace kvindex {
 
@@ -100,19 +101,30 @@ std::unique_ptr<KVIndex> read_index_record(BufferReader& r) {
     return index;
 }
 
-void write_index(
-        const KVIndex* index,
-        std::vector<uint8_t>* buffer,
-        std::vector<std::pair<size_t, size_t>>* faiss_ranges) {
+void write_index(const KVIndex* index, std::vector<uint8_t>* buffer, IndexFileLayout* layout) {
     FAISS_THROW_IF_NOT_MSG(index && buffer, "write_index: nullptr argument");
     ReadScope scope(*index, "write_index");
     std::vector<uint8_t> payload;
     BufferWriter pw(&payload);
     write_index_record(index, pw);
-    if (faiss_ranges) {
-        faiss_ranges->clear();
+    if (layout) {
+        auto framed = [](const std::vector<std::pair<size_t, size_t>>& ranges) {
+            std::vector<std::pair<size_t, size_t>> out;
+            for (auto [begin, end] : ranges) {
+                out.emplace_back(begin + kFrameHeaderSize, end + kFrameHeaderSize);
+            }
+            return out;
+        };
+        layout->faiss_ranges = framed(pw.foreign_ranges);
+        layout->array_ranges = framed(pw.array_ranges);
+        layout->faiss_array_ranges.clear();
         for (auto [begin, end] : pw.foreign_ranges) {
-            faiss_ranges->emplace_back(begin + kFrameHeaderSize, end + kFrameHeaderSize);
+            std::vector<std::pair<size_t, size_t>> inside;
+            check_faiss_blob(payload.data() + begin, end - begin, index->d, &inside);
+            for (auto [b, e] : inside) {
+                layout->faiss_array_ranges.emplace_back(
+                        kFrameHeaderSize + begin + b, kFrameHeaderSize + begin + e);
+            }
         }
     }
     write_framed(kIndexFrame, payload, buffer);

@@ -361,24 +361,41 @@ void expect_usable(const KVIndex* index, const std::string& what) {
 } // namespace
 
 TEST_P(Conformance, ForgedTruncationsThrow) {
-    // the header made to agree with each shorter payload
+    // the header made to agree with each shorter payload: every cut between
+    // two fields, and inside each array (which the reader takes in one
+    // checked read, the same wherever it is cut) its first, middle and
+    // last bytes
     const ConformanceCase& c = GetParam();
     auto index = kvgolden::build_golden_index(c.factory, c.knobs);
     std::vector<uint8_t> buf;
-    write_index(index.get(), &buf);
+    IndexFileLayout layout;
+    write_index(index.get(), &buf, &layout);
+    std::vector<bool> cut(buf.size(), true);
+    for (auto [begin, end] : layout.array_ranges) {
+        for (size_t len = begin + 2; len + 1 < end; len++) {
+            cut[len] = len == (begin + end) / 2;
+        }
+    }
+    size_t n_cuts = 0;
     for (size_t len = kHeaderSize; len < buf.size(); len++) {
+        if (!cut[len]) {
+            continue;
+        }
+        n_cuts++;
         std::vector<uint8_t> prefix(buf.begin(), buf.begin() + len);
         forge_header(prefix);
         EXPECT_THROW(read_index(prefix), faiss::FaissException) << "forged prefix " << len;
     }
+    EXPECT_GT(n_cuts, size_t(20)); // the fields between the arrays, at least
 }
 
 TEST_P(Conformance, ByteFlips) {
     const ConformanceCase& c = GetParam();
     auto index = kvgolden::build_golden_index(c.factory, c.knobs);
     std::vector<uint8_t> buf;
-    std::vector<std::pair<size_t, size_t>> faiss_ranges;
-    write_index(index.get(), &buf, &faiss_ranges);
+    IndexFileLayout layout;
+    write_index(index.get(), &buf, &layout);
+    const auto& faiss_ranges = layout.faiss_ranges;
     std::mt19937_64 rng(2024);
     // checksum left as it is: every flip is caught
     for (int trial = 0; trial < 500; trial++) {

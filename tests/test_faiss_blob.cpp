@@ -48,6 +48,8 @@ const char* const kFamilies[] = {
 struct Saved {
     std::vector<uint8_t> buf;
     size_t begin = 0, end = 0; ///< the Faiss blob, buf[begin, end)
+    /// its arrays (codes, lists, links), buf[first, second)
+    std::vector<std::pair<size_t, size_t>> arrays;
 };
 
 Saved saved_topk(const std::string& family) {
@@ -60,11 +62,12 @@ Saved saved_topk(const std::string& family) {
     }
     index->add_kv(kN, kv.data(), kv.data());
     Saved s;
-    std::vector<std::pair<size_t, size_t>> ranges;
-    kvindex::write_index(index.get(), &s.buf, &ranges);
-    EXPECT_EQ(ranges.size(), 1u) << family;
-    s.begin = ranges.at(0).first;
-    s.end = ranges.at(0).second;
+    kvindex::IndexFileLayout layout;
+    kvindex::write_index(index.get(), &s.buf, &layout);
+    EXPECT_EQ(layout.faiss_ranges.size(), 1u) << family;
+    s.begin = layout.faiss_ranges.at(0).first;
+    s.end = layout.faiss_ranges.at(0).second;
+    s.arrays = layout.faiss_array_ranges;
     return s;
 }
 
@@ -110,8 +113,18 @@ TEST(FaissBlob, EveryTruncationIsRefusedByKvindex) {
         SCOPED_TRACE(family);
         Saved s = saved_topk(family);
         size_t n = s.end - s.begin;
-        // every cut in the first 512 bytes (the headers), then every 61st
-        for (size_t cut = 0; cut < n; cut += cut < 512 ? 1 : 61) {
+        // every cut between two fields; inside an array (read whole) its
+        // first, middle and last bytes
+        std::vector<bool> cut_at(n, true);
+        for (auto [begin, end] : s.arrays) {
+            for (size_t i = begin + 2; i + 1 < end; i++) {
+                cut_at[i - s.begin] = i == (begin + end) / 2;
+            }
+        }
+        for (size_t cut = 0; cut < n; cut++) {
+            if (!cut_at[cut]) {
+                continue;
+            }
             std::vector<uint8_t> buf(s.buf.begin(), s.buf.begin() + s.begin + cut);
             buf.insert(buf.end(), s.buf.begin() + s.end, s.buf.end());
             uint64_t size = cut;
@@ -126,13 +139,30 @@ TEST(FaissBlob, CorruptedBytesNeverReachFaissUnchecked) {
     for (const char* family : kFamilies) {
         SCOPED_TRACE(family);
         Saved s = saved_topk(family);
-        size_t n = s.end - s.begin;
-        for (size_t i = 0; i < n; i += i < 512 ? 1 : 37) {
+        // every byte of the blob's headers and sizes; in each array (codes,
+        // lists, links: its elements read whole, then checked by one loop)
+        // the bytes of its first, middle and last elements
+        std::vector<bool> flip_at(s.buf.size(), false);
+        std::fill(flip_at.begin() + s.begin, flip_at.begin() + s.end, true);
+        size_t n_arrays = 0;
+        for (auto [begin, end] : s.arrays) {
+            ASSERT_TRUE(begin >= s.begin && end <= s.end && end - begin >= 64);
+            n_arrays++;
+            for (size_t i = begin + 8; i + 8 < end; i++) {
+                const size_t mid = (begin + end) / 2 & ~size_t(7);
+                flip_at[i] = i >= mid && i < mid + 8;
+            }
+        }
+        EXPECT_GT(n_arrays, 0u);
+        for (size_t i = s.begin; i < s.end; i++) {
+            if (!flip_at[i]) {
+                continue;
+            }
             for (uint8_t flip : {uint8_t(0x80), uint8_t(0xff)}) {
                 std::vector<uint8_t> buf = s.buf;
-                buf[s.begin + i] ^= flip;
+                buf[i] ^= flip;
                 expect_refused_before_faiss(
-                        std::move(buf), std::string(family) + " byte " + std::to_string(i));
+                        std::move(buf), std::string(family) + " byte " + std::to_string(i - s.begin));
             }
         }
     }

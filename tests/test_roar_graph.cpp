@@ -984,12 +984,24 @@ TEST(RoarGraph, CorruptRecordsThrow) {
     Data x = make_data(300, kD, 2, 300, 0, 850);
     auto g = built(x);
     std::vector<uint8_t> buf;
-    write_index(g.get(), &buf);
+    IndexFileLayout layout;
+    write_index(g.get(), &buf, &layout);
     ASSERT_NO_THROW(read_index(buf));
     // the forging writer below writes what write_index does
     ASSERT_EQ(kvtest::write_unchecked(g.get()), buf);
-    // truncations, with the header left as it is and with it forged to agree
-    for (size_t len = 0; len < buf.size(); len += 101) {
+    // truncations, with the header left as it is and with it forged to
+    // agree: every cut between two fields, and in each array (read whole)
+    // its first, middle and last bytes
+    std::vector<bool> cut(buf.size(), true);
+    for (auto [begin, end] : layout.array_ranges) {
+        for (size_t len = begin + 2; len + 1 < end; len++) {
+            cut[len] = len == (begin + end) / 2;
+        }
+    }
+    for (size_t len = 0; len < buf.size(); len++) {
+        if (!cut[len]) {
+            continue;
+        }
         std::vector<uint8_t> prefix(buf.begin(), buf.begin() + len);
         EXPECT_THROW(read_index(prefix), faiss::FaissException) << "prefix " << len;
         if (len >= kvtest::kIndexHeaderSize) {

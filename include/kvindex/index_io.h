@@ -50,14 +50,24 @@ constexpr uint32_t kIndexFormatVersion = 3;
 void write_index(const KVIndex* index, const std::string& fname);
 void write_index(const KVIndex* index, std::vector<uint8_t>* buffer);
 
-/** write_index to memory, also listing the byte ranges [begin, end) of the
- * buffer that Faiss's own io wrote (the sub-indexes of TopK): their content
- * is Faiss's format, read by Faiss's reader; every other byte is kvindex's
- * to validate. For tests and fuzzers that corrupt files. */
-void write_index(
-        const KVIndex* index,
-        std::vector<uint8_t>* buffer,
-        std::vector<std::pair<size_t, size_t>>* faiss_ranges);
+/** Where write_index put what: byte ranges [begin, end) of the buffer,
+ * for tests and fuzzers that corrupt files. */
+struct IndexFileLayout {
+    /// written by Faiss's own io (the sub-indexes of TopK): their content
+    /// is Faiss's format, read by Faiss's reader; every other byte is
+    /// kvindex's to validate
+    std::vector<std::pair<size_t, size_t>> faiss_ranges;
+    /// the elements of each array of 64 bytes or more (keys, values,
+    /// lists, Faiss blobs), which the reader takes in one checked read
+    std::vector<std::pair<size_t, size_t>> array_ranges;
+    /// inside faiss_ranges, the arrays of 64 bytes or more of each Faiss
+    /// blob (codes, inverted lists, graph links), which Faiss reads whole
+    /// and kvindex's validation checks element by element
+    std::vector<std::pair<size_t, size_t>> faiss_array_ranges;
+};
+
+/// write_index to memory, also saying where it put what.
+void write_index(const KVIndex* index, std::vector<uint8_t>* buffer, IndexFileLayout* layout);
 
 std::unique_ptr<KVIndex> read_index(const std::string& fname);
 std::unique_ptr<KVIndex> read_index(const uint8_t* data, size_t size);

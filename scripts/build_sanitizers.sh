@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One instrumented build for the sanitizer tests and the fuzzers: clang,
+# AddressSanitizer (leaks included), UndefinedBehaviorSanitizer and
+# libFuzzer's coverage (-fsanitize=fuzzer-no-link) over the whole library,
+# -O1 -g. It builds the library's tests (kvindex_tests, kvindex_fault_tests)
+# and the fuzz targets of tests/fuzz with their seed writer.
+# Used by run_sanitizers.sh and run_fuzzers.sh. Usage: bash scripts/build_sanitizers.sh [build-dir]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${1:-build-san}"
+bash scripts/install_packages.sh clang libclang-rt-dev libomp-dev cmake ninja-build \
+  libfaiss-dev libopenblas-dev nlohmann-json3-dev libgtest-dev
+
+SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  cmake -G Ninja --no-warn-unused-cli -S . -B "$BUILD_DIR" \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+    "-DCMAKE_CXX_FLAGS=$SAN" \
+    -DKVINDEX_BUILD_FUZZERS=ON -DKVINDEX_BUILD_TESTS=ON -DKVINDEX_BUILD_BENCHMARKS=OFF \
+    -DKVINDEX_ENABLE_GPU=OFF -DKVINDEX_ENABLE_PYTHON=OFF >/dev/null
+fi
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target kvindex_tests kvindex_fault_tests \
+  fuzz_read_index fuzz_factory fuzz_trace fuzz_gguf kvindex_fuzz_make_seeds
