@@ -20,6 +20,9 @@ bash scripts/build_sanitizers.sh "$BUILD_DIR"
 echo "run_fuzzers: build took $(( $(date +%s) - start )) s"
 TARGETS=(fuzz_read_index fuzz_factory fuzz_trace fuzz_gguf)
 
+# one target per core at a time (each is single-threaded); counted before
+# OMP_NUM_THREADS=1 below, which nproc would report instead
+JOBS=$(nproc)
 # One thread everywhere: reproducible runs, and no OpenMP / BLAS pools per input.
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export ASAN_OPTIONS="detect_leaks=1:allocator_may_return_null=0:${ASAN_OPTIONS:-}"
@@ -45,8 +48,6 @@ run_target() { # target -> exit status; its log in $LOGS
   [ -n "${DICT[$t]:-}" ] && args+=(-dict="${DICT[$t]}")
   "$BUILD_DIR/tests/fuzz/$t" "${args[@]}" "$corpus" >"$log" 2>&1
 }
-# one target per core at a time (each is single-threaded)
-JOBS=$(nproc)
 for ((b = 0; b < ${#TARGETS[@]}; b += JOBS)); do
   batch=("${TARGETS[@]:b:JOBS}")
   pids=()
