@@ -7,8 +7,11 @@
 #              scripts/build_device.sh builds sm_90 for a GPU machine)
 #   ctest      every gtest, the tools' and the model's tests, the docs
 #              staleness check and the installed-package consumer
+#   hf-wheels  waits for torch, transformers and accelerate, which install
+#              into .venv in the background from the build phase on
 #   python     the Python package (linking the library built above), its
-#              pytest suite and examples (scripts/run_python_tests.sh)
+#              pytest suite (torch and transformers tests included) and
+#              examples (scripts/run_python_tests.sh)
 #   san-build  one clang build with ASan + UBSan + libFuzzer coverage for
 #              both the sanitizer tests and the fuzzers (build_sanitizers.sh)
 #   sanitizers the library's tests and the allocation-fault tests under
@@ -51,11 +54,26 @@ phase() {
 if [ "$QUICK" = 0 ]; then
   phase setup bash scripts/setup.sh --no-build
 fi
+# the Python tests' PyTorch and transformers wheels (~6 GB, mostly network
+# and disk) install while the C++ builds; the python phase waits for them
+HF_LOG=$(mktemp)
+.venv/bin/pip install -q --disable-pip-version-check --no-compile \
+  -r python_bindings/tests/requirements-hf.txt >"$HF_LOG" 2>&1 &
+HF_PID=$!
 KVINDEX_CMAKE_ARGS="-DCMAKE_CUDA_ARCHITECTURES=90-virtual" phase build bash scripts/setup.sh build
 source scripts/blas_env.sh
 # setup.sh installed the model: the tests that need it must run, not skip
 KVINDEX_REQUIRE_MODEL=1 phase ctest ctest --test-dir build --output-on-failure -j "$(nproc)"
-phase python bash scripts/run_python_tests.sh
+wait_hf() {
+  if ! wait "$HF_PID"; then
+    cat "$HF_LOG" >&2
+    echo "run_tests: installing python_bindings/tests/requirements-hf.txt failed" >&2
+    return 1
+  fi
+}
+phase hf-wheels wait_hf
+# the torch and transformers tests must run, not skip
+KVINDEX_REQUIRE_HF=1 phase python bash scripts/run_python_tests.sh
 if [ "$QUICK" = 1 ]; then
   exit 0
 fi

