@@ -29,6 +29,7 @@
 #include <vector>
 
 #include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
 #include <omp.h>
 
 #include "subcommand_options.h"
@@ -413,9 +414,61 @@ int cmd_train(int argc, char** argv) {
     return 0;
 }
 
+int cmd_tasks(int argc, char** argv) {
+    std::string model, contexts = "2048,4096,8192", tasks, out;
+    int samples = 20;
+    uint64_t seed = 1;
+    std::vector<std::string> haystack_files;
+    for (const std::string& t : ruler_task_names()) tasks += (tasks.empty() ? "" : ",") + t;
+    po::options_description opts(
+            "kvllm tasks: the prompts of kvllm ruler (the same samples, one definition) as JSON, for another\n"
+            "runtime to answer (python -m kvindex.eval ruler / needle); token counts by this model's tokenizer");
+    add_model_option(opts, model);
+    opts.add_options()
+            ("context", po::value(&contexts)->default_value(contexts), "prompt lengths in tokens (at most)")
+            ("samples", po::value(&samples)->default_value(samples), "prompts per task and context")
+            ("tasks", po::value(&tasks)->default_value(tasks), "tasks")
+            ("seed", po::value(&seed)->default_value(seed), "seed of the prompts")
+            ("haystack-file", po::value(&haystack_files),
+             "haystack text of the niah and vt tasks (repeatable; default data/train/*.txt)")
+            ("out", po::value(&out)->required(), "JSON file to write");
+    po::variables_map vm;
+    if (!parse_subcommand(argc, argv, opts, vm)) return 0;
+    const std::vector<int64_t> context_list = parse_list<int64_t>(contexts);
+    const std::vector<std::string> task_list = parse_list<std::string>(tasks);
+    Loaded m(model);
+    check_ruler_prompts(task_list, context_list, samples, LlamaModel(m.file).cfg.n_ctx_train,
+                        "the model's training context");
+    std::vector<std::string> haystack;
+    bool needs_haystack = false;
+    for (const std::string& t : task_list) needs_haystack = needs_haystack || ruler_task_needs_haystack(t);
+    if (needs_haystack) {
+        if (haystack_files.empty()) haystack_files = default_haystack_files();
+        haystack = haystack_of(haystack_files);
+    }
+    const TokenCounter count = token_counter(m.tok);
+    nlohmann::json cases = nlohmann::json::array();
+    for (int64_t context : context_list) {
+        for (const std::string& task : task_list) {
+            for (int si = 0; si < samples; si++) {
+                const RulerSample s = make_ruler_sample(task, context, seed, si, haystack, count);
+                const std::string text = s.prompt.text();
+                cases.push_back({{"task", s.task}, {"context", context}, {"sample", si}, {"prompt", text},
+                                 {"question", s.prompt.pieces.back()}, {"tokens", s.prompt.n_tokens()},
+                                 {"expected", s.expected}, {"max_new", s.max_new}, {"reference", s.reference},
+                                 {"depth", s.depth >= 0 ? nlohmann::json(s.depth) : nlohmann::json(nullptr)}});
+            }
+            std::fprintf(stderr, "kvllm tasks: %s at %lld tokens: %d prompts\n", task.c_str(), (long long)context,
+                         samples);
+        }
+    }
+    write_json(out, {{"format", 1}, {"seed", seed}, {"haystack_files", haystack_files}, {"cases", cases}});
+    return 0;
+}
+
 void usage() {
     std::fprintf(stderr,
-                 "usage: kvllm tokenize|detokenize|logits|generate|trace|e2e|needle|ruler|train [options] "
+                 "usage: kvllm tokenize|detokenize|logits|generate|trace|e2e|needle|ruler|tasks|train [options] "
                  "(kvllm CMD --help)\n");
 }
 
@@ -440,6 +493,7 @@ int main(int argc, char** argv) {
         if (cmd == "e2e") return cmd_e2e(argc, argv);
         if (cmd == "needle") return cmd_needle(argc, argv);
         if (cmd == "ruler") return cmd_ruler(argc, argv);
+        if (cmd == "tasks") return cmd_tasks(argc, argv);
         if (cmd == "train") return cmd_train(argc, argv);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "kvllm %s: %s\n", cmd.c_str(), kvindex::error_message(e).c_str());

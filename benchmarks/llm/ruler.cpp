@@ -524,33 +524,45 @@ double ruler_score(const std::string& answer, const std::vector<std::string>& ex
     return double(found) / double(expected.size());
 }
 
-void check_ruler_config(const RulerConfig& cfg, int64_t n_ctx_train) {
-    if (cfg.samples < 1) {
-        throw std::invalid_argument("--samples " + std::to_string(cfg.samples) + ": need at least 1");
+void check_ruler_prompts(
+        const std::vector<std::string>& tasks,
+        const std::vector<int64_t>& contexts,
+        int samples,
+        int64_t max_context,
+        const std::string& why) {
+    if (samples < 1) {
+        throw std::invalid_argument("--samples " + std::to_string(samples) + ": need at least 1");
     }
-    if (cfg.max_new < 0) {
-        throw std::invalid_argument("--max-new " + std::to_string(cfg.max_new) + " must be >= 0");
-    }
-    if (cfg.tasks.empty() || cfg.contexts.empty() || cfg.indexes.empty()) {
-        throw std::invalid_argument("ruler needs a task, a context and an index at least");
+    if (tasks.empty() || contexts.empty()) {
+        throw std::invalid_argument("ruler needs a task and a context at least");
     }
     const std::vector<std::string>& known = ruler_task_names();
-    for (const std::string& t : cfg.tasks) {
+    for (const std::string& t : tasks) {
         if (std::find(known.begin(), known.end(), t) == known.end()) {
             throw unknown_task(t);
         }
     }
-    // --likelihood reads the reference after the prompt, in the same context
-    const int64_t room = cfg.likelihood ? kReferenceRoom : 0;
-    for (int64_t c : cfg.contexts) {
-        if (c < 1 || c > n_ctx_train - room) {
-            throw std::invalid_argument(
-                    "context " + std::to_string(c) + " outside [1, " + std::to_string(n_ctx_train - room) +
-                    "] (the model's training context" +
-                    (room ? " less " + std::to_string(room) + " tokens for --likelihood's reference answer" : "") +
-                    ")");
+    for (int64_t c : contexts) {
+        if (c < 1 || c > max_context) {
+            throw std::invalid_argument("context " + std::to_string(c) + " outside [1, " +
+                                        std::to_string(max_context) + "] (" + why + ")");
         }
     }
+}
+
+void check_ruler_config(const RulerConfig& cfg, int64_t n_ctx_train) {
+    if (cfg.max_new < 0) {
+        throw std::invalid_argument("--max-new " + std::to_string(cfg.max_new) + " must be >= 0");
+    }
+    if (cfg.indexes.empty()) {
+        throw std::invalid_argument("ruler needs an index at least");
+    }
+    // --likelihood reads the reference after the prompt, in the same context
+    const int64_t room = cfg.likelihood ? kReferenceRoom : 0;
+    check_ruler_prompts(cfg.tasks, cfg.contexts, cfg.samples, n_ctx_train - room,
+                        "the model's training context" +
+                                (room ? " less " + std::to_string(room) + " tokens for --likelihood's reference answer"
+                                      : std::string()));
 }
 
 void run_ruler(

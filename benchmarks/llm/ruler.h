@@ -105,6 +105,15 @@ struct RulerConfig : IndexRunConfig {
 /// (the longest, vt's five names, is ~36 tokens).
 constexpr int64_t kReferenceRoom = 64;
 
+/// Throws std::invalid_argument naming an unknown task, a context outside
+/// [1, max_context] (`why` says what bounds it) or samples < 1.
+void check_ruler_prompts(
+        const std::vector<std::string>& tasks,
+        const std::vector<int64_t>& contexts,
+        int samples,
+        int64_t max_context,
+        const std::string& why);
+
 /// Throws std::invalid_argument naming what is wrong with cfg (unknown
 /// task, context outside [1, n_ctx_train] (n_ctx_train - kReferenceRoom
 /// with likelihood), samples < 1, max_new < 0).

@@ -5,6 +5,7 @@ The references are independent of kvindex: the model's own sdpa attention
 (a DynamicCache), a top-k attention written here in torch, and kvllm, the
 project's C++ runtime, on the same weights and string."""
 import glob
+import json
 import os
 import subprocess
 
@@ -205,3 +206,52 @@ def test_bad_input_is_a_clear_error(hf):
     cache = KVIndexCache(model, "Flat")
     with pytest.raises(ValueError, match="made for"):
         generate(other, real_text_ids(tok, 20), 2, cache)
+
+
+# ---- python -m kvindex.eval ---------------------------------------------------
+
+def eval_args(command, *extra):
+    return [command, "--model", model_dir(), "--gguf", GGUF, *extra]
+
+
+def test_eval_fidelity_of_flat_is_the_models_own(hf, tmp_path):
+    from kvindex import eval as kveval
+
+    out = tmp_path / "fidelity.json"
+    r = kveval.main(eval_args("fidelity", "--index", "Flat", "--index", "TopK(Flat)|k=8", "--context", "256",
+                              "--decode", "8", "--json", str(out), "--plot", str(tmp_path / "f.png")), loaded=hf)
+    flat, topk = r["results"]
+    assert flat["top1_agreement"] == 1.0 and flat["kl_max"] < 1e-6
+    assert abs(flat["perplexity"] / r["dense_perplexity"] - 1) < 1e-4
+    assert topk["kl_mean"] > flat["kl_mean"]  # 8 of ~256 keys: not the dense answer
+    assert json.loads(out.read_text())["results"][0]["index"] == "Flat"
+    assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_eval_needle_takes_kvllm_tasks_prompts(hf, tmp_path):
+    from kvindex import eval as kveval
+
+    kvllm = os.path.join(ROOT, "build", "benchmarks", "kvllm")
+    if not os.access(kvllm, os.X_OK):
+        pytest.skip("kvllm is not built")
+    r = kveval.main(eval_args("needle", "--index", "Flat", "--context", "300", "--samples", "2",
+                              "--kvllm", kvllm), loaded=hf)
+    # the prompts are kvllm tasks' (passkey, the same seed): the same JSON again
+    done = subprocess.run([kvllm, "tasks", "--tasks", "passkey", "--context", "300", "--samples", "2",
+                           "--seed", "1", "--out", str(tmp_path / "t.json")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    cases = json.loads((tmp_path / "t.json").read_text())["cases"]
+    assert [c["expected"] for c in r["cases"]] == [c["expected"] for c in cases]
+    for case in r["cases"]:
+        dense, flat = case["results"]
+        assert flat["same_as_dense"] and flat["answer"] == dense["answer"]
+        assert abs(case["model_tokens"] - case["tokens"]) <= 8  # one tokenizer, pieces encoded apart in kvllm
+
+
+def test_eval_bad_input(hf):
+    from kvindex import eval as kveval
+
+    with pytest.raises(ValueError, match="cannot parse"):
+        kveval.main(eval_args("fidelity", "--index", "NoSuch", "--context", "16", "--decode", "4"), loaded=hf)
+    with pytest.raises(FileNotFoundError, match="kvllm"):
+        kveval.main(eval_args("needle", "--index", "Flat", "--kvllm", "/nonexistent/kvllm"), loaded=hf)
