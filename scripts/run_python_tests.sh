@@ -40,7 +40,3 @@ if [ -x "$BUILD_DIR/benchmarks/kvbench" ]; then
 else
   echo "($BUILD_DIR/benchmarks/kvbench not built: replay skipped)"
 fi
-if [ -n "${KVINDEX_REQUIRE_HF:-}" ] || "$PY" -c "import transformers" 2>/dev/null; then
-  echo "== examples/hf_generate.py: a transformers model decodes through KVIndexCache"
-  "$PY" python_bindings/examples/hf_generate.py --max-new-tokens 6
-fi

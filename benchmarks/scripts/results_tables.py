@@ -279,6 +279,27 @@ def _(run):
     return render(cols, names)
 
 
+@table("hf-decode-speed", "benchmarks/results/hf_decode_speed.json")
+def _(run):
+    rows = run["rows"]
+    contexts = sorted({r["context"] for r in rows})
+    cell = {(r["index"], r["context"]): r for r in rows}
+    names = list(dict.fromkeys(r["index"] for r in rows))
+
+    def speed(n, c):
+        r = cell[n, c]
+        text = "%.2f (%.1f ms)" % (r["tok_per_s"], r["step_ms"])
+        if "attend_ms" in r:
+            text += " / %.2f ms / %.2f ms (%.1f%%)" % (r["attend_ms"], r["glue_ms"], 100 * r["glue_over_attend"])
+        return text
+
+    cols = [("cache", lambda n: "sdpa (the model's own, DynamicCache)" if n == "sdpa" else code(n))]
+    for c in contexts:
+        cols.append((f"@{c}: tok/s (step) / attend / glue (of attend)", lambda n, c=c: speed(n, c)))
+    cols.append(("prefill s @%d" % contexts[-1], lambda n: "%.1f" % cell[n, contexts[-1]]["prefill_s"]))
+    return render(cols, names)
+
+
 # bench_recall --json: points of (index, knob)
 
 

@@ -12,10 +12,17 @@ import functools
 import numpy as np
 
 
+_is_tensor_type = {}  # type -> whether it is a torch.Tensor (a decode step asks ~100 times)
+
+
 def is_tensor(x):
     """Whether x is a torch.Tensor, without importing torch."""
     t = type(x)
-    return t.__module__.startswith("torch") and any(c.__name__ == "Tensor" for c in t.__mro__)
+    known = _is_tensor_type.get(t)
+    if known is None:
+        known = _is_tensor_type[t] = t.__module__.startswith("torch") and any(
+            c.__name__ == "Tensor" for c in t.__mro__)
+    return known
 
 
 def _as_torch(x, torch):

@@ -199,14 +199,13 @@ class KVIndexLayer(CacheLayerMixin):
 
     def _decode(self, query, new_keys, new_values, scaling):
         cache = self.cache
-        q = query.detach()
-        outs = []
-        for b, seq in enumerate(cache.sequences):
-            out, _ = seq.decode(self.layer_idx, new_keys[b].detach(), new_values[b].detach(),
-                                cache._scaled(q[b], scaling))
-            outs.append(out)
+        layer = self.layer_idx
+        outs = [seq.decode(layer, new_keys[b], new_values[b], cache._scaled(query[b], scaling))[0]
+                for b, seq in enumerate(cache.sequences)]
         # (n_q_heads, m, d_value) per sequence -> (batch, m, n_q_heads, d_value)
-        return torch.stack(outs).transpose(1, 2).to(query.dtype)
+        out = outs[0].unsqueeze(0) if len(outs) == 1 else torch.stack(outs)
+        out = out.transpose(1, 2)
+        return out if out.dtype == query.dtype else out.to(query.dtype)
 
     def get_seq_length(self):
         return self.n_tokens

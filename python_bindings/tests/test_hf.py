@@ -255,3 +255,16 @@ def test_eval_bad_input(hf):
         kveval.main(eval_args("fidelity", "--index", "NoSuch", "--context", "16", "--decode", "4"), loaded=hf)
     with pytest.raises(FileNotFoundError, match="kvllm"):
         kveval.main(eval_args("needle", "--index", "Flat", "--kvllm", "/nonexistent/kvllm"), loaded=hf)
+
+
+def test_the_example_decodes_through_kvindex(hf):
+    # examples/hf_generate.py's three lines, on the model loaded once here
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "hf_generate", os.path.join(ROOT, "python_bindings", "examples", "hf_generate.py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model, tok = hf
+    text = example.generate(model, tok, "Sink4,Window64,LSHSample10x150", "The capital of France is", 6)
+    assert "Paris" in text
