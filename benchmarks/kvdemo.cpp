@@ -21,6 +21,8 @@
 
 #include <boost/program_options.hpp>
 
+#include "subcommand_options.h"
+
 #include <kvindex/KVIndex.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
@@ -104,8 +106,8 @@ int main(int argc, char** argv) {
     int d;
     uint64_t seed;
     std::vector<std::string> specs;
-    po::options_description opts("kvdemo options");
-    opts.add_options()("help,h", "this help")
+    po::options_description opts("kvdemo: compare KV indexes with exact attention on a synthetic head");
+    opts.add_options()
             ("tokens", po::value<idx_t>(&n)->default_value(32768), "keys in the head")
             ("dim", po::value<int>(&d)->default_value(128), "head dimension")
             ("queries", po::value<idx_t>(&nq)->default_value(50), "evaluation queries")
@@ -114,16 +116,13 @@ int main(int argc, char** argv) {
              "factory string[|param=value,...], repeatable");
     po::variables_map vm;
     try {
-        po::store(po::parse_command_line(argc, argv, opts), vm);
-        po::notify(vm);
+        // the tools' parser: --help, and "-1" refused for the unsigned seed
+        if (!kvtools::parse_options(argc, argv, opts, vm)) {
+            return 0;
+        }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "kvdemo: %s\n", e.what());
         return 2;
-    }
-    if (vm.count("help")) {
-        std::printf("%s\n", "kvdemo: compare KV indexes with exact attention on a synthetic head");
-        std::cout << opts << "\n";
-        return 0;
     }
     if (d < 2 || d > kMaxDimension || d % 2 != 0) {
         // RoPE pairs coordinates; the factory's bound

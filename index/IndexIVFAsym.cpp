@@ -672,7 +672,7 @@ bool IndexIVFAsym::reads_search_knob(const std::string& name) const {
 std::vector<ParameterInfo> IndexIVFAsym::parameter_info() const {
     std::vector<ParameterInfo> info = KVIndex::parameter_info();
     using P = ParameterInfo;
-    info.push_back(P::integer("nprobe", 0, n_centroids, "buckets read per query (ell); C reads every key"));
+    info.push_back(P::integer("nprobe", 0, n_centroids, "buckets read per query (ell); C reads every key; 0 reads none (under a sink and window: those alone; bare: out = 0, lse = -inf)"));
     info.push_back(P::flag("group_probe", "1: one bucket set per GQA group in attend (summed classifier outputs), 0: per query"));
     info.push_back(P::real("var_weight", 0, 1, "_Moment: weight of the variance term (0: mean only, 1: Gaussian)"));
     info.push_back(P::integer("hidden", 1, 65536, "width of the self-trained Q-model").prefill());

@@ -747,17 +747,17 @@ void sort_unique(std::vector<int32_t>& v) {
 
 } // namespace
 
-void IndexRoarGraph::project(const std::vector<idx_t>& lists, idx_t n_lists) {
+void IndexRoarGraph::project(const std::vector<idx_t>& lists, idx_t n_lists, int width) {
     int R = max_degree();
     // the candidates of each pivot: the lists of the queries it heads
     std::vector<std::vector<int32_t>> cands(ntotal);
     for (idx_t q = 0; q < n_lists; q++) {
-        const idx_t* list = lists.data() + q * Nq;
+        const idx_t* list = lists.data() + q * width;
         if (list[0] < 0) {
             continue;
         }
         std::vector<int32_t>& c = cands[list[0]];
-        for (int j = 1; j < Nq && list[j] >= 0; j++) {
+        for (int j = 1; j < width && list[j] >= 0; j++) {
             c.push_back(int32_t(list[j]));
         }
     }
@@ -995,13 +995,16 @@ void IndexRoarGraph::prefill_impl(const PrefillInput& in) {
             for (idx_t i = 0; i < n; i++) {
                 storage.key(i, &keys[size_t(i) * d]);
             }
-            std::vector<idx_t> lists(size_t(nq) * Nq);
-            exact_topk_blocked(keys.data(), n, d, train.data(), nq, Nq, lists.data());
+            // (no wider than the keys: Nq = 100000 over 2k keys would
+            // allocate lists of padding, gigabytes of it)
+            const int width = int(std::min<idx_t>(Nq, n));
+            std::vector<idx_t> lists(size_t(nq) * width);
+            exact_topk_blocked(keys.data(), n, d, train.data(), nq, width, lists.data());
             keys = std::vector<float>();
             // 3. projection
-            project(lists, nq);
+            project(lists, nq, width);
             choose_hubs(lists, n);
-            choose_anchors(train, lists, nq);
+            choose_anchors(train, lists, nq, width);
             n_prompt = n;
             // 4. connectivity: the keys the projection left with few edges
             // (most keys are in no query's list) are linked by search; the
@@ -1045,23 +1048,24 @@ void IndexRoarGraph::choose_hubs(const std::vector<idx_t>& lists, idx_t n) {
 void IndexRoarGraph::choose_anchors(
         const std::vector<float>& train,
         const std::vector<idx_t>& lists,
-        idx_t n_lists) {
+        idx_t n_lists,
+        int width) {
     // evenly spread over the (sorted) sample: every head and position range
     idx_t na = std::min(n_anchors, n_lists);
-    resize_anchors(size_t(na), size_t(Nq));
+    resize_anchors(size_t(na), size_t(width));
     std::vector<float> k(d);
     for (idx_t a = 0; a < na; a++) {
         idx_t src = a * n_lists / na;
         const float* q = train.data() + src * d;
         std::copy(q, q + d, anchor_queries.begin() + a * d);
-        const idx_t* list = lists.data() + src * Nq;
+        const idx_t* list = lists.data() + src * width;
         int last = 0;
-        while (last + 1 < Nq && list[last + 1] >= 0) {
+        while (last + 1 < width && list[last + 1] >= 0) {
             last++;
         }
         anchor_pivots[a] = int32_t(list[0]);
-        for (int j = 0; j < Nq; j++) {
-            anchor_lists[size_t(a) * Nq + j] = int32_t(list[j]);
+        for (int j = 0; j < width; j++) {
+            anchor_lists[size_t(a) * width + j] = int32_t(list[j]);
         }
         storage.key(list[last], k.data());
         float t = 0;

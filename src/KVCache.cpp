@@ -7,6 +7,7 @@
 
 #include <faiss/impl/FaissAssert.h>
 
+#include <kvindex/errors.h>
 #include <kvindex/index_factory.h>
 
 #include "checks.h"
@@ -313,8 +314,20 @@ void KVCache::append(int layer, idx_t n, const float* keys, const float* values)
             throw;
         }
     }
+    // every head held before any appends: a call running on one head (its
+    // index() used directly) refuses the append while no head has changed
+    std::vector<std::unique_ptr<WriteScope>> heads;
+    heads.reserve(n_kv_heads);
+    for (int h = 0; h < n_kv_heads; h++) {
+        try {
+            heads.push_back(std::make_unique<WriteScope>(*index(layer, h), "KVCache::append", "a KV head"));
+        } catch (const CallRefused& e) {
+            // the names cost more than the scopes: built for a refusal only
+            KVINDEX_THROW_FMT(CallRefused, "layer %d, KV head %d: %s", layer, h, bare_error_message(e).c_str());
+        }
+    }
     parallel_for(n_kv_heads, [&](idx_t h) {
-        index(layer, int(h))->add_kv(n, keys + h * n * d, values + h * n * d_value);
+        index(layer, int(h))->add_kv_in_scope(n, keys + h * n * d, values + h * n * d_value);
     });
 }
 

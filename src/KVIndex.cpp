@@ -62,6 +62,9 @@ ReadScope::~ReadScope() {
 WriteScope::WriteScope(KVIndex& index, const char* what)
         : WriteScope(index.access_, what, "this index") {}
 
+WriteScope::WriteScope(KVIndex& index, const char* what, const char* where)
+        : WriteScope(index.access_, what, where) {}
+
 WriteScope::WriteScope(AccessCount& calls, const char* what, const char* where) : calls_(calls) {
     int64_t s = 0;
     if (!calls.state.compare_exchange_strong(s, -1, std::memory_order_acquire)) {
@@ -181,6 +184,13 @@ void KVIndex::add(idx_t, const float*) {
 
 void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
     WriteScope scope(*this, "add_kv");
+    add_kv_in_scope(n, keys, values);
+}
+
+void KVIndex::add_kv_in_scope(idx_t n, const float* keys, const float* values) {
+    FAISS_THROW_IF_NOT_MSG(
+            access_.state.load(std::memory_order_relaxed) < 0,
+            "add_kv_in_scope: the caller holds no write scope on this index (use add_kv)");
     check_add_kv(n, keys, values);
     if (n == 0) {
         return;

@@ -131,6 +131,17 @@ namespace {
 
 AtomicFileWriter::AtomicFileWriter(std::string path, const char* who)
         : path_(std::move(path)), tmp_(path_ + ".tmp.XXXXXX"), who_(who) {
+    struct stat st;
+    if (::stat(path_.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+        // a stream (/dev/stdout, a pipe, /dev/full): written in place, its
+        // errors reported, never replaced by a regular file
+        tmp_.clear();
+        fd_ = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd_ < 0) {
+            throw_file_error(who_, "open", path_, errno);
+        }
+        return;
+    }
     fd_ = ::mkstemp(&tmp_[0]);
     if (fd_ < 0) {
         throw_file_error(who_, "create a temporary file beside", path_, errno);
@@ -147,7 +158,9 @@ AtomicFileWriter::AtomicFileWriter(std::string path, const char* who)
 AtomicFileWriter::~AtomicFileWriter() {
     if (fd_ >= 0) { // not committed: the target keeps what it held
         ::close(fd_);
-        ::unlink(tmp_.c_str());
+        if (!tmp_.empty()) {
+            ::unlink(tmp_.c_str());
+        }
     }
 }
 
@@ -157,7 +170,9 @@ void AtomicFileWriter::fail(const char* doing) {
         ::close(fd_);
         fd_ = -1;
     }
-    ::unlink(tmp_.c_str());
+    if (!tmp_.empty()) {
+        ::unlink(tmp_.c_str());
+    }
     throw_file_error(who_, doing, path_, err);
 }
 
@@ -181,6 +196,14 @@ void AtomicFileWriter::write(const void* data, size_t n) {
 
 void AtomicFileWriter::commit() {
     FAISS_THROW_IF_NOT_FMT(fd_ >= 0, "%s: '%s' is already committed", who_, path_.c_str());
+    if (tmp_.empty()) { // a stream: nothing to sync or rename
+        int fd = fd_;
+        fd_ = -1;
+        if (::close(fd) != 0) {
+            throw_file_error(who_, "close", path_, errno);
+        }
+        return;
+    }
     if (::fsync(fd_) != 0) {
         fail("flush to disk");
     }
@@ -201,6 +224,12 @@ void AtomicFileWriter::commit() {
 void write_file(const std::string& fname, const std::vector<uint8_t>& buf, const char* writer) {
     AtomicFileWriter out(fname, writer);
     out.write(buf.data(), buf.size());
+    out.commit();
+}
+
+void write_file(const std::string& fname, const std::string& text, const char* writer) {
+    AtomicFileWriter out(fname, writer);
+    out.write(text);
     out.commit();
 }
 

@@ -301,6 +301,15 @@ std::vector<std::pair<std::string, double>> parse_parameters(const std::string& 
                 "parameter '%s': value '%s' is not a decimal number",
                 name.c_str(),
                 text.c_str());
+        // an integer a double cannot hold would be echoed as another one
+        // (2^63 - 1 as ...808): refused here, by its own digits
+        KVINDEX_CHECK_ARG(
+                std::fabs(value) <= 9007199254740992.0 ||
+                        text.find_first_not_of("+-0123456789") != std::string::npos,
+                "parameter '%s': value '%s' is above 2^53 = 9007199254740992, the largest integer a "
+                "parameter holds exactly",
+                name.c_str(),
+                text.c_str());
         for (const auto& item : items) {
             KVINDEX_CHECK_ARG(
                     item.first != name,

@@ -265,3 +265,20 @@ TEST(Errors, AFailedSaveLeavesTheFileAsItWas) {
     EXPECT_EQ(n_files, 2u) << "a temporary file was left beside the targets";
     fs::remove_all(dir);
 }
+
+TEST(Errors, ASaveToAStreamWritesInPlaceAndNeverReplacesIt) {
+    // /dev/null and /dev/full are not files to rename over (as root, a
+    // temporary beside them would replace the device): written in place,
+    // a failed write reported
+    auto index = index_factory(8, "Flat");
+    std::vector<float> kv(8 * 3, 0.25f);
+    index->add_kv(3, kv.data(), kv.data());
+    write_index(index.get(), "/dev/null");
+    std::string m = user_message<FileError>([&] { write_index(index.get(), "/dev/full"); });
+    EXPECT_EQ(m, "write_index: cannot write '/dev/full': No space left on device");
+    struct stat st;
+    for (const char* dev : {"/dev/null", "/dev/full"}) {
+        ASSERT_EQ(::stat(dev, &st), 0);
+        EXPECT_TRUE(S_ISCHR(st.st_mode)) << dev << " was replaced";
+    }
+}

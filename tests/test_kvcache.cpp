@@ -416,3 +416,46 @@ TEST(KVCache, AWriteOfTheCacheHoldsEveryLayerAgainstAppends) {
     std::printf("[ KVCache ] %d writes (%d refused), %d appends (%d refused)\n", written,
                 refused_writes, appended.load(), refused_appends.load());
 }
+
+TEST(KVCache, AnAppendRacingACallOnOneHeadIsAllOrNothing) {
+    // a const call on one head through index() (not through the layer)
+    // while appends run: an append refused for it must leave every head
+    // as it was (before, head 0 took the token and head 1 refused it, and
+    // every later attend of the layer failed until reset)
+    KVCache cache(1, 2, 2, 16, 16, "Flat");
+    const int n0 = 4096;
+    auto k = gaussian(2 * n0, 16, 1), v = gaussian(2 * n0, 16, 2);
+    cache.append(0, n0, k.data(), v.data());
+    std::atomic<bool> stop{false};
+    std::atomic<int> attends{0};
+    std::thread reader([&]() {
+        auto q = gaussian(1, 16, 3);
+        std::vector<float> out(16);
+        while (!stop) {
+            try {
+                cache.index(0, 1)->attend(1, q.data(), out.data(), nullptr);
+                attends++;
+            } catch (const faiss::FaissException&) { // refused while an append runs
+            }
+        }
+    });
+    auto k1 = gaussian(2, 16, 4), v1 = gaussian(2, 16, 5);
+    int appended = 0, refused = 0;
+    for (int i = 0; i < 2000 && !(refused >= 20 && i >= 200); i++) {
+        try {
+            cache.append(0, 1, k1.data(), v1.data());
+            appended++;
+        } catch (const CallRefused& e) {
+            refused++;
+            EXPECT_NE(std::string(e.what()).find("layer 0, KV head 1"), std::string::npos) << e.what();
+        }
+        ASSERT_EQ(cache.index(0, 0)->ntotal, cache.index(0, 1)->ntotal) << "after append " << i;
+    }
+    stop = true;
+    reader.join();
+    EXPECT_GT(refused, 0) << "no append overlapped an attend: the race was not exercised";
+    EXPECT_EQ(cache.n_tokens(0), n0 + appended);
+    std::vector<float> q = gaussian(2, 16, 6), out(2 * 16);
+    EXPECT_NO_THROW(cache.attend(0, 1, q.data(), out.data(), nullptr));
+    std::printf("[ KVCache ] %d appends (%d refused), %d attends on head 1\n", appended, refused, attends.load());
+}

@@ -2148,3 +2148,19 @@ TEST(RoarGraph, BadInputAndPadding) {
     expect_same_graph(*g, *emptied, "after reset");
 }
 
+
+TEST(RoarGraph, AnNqAboveTheKeysBuildsWhatNqOfEveryKeyBuilds) {
+    // Nq = 100000 over 600 keys: the lists hold every key either way, so the
+    // graph is the one Nq = 600 builds, at its size (before, the lists were
+    // allocated 100000 wide: 3.6 GB for 2048 keys)
+    Data x = make_data(600, kD, 1, 300, 20, 130);
+    auto wide = built(x, "Nq=100000"), every = built(x, "Nq=600");
+    EXPECT_EQ(wide->memory_bytes(), every->memory_bytes());
+    EXPECT_EQ(wide->anchor_list_width(), size_t(x.n));
+    EXPECT_EQ(wide->neighbors, every->neighbors);
+    std::vector<float> d1(20 * 10), d2(20 * 10);
+    std::vector<idx_t> l1(20 * 10), l2(20 * 10);
+    wide->search(x.n_test, x.test.data(), 10, d1.data(), l1.data());
+    every->search(x.n_test, x.test.data(), 10, d2.data(), l2.data());
+    EXPECT_EQ(l1, l2);
+}

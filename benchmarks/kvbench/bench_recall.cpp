@@ -30,6 +30,7 @@
 
 #include <kvindex/IndexRoarGraph.h>
 #include <kvindex/attention.h>
+#include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/kernels.h>
 #include <kvindex/parameters.h>
@@ -442,7 +443,7 @@ int run_bench(int argc, char** argv) {
         }
     }
     if (!json.empty()) {
-        std::ofstream f(json);
+        std::ostringstream f;
         f << "{\"tokens\": " << n << ", \"queries\": " << n_queries << ", \"dense_us\": " << dense_us
           << ", \"points\": [\n";
         for (size_t i = 0; i < points.size(); i++) {
@@ -458,6 +459,7 @@ int run_bench(int argc, char** argv) {
               << (i + 1 < points.size() ? ",\n" : "\n");
         }
         f << "]}\n";
+        kvindex::write_file(json, f.str(), "bench_recall"); // whole or not at all
     }
     return 0;
 }

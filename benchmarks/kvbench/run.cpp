@@ -16,6 +16,7 @@
 #include <kvindex/IndexIVFAsym.h>
 #include <kvindex/KVCache.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/impl/io.h>
 #include <kvindex/index_io.h>
 #include <kvindex/kernels.h>
 #include <kvindex/parameters.h>
@@ -497,9 +498,7 @@ void write_json(const RunResult& res, const std::string& path) {
         }
         j["results"].push_back(x);
     }
-    std::ofstream f(path);
-    FAISS_THROW_IF_NOT_FMT(f.good(), "kvbench: cannot write %s", path.c_str());
-    f << j.dump(2) << "\n";
+    kvindex::write_file(path, j.dump(2) + "\n", "kvbench"); // whole or not at all
 }
 
 void write_dump(const RunResult& res, const std::string& dir) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <stdexcept>
 
@@ -246,6 +247,7 @@ kvindex::TraceMeta synthetic_meta(const SyntheticConfig& cfg) {
             int64_t(cfg.n_kv_heads) * cfg.group <= 65536,
             "gen: kv-heads x group = %lld query heads, more than 65536",
             (long long)cfg.n_kv_heads * cfg.group);
+    FAISS_THROW_IF_NOT_FMT(cfg.n_layers <= 4096, "gen: layers=%d, more than 4096", cfg.n_layers);
     head_kind(cfg, 0, 0); // checks the preset name
     kvindex::TraceMeta meta;
     meta.n_layers = cfg.n_layers;
@@ -275,6 +277,21 @@ kvindex::TraceLayer synthetic_layer(const SyntheticConfig& cfg, int layer_no) {
 
 kvindex::TraceMeta write_synthetic_trace(const std::string& dir, const SyntheticConfig& cfg) {
     kvindex::TraceMeta meta = synthetic_meta(cfg);
+    // keys, values and queries of every layer, checked against the disk
+    // before the first byte: a trace that cannot fit is refused, not
+    // written until the disk is full
+    const double elem = cfg.dtype == "float16" ? 2 : 4;
+    const double bytes = double(cfg.n_layers) * double(cfg.n_tokens) * cfg.head_dim *
+            (2.0 * cfg.n_kv_heads + double(meta.n_q_heads)) * elem;
+    std::filesystem::path parent = std::filesystem::absolute(dir).parent_path();
+    std::error_code ec;
+    const std::filesystem::space_info space = std::filesystem::space(parent, ec);
+    FAISS_THROW_IF_NOT_FMT(
+            ec || bytes <= double(space.available),
+            "gen: the trace would take %.1f GB, and %s has %.1f GB free (fewer layers or tokens)",
+            bytes / 1e9,
+            parent.c_str(),
+            double(space.available) / 1e9);
     write_trace_meta(dir, meta);
     for (int l = 0; l < cfg.n_layers; l++) {
         kvindex::write_trace_layer(dir, meta, l, synthetic_layer(cfg, l));

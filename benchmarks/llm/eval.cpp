@@ -14,6 +14,7 @@
 
 #include <kvindex/IndexIVFAsym.h>
 #include <kvindex/index_factory.h>
+#include <kvindex/impl/io.h>
 #include <kvindex/index_io.h>
 #include <kvindex/parameters.h>
 #include <kvindex/trace.h>
@@ -113,11 +114,7 @@ bool same_answer(const std::vector<int>& a, const std::vector<int>& b, const Bpe
 }
 
 void write_json(const std::string& path, const nlohmann::json& j) {
-    std::ofstream f(path);
-    if (!f) {
-        throw std::runtime_error("cannot write " + path);
-    }
-    f << j.dump(2) << "\n";
+    kvindex::write_file(path, j.dump(2) + "\n", "kvllm"); // whole or not at all
 }
 
 std::vector<int> encode_prompt(const BpeTokenizer& tok, const std::string& prompt, bool chat) {
@@ -152,6 +149,13 @@ GenerationResult generate_text(
     }
     if (max_new < 1) {
         throw std::invalid_argument("--max-new " + std::to_string(max_new) + ": need at least 1 token");
+    }
+    // the model's positions end at its training context: past it RoPE
+    // meets angles it never learned and the answer is nonsense
+    if (int64_t(prompt.size()) + max_new > llm.cfg.n_ctx_train) {
+        throw std::invalid_argument("the prompt's " + std::to_string(prompt.size()) + " tokens and --max-new " +
+                                    std::to_string(max_new) + " exceed the model's context of " +
+                                    std::to_string(llm.cfg.n_ctx_train) + " tokens (its GGUF context_length)");
     }
     GenerationResult r;
     const int64_t n = int64_t(prompt.size()) - 1;

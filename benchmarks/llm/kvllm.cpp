@@ -182,6 +182,10 @@ int cmd_logits(int argc, char** argv) {
     if (n == 0) {
         throw std::invalid_argument("--ids is empty");
     }
+    if (n > llm.cfg.n_ctx_train) {
+        throw std::invalid_argument("--ids has " + std::to_string(n) + " tokens, more than the model's context of " +
+                                    std::to_string(llm.cfg.n_ctx_train) + " (its GGUF context_length)");
+    }
     std::vector<float> logits(size_t(n) * V);
     if (!decode) {
         llm.prefill(ids.data(), n, logits.data(), 0);

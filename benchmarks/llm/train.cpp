@@ -369,11 +369,7 @@ void run_train(
                 {"threads", omp_get_max_threads()}, {"prefill_seconds", prefill_s},
                 {"add_prompt_seconds", add_s}, {"train_seconds", train_s}, {"total_seconds", total_s},
                 {"out", cfg.out}, {"heads", heads}};
-        std::ofstream f(cfg.report_json);
-        if (!f) {
-            throw std::runtime_error("cannot write " + cfg.report_json);
-        }
-        f << j.dump(2) << "\n";
+        write_json(cfg.report_json, j);
     }
 }
 

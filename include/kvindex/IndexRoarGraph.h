@@ -200,7 +200,9 @@ struct AnchorGroups {
  */
 struct IndexRoarGraph : KVIndex {
     int M = 32;                      ///< out-degree of the projection; degree bound 2M
-    int Nq = 100;                    ///< exact neighbours per training query
+    /// exact neighbours per training query; a prompt of fewer keys lists
+    /// them all (the build's lists are min(Nq, keys) wide)
+    int Nq = 100;
     int build_L = 64;                ///< beam of the connectivity searches and inserts
     idx_t max_train_queries = 16384; ///< training queries at most (seeded sample)
     int efSearch = 128;              ///< beam of the searches (at least k)
@@ -317,7 +319,7 @@ struct IndexRoarGraph : KVIndex {
     size_t prompt_anchors() const {
         return anchor_pivots.size() - learned_anchors();
     }
-    /// Entries of an anchor's list: Nq of the build (Nq when there are no
+    /// Entries of an anchor's list: min(Nq, keys) of the build (Nq when there are no
     /// anchors yet; 0 for a version-1 record, which has no lists).
     size_t anchor_list_width() const;
     /** Anchors and group centroids a search for q scores to pick its
@@ -408,8 +410,9 @@ struct IndexRoarGraph : KVIndex {
     void append_tokens(idx_t n, const float* keys, const float* values);
     /// Drops the tokens from n0 on and every edge to them (a failed add).
     void drop_tokens_from(idx_t n0);
-    /// Step 3: the projected graph from the training queries' lists.
-    void project(const std::vector<idx_t>& lists, idx_t n_lists);
+    /// Step 3: the projected graph from the training queries' lists
+    /// (size n_lists * width).
+    void project(const std::vector<idx_t>& lists, idx_t n_lists, int width);
     /** Step 4 for `keys`, in batches: search, prune, link both ways.
      * growing: the keys are the graph's first ones (batches grow with the
      * keys already linked instead of starting at kLinkBatch). Returns
@@ -428,11 +431,13 @@ struct IndexRoarGraph : KVIndex {
     bool add_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep);
     /// Hubs from the training lists of a prompt of n keys.
     void choose_hubs(const std::vector<idx_t>& lists, idx_t n);
-    /// Keeps n_anchors of the training queries, with their pivots and bars.
+    /// Keeps n_anchors of the training queries, with their pivots and bars
+    /// (lists: size n_lists * width).
     void choose_anchors(
             const std::vector<float>& train,
             const std::vector<idx_t>& lists,
-            idx_t n_lists);
+            idx_t n_lists,
+            int width);
     /** The pivots of the anchors whose exact lists key x would have
      * entered (score >= bar), best margin first, at most M. */
     std::vector<int32_t> anchor_pivots_of(const float* key, idx_t x) const;

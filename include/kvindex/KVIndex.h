@@ -320,6 +320,13 @@ struct KVIndex : faiss::Index {
      */
     void add_kv(idx_t n, const float* keys, const float* values);
 
+    /** add_kv for a caller that already holds this index's write scope
+     * (a WriteScope on it): KVCache::append takes the scope of every head
+     * of a layer before any head appends, so that an append refused for a
+     * call running on one head leaves every head as it was. Throws if no
+     * write scope is held. */
+    void add_kv_in_scope(idx_t n, const float* keys, const float* values);
+
     /** Throws what add_kv(n, keys, values) would throw before writing
      * anything (a child out of step, a failed write, wrong dimensions,
      * NaN/Inf, a value the storage type cannot hold, a count past 2^62),
@@ -827,6 +834,8 @@ class ReadScope {
 class WriteScope {
    public:
     WriteScope(KVIndex& index, const char* what);
+    /// `where` names the index in the refusal (default "this index")
+    WriteScope(KVIndex& index, const char* what, const char* where);
     WriteScope(AccessCount& calls, const char* what, const char* where);
     ~WriteScope();
     WriteScope(const WriteScope&) = delete;

@@ -267,7 +267,22 @@ void prefill(KVIndex& self, py::handle keys, py::handle values, py::handle queri
     self.prefill(in);
 }
 
-py::tuple search(const KVIndex& self, py::handle q, idx_t k, py::handle params) {
+/// search's k: an int (or an integer numpy scalar), never a bool, which
+/// Python would otherwise take as 0 or 1.
+idx_t k_argument(py::handle k_obj) {
+    if (PyBool_Check(k_obj.ptr()) || !PyIndex_Check(k_obj.ptr())) {
+        throw py::type_error("k must be an integer; got " +
+                             std::string(py::str(py::type::of(k_obj).attr("__name__"))));
+    }
+    Py_ssize_t k = PyNumber_AsSsize_t(k_obj.ptr(), PyExc_OverflowError);
+    if (k == -1 && PyErr_Occurred()) {
+        throw py::error_already_set();
+    }
+    return idx_t(k);
+}
+
+py::tuple search(const KVIndex& self, py::handle q, py::handle k_obj, py::handle params) {
+    const idx_t k = k_argument(k_obj);
     if (k <= 0) {
         throw py::value_error("k must be > 0; got " + std::to_string(k));
     }

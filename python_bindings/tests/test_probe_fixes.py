@@ -197,3 +197,45 @@ def test_kv_head_of_refuses_a_query_head_out_of_range():
     for bad in (-1, 4, 7):
         with pytest.raises(IndexError, match="q_head"):
             cache.kv_head_of(bad)
+
+
+# ---- the hostile probe of 2026-12-06 (issue 66) --------------------------------
+
+def test_search_k_must_be_an_integer_not_a_bool():
+    index = kvindex.index_factory(D, "Flat")
+    index.add_kv(*tokens(10))
+    q = tokens(1, 1)[0]
+    for bad in (True, False, 2.0, "3"):
+        with pytest.raises(TypeError, match="k must be an integer"):
+            index.search(q, bad)
+    D_, I = index.search(q, np.int64(3))  # a numpy integer is an integer
+    assert I.shape == (1, 3)
+
+
+def test_an_integer_knob_above_2_53_is_echoed_as_given():
+    index = kvindex.index_factory(D, "TopK(Flat)")
+    with pytest.raises(ValueError, match="'9223372036854775807' is above 2\\^53"):
+        kvindex.set_index_parameters(index, "k=9223372036854775807")
+
+
+def test_ivf_asym_with_nprobe_0_answers_with_its_static_part_or_nothing():
+    # documented (contracts.md): a bare index reads no bucket, its answer is
+    # the empty selection's (out = 0, lse = -inf); under a sink and window,
+    # those answer exactly
+    keys, values = tokens(1024)
+    q = tokens(1, 2)[0]
+    bare = kvindex.index_factory(D, "IVFAsym4")
+    bare.prefill(keys, values)  # every key in a bucket (add_kv alone leaves them unassigned, always read)
+    kvindex.set_index_parameters(bare, "nprobe=0")
+    out, lse = bare.attend(q)
+    assert lse[0] == -np.inf and not out.any()
+    D_, I = bare.search(q, 3)
+    assert (I == -1).all()
+    framed = kvindex.index_factory(D, "Sink1,Window7,IVFAsym4")
+    framed.prefill(keys, values)
+    kvindex.set_index_parameters(framed, "nprobe=0")
+    out, lse = framed.attend(q)
+    ids = [0] + list(range(1017, 1024))
+    s = keys[ids] @ q[0] / np.sqrt(D)
+    w = np.exp(s - s.max())
+    assert np.allclose(out[0], (w / w.sum()) @ values[ids], atol=1e-5)

@@ -353,6 +353,11 @@ TEST(KvllmCli, BadValuesAreRefusedNotDefaulted) {
                      "nprobe");
     expect_cli_error("generate", "--prompt 'the rather' --max-new -1", "--max-new -1: need at least 1");
     expect_cli_error("generate", "--prompt 'the rather' --max-new 0", "--max-new 0: need at least 1");
+    // past the model's context (it ran on, 181 s for nonsense)
+    expect_cli_error("generate", "--prompt 'the rather' --max-new 100000", "exceed the model's context of");
+    std::string many; // 1025 ids: one past the tiny model's context_length of 1024
+    for (int i = 0; i < 1025; i++) many += "1 ";
+    expect_cli_error("logits", "--out " + out + " --ids '" + many + "'", "more than the model's context of 1024");
 
     const std::string train = " --text-file " + cli_files().text + " --context 600 --min-distance 100 --out " +
                               testing::TempDir() + "tiny_train.cache";

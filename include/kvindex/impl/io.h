@@ -48,7 +48,10 @@ BufferReader read_framed(const FileFrame& frame, const uint8_t* data, size_t siz
  * over `path`. A writer destroyed before commit(), an error on the way
  * included, removes its temporary file: `path` keeps what it held. Errors
  * are FileError ("<who>: cannot write '<path>': No space left on device").
- * Every file kvindex and its tools save goes through one. */
+ * Every file kvindex and its tools save goes through one. A target that
+ * exists and is neither a regular file nor a directory (/dev/stdout, a
+ * pipe, /dev/full) is a stream: written in place, its errors reported,
+ * never replaced. */
 class AtomicFileWriter {
    public:
     AtomicFileWriter(std::string path, const char* who);
@@ -73,6 +76,8 @@ class AtomicFileWriter {
 /// Writes buf to fname, whole or not at all (AtomicFileWriter); `writer`
 /// ("write_index") prefixes the errors.
 void write_file(const std::string& fname, const std::vector<uint8_t>& buf, const char* writer);
+/// The same for text (the tools' JSON and TSV outputs).
+void write_file(const std::string& fname, const std::string& text, const char* writer);
 
 /** The bytes of fname; `reader` ("read_index") prefixes the errors. A FIFO,
  * a device or a directory is refused (FileError) without reading: it could
