@@ -112,6 +112,14 @@ QuantMatrix load_matrix(const GgufFile& f, const std::string& name, int64_t rows
 }
 
 std::vector<float> load_vector(const GgufFile& f, const std::string& name, int64_t n) {
+    // a norm's gains are stored as F32 (llama.cpp's converter never
+    // quantizes them): another type is a file whose bytes mean something
+    // else, which would load and answer nonsense
+    const uint32_t type = f.tensor(name, {n}).type;
+    if (type != uint32_t(GgmlType::F32) && type != uint32_t(GgmlType::F16)) {
+        throw std::invalid_argument(f.path + ": tensor '" + name + "' is " + ggml_type_name(type) +
+                                    "; a norm's gains must be F32 (or F16)");
+    }
     std::vector<float> v = f.dequantize(name, {n});
     auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
     check_finite_weights(f, name, bad == v.end() ? -1 : bad - v.begin(), "element");

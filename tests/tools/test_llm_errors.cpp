@@ -461,3 +461,13 @@ TEST(KvllmErrors, VocabularyAndEmbeddingMustAgree) {
               std::string::npos)
             << model_error(c);
 }
+
+TEST(KvllmErrors, ANormStoredAsAQuantizedTypeIsRefused) {
+    // the probe changed a norm's type from F32 to Q8_0: the model loaded and
+    // answered nonsense; a norm's gains are F32 (or F16) in every converter
+    GgufContent c = kvllm_test::tiny_llama();
+    c.tensor("blk.0.attn_norm.weight").type = 8; // Q8_0, the bytes left as they were
+    EXPECT_NE(model_error(c).find("tensor 'blk.0.attn_norm.weight' is Q8_0; a norm's gains must be F32"),
+              std::string::npos)
+            << model_error(c);
+}
