@@ -179,7 +179,9 @@ void KVIndex::check_children() const {
 void KVIndex::add(idx_t, const float*) {
     FAISS_THROW_MSG(
             "KVIndex::add: values missing; a KV index stores keys with their "
-            "values, use add_kv(n, keys, values)");
+            "values, use add_kv(n, keys, values); in a Faiss container (IndexShards, "
+            "IndexReplicas), fill each index through kvindex (prefill, add_kv) before "
+            "add_shard / add_replica");
 }
 
 void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {

@@ -1,0 +1,141 @@
+// Every kvindex type inside Faiss's own containers, as a Faiss-based serving
+// stack holds indexes: faiss::IndexShards (token-range shards searched and
+// merged by Faiss) and faiss::IndexReplicas (the queries split over copies).
+// The children are filled through kvindex (prefill, add_kv) and then handed
+// to the container; the reference is each child's own search, merged here.
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include <faiss/IndexReplicas.h>
+#include <faiss/IndexShards.h>
+#include <faiss/impl/FaissAssert.h>
+
+#include <kvindex/KVIndex.h>
+#include <kvindex/index_factory.h>
+#include <kvindex/index_io.h>
+#include <kvindex/parameters.h>
+
+#include "conformance_list.h"
+#include "expect_throw.h"
+#include "reference.h"
+
+using namespace kvindex;
+
+namespace {
+
+constexpr int kD = 16, kDv = 12, kGroup = 2;
+constexpr idx_t kShardTokens = 160, kQ = 8, kK = 9;
+
+/// A shard: tokens [first, first + kShardTokens) of one sequence, prefilled
+/// with its group's queries at those positions.
+std::unique_ptr<KVIndex> shard(const kvtest::ConformanceCase& c, idx_t first, const std::vector<float>& keys,
+                               const std::vector<float>& values, const std::vector<float>& queries) {
+    auto index = index_factory(kD, c.factory, kDv);
+    if (*c.knobs) {
+        set_index_parameters(index.get(), c.knobs);
+    }
+    PrefillInput in;
+    in.n_tokens = kShardTokens;
+    in.keys = keys.data() + first * kD;
+    in.values = values.data() + first * kDv;
+    std::vector<float> q(size_t(kGroup) * kShardTokens * kD);
+    for (int h = 0; h < kGroup; h++) { // head-major [kGroup, n, d]
+        std::copy_n(queries.data() + (size_t(h) * 2 * kShardTokens + first) * kD, kShardTokens * kD,
+                    q.data() + size_t(h) * kShardTokens * kD);
+    }
+    in.n_queries = kShardTokens;
+    in.n_query_heads = kGroup;
+    in.queries = q.data();
+    in.first_position = first;
+    index->prefill(in);
+    return index;
+}
+
+class FaissContainers : public testing::TestWithParam<kvtest::ConformanceCase> {};
+
+std::string param_name(const testing::TestParamInfo<kvtest::ConformanceCase>& info) {
+    return kvtest::conformance_test_name(info.index, info.param);
+}
+
+} // namespace
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, FaissContainers, testing::ValuesIn(kvtest::kConformance), param_name);
+
+TEST_P(FaissContainers, ShardsSearchIsTheMergeOfTheirSearches) {
+    const kvtest::ConformanceCase& c = GetParam();
+    const auto keys = kvtest::gaussian(2 * kShardTokens, kD, 11, 1.0f, 0.3f);
+    const auto values = kvtest::gaussian(2 * kShardTokens, kDv, 12);
+    const auto pq = kvtest::gaussian(kGroup * 2 * kShardTokens, kD, 13, 1.5f);
+    const auto q = kvtest::gaussian(kQ, kD, 14, 2.0f);
+    auto a = shard(c, 0, keys, values, pq), b = shard(c, kShardTokens, keys, values, pq);
+
+    faiss::IndexShards shards(kD, /*threaded=*/true, /*successive_ids=*/true);
+    shards.add_shard(a.get());
+    shards.add_shard(b.get());
+    ASSERT_EQ(shards.ntotal, 2 * kShardTokens);
+    ASSERT_EQ(shards.metric_type, faiss::METRIC_INNER_PRODUCT);
+    std::vector<float> dist(kQ * kK);
+    std::vector<idx_t> labels(kQ * kK);
+    shards.search(kQ, q.data(), kK, dist.data(), labels.data());
+
+    // the reference: each shard's own top-k, B's ids after A's, merged
+    std::vector<float> da(kQ * kK), db(kQ * kK);
+    std::vector<idx_t> la(kQ * kK), lb(kQ * kK);
+    a->search(kQ, q.data(), kK, da.data(), la.data());
+    b->search(kQ, q.data(), kK, db.data(), lb.data());
+    for (idx_t i = 0; i < kQ; i++) {
+        std::vector<std::pair<float, idx_t>> both;
+        for (idx_t j = 0; j < kK; j++) {
+            if (la[i * kK + j] >= 0) both.emplace_back(da[i * kK + j], la[i * kK + j]);
+            if (lb[i * kK + j] >= 0) both.emplace_back(db[i * kK + j], lb[i * kK + j] + kShardTokens);
+        }
+        std::sort(both.begin(), both.end(), [](auto x, auto y) { return x.first > y.first; });
+        for (idx_t j = 0; j < kK; j++) {
+            SCOPED_TRACE("query " + std::to_string(i) + " rank " + std::to_string(j));
+            if (j >= idx_t(both.size())) {
+                EXPECT_EQ(labels[i * kK + j], -1);
+                continue;
+            }
+            EXPECT_EQ(dist[i * kK + j], both[j].first);
+            // ids agree but where two scores tie (either order is a merge)
+            bool tie = (j > 0 && both[j - 1].first == both[j].first) ||
+                    (j + 1 < idx_t(both.size()) && both[j + 1].first == both[j].first);
+            if (!tie) {
+                EXPECT_EQ(labels[i * kK + j], both[j].second);
+            }
+        }
+    }
+    // a container's add has no values: the error says what to do instead
+    auto empty = index_factory(kD, c.factory, kDv);
+    faiss::IndexShards fresh(kD, /*threaded=*/false, /*successive_ids=*/true);
+    fresh.add_shard(empty.get());
+    EXPECT_THROW_MSG(fresh.add(1, keys.data()), "add_shard");
+    EXPECT_EQ(empty->ntotal, 0);
+}
+
+TEST_P(FaissContainers, ReplicasAnswerAsTheIndexDoes) {
+    const kvtest::ConformanceCase& c = GetParam();
+    const auto keys = kvtest::gaussian(2 * kShardTokens, kD, 21, 1.0f, 0.3f);
+    const auto values = kvtest::gaussian(2 * kShardTokens, kDv, 22);
+    const auto pq = kvtest::gaussian(kGroup * 2 * kShardTokens, kD, 23, 1.5f);
+    const auto q = kvtest::gaussian(kQ, kD, 24, 2.0f);
+    auto index = shard(c, 0, keys, values, pq);
+    // replicas are copies (through kvindex's io): the queries split over them
+    std::unique_ptr<KVIndex> r1 = clone_index(index.get()), r2 = clone_index(index.get());
+    faiss::IndexReplicas replicas(kD, /*threaded=*/true);
+    replicas.add_replica(r1.get());
+    replicas.add_replica(r2.get());
+    ASSERT_EQ(replicas.ntotal, kShardTokens);
+    std::vector<float> dist(kQ * kK), ref_dist(kQ * kK);
+    std::vector<idx_t> labels(kQ * kK), ref_labels(kQ * kK);
+    replicas.search(kQ, q.data(), kK, dist.data(), labels.data());
+    index->search(kQ, q.data(), kK, ref_dist.data(), ref_labels.data());
+    EXPECT_EQ(dist, ref_dist);
+    EXPECT_EQ(labels, ref_labels);
+    EXPECT_THROW_MSG(replicas.add(1, keys.data()), "add_replica");
+}
