@@ -7,8 +7,8 @@
 #              scripts/build_device.sh builds sm_90 for a GPU machine)
 #   ctest      every gtest, the tools' and the model's tests, the docs
 #              staleness check and the installed-package consumer
-#   hf-wheels  waits for torch, transformers and accelerate, which install
-#              into .venv in the background from the build phase on
+#   hf-wheels  waits for torch, transformers, accelerate and ray, which
+#              install into .venv in the background from the build phase on
 #   python     the Python package (linking the library built above), its
 #              pytest suite (torch and transformers tests included) and
 #              examples (scripts/run_python_tests.sh)
@@ -72,8 +72,8 @@ wait_hf() {
   fi
 }
 phase hf-wheels wait_hf
-# the torch and transformers tests must run, not skip
-KVINDEX_REQUIRE_HF=1 phase python bash scripts/run_python_tests.sh
+# the torch, transformers and Ray tests must run, not skip
+KVINDEX_REQUIRE_HF=1 KVINDEX_REQUIRE_RAY=1 phase python bash scripts/run_python_tests.sh
 if [ "$QUICK" = 1 ]; then
   exit 0
 fi

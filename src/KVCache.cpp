@@ -229,7 +229,8 @@ void KVCache::prefill(
         idx_t n_queries,
         const float* queries,
         const idx_t* positions,
-        const RopeParams& rope) {
+        const RopeParams& rope,
+        idx_t first_position) {
     index(layer, 0); // checks the layer
     WriteScope scope(layer_calls[layer], "KVCache::prefill", "this layer of the cache");
     check_rope_params(rope, d);
@@ -237,6 +238,10 @@ void KVCache::prefill(
     // Check everything before touching any head, so that bad input leaves
     // the layer as it was.
     KVINDEX_CHECK_ARG(n >= 0, "KVCache::prefill: n=%zd must be >= 0", size_t(n));
+    KVINDEX_CHECK_ARG(
+            first_position >= 0 && first_position <= kMaxPosition - n,
+            "KVCache::prefill: first_position=%lld outside [0, 2^62 - n]",
+            (long long)first_position);
     for (int h = 0; h < n_kv_heads; h++) {
         FAISS_THROW_IF_NOT_FMT(
                 index(layer, h)->ntotal == 0,
@@ -261,6 +266,7 @@ void KVCache::prefill(
             // the query heads of KV head h are g consecutive heads
             in.queries = queries ? queries + h * g * n_queries * d : nullptr;
             in.query_positions = positions;
+            in.first_position = first_position;
             in.rope = rope;
             index(layer, int(h))->prefill(in);
         });

@@ -106,6 +106,9 @@ struct KVCache {
      * @param values     size n_kv_heads * n * d_value
      * @param queries    size n_q_heads * n_queries * d, or nullptr
      * @param positions  size n_queries, or nullptr (the last n_queries tokens)
+     * @param first_position  absolute position of the first key: 0 for a
+     *                   whole prompt, the range's start for a cache that
+     *                   holds one token range of a sequence (a shard)
      */
     void prefill(
             int layer,
@@ -115,7 +118,8 @@ struct KVCache {
             idx_t n_queries,
             const float* queries,
             const idx_t* positions,
-            const RopeParams& rope);
+            const RopeParams& rope,
+            idx_t first_position = 0);
 
     /// Appends n tokens to every KV head of a layer (same layouts as
     /// prefill). All input is checked, each head's slice as that head's

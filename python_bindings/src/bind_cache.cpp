@@ -36,7 +36,7 @@ idx_t check_tokens(const KVCache& c, const FloatArray& k, const FloatArray& v) {
 }
 
 void prefill(KVCache& c, int layer, py::handle keys, py::handle values, py::handle queries, py::handle positions,
-             double rope_theta, const std::string& rope_style) {
+             double rope_theta, const std::string& rope_style, idx_t first_position) {
     check_layer(c, layer);
     FloatArray k = as_float_array(keys, "keys"), v = as_float_array(values, "values");
     idx_t n = check_tokens(c, k, v);
@@ -61,7 +61,7 @@ void prefill(KVCache& c, int layer, py::handle keys, py::handle values, py::hand
     }
     kvindex::RopeParams rope{rope_theta, kvindex::rope_style_from_name(rope_style)};
     py::gil_scoped_release release;
-    c.prefill(layer, n, k.data(), v.data(), nq, q_data, pos_data, rope);
+    c.prefill(layer, n, k.data(), v.data(), nq, q_data, pos_data, rope, first_position);
 }
 
 py::tuple attend(const KVCache& c, int layer, py::handle queries, py::handle params) {
@@ -194,9 +194,10 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                  py::arg("layer"))
             .def("prefill", &prefill, py::arg("layer"), py::arg("keys"), py::arg("values"),
                  py::arg("queries") = py::none(), py::arg("positions") = py::none(), py::arg("rope_theta") = 10000.0,
-                 py::arg("rope_style") = "half",
+                 py::arg("rope_style") = "half", py::arg("first_position") = 0,
                  "prefill of one layer: keys (n_kv_heads, n, d), values (n_kv_heads, n, d_value), queries "
-                 "(n_q_heads, nq, d) or None, positions (nq,) int64 or None (the last nq tokens)")
+                 "(n_q_heads, nq, d) or None, positions (nq,) int64 or None (the last nq tokens); "
+                 "first_position: absolute position of the first key (a cache holding one token range)")
             .def("append",
                  [](KVCache& c, int layer, py::handle keys, py::handle values) {
                      check_layer(c, layer);

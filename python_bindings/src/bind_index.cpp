@@ -480,6 +480,10 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
                 py::gil_scoped_release release;
                 s.reset();
             }, "removes every token; the knobs stay")
+            .def("set_stream", [](KVIndex& s, uint64_t stream) { s.set_stream(stream); }, py::arg("stream"),
+                 "the random stream of this index and its children (a KVCache gives head h of layer l the "
+                 "stream l * n_kv_heads + h): an index built apart (a shard) draws as the cache's head "
+                 "would; set it before prefill, between calls")
             .def("adopt_trained", [](KVIndex& s, const KVIndex& trained) {
                 py::gil_scoped_release release;
                 return s.adopt_trained(trained);

@@ -1,0 +1,359 @@
+"""kvindex.distributed: a KV cache spread over Ray actors.
+
+::
+
+    import ray
+    from kvindex.distributed import RayKVCache
+
+    ray.init()                                   # or ray.init(address="auto") on a cluster
+    cache = RayKVCache(32, 32, 8, 128, "Sink4,Window64,LSHSample10x150", shards=4, placement="tokens")
+    cache.prefill(layer, keys, values, queries)  # the methods of kvindex.KVCache
+    out, lse = cache.attend(layer, q)
+
+Each shard is a Ray actor holding a ``kvindex.KVCache`` of its part:
+
+- ``placement="tokens"``: every layer and head, one contiguous range of the
+  sequence's tokens (split evenly at prefill; appends go to the last
+  shard). A decode step sends the layer's queries to every shard that holds
+  tokens of that layer, one call per actor, and merges their (out, lse) by
+  log-sum-exp, as the estimator layer merges partial attentions. Dense
+  attention is the in-process answer up to rounding; a sparse index selects
+  within each shard (its budget per shard, not per sequence).
+- ``placement="heads"``: every layer and token, a share of the KV heads
+  (with their query heads); the outputs are concatenated.
+- ``placement="layers"``: every head and token of a share of the layers; a
+  layer's calls go to the one actor that holds it.
+
+With "heads" and "layers" every (layer, head) index is the one an in-process
+``KVCache`` builds: the answers are identical for every type.
+
+What moves per decode step and layer is the queries (n_q_heads x d floats)
+to each actor and (out, lse) back: kilobytes, where the keys and values the
+shards read are megabytes ("move the query, not the cache").
+
+``checkpoint(path)`` writes every shard with kvindex's io (whole or not at
+all) and ``RayKVCache.restore(path)`` rebuilds the cache on new actors. An
+actor that died makes the next call raise ``RuntimeError`` naming the shard;
+a call that gets no answer within ``timeout_s`` raises ``TimeoutError``.
+"""
+import json
+import os
+
+import numpy as np
+import ray
+
+import kvindex
+
+PLACEMENTS = ("tokens", "heads", "layers")
+_FORMAT = 1  # of checkpoint's meta.json
+
+
+class _Shard:
+    """One actor's part of the cache: a kvindex.KVCache."""
+
+    def __init__(self, config=None, path=None):
+        if path is not None:
+            self.cache = kvindex.read_cache(path)
+            return
+        c = config
+        self.cache = kvindex.KVCache(c["n_layers"], c["n_q_heads"], c["n_kv_heads"], c["d"], c["factory"],
+                                     d_value=c["d_value"], dense_string=c["dense_string"],
+                                     dense_layers=c["dense_layers"])
+        for layer in range(c["n_layers"]):
+            for h in range(c["n_kv_heads"]):
+                index = self.cache.index(layer, h)
+                # the random stream the whole cache's head would draw from
+                index.set_stream(c["layers"][layer] * c["n_kv_heads_all"] + c["heads"][h])
+                if c["params"] and layer not in c["dense_layers"]:
+                    kvindex.set_index_parameters(index, c["params"])
+
+    def prefill(self, layer, keys, values, queries, positions, rope_theta, rope_style, first_position):
+        self.cache.prefill(layer, keys, values, queries=queries, positions=positions, rope_theta=rope_theta,
+                           rope_style=rope_style, first_position=first_position)
+
+    def append(self, layer, keys, values):
+        self.cache.append(layer, keys, values)
+
+    def attend(self, layer, q, params):
+        return self.cache.attend(layer, q, params)
+
+    def n_tokens(self, layer):
+        return self.cache.n_tokens(layer)
+
+    def memory_bytes(self):
+        return self.cache.memory_bytes()
+
+    def checkpoint(self, path):
+        kvindex.write_cache(self.cache, path)
+
+    def pid(self):
+        return os.getpid()
+
+
+def merge_by_lse(outs, lses):
+    """Partial attentions over disjoint key sets -> the attention over their
+    union: outs (S, heads, n, d_value), lses (S, heads, n); a part with
+    lse = -inf (no key) weighs nothing."""
+    lses = np.asarray(lses, dtype=np.float64)
+    m = lses.max(axis=0)
+    finite = np.isfinite(m)
+    safe_m = np.where(finite, m, 0.0)
+    w = np.where(np.isfinite(lses), np.exp(lses - safe_m), 0.0)
+    total = w.sum(axis=0)
+    out = (w[..., None] * np.asarray(outs, dtype=np.float64)).sum(axis=0)
+    out = np.where(total[..., None] > 0, out / np.where(total > 0, total, 1.0)[..., None], 0.0)
+    lse = np.where(finite, safe_m + np.log(np.where(total > 0, total, 1.0)), -np.inf)
+    return out.astype(np.float32), lse.astype(np.float32)
+
+
+class RayKVCache:
+    """A ``kvindex.KVCache`` whose shards are Ray actors.
+
+    Args:
+        n_layers, n_q_heads, n_kv_heads, d: the model's shape, as KVCache.
+        index_string: ``"STRING"`` or ``"STRING|params"`` (params without
+            percentages, which need the prompt: set them after prefill on
+            ``kvindex.KVCache`` instead).
+        shards: actors to spread over (at most n_kv_heads for "heads", at
+            most n_layers for "layers").
+        placement: "tokens", "heads" or "layers".
+        actor_options: Ray options of each actor (default ``{"num_cpus": 0,
+            "scheduling_strategy": "SPREAD"}``: actors do not wait for free
+            CPUs, and spread over a cluster's nodes).
+        timeout_s: seconds a call waits for its actors before TimeoutError.
+    """
+
+    def __init__(self, n_layers, n_q_heads, n_kv_heads, d, index_string, *, shards, placement="tokens",
+                 d_value=None, dense_string="Flat", dense_layers=(), actor_options=None, timeout_s=300.0,
+                 _restore_from=None):
+        if placement not in PLACEMENTS:
+            raise ValueError(f"RayKVCache: placement '{placement}' is not one of {', '.join(PLACEMENTS)}")
+        if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+            raise ValueError(f"RayKVCache: shards={shards!r} must be an integer >= 1")
+        if n_kv_heads < 1 or n_q_heads % n_kv_heads:
+            raise ValueError(f"RayKVCache: {n_q_heads} query heads do not group over {n_kv_heads} KV heads")
+        limit = {"heads": n_kv_heads, "layers": n_layers}.get(placement)
+        if limit is not None and shards > limit:
+            raise ValueError(f"RayKVCache: {shards} shards for placement '{placement}', which has {limit} "
+                             f"{placement} to spread")
+        factory, params = kvindex.parse_index_spec(index_string)[:2]
+        kvindex.index_factory(d, factory, d_value)  # a bad string fails here, before any actor starts
+        dense_layers = sorted(int(x) for x in dense_layers)
+        if any(not 0 <= x < n_layers for x in dense_layers):
+            raise ValueError(f"RayKVCache: dense layers {dense_layers} outside the {n_layers} layers")
+        self.n_layers, self.n_q_heads, self.n_kv_heads, self.d = n_layers, n_q_heads, n_kv_heads, d
+        self.d_value = d_value or d
+        self.index_string, self.dense_string, self.dense_layers = index_string, dense_string, dense_layers
+        self.placement, self.n_shards, self.timeout_s = placement, shards, timeout_s
+        self.group = n_q_heads // n_kv_heads
+        # what each shard holds: layers (global numbers) and KV heads
+        split = lambda n: [list(map(int, part)) for part in np.array_split(np.arange(n), shards)]  # noqa: E731
+        self.layers_of = split(n_layers) if placement == "layers" else [list(range(n_layers))] * shards
+        self.heads_of = split(n_kv_heads) if placement == "heads" else [list(range(n_kv_heads))] * shards
+        # tokens each shard holds, per layer
+        self.counts = [[0] * shards for _ in range(n_layers)]
+        options = {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
+        options.update(actor_options or {})
+        actor = ray.remote(_Shard).options(**options)
+        if _restore_from is not None:
+            self.actors = [actor.remote(path=os.path.join(_restore_from, f"shard_{s}.kvc")) for s in range(shards)]
+        else:
+            self.actors = []
+            for s in range(shards):
+                layers = self.layers_of[s]
+                config = {"n_layers": len(layers), "n_q_heads": self.group * len(self.heads_of[s]),
+                          "n_kv_heads": len(self.heads_of[s]), "d": d, "d_value": d_value, "factory": factory,
+                          "params": params, "dense_string": dense_string,
+                          "dense_layers": [layers.index(x) for x in dense_layers if x in layers],
+                          "layers": layers, "heads": self.heads_of[s], "n_kv_heads_all": n_kv_heads}
+                self.actors.append(actor.remote(config=config))
+        self._get([a.pid.remote() for a in self.actors], range(shards), "start")  # every actor up
+
+    # ---- routing --------------------------------------------------------------
+
+    def _check_layer(self, layer):
+        if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.n_layers:
+            raise IndexError(f"RayKVCache: layer {layer} outside [0, {self.n_layers})")
+
+    def _local(self, s, layer):
+        return self.layers_of[s].index(layer)
+
+    def _holding(self, layer):
+        """The shards that hold tokens or heads of the layer."""
+        if self.placement == "layers":
+            return [s for s in range(self.n_shards) if layer in self.layers_of[s]]
+        if self.placement == "heads":
+            return list(range(self.n_shards))
+        return [s for s in range(self.n_shards) if self.counts[layer][s] > 0]
+
+    def _get(self, refs, shards, what):
+        """ray.get of one call per shard, an actor's death or a timeout
+        named by its shard, a kvindex error raised as itself."""
+        shards = list(shards)
+        try:
+            return ray.get(list(refs), timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"RayKVCache.{what}: no answer from shards {shards} within {self.timeout_s} s") \
+                from None
+        except ray.exceptions.RayActorError:
+            for s, ref in zip(shards, refs):
+                try:
+                    ray.get(ref, timeout=self.timeout_s)
+                except ray.exceptions.RayActorError as e:
+                    raise RuntimeError(
+                        f"RayKVCache.{what}: shard {s} (actor {self.actors[s]._actor_id.hex()[:12]}) died; "
+                        f"the cache is incomplete: restore it from a checkpoint (RayKVCache.restore)") from e
+                except Exception:
+                    pass
+            raise
+        except ray.exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause() from None
+
+    def _heads(self, s, x, per_head):
+        """The rows of x (heads first) that shard s holds: KV heads
+        (per_head=1) or their query heads (per_head=group)."""
+        if self.placement != "heads":
+            return x
+        h = self.heads_of[s]
+        return x[h[0] * per_head:(h[-1] + 1) * per_head]
+
+    # ---- kvindex.KVCache's methods -----------------------------------------
+
+    def prefill(self, layer, keys, values, queries=None, positions=None, rope_theta=10000.0, rope_style="half"):
+        """As KVCache.prefill; placement "tokens" splits the tokens evenly,
+        each shard learning from the queries that can see its range."""
+        self._check_layer(layer)
+        keys, values = np.asarray(keys, np.float32), np.asarray(values, np.float32)
+        if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
+            raise ValueError(f"RayKVCache.prefill: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
+                             f"expected")
+        if any(self.counts[layer]):
+            raise ValueError(f"RayKVCache.prefill: layer {layer} already holds tokens (use append)")
+        n = keys.shape[1]
+        q = None if queries is None else np.asarray(queries, np.float32)
+        pos = None
+        if q is not None:
+            nq = q.shape[1]
+            pos = np.arange(n - nq, n, dtype=np.int64) if positions is None else np.asarray(positions, np.int64)
+        calls, shards = [], []
+        if self.placement == "tokens":
+            bounds = np.linspace(0, n, self.n_shards + 1).astype(int)
+            for s in range(self.n_shards):
+                a, b = int(bounds[s]), int(bounds[s + 1])
+                if b == a:
+                    continue
+                sq, sp = None, None
+                if q is not None:
+                    sees = pos >= a  # the queries that attend some of the range
+                    if sees.any():
+                        sq, sp = q[:, sees], pos[sees]
+                calls.append(self.actors[s].prefill.remote(layer, keys[:, a:b], values[:, a:b], sq, sp, rope_theta,
+                                                           rope_style, a))
+                shards.append(s)
+            self._get(calls, shards, "prefill")
+            for s in range(self.n_shards):
+                self.counts[layer][s] = int(bounds[s + 1] - bounds[s])
+            return
+        for s in self._holding(layer):
+            calls.append(self.actors[s].prefill.remote(
+                self._local(s, layer), self._heads(s, keys, 1), self._heads(s, values, 1),
+                None if q is None else self._heads(s, q, self.group), pos, rope_theta, rope_style, 0))
+            shards.append(s)
+        self._get(calls, shards, "prefill")
+        for s in shards:
+            self.counts[layer][s] = n
+
+    def append(self, layer, keys, values):
+        """As KVCache.append; placement "tokens" appends to the last shard."""
+        self._check_layer(layer)
+        keys, values = np.asarray(keys, np.float32), np.asarray(values, np.float32)
+        if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
+            raise ValueError(f"RayKVCache.append: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
+                             f"expected")
+        n = keys.shape[1]
+        if self.placement == "tokens":
+            shards = [self.n_shards - 1]
+            calls = [self.actors[-1].append.remote(layer, keys, values)]
+        else:
+            shards = self._holding(layer)
+            calls = [self.actors[s].append.remote(self._local(s, layer), self._heads(s, keys, 1),
+                                                  self._heads(s, values, 1)) for s in shards]
+        self._get(calls, shards, "append")
+        for s in shards:
+            self.counts[layer][s] += n
+
+    def attend(self, layer, q, params=None):
+        """As KVCache.attend: q (n_q_heads, n, d) -> out (n_q_heads, n,
+        d_value), lse (n_q_heads, n)."""
+        self._check_layer(layer)
+        q = np.asarray(q, np.float32)
+        if q.ndim != 3 or q.shape[0] != self.n_q_heads or q.shape[2] != self.d:
+            raise ValueError(f"RayKVCache.attend: q of shape {q.shape}, ({self.n_q_heads}, n, {self.d}) expected")
+        shards = self._holding(layer)
+        if not shards:
+            raise ValueError(f"RayKVCache.attend: layer {layer} holds no token")
+        q_ref = ray.put(q) if len(shards) > 1 and self.placement == "tokens" else None
+        calls = [self.actors[s].attend.remote(self._local(s, layer),
+                                              q_ref if q_ref is not None else self._heads(s, q, self.group), params)
+                 for s in shards]
+        parts = self._get(calls, shards, "attend")
+        if self.placement == "tokens":
+            if len(parts) == 1:
+                return parts[0]
+            return merge_by_lse([p[0] for p in parts], [p[1] for p in parts])
+        if self.placement == "heads":
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        return parts[0]
+
+    def n_tokens(self, layer):
+        self._check_layer(layer)
+        return sum(self.counts[layer]) if self.placement == "tokens" else max(self.counts[layer])
+
+    def memory_per_actor(self):
+        """Bytes each actor's cache holds."""
+        return self._get([a.memory_bytes.remote() for a in self.actors], range(self.n_shards), "memory_bytes")
+
+    def memory_bytes(self):
+        return sum(self.memory_per_actor())
+
+    # ---- checkpoints ----------------------------------------------------------
+
+    def checkpoint(self, path):
+        """Writes every shard (kvindex's cache files, each whole or not at
+        all) and meta.json into directory path."""
+        path = os.path.abspath(path)
+        os.makedirs(path, exist_ok=True)
+        self._get([a.checkpoint.remote(os.path.join(path, f"shard_{s}.kvc")) for s, a in enumerate(self.actors)],
+                  range(self.n_shards), "checkpoint")
+        meta = {"format": _FORMAT, "n_layers": self.n_layers, "n_q_heads": self.n_q_heads,
+                "n_kv_heads": self.n_kv_heads, "d": self.d, "d_value": self.d_value,
+                "index_string": self.index_string, "dense_string": self.dense_string,
+                "dense_layers": self.dense_layers, "shards": self.n_shards, "placement": self.placement,
+                "counts": self.counts}
+        tmp = os.path.join(path, "meta.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(meta, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(path, "meta.json"))
+
+    @classmethod
+    def restore(cls, path, *, actor_options=None, timeout_s=300.0):
+        """The cache checkpoint(path) wrote, on new actors."""
+        path = os.path.abspath(path)
+        with open(os.path.join(path, "meta.json")) as f:
+            meta = json.load(f)
+        if meta.get("format") != _FORMAT:
+            raise ValueError(f"RayKVCache.restore: '{path}' has format {meta.get('format')}, this build reads "
+                             f"{_FORMAT}")
+        cache = cls(meta["n_layers"], meta["n_q_heads"], meta["n_kv_heads"], meta["d"], meta["index_string"],
+                    shards=meta["shards"], placement=meta["placement"], d_value=meta["d_value"],
+                    dense_string=meta["dense_string"], dense_layers=meta["dense_layers"],
+                    actor_options=actor_options, timeout_s=timeout_s, _restore_from=path)
+        cache.counts = meta["counts"]
+        return cache
+
+    def shutdown(self):
+        """Ends the actors (the cache is unusable after)."""
+        for a in self.actors:
+            ray.kill(a)
