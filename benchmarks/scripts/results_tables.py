@@ -300,6 +300,21 @@ def _(run):
     return render(cols, names)
 
 
+@table("ray-cache-speed", "benchmarks/results/ray_cache_speed.json")
+def _(run):
+    def gib(b):
+        return "%.3f" % (b / 2 ** 30)
+
+    cols = [("index", lambda r: code(r["index"])), ("where", lambda r: r["where"]),
+            ("GiB (per actor)", lambda r: gib(r["memory_bytes"]) + (
+                " (" + ", ".join(gib(m) for m in r["memory_per_actor"]) + ")" if "memory_per_actor" in r else "")),
+            ("prefill s", lambda r: "%.1f" % r["prefill_s"]),
+            ("ms per layer", lambda r: "%.2f" % r["ms_per_layer"]),
+            ("slowest shard ms", lambda r: "%.2f" % r["slowest_shard_ms"] if "slowest_shard_ms" in r else "–"),
+            ("overhead ms", lambda r: "%.2f" % r["overhead_ms"] if "overhead_ms" in r else "–")]
+    return render(cols, run["rows"])
+
+
 # bench_recall --json: points of (index, knob)
 
 

@@ -38,6 +38,7 @@ a call that gets no answer within ``timeout_s`` raises ``TimeoutError``.
 """
 import json
 import os
+import time
 
 import numpy as np
 import ray
@@ -75,7 +76,9 @@ class _Shard:
         self.cache.append(layer, keys, values)
 
     def attend(self, layer, q, params):
-        return self.cache.attend(layer, q, params)
+        t0 = time.perf_counter()
+        out, lse = self.cache.attend(layer, q, params)
+        return out, lse, time.perf_counter() - t0
 
     def n_tokens(self, layer):
         return self.cache.n_tokens(layer)
@@ -292,18 +295,21 @@ class RayKVCache:
         shards = self._holding(layer)
         if not shards:
             raise ValueError(f"RayKVCache.attend: layer {layer} holds no token")
-        q_ref = ray.put(q) if len(shards) > 1 and self.placement == "tokens" else None
-        calls = [self.actors[s].attend.remote(self._local(s, layer),
-                                              q_ref if q_ref is not None else self._heads(s, q, self.group), params)
+        # the queries travel inline with each call (kilobytes: below Ray's
+        # object store threshold, a put would cost a round trip more)
+        calls = [self.actors[s].attend.remote(self._local(s, layer), self._heads(s, q, self.group), params)
                  for s in shards]
         parts = self._get(calls, shards, "attend")
+        #: seconds each called shard spent inside KVCache.attend (the rest of
+        #: the call is transport, scheduling and the merge)
+        self.last_attend_seconds = {s: p[2] for s, p in zip(shards, parts)}
         if self.placement == "tokens":
             if len(parts) == 1:
-                return parts[0]
+                return parts[0][:2]
             return merge_by_lse([p[0] for p in parts], [p[1] for p in parts])
         if self.placement == "heads":
             return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-        return parts[0]
+        return parts[0][:2]
 
     def n_tokens(self, layer):
         self._check_layer(layer)
