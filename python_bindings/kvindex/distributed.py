@@ -44,6 +44,7 @@ import numpy as np
 import ray
 
 import kvindex
+from kvindex import _torch
 
 PLACEMENTS = ("tokens", "heads", "layers")
 _FORMAT = 1  # of checkpoint's meta.json
@@ -75,6 +76,20 @@ class _Shard:
     def append(self, layer, keys, values):
         self.cache.append(layer, keys, values)
 
+    def decode(self, layer, keys, values, q, params):
+        t0 = time.perf_counter()
+        out, lse = self.cache.decode(layer, keys, values, q, params)
+        return out, lse, time.perf_counter() - t0
+
+    def attend_and_learn(self, layer, q, params):
+        """A decode step's queries on a shard that takes no new token: the
+        attention over its tokens, then the queries learned (as decode
+        learns them)."""
+        t0 = time.perf_counter()
+        out, lse = self.cache.attend(layer, q, params)
+        self.cache.add_queries(layer, q)
+        return out, lse, time.perf_counter() - t0
+
     def attend(self, layer, q, params):
         t0 = time.perf_counter()
         out, lse = self.cache.attend(layer, q, params)
@@ -91,6 +106,15 @@ class _Shard:
 
     def pid(self):
         return os.getpid()
+
+
+def _array(x):
+    """float32 numpy of a numpy array or a CPU torch tensor (any float dtype)."""
+    if x is None:
+        return None
+    if _torch.is_tensor(x):
+        x = x.detach().float().cpu().numpy()
+    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def merge_by_lse(outs, lses):
@@ -226,14 +250,14 @@ class RayKVCache:
         """As KVCache.prefill; placement "tokens" splits the tokens evenly,
         each shard learning from the queries that can see its range."""
         self._check_layer(layer)
-        keys, values = np.asarray(keys, np.float32), np.asarray(values, np.float32)
+        keys, values = _array(keys), _array(values)
         if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
             raise ValueError(f"RayKVCache.prefill: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
                              f"expected")
         if any(self.counts[layer]):
             raise ValueError(f"RayKVCache.prefill: layer {layer} already holds tokens (use append)")
         n = keys.shape[1]
-        q = None if queries is None else np.asarray(queries, np.float32)
+        q = _array(queries)
         pos = None
         if q is not None:
             nq = q.shape[1]
@@ -269,7 +293,7 @@ class RayKVCache:
     def append(self, layer, keys, values):
         """As KVCache.append; placement "tokens" appends to the last shard."""
         self._check_layer(layer)
-        keys, values = np.asarray(keys, np.float32), np.asarray(values, np.float32)
+        keys, values = _array(keys), _array(values)
         if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
             raise ValueError(f"RayKVCache.append: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
                              f"expected")
@@ -285,11 +309,47 @@ class RayKVCache:
         for s in shards:
             self.counts[layer][s] += n
 
+    def decode(self, layer, keys, values, q, params=None):
+        """As KVCache.decode: a decode step of a layer, its new tokens
+        appended (to the last shard for "tokens"), its queries (n_q_heads, n,
+        d) answered over every token and learned; n > 1 new tokens attend
+        causally, token by token."""
+        self._check_layer(layer)
+        keys, values, q = _array(keys), _array(values), _array(q)
+        if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
+            raise ValueError(f"RayKVCache.decode: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
+                             f"expected")
+        if q.ndim != 3 or q.shape[0] != self.n_q_heads or q.shape[1] != keys.shape[1]:
+            raise ValueError(f"RayKVCache.decode: q of shape {q.shape}, ({self.n_q_heads}, {keys.shape[1]}, "
+                             f"{self.d}) expected")
+        n = keys.shape[1]
+        if self.placement == "tokens":
+            last = self.n_shards - 1
+            shards = [s for s in self._holding(layer) if s != last] + [last]
+            calls = [self.actors[s].attend_and_learn.remote(layer, q, params) for s in shards[:-1]]
+            calls.append(self.actors[last].decode.remote(layer, keys, values, q, params))
+        else:
+            shards = self._holding(layer)
+            calls = [self.actors[s].decode.remote(self._local(s, layer), self._heads(s, keys, 1),
+                                                  self._heads(s, values, 1), self._heads(s, q, self.group), params)
+                     for s in shards]
+        parts = self._get(calls, shards, "decode")
+        self.last_attend_seconds = {s: p[2] for s, p in zip(shards, parts)}
+        for s in ([self.n_shards - 1] if self.placement == "tokens" else shards):
+            self.counts[layer][s] += n
+        if self.placement == "tokens":
+            if len(parts) == 1:
+                return parts[0][:2]
+            return merge_by_lse([p[0] for p in parts], [p[1] for p in parts])
+        if self.placement == "heads":
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        return parts[0][:2]
+
     def attend(self, layer, q, params=None):
         """As KVCache.attend: q (n_q_heads, n, d) -> out (n_q_heads, n,
         d_value), lse (n_q_heads, n)."""
         self._check_layer(layer)
-        q = np.asarray(q, np.float32)
+        q = _array(q)
         if q.ndim != 3 or q.shape[0] != self.n_q_heads or q.shape[2] != self.d:
             raise ValueError(f"RayKVCache.attend: q of shape {q.shape}, ({self.n_q_heads}, n, {self.d}) expected")
         shards = self._holding(layer)
@@ -363,3 +423,20 @@ class RayKVCache:
         """Ends the actors (the cache is unusable after)."""
         for a in self.actors:
             ray.kill(a)
+
+
+def ray_storage(shards, placement="heads", **options):
+    """The storage of ``kvindex.hf.KVIndexCache(model, s, storage=...)`` that
+    puts each sequence's cache on Ray actors: a RayKVCache of ``shards``
+    actors. "heads" (the default) and "layers" give the in-process answers
+    exactly; "tokens" spends a sparse budget per shard."""
+
+    def make(n_layers, n_q_heads, n_kv_heads, d, index_string, dense_string, dense_layers):
+        return RayKVCache(n_layers, n_q_heads, n_kv_heads, d, index_string, shards=shards, placement=placement,
+                          dense_string=dense_string, dense_layers=dense_layers, **options)
+
+    return make
+
+
+# a call given torch tensors returns torch tensors, as kvindex's own do
+_torch.wrap_methods(RayKVCache, ["attend", "decode"])

@@ -236,9 +236,15 @@ class KVIndexCache(Cache):
             sequence's prompt).
         dense_layers: layers built from ``dense_string`` instead.
         dense_string: the string of the dense layers (default ``"Flat"``).
+        storage: where each sequence's cache lives: None, a
+            ``kvindex.KVCache`` in this process; or a callable ``storage(n_layers,
+            n_q_heads, n_kv_heads, d, index_string, dense_string,
+            dense_layers)`` giving an object with KVCache's prefill, decode and
+            memory_bytes, such as ``kvindex.distributed.ray_storage(shards=3)``
+            (the cache spread over Ray actors).
     """
 
-    def __init__(self, model, index_string, dense_layers=(), dense_string="Flat"):
+    def __init__(self, model, index_string, dense_layers=(), dense_string="Flat", storage=None):
         config = _text_config(model)
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -269,7 +275,8 @@ class KVIndexCache(Cache):
         bad = [layer for layer in self.dense_layers if not 0 <= layer < self.n_layers]
         if bad:
             raise ValueError(f"KVIndexCache: dense layers {bad} outside the model's {self.n_layers} layers")
-        self.sequences = []  # one kvindex.KVCache per sequence of the batch
+        self.storage = storage
+        self.sequences = []  # one kvindex.KVCache (or storage's cache) per sequence of the batch
         self._config = config
         self._model_name = getattr(config, "name_or_path", model_type)
         super().__init__(layers=[KVIndexLayer(self, layer) for layer in range(self.n_layers)])
@@ -326,6 +333,13 @@ class KVIndexCache(Cache):
         its knobs resolved against its prompt's length."""
         while len(self.sequences) <= b:
             self.sequences.append(None)
+        if self.sequences[b] is None and self.storage is not None:
+            string = self._factory
+            if self._params:  # percentages resolved against this prompt, as below
+                proto = kvindex.index_factory(self.head_dim, self._factory)
+                string += "|" + kvindex.resolve_percentages(self._params, n_prompt, proto)
+            self.sequences[b] = self.storage(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim, string,
+                                             self.dense_string, self.dense_layers)
         if self.sequences[b] is None:
             seq = kvindex.KVCache(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim, self._factory,
                                   dense_string=self.dense_string, dense_layers=self.dense_layers)
@@ -345,6 +359,9 @@ class KVIndexCache(Cache):
         """The kvindex index of (layer, KV head) of a sequence of the batch."""
         if not 0 <= sequence < len(self.sequences):
             raise IndexError(f"sequence {sequence} outside the {len(self.sequences)} the cache holds (prefill first)")
+        if self.storage is not None:
+            raise TypeError("KVIndexCache.index: this cache's indexes live in its storage's processes "
+                            "(cache.sequences[b] is the storage's cache)")
         return self.sequences[sequence].index(layer, kv_head)
 
     def memory_bytes(self):
@@ -354,6 +371,9 @@ class KVIndexCache(Cache):
         """Writes the cache into directory ``path`` (created): every
         sequence's indexes (kvindex's cache files) and what the model needs
         to go on. ``KVIndexCache.load(model, path)`` continues from there."""
+        if self.storage is not None:
+            raise ValueError("KVIndexCache.save: this cache lives in its storage (e.g. Ray actors): checkpoint "
+                             "each sequence's cache there (RayKVCache.checkpoint)")
         if any(not layer.built for layer in self.layers) and any(layer.n_tokens for layer in self.layers):
             raise RuntimeError("KVIndexCache.save: a prefill is under way (some layers are not built yet)")
         os.makedirs(path, exist_ok=True)
