@@ -1,5 +1,6 @@
 // KVCache: GQA mapping, dense layers, decode appends, exceptions from heads.
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -437,11 +438,19 @@ TEST(KVCache, AnAppendRacingACallOnOneHeadIsAllOrNothing) {
                 attends++;
             } catch (const faiss::FaissException&) { // refused while an append runs
             }
+            // a gap, so that appends also find the head free
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
     });
     auto k1 = gaussian(2, 16, 4), v1 = gaussian(2, 16, 5);
     int appended = 0, refused = 0;
-    for (int i = 0; i < 2000 && !(refused >= 20 && i >= 200); i++) {
+    // until the reader runs, and 20 appends met it and 20 went through (a
+    // loaded machine may start the thread late), or 10 s
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (attends.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+    }
+    for (int i = 0; !(refused >= 20 && appended >= 20) && std::chrono::steady_clock::now() < deadline; i++) {
         try {
             cache.append(0, 1, k1.data(), v1.data());
             appended++;
@@ -454,6 +463,7 @@ TEST(KVCache, AnAppendRacingACallOnOneHeadIsAllOrNothing) {
     stop = true;
     reader.join();
     EXPECT_GT(refused, 0) << "no append overlapped an attend: the race was not exercised";
+    EXPECT_GT(appended, 0) << "no append found the head free";
     EXPECT_EQ(cache.n_tokens(0), n0 + appended);
     std::vector<float> q = gaussian(2, 16, 6), out(2 * 16);
     EXPECT_NO_THROW(cache.attend(0, 1, q.data(), out.data(), nullptr));
