@@ -334,16 +334,9 @@ class RayKVCache:
                                                   self._heads(s, values, 1), self._heads(s, q, self.group), params)
                      for s in shards]
         parts = self._get(calls, shards, "decode")
-        self.last_attend_seconds = {s: p[2] for s, p in zip(shards, parts)}
         for s in ([self.n_shards - 1] if self.placement == "tokens" else shards):
             self.counts[layer][s] += n
-        if self.placement == "tokens":
-            if len(parts) == 1:
-                return parts[0][:2]
-            return merge_by_lse([p[0] for p in parts], [p[1] for p in parts])
-        if self.placement == "heads":
-            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-        return parts[0][:2]
+        return self._assemble(shards, parts)
 
     def attend(self, layer, q, params=None):
         """As KVCache.attend: q (n_q_heads, n, d) -> out (n_q_heads, n,
@@ -359,13 +352,16 @@ class RayKVCache:
         # object store threshold, a put would cost a round trip more)
         calls = [self.actors[s].attend.remote(self._local(s, layer), self._heads(s, q, self.group), params)
                  for s in shards]
-        parts = self._get(calls, shards, "attend")
-        #: seconds each called shard spent inside KVCache.attend (the rest of
-        #: the call is transport, scheduling and the merge)
+        return self._assemble(shards, self._get(calls, shards, "attend"))
+
+    def _assemble(self, shards, parts):
+        """(out, lse) of the layer from the shards' (out, lse, seconds):
+        token shards merged by lse, head shards concatenated in head order,
+        a layer's one shard as it is."""
+        #: seconds each called shard spent inside its cache's call (the rest
+        #: of the call is transport, scheduling and the merge)
         self.last_attend_seconds = {s: p[2] for s, p in zip(shards, parts)}
-        if self.placement == "tokens":
-            if len(parts) == 1:
-                return parts[0][:2]
+        if self.placement == "tokens" and len(parts) > 1:
             return merge_by_lse([p[0] for p in parts], [p[1] for p in parts])
         if self.placement == "heads":
             return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

@@ -26,7 +26,6 @@ from conftest import FACTORY_BY_TYPE  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TEXT_DIR = "/usr/share/doc/python3.11/html/_sources/tutorial"  # Debian's python3-doc
 
 
 def model_dir():
@@ -49,15 +48,9 @@ def hf():
 
 def real_text_ids(tok, n_tokens):
     """The first n_tokens tokens of Python's tutorial (real English text)."""
-    text = ""
-    for name in sorted(os.listdir(TEXT_DIR)):
-        with open(os.path.join(TEXT_DIR, name)) as f:
-            text += f.read()
-        if len(text) > 6 * n_tokens:
-            break
-    ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"][:, :n_tokens]
-    assert ids.shape[1] == n_tokens
-    return ids
+    from kvindex.eval import text_ids
+
+    return text_ids(tok, n_tokens)
 
 
 def generate(model, ids, n_new, cache=None, **kw):
