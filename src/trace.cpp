@@ -20,18 +20,12 @@
  * the message: it would name fields and files the problem is not about
  * (and let tests that look for a name pass for the wrong reason). A file
  * that fails is InvalidData; arrays given to a writer are InvalidArgument
- * (errors.h). */
+ * (KVINDEX_CHECK_ARG, errors.h). */
 #define TRACE_CHECK(COND, ...)                                  \
     do {                                                        \
         if (!(COND)) {                                          \
             KVINDEX_THROW_FMT(::kvindex::InvalidData, __VA_ARGS__); \
         }                                                       \
-    } while (false)
-#define TRACE_ARG_CHECK(COND, ...)                                      \
-    do {                                                                \
-        if (!(COND)) {                                                  \
-            KVINDEX_THROW_FMT(::kvindex::InvalidArgument, __VA_ARGS__); \
-        }                                                               \
     } while (false)
 
 namespace kvindex {
@@ -250,8 +244,8 @@ void write_npy(
         const std::vector<size_t>& shape,
         const void* data) {
     size_t es = dtype_size(dtype);
-    TRACE_ARG_CHECK(es > 0, "%s: dtype '%s' not supported (<f4, <f2, <i8 only)",
-                    path.c_str(), dtype.c_str());
+    KVINDEX_CHECK_ARG(es > 0, "%s: dtype '%s' not supported (<f4, <f2, <i8 only)",
+                      path.c_str(), dtype.c_str());
     // byte for byte what numpy.save writes: the repr of the dict ("(5,)" for
     // 1-D), room for shape[0] to grow to 21 digits, then 1 to 64 spaces and
     // '\n' so that the data starts at a multiple of 64 bytes
@@ -268,8 +262,8 @@ void write_npy(
         header += std::string(21 - std::to_string(shape[0]).size(), ' ');
     }
     header += std::string(64 - (10 + header.size() + 1) % 64, ' ') + "\n";
-    TRACE_ARG_CHECK(header.size() <= 0xFFFF, "%s: npy header of %zd bytes does not fit version 1.0",
-                    path.c_str(), header.size());
+    KVINDEX_CHECK_ARG(header.size() <= 0xFFFF, "%s: npy header of %zd bytes does not fit version 1.0",
+                      path.c_str(), header.size());
     const uint8_t prefix[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, uint8_t(header.size() & 0xFF),
                                 uint8_t(header.size() >> 8)};
     AtomicFileWriter f(path, "write_npy");
@@ -422,8 +416,8 @@ std::vector<uint8_t> encode_layer_array(
         const TraceMeta& meta,
         const std::vector<size_t>& shape,
         const std::vector<float>& x) {
-    TRACE_ARG_CHECK(x.size() == shape[0] * shape[1] * shape[2], "%s: %zd values given for shape %s",
-                    path.c_str(), x.size(), shape_string(shape).c_str());
+    KVINDEX_CHECK_ARG(x.size() == shape[0] * shape[1] * shape[2], "%s: %zd values given for shape %s",
+                      path.c_str(), x.size(), shape_string(shape).c_str());
     check_finite<InvalidArgument>(path, shape, x.data());
     std::vector<uint8_t> bytes(x.size() * (meta.dtype == "float32" ? 4 : 2));
     if (meta.dtype == "float32") {
@@ -432,8 +426,8 @@ std::vector<uint8_t> encode_layer_array(
     }
     for (size_t i = 0; i < x.size(); i++) {
         uint16_t h = float_to_half(x[i]);
-        TRACE_ARG_CHECK((h & 0x7C00) != 0x7C00, "%s: value %g at index %zd overflows float16 (max 65504)",
-                        path.c_str(), double(x[i]), i);
+        KVINDEX_CHECK_ARG((h & 0x7C00) != 0x7C00, "%s: value %g at index %zd overflows float16 (max 65504)",
+                          path.c_str(), double(x[i]), i);
         std::memcpy(bytes.data() + 2 * i, &h, 2);
     }
     return bytes;
@@ -452,7 +446,7 @@ void make_dirs(const std::string& dir) {
 
 void TraceMeta::check() const {
     std::string problem = meta_problem(*this);
-    TRACE_ARG_CHECK(problem.empty(), "trace meta: %s", problem.c_str());
+    KVINDEX_CHECK_ARG(problem.empty(), "trace meta: %s", problem.c_str());
 }
 
 TraceMeta read_trace_meta(const std::string& dir) {
@@ -544,7 +538,7 @@ std::array<std::vector<uint8_t>, 3> encode_layer(
 
 void check_trace_layer(const TraceMeta& meta, const TraceLayer& t, const std::string& what) {
     std::string problem = meta_problem(meta);
-    TRACE_ARG_CHECK(problem.empty(), "%s: trace meta: %s", what.c_str(), problem.c_str());
+    KVINDEX_CHECK_ARG(problem.empty(), "%s: trace meta: %s", what.c_str(), problem.c_str());
     encode_layer(meta, t, [&](const char* name) { return what + "['" + name + "']"; });
 }
 

@@ -19,40 +19,9 @@
 #include <kvindex/parameters.h>
 #include <kvindex/registry.h>
 
+#include "forged_header.h"
+
 namespace kvtest {
-
-/// magic, format version, payload size, CRC (index_io.h)
-constexpr size_t kIndexHeaderSize = 4 + 4 + 8 + 4;
-
-/// CRC-32 (IEEE, as zlib), a byte at a time from a table made here bit by
-/// bit (the library folds eight bytes at once with tables of its own).
-inline uint32_t crc32_ref(const uint8_t* p, size_t n) {
-    static const std::vector<uint32_t> table = [] {
-        std::vector<uint32_t> t(256);
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int b = 0; b < 8; b++) {
-                c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-            }
-            t[i] = c;
-        }
-        return t;
-    }();
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) {
-        c = table[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
-    }
-    return ~c;
-}
-
-/// Rewrites the payload size and the checksum of the header to match the
-/// payload that follows it.
-inline void forge_header(std::vector<uint8_t>& buf) {
-    uint64_t payload = buf.size() - kIndexHeaderSize;
-    std::memcpy(buf.data() + 8, &payload, 8);
-    uint32_t crc = crc32_ref(buf.data() + kIndexHeaderSize, payload);
-    std::memcpy(buf.data() + 16, &crc, 4);
-}
 
 /** The file write_index would save for `index`, without the checks the
  * writer runs first (check_invariants): how the io tests turn an index

@@ -2,7 +2,6 @@
 
 // Helpers shared by the libFuzzer harnesses and the seed generator.
 
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,41 +21,12 @@
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
 
+#include "../forged_header.h"
+
 namespace kvfuzz {
 
-/// magic, format version, payload size, CRC-32 of the payload (index_io.h)
-constexpr size_t kIndexHeaderSize = 4 + 4 + 8 + 4;
-
-/// CRC-32 (IEEE, as zlib), table driven; independent of src/io.cpp.
-inline uint32_t crc32(const uint8_t* p, size_t n) {
-    static const std::array<uint32_t, 256> table = [] {
-        std::array<uint32_t, 256> t{};
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int b = 0; b < 8; b++) {
-                c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-            }
-            t[i] = c;
-        }
-        return t;
-    }();
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) {
-        c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
-    }
-    return ~c;
-}
-
-/// Rewrites payload size and CRC so that a mutated payload reaches the parser.
-inline void forge_header(std::vector<uint8_t>& buf) {
-    if (buf.size() < kIndexHeaderSize) {
-        return;
-    }
-    uint64_t payload = buf.size() - kIndexHeaderSize;
-    std::memcpy(buf.data() + 8, &payload, 8);
-    uint32_t crc = crc32(buf.data() + kIndexHeaderSize, payload);
-    std::memcpy(buf.data() + 16, &crc, 4);
-}
+// the header forging of the io tests (size and CRC-32 made to agree)
+using kvtest::forge_header;
 
 /// Deterministic finite values in [-scale, scale] (a fixed LCG).
 inline std::vector<float> det_floats(size_t n, uint32_t seed, float scale = 1.0f) {
