@@ -158,9 +158,13 @@ AtomicFileWriter::AtomicFileWriter(std::string path, const char* who)
 AtomicFileWriter::~AtomicFileWriter() {
     if (fd_ >= 0) { // not committed: the target keeps what it held
         ::close(fd_);
-        if (!tmp_.empty()) {
-            ::unlink(tmp_.c_str());
-        }
+        remove_temporary();
+    }
+}
+
+void AtomicFileWriter::remove_temporary() noexcept {
+    if (!tmp_.empty()) { // a stream has none
+        ::unlink(tmp_.c_str());
     }
 }
 
@@ -170,9 +174,7 @@ void AtomicFileWriter::fail(const char* doing) {
         ::close(fd_);
         fd_ = -1;
     }
-    if (!tmp_.empty()) {
-        ::unlink(tmp_.c_str());
-    }
+    remove_temporary();
     throw_file_error(who_, doing, path_, err);
 }
 
@@ -196,27 +198,20 @@ void AtomicFileWriter::write(const void* data, size_t n) {
 
 void AtomicFileWriter::commit() {
     FAISS_THROW_IF_NOT_FMT(fd_ >= 0, "%s: '%s' is already committed", who_, path_.c_str());
-    if (tmp_.empty()) { // a stream: nothing to sync or rename
-        int fd = fd_;
-        fd_ = -1;
-        if (::close(fd) != 0) {
-            throw_file_error(who_, "close", path_, errno);
-        }
-        return;
-    }
-    if (::fsync(fd_) != 0) {
+    const bool stream = tmp_.empty(); // written in place: nothing to sync or rename
+    if (!stream && ::fsync(fd_) != 0) {
         fail("flush to disk");
     }
     int fd = fd_;
     fd_ = -1;
     if (::close(fd) != 0) {
-        errno = errno ? errno : EIO;
-        ::unlink(tmp_.c_str());
-        throw_file_error(who_, "close", path_, errno);
+        int err = errno ? errno : EIO;
+        remove_temporary();
+        throw_file_error(who_, "close", path_, err);
     }
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    if (!stream && ::rename(tmp_.c_str(), path_.c_str()) != 0) {
         int err = errno;
-        ::unlink(tmp_.c_str());
+        remove_temporary();
         throw_file_error(who_, "rename the temporary file over", path_, err);
     }
 }

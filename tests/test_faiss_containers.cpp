@@ -56,6 +56,20 @@ std::unique_ptr<KVIndex> shard(const kvtest::ConformanceCase& c, idx_t first, co
     return index;
 }
 
+/// Two shards' worth of tokens, their prompt queries and the test queries,
+/// from seeds base + 1 ... base + 4.
+struct Tokens {
+    std::vector<float> keys, values, prompt_queries, queries;
+    explicit Tokens(uint64_t base)
+            : keys(kvtest::gaussian(2 * kShardTokens, kD, base + 1, 1.0f, 0.3f)),
+              values(kvtest::gaussian(2 * kShardTokens, kDv, base + 2)),
+              prompt_queries(kvtest::gaussian(kGroup * 2 * kShardTokens, kD, base + 3, 1.5f)),
+              queries(kvtest::gaussian(kQ, kD, base + 4, 2.0f)) {}
+    std::unique_ptr<KVIndex> shard(const kvtest::ConformanceCase& c, idx_t first) const {
+        return ::shard(c, first, keys, values, prompt_queries);
+    }
+};
+
 class FaissContainers : public testing::TestWithParam<kvtest::ConformanceCase> {};
 
 std::string param_name(const testing::TestParamInfo<kvtest::ConformanceCase>& info) {
@@ -68,11 +82,9 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, FaissContainers, testing::ValuesIn(kvtest::kC
 
 TEST_P(FaissContainers, ShardsSearchIsTheMergeOfTheirSearches) {
     const kvtest::ConformanceCase& c = GetParam();
-    const auto keys = kvtest::gaussian(2 * kShardTokens, kD, 11, 1.0f, 0.3f);
-    const auto values = kvtest::gaussian(2 * kShardTokens, kDv, 12);
-    const auto pq = kvtest::gaussian(kGroup * 2 * kShardTokens, kD, 13, 1.5f);
-    const auto q = kvtest::gaussian(kQ, kD, 14, 2.0f);
-    auto a = shard(c, 0, keys, values, pq), b = shard(c, kShardTokens, keys, values, pq);
+    const Tokens t(10);
+    const std::vector<float>& q = t.queries;
+    auto a = t.shard(c, 0), b = t.shard(c, kShardTokens);
 
     faiss::IndexShards shards(kD, /*threaded=*/true, /*successive_ids=*/true);
     shards.add_shard(a.get());
@@ -114,17 +126,15 @@ TEST_P(FaissContainers, ShardsSearchIsTheMergeOfTheirSearches) {
     auto empty = index_factory(kD, c.factory, kDv);
     faiss::IndexShards fresh(kD, /*threaded=*/false, /*successive_ids=*/true);
     fresh.add_shard(empty.get());
-    EXPECT_THROW_MSG(fresh.add(1, keys.data()), "add_shard");
+    EXPECT_THROW_MSG(fresh.add(1, t.keys.data()), "add_shard");
     EXPECT_EQ(empty->ntotal, 0);
 }
 
 TEST_P(FaissContainers, ReplicasAnswerAsTheIndexDoes) {
     const kvtest::ConformanceCase& c = GetParam();
-    const auto keys = kvtest::gaussian(2 * kShardTokens, kD, 21, 1.0f, 0.3f);
-    const auto values = kvtest::gaussian(2 * kShardTokens, kDv, 22);
-    const auto pq = kvtest::gaussian(kGroup * 2 * kShardTokens, kD, 23, 1.5f);
-    const auto q = kvtest::gaussian(kQ, kD, 24, 2.0f);
-    auto index = shard(c, 0, keys, values, pq);
+    const Tokens t(20);
+    const std::vector<float>& q = t.queries;
+    auto index = t.shard(c, 0);
     // replicas are copies (through kvindex's io): the queries split over them
     std::unique_ptr<KVIndex> r1 = clone_index(index.get()), r2 = clone_index(index.get());
     faiss::IndexReplicas replicas(kD, /*threaded=*/true);
@@ -137,5 +147,5 @@ TEST_P(FaissContainers, ReplicasAnswerAsTheIndexDoes) {
     index->search(kQ, q.data(), kK, ref_dist.data(), ref_labels.data());
     EXPECT_EQ(dist, ref_dist);
     EXPECT_EQ(labels, ref_labels);
-    EXPECT_THROW_MSG(replicas.add(1, keys.data()), "add_replica");
+    EXPECT_THROW_MSG(replicas.add(1, t.keys.data()), "add_replica");
 }

@@ -65,6 +65,18 @@ std::vector<std::string> haystack_of(const std::vector<std::string>& files) {
     return haystack;
 }
 
+/// The haystack of ruler's tasks: none when no task reads one; else the
+/// units of `files`, which default to data/train/*.txt (and then name them).
+std::vector<std::string> ruler_haystack(const std::vector<std::string>& tasks, std::vector<std::string>& files) {
+    bool needs_haystack = false;
+    for (const std::string& t : tasks) needs_haystack = needs_haystack || ruler_task_needs_haystack(t);
+    if (!needs_haystack) {
+        return {};
+    }
+    if (files.empty()) files = default_haystack_files();
+    return haystack_of(files);
+}
+
 /// The token ids of --ids; throws naming an element that is not an int.
 std::vector<int> parse_ids(const std::string& s) {
     std::vector<int> ids;
@@ -340,14 +352,7 @@ int cmd_ruler(int argc, char** argv) {
     Loaded m(model);
     LlamaModel llm(m.file);
     check_ruler_config(c, llm.cfg.n_ctx_train);
-    std::vector<std::string> haystack;
-    bool needs_haystack = false;
-    for (const std::string& t : c.tasks) needs_haystack = needs_haystack || ruler_task_needs_haystack(t);
-    if (needs_haystack) {
-        if (c.haystack_files.empty()) c.haystack_files = default_haystack_files();
-        haystack = haystack_of(c.haystack_files);
-    }
-    run_ruler(llm, m.tok, haystack, c, std::cout);
+    run_ruler(llm, m.tok, ruler_haystack(c.tasks, c.haystack_files), c, std::cout);
     return 0;
 }
 
@@ -443,13 +448,7 @@ int cmd_tasks(int argc, char** argv) {
     Loaded m(model);
     check_ruler_prompts(task_list, context_list, samples, LlamaModel(m.file).cfg.n_ctx_train,
                         "the model's training context");
-    std::vector<std::string> haystack;
-    bool needs_haystack = false;
-    for (const std::string& t : task_list) needs_haystack = needs_haystack || ruler_task_needs_haystack(t);
-    if (needs_haystack) {
-        if (haystack_files.empty()) haystack_files = default_haystack_files();
-        haystack = haystack_of(haystack_files);
-    }
+    const std::vector<std::string> haystack = ruler_haystack(task_list, haystack_files);
     const TokenCounter count = token_counter(m.tok);
     nlohmann::json cases = nlohmann::json::array();
     for (int64_t context : context_list) {

@@ -236,6 +236,15 @@ class RayKVCache:
         except ray.exceptions.RayTaskError as e:
             raise e.as_instanceof_cause() from None
 
+    def _tokens(self, keys, values, what):
+        """keys and values as float32 numpy, the keys' shape checked
+        ((n_kv_heads, n, d)); the values are checked where they are stored."""
+        keys, values = _array(keys), _array(values)
+        if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
+            raise ValueError(f"RayKVCache.{what}: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
+                             f"expected")
+        return keys, values
+
     def _heads(self, s, x, per_head):
         """The rows of x (heads first) that shard s holds: KV heads
         (per_head=1) or their query heads (per_head=group)."""
@@ -250,10 +259,7 @@ class RayKVCache:
         """As KVCache.prefill; placement "tokens" splits the tokens evenly,
         each shard learning from the queries that can see its range."""
         self._check_layer(layer)
-        keys, values = _array(keys), _array(values)
-        if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
-            raise ValueError(f"RayKVCache.prefill: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
-                             f"expected")
+        keys, values = self._tokens(keys, values, "prefill")
         if any(self.counts[layer]):
             raise ValueError(f"RayKVCache.prefill: layer {layer} already holds tokens (use append)")
         n = keys.shape[1]
@@ -293,10 +299,7 @@ class RayKVCache:
     def append(self, layer, keys, values):
         """As KVCache.append; placement "tokens" appends to the last shard."""
         self._check_layer(layer)
-        keys, values = _array(keys), _array(values)
-        if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
-            raise ValueError(f"RayKVCache.append: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
-                             f"expected")
+        keys, values = self._tokens(keys, values, "append")
         n = keys.shape[1]
         if self.placement == "tokens":
             shards = [self.n_shards - 1]
@@ -315,10 +318,8 @@ class RayKVCache:
         d) answered over every token and learned; n > 1 new tokens attend
         causally, token by token."""
         self._check_layer(layer)
-        keys, values, q = _array(keys), _array(values), _array(q)
-        if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
-            raise ValueError(f"RayKVCache.decode: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
-                             f"expected")
+        keys, values = self._tokens(keys, values, "decode")
+        q = _array(q)
         if q.ndim != 3 or q.shape[0] != self.n_q_heads or q.shape[1] != keys.shape[1]:
             raise ValueError(f"RayKVCache.decode: q of shape {q.shape}, ({self.n_q_heads}, {keys.shape[1]}, "
                              f"{self.d}) expected")

@@ -333,24 +333,27 @@ class KVIndexCache(Cache):
         its knobs resolved against its prompt's length."""
         while len(self.sequences) <= b:
             self.sequences.append(None)
-        if self.sequences[b] is None and self.storage is not None:
-            string = self._factory
-            if self._params:  # percentages resolved against this prompt, as below
-                proto = kvindex.index_factory(self.head_dim, self._factory)
-                string += "|" + kvindex.resolve_percentages(self._params, n_prompt, proto)
-            self.sequences[b] = self.storage(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim, string,
-                                             self.dense_string, self.dense_layers)
-        if self.sequences[b] is None:
-            seq = kvindex.KVCache(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim, self._factory,
-                                  dense_string=self.dense_string, dense_layers=self.dense_layers)
-            if self._params:
-                for layer in range(self.n_layers):
-                    if layer in self.dense_layers:
-                        continue
-                    for h in range(self.n_kv_heads):
-                        index = seq.index(layer, h)
-                        kvindex.set_index_parameters(index, kvindex.resolve_percentages(self._params, n_prompt, index))
-            self.sequences[b] = seq
+        if self.sequences[b] is not None:
+            return self.sequences[b]
+        # the knobs, percentages made counts of this prompt: one resolution
+        # serves every head, all built from the same string
+        params = self._params
+        if params:
+            params = kvindex.resolve_percentages(params, n_prompt, kvindex.index_factory(self.head_dim, self._factory))
+        if self.storage is not None:
+            self.sequences[b] = self.storage(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim,
+                                             self._factory + ("|" + params if params else ""), self.dense_string,
+                                             self.dense_layers)
+            return self.sequences[b]
+        seq = kvindex.KVCache(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim, self._factory,
+                              dense_string=self.dense_string, dense_layers=self.dense_layers)
+        if params:
+            for layer in range(self.n_layers):
+                if layer in self.dense_layers:
+                    continue
+                for h in range(self.n_kv_heads):
+                    kvindex.set_index_parameters(seq.index(layer, h), params)
+        self.sequences[b] = seq
         return self.sequences[b]
 
     # ---- the user's side ----------------------------------------------------

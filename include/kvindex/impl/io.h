@@ -71,6 +71,8 @@ class AtomicFileWriter {
     const char* who_;
     int fd_ = -1;
     [[noreturn]] void fail(const char* doing);
+    /// Unlinks the temporary file (none for a stream).
+    void remove_temporary() noexcept;
 };
 
 /// Writes buf to fname, whole or not at all (AtomicFileWriter); `writer`
