@@ -11,6 +11,7 @@
 #include <kvindex/IndexChoose.h>
 #include <kvindex/IndexIVFAsym.h>
 #include <kvindex/IndexKVFlat.h>
+#include <kvindex/IndexKVShards.h>
 #include <kvindex/IndexLSHSample.h>
 #include <kvindex/IndexProxyEvict.h>
 #include <kvindex/IndexRoarGraph.h>
@@ -44,6 +45,9 @@ std::vector<IndexTypeInfo> builtin_types() {
              "per-head choice at prefill between 2 to 8 candidate chains, by their error on held-back prefill queries",
              IndexChoose::from_factory, make_empty<IndexChoose>,
              {"Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)"}},
+            {"IndexKVShards", fourcc("KVSh"), 1, "Shards<T>(<chain>)",
+             "token-range shards of T tokens, each any chain: attend merges the shards' (out, lse), search their top-k; budgets are per shard",
+             IndexKVShards::from_factory, make_empty<IndexKVShards>, {"Shards4096(Flat)"}},
             {"IndexKVFlat", fourcc("KVFl"), 1, "Flat",
              "exact attention, one fused pass over keys and values (the dense baseline)",
              IndexKVFlat::from_factory, make_empty<IndexKVFlat>, {"Flat"}},

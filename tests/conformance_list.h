@@ -83,6 +83,10 @@ inline const ConformanceCase kConformance[] = {
         {"Sink2,Window8,Hybrid(TopK(Flat),Weighted)", "k=7,sample=5", "k=1000000"},
         // the graph walked on 8-bit codes of its bfloat16 keys
         {"BF16,RoarGraph8", "k=7,efSearch=20,walk_bits=8", "k=1000000"},
+        // token-range shards (context parallelism), their answers merged
+        {"Shards64(Flat)", "", ""},
+        {"Shards64(Sink2,Window8,LSHSample6x20)", "max_sample=30", "min_hits=0"},
+        {"BF16,Shards96(IVFAsym4)", "nprobe=2", "nprobe=4"},
 };
 
 /// A factory string as an identifier: letters and digits kept, every other

@@ -119,7 +119,8 @@ struct IndexIVFAsym : KVIndex {
 
     // the tokens
     idx_t first_position = 0;                ///< position of token 0 (prefill)
-    idx_t n_after = 0;                       ///< tokens a wrapper holds after ours (prefill)
+    /// tokens a wrapper holds after ours (prefill; tokens_appended_after adds)
+    idx_t n_after = 0;
     int group_size = 1;                      ///< query heads per KV head (prefill)
     /// size C + 1: bucket c's tokens; bucket C is the unassigned run
     std::vector<KVStorage> buckets;
@@ -187,6 +188,11 @@ struct IndexIVFAsym : KVIndex {
     std::string factory_string() const override;
     bool needs_contiguous_positions() const override {
         return true; // keys and queries are de-RoPEd at their positions
+    }
+    /// the decode query moves on: n_after grows (checked below 2^62 by the
+    /// caller's own count)
+    void tokens_appended_after(idx_t n) noexcept override {
+        n_after += n;
     }
     /// adopted models carry the RoPE they were trained under
     bool rope_fixed_by_models() const override {

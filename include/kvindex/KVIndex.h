@@ -530,6 +530,13 @@ struct KVIndex : faiss::Index {
     /// Reads one of this type's own knobs; false when it has no such knob.
     virtual bool get_parameter(const std::string& name, double* value) const;
 
+    /** n more tokens of the sequence now follow this index's tokens, held
+     * elsewhere (a later shard of an IndexKVShards): a type that places the
+     * decode query by its position (IVFAsym: first_position + ntotal +
+     * n_after - 1) moves it by n. This index only: the caller walks the
+     * children. Default: nothing. */
+    virtual void tokens_appended_after(idx_t /*n*/) noexcept {}
+
     /** One random stream per (layer, KV head), set by KVCache, so that
      * types drawing random numbers at prefill differ across heads. The
      * default hands it to the children; a type that samples keeps it. */

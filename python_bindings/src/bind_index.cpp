@@ -16,6 +16,7 @@
 
 #include <kvindex/IndexChoose.h>
 #include <kvindex/IndexHybrid.h>
+#include <kvindex/IndexKVShards.h>
 #include <kvindex/IndexKVFlat.h>
 #include <kvindex/IndexLSHSample.h>
 #include <kvindex/IndexIVFAsym.h>
@@ -570,6 +571,25 @@ part by log-sum-exp. Factory string: "Sink<n>,Window<m>,<index>".)doc")
             .def_readonly("n_window", &kvindex::IndexSinkWindow::n_window)
             .def_property_readonly("inner", [](kvindex::IndexSinkWindow& s) { return s.inner.get(); },
                                    py::return_value_policy::reference_internal);
+
+    py::class_<kvindex::IndexKVShards, KVIndex, std::shared_ptr<kvindex::IndexKVShards>>(
+            m, "IndexKVShards",
+            R"doc(Token-range shards, as context-parallel decoding splits a cache: tokens
+[s*T, (s+1)*T) live in shard s, an index built from one chain. attend merges
+the shards' (out, lse) by log-sum-exp, search their top-k; budgets (k, a
+sample) are per shard. Appends go to the last shard; a new one opens at T
+tokens. Factory string: "Shards<T>(<chain>)".)doc")
+            .def_readonly("shard_tokens", &kvindex::IndexKVShards::shard_tokens, "T, tokens per shard")
+            .def_property_readonly("n_shards", [](const kvindex::IndexKVShards& s) { return s.shards.size(); })
+            .def("shard", [](kvindex::IndexKVShards& s, size_t i) -> KVIndex* {
+                     if (i >= s.shards.size()) {
+                         throw py::index_error("shard " + std::to_string(i) + " of " +
+                                               std::to_string(s.shards.size()));
+                     }
+                     return s.shards[i].get();
+                 },
+                 py::arg("i"), py::return_value_policy::reference_internal,
+                 "shard i (tokens i*T ..), valid until the next write of this index");
 
     py::class_<kvindex::IndexProxyEvict, KVIndex, std::shared_ptr<kvindex::IndexProxyEvict>>(
             m, "IndexProxyEvict",

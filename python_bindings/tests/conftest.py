@@ -34,6 +34,7 @@ FACTORY_BY_TYPE = {
     "IndexUniformSample": "Uniform",
     "IndexWeightedSample": "Weighted",
     "IndexChoose": "Choose(TopK(Flat);LSHSample6x40)",
+    "IndexKVShards": "Shards256(Flat)",
 }
 
 # More chains, for the properties that hold for any index (select/attend
@@ -50,6 +51,7 @@ EXTRA_FACTORIES = [
     "BF16,Sink2,Window8,LSHSample6x40",
     "Sink4,Window16,RoarGraph8",
     "Sink1,Window16,IVFAsym8_Centroid",
+    "Shards512(Sink4,Window64,LSHSample6x40)",
 ]
 
 
