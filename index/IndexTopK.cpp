@@ -40,15 +40,28 @@ namespace kvindex {
 
 namespace {
 
+/// Keys a product quantizer's k-means takes per centroid before it trains:
+/// Faiss's own floor (ClusteringParameters::min_points_per_centroid), below
+/// which it warns for every sub-quantizer (hundreds of lines for PQ128) and
+/// spends its time on codebooks that fit a handful of keys.
+constexpr idx_t kPQKeysPerCentroid = 39;
+
+/// A product quantizer's training, in distances (M * 2^nbits centroids times
+/// the training keys): at most 2^28, about 11 s of one core of the 2-core
+/// EPYC this was measured on (TopK(PQ128) at d = 128: 14 s for 10,000 keys,
+/// PQ64 7 s, PQ32 4 s). The sample is capped to stay under it; a quantizer
+/// whose 39 keys per centroid already pass it is refused.
+constexpr int64_t kPQTrainingWork = int64_t(1) << 28;
+
 /// Keys an untrained retriever needs before it can train: IVF k-means needs
-/// at least one key per list, a product quantizer's k-means one per
-/// centroid (2^nbits; Faiss throws on fewer keys).
+/// at least one key per list, a product quantizer 39 per centroid
+/// (39 * 2^nbits: 9984 for 8 bits); until then search scans exactly.
 idx_t min_keys_to_train(const faiss::Index* retriever, const std::string& retriever_string) {
     idx_t need = 1;
     if (auto ivf = faiss::ivflib::try_extract_index_ivf(retriever)) {
         need = idx_t(ivf->nlist);
     }
-    return std::max<idx_t>(need, product_quantizer_centroids(retriever_string));
+    return std::max<idx_t>(need, kPQKeysPerCentroid * product_quantizer_centroids(retriever_string));
 }
 
 /// The retriever a Faiss factory string builds, for inner product. Faiss's
@@ -115,6 +128,20 @@ IndexTopK::IndexTopK(
                 "TopK(%s): unsupported retriever: %s", retriever_string.c_str(), bare_error_message(e).c_str());
     }
     min_train_points = min_keys_to_train(retriever.get(), retriever_string);
+    if (const int64_t work = product_quantizer_work(retriever_string)) {
+        KVINDEX_CHECK_ARG(
+                work * min_train_points <= kPQTrainingWork,
+                "TopK(%s): its product quantizer trains %lld centroids (M x 2^nbits) on at least %lld keys "
+                "(39 per centroid): %.2g distances, more than the %.2g that train in about 10 s per head; "
+                "use fewer sub-quantizers or bits (at 8 bits, at most %lld sub-quantizers), or SQ8",
+                retriever_string.c_str(),
+                (long long)work,
+                (long long)min_train_points,
+                double(work) * double(min_train_points),
+                double(kPQTrainingWork),
+                (long long)(kPQTrainingWork / (kPQKeysPerCentroid * 256 * 256)));
+    }
+    max_train_points = std::max(max_train_points, min_train_points);
     set_default_knobs(retriever.get());
     use_stored_keys(retriever.get(), &storage);
 }
@@ -278,6 +305,11 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         std::vector<idx_t> perm(nt);
         std::iota(perm.begin(), perm.end(), 0);
         idx_t n_sample = std::min(nt, max_train_points);
+        if (const int64_t work = product_quantizer_work(retriever_string)) {
+            // a product quantizer's k-means time grows with its sample: capped
+            // (at least its 39 keys per centroid, which the constructor checked)
+            n_sample = std::min<idx_t>(n_sample, std::max<idx_t>(min_train_points, kPQTrainingWork / work));
+        }
         std::mt19937_64 rng(train_seed);
         for (idx_t i = 0; i < n_sample; i++) {
             std::uniform_int_distribution<idx_t> pick(i, nt - 1);

@@ -239,6 +239,18 @@ int64_t product_quantizer_centroids(const std::string& s) {
     return most;
 }
 
+int64_t product_quantizer_work(const std::string& s) {
+    const std::regex& pq = product_quantizer_spec();
+    int64_t most = 0;
+    for (auto it = std::sregex_iterator(s.begin(), s.end(), pq); it != std::sregex_iterator(); ++it) {
+        // a string past check_retriever_string: M <= d, nbits in [1, 16]
+        int64_t M = std::stoll((*it)[1].str());
+        int64_t nbits = (*it)[3].matched ? std::stoll((*it)[3].str()) : 8;
+        most = std::max(most, M << nbits);
+    }
+    return most;
+}
+
 void check_faiss_retriever(
         const faiss::Index* ret,
         const std::string& factory_string,

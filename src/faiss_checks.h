@@ -41,6 +41,12 @@ void check_retriever_string(const std::string& factory_string, int d, int64_t ma
 /// it needs before it can train.
 int64_t product_quantizer_centroids(const std::string& factory_string);
 
+/// The most centroids in all of a product quantizer of the retriever
+/// string, M * 2^nbits over its M sub-quantizers, 0 without one: its
+/// k-means costs that many distances per training key (at any d, the
+/// sub-quantizers' own costs dominate: PQ128 trains 2x slower than PQ64).
+int64_t product_quantizer_work(const std::string& factory_string);
+
 /** Walks a serialized Faiss retriever the way faiss::read_index (v1.7.3)
  * will, before it does: Faiss's reader leaks the index it is filling when it
  * throws, so a blob must be known good before it gets there. Accepts the

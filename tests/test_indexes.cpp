@@ -208,29 +208,34 @@ TEST(IndexTopK, UntrainedRetrieverScansExactlyThenTrains) {
 }
 
 TEST(IndexTopK, ProductQuantizersWaitForTheirCentroidsKeys) {
-    // PQ trains 2^nbits centroids: with fewer keys Faiss's k-means throws,
-    // and training began at 1 key (PQ8) or nlist keys (IVF4,PQ4), so every
-    // decode append failed
-    Data data(400, 5, 12);
-    for (const char* s : {"TopK(PQ8)", "TopK(IVF4,PQ4)", "TopK(IVF4,PQ4x4)"}) {
+    // PQ trains 2^nbits centroids per sub-quantizer. Training began at 1 key
+    // (PQ8: Faiss's k-means threw, every decode append failed), then at
+    // 2^nbits keys (Faiss warned for each sub-quantizer and spent a minute
+    // on TopK(PQ128) at 1,024 keys). It now waits for Faiss's floor, 39 keys
+    // per centroid, and scans exactly until then.
+    for (const char* s : {"TopK(PQ8)", "TopK(IVF4,PQ4)"}) {
+        auto index = index_factory(kD, s, kDv);
+        EXPECT_EQ(dynamic_cast<IndexTopK*>(index.get())->min_train_points, 39 * 256) << s;
+    }
+    // one that cannot train in reasonable time is refused, naming the way out
+    EXPECT_THROW_MSG(index_factory(128, "TopK(PQ128)"), "at most 105 sub-quantizers");
+    EXPECT_THROW_MSG(index_factory(kD, "TopK(PQ2x12)"), "or SQ8");
+    EXPECT_NO_THROW(index_factory(128, "TopK(PQ64)"));
+    Data data(700, 5, 12);
+    for (const char* s : {"TopK(PQ4x4)", "TopK(IVF4,PQ4x4)"}) {
         SCOPED_TRACE(s);
         auto index = index_factory(kD, s, kDv);
         auto* topk = dynamic_cast<IndexTopK*>(index.get());
-        const idx_t need = std::string(s).find("x4") != std::string::npos ? 16 : 256;
+        const idx_t need = 39 * 16;
         EXPECT_EQ(topk->min_train_points, need);
         index->k = 10;
         index->add_kv(100, data.keys.data(), data.values.data());
-        EXPECT_EQ(topk->retriever->is_trained, 100 >= need);
+        EXPECT_FALSE(topk->retriever->is_trained);
         for (idx_t i = 100; i < data.n; i++) {
             index->add_kv(1, data.keys.data() + i * kD, data.values.data() + i * kDv);
-            if (i + 1 == need - 1) {
-                EXPECT_FALSE(topk->retriever->is_trained);
-            } else if (i + 1 == need) {
-                EXPECT_TRUE(topk->retriever->is_trained);
-            }
+            EXPECT_EQ(topk->retriever->is_trained, i + 1 >= need) << "at " << i + 1 << " keys";
         }
         EXPECT_EQ(index->ntotal, data.n);
-        EXPECT_TRUE(topk->retriever->is_trained);
         EXPECT_EQ(topk->retriever->ntotal, data.n);
     }
 }
@@ -248,8 +253,8 @@ TEST(IndexTopK, ProductQuantizersSkipPolysemousTraining) {
         EXPECT_NE(ivfpq, nullptr);
         return ivfpq && ivfpq->do_polysemous_training;
     };
-    Data data(300, 1, 14);
-    for (const char* s : {"TopK(PQ8)", "TopK(IVF4,PQ8)"}) {
+    Data data(700, 1, 14); // PQ of 4 bits trains at 39 * 16 keys
+    for (const char* s : {"TopK(PQ8x4)", "TopK(IVF4,PQ8x4)"}) {
         SCOPED_TRACE(s);
         auto index = index_factory(kD, s, kDv);
         auto* topk = dynamic_cast<IndexTopK*>(index.get());
@@ -402,7 +407,7 @@ TEST(ReadCounts, FloatStructuresAndCodesCountTheirBytesInStoredKeys) {
     p.count_scanned = true;
     p.nprobe = 3;
     for (std::string s :
-         {"TopK(IVF16,Flat)", "BF16,TopK(IVF16,Flat)", "FP16,TopK(IVF16,SQ8)", "TopK(IVF16,PQ8)"}) {
+         {"TopK(IVF16,Flat)", "BF16,TopK(IVF16,Flat)", "FP16,TopK(IVF16,SQ8)", "TopK(IVF16,PQ8x4)"}) {
         SCOPED_TRACE(s);
         auto index = index_factory(kD, s, kDv);
         index->add_kv(data.n, data.keys.data(), data.values.data());
@@ -413,10 +418,10 @@ TEST(ReadCounts, FloatStructuresAndCodesCountTheirBytesInStoredKeys) {
         std::vector<Selection> sel(data.nq);
         index->select(data.nq, data.queries.data(), sel.data(), &p);
         bool pq = s.find("PQ8") != std::string::npos;
-        size_t code = s.find("SQ8") != std::string::npos ? kD : pq ? 8 : kD * sizeof(float);
-        // a PQ8's query table is built from its codebook: 256 centroids of
+        size_t code = s.find("SQ8") != std::string::npos ? kD : pq ? 4 : kD * sizeof(float);
+        // a PQ8x4's query table is built from its codebook: 16 centroids of
         // d / 8 floats in each of the 8 sub-spaces
-        size_t table = pq ? 256 * kD * sizeof(float) : 0;
+        size_t table = pq ? 16 * kD * sizeof(float) : 0;
         size_t key = kD * (s.find("16,") == 2 ? 2 : 4);
         for (idx_t i = 0; i < data.nq; i++) {
             std::vector<float> cd(3);
@@ -430,15 +435,15 @@ TEST(ReadCounts, FloatStructuresAndCodesCountTheirBytesInStoredKeys) {
             EXPECT_EQ(sel[i].n_scanned, (bytes + key - 1) / key) << "query " << i;
         }
     }
-    // a flat PQ8: every code, and the codebook its query table is built from
+    // a flat PQ8x4: every code, and the codebook its query table is built from
     {
-        auto index = index_factory(kD, "TopK(PQ8)", kDv);
+        auto index = index_factory(kD, "TopK(PQ8x4)", kDv);
         index->add_kv(data.n, data.keys.data(), data.values.data());
         SearchParametersKV counted;
         counted.count_scanned = true;
         Selection sel;
         index->select(1, data.queries.data(), &sel, &counted);
-        size_t bytes = size_t(data.n) * 8 + 256 * kD * sizeof(float);
+        size_t bytes = size_t(data.n) * 4 + 16 * kD * sizeof(float);
         size_t key = kD * sizeof(float);
         EXPECT_EQ(sel.n_scanned, (bytes + key - 1) / key);
     }

@@ -45,9 +45,13 @@ struct IndexTopK : KVIndex {
     /// float rows none either (it scores the storage's keys: StoredKeysIP)
     std::unique_ptr<faiss::Index> retriever;
     KVStorage storage;                        ///< keys and values of all tokens
-    idx_t max_train_points = 65536;           ///< cap on the training sample, <= kMaxTrainPoints
-    /// keys needed before the retriever trains (IVF: nlist); until then
-    /// search scans the stored keys exactly
+    /// cap on the training sample, <= kMaxTrainPoints; a product quantizer's
+    /// is capped further, to M * 2^nbits * sample <= 2^28 distances (about
+    /// 10 s per head), and a PQ whose 39 keys per centroid pass that is refused
+    idx_t max_train_points = 65536;
+    /// keys needed before the retriever trains (IVF: nlist; PQ: 39 per
+    /// centroid, 9984 for 8 bits); until then search scans the stored keys
+    /// exactly
     idx_t min_train_points = 1;
     uint64_t train_seed = 1234;               ///< seed of the training sample
 
