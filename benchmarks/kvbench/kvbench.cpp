@@ -3,6 +3,7 @@
 //
 //   kvbench gen --out DIR --preset mixed --seed 1 [--tokens N --head-dim D
 //               --kv-heads H --group G --layers L --eval Q --dtype float16]
+//               (--preset ood: [--needles 4 --question 64 --topic-tokens 2048])
 //   kvbench run --trace DIR --index S [--index S ...] [--params "k=100,..."]
 //               [--layers 0,2] [--max-queries N] [--json FILE] [--dump DIR]
 //               [--timed-calls 3]   (timings per query; the median counts)
@@ -37,7 +38,7 @@ int cmd_gen(int argc, char** argv) {
     po::options_description opts("kvbench gen: write a synthetic trace");
     opts.add_options()
             ("out", po::value(&out)->required(), "trace directory")
-            ("preset", po::value(&cfg.preset)->default_value(cfg.preset), "needle | local | flat | aggregate | mixed")
+            ("preset", po::value(&cfg.preset)->default_value(cfg.preset), "needle | local | flat | aggregate | mixed | ood")
             ("seed", po::value(&cfg.seed)->default_value(cfg.seed), "generator seed")
             ("tokens", po::value(&cfg.n_tokens)->default_value(cfg.n_tokens), "tokens per head")
             ("head-dim", po::value(&cfg.head_dim)->default_value(cfg.head_dim), "head dimension")
@@ -45,7 +46,10 @@ int cmd_gen(int argc, char** argv) {
             ("group", po::value(&cfg.group)->default_value(cfg.group), "query heads per KV head")
             ("layers", po::value(&cfg.n_layers)->default_value(cfg.n_layers), "layers")
             ("eval", po::value(&cfg.n_eval)->default_value(cfg.n_eval), "evaluation tokens at the end")
-            ("dtype", po::value(&cfg.dtype)->default_value(cfg.dtype), "float32 | float16");
+            ("dtype", po::value(&cfg.dtype)->default_value(cfg.dtype), "float32 | float16")
+            ("needles", po::value(&cfg.ood_needles), "ood: needles each question query points at (default 4)")
+            ("question", po::value(&cfg.ood_question), "ood: question tokens ending the prompt (default 64)")
+            ("topic-tokens", po::value(&cfg.ood_topic_tokens), "ood: tokens per drifting topic (default 2048)");
     po::variables_map vm;
     if (!parse_subcommand(argc, argv, opts, vm)) {
         return 0;

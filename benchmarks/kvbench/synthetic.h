@@ -17,8 +17,13 @@ namespace kvbench {
  *           carry w.k: attention is broad but graded, and the output
  *           depends on the whole tail (counting, averaging). Top-k keeps
  *           the extreme keys and overshoots: the case where it is biased.
+ *   ood:    a geometry nothing was tuned on (preset "ood"): topics that
+ *           drift along the prompt, prompt queries that attend their own
+ *           topic, and a question (the prompt's last positions and every
+ *           evaluation position) whose queries resemble no other prompt
+ *           query and point at several needles at once.
  */
-enum class HeadKind { needle, local, flat, aggregate };
+enum class HeadKind { needle, local, flat, aggregate, ood };
 const char* head_kind_name(HeadKind kind);
 
 struct SyntheticConfig {
@@ -31,7 +36,24 @@ struct SyntheticConfig {
     int n_layers = 2;
     int64_t n_eval = 256; ///< evaluation positions at the end: n_ctx = n_tokens - n_eval
     std::string dtype = "float32";
+    // preset "ood" only (-1: its default; another preset refuses them)
+    int ood_needles = -1;          ///< needles each question query points at (default 4)
+    int64_t ood_question = -1;     ///< question tokens at the end of the prompt (default 64)
+    int64_t ood_topic_tokens = -1; ///< tokens per topic segment (default 2048)
 };
+
+/// The "ood" preset's options, defaults filled in (throws for another preset
+/// given them, or values out of range).
+struct OodOptions {
+    int needles;
+    int64_t question;
+    int64_t topic_tokens;
+};
+OodOptions ood_options(const SyntheticConfig& cfg);
+
+/// The needle positions query head q_head of a layer points at, under
+/// preset "ood" (ground truth, for tests and analysis), increasing.
+std::vector<int64_t> ood_needles(const SyntheticConfig& cfg, int layer, int q_head);
 
 /// Kind of query head h of layer l under a preset (mixed cycles the kinds).
 HeadKind head_kind(const SyntheticConfig& cfg, int layer, int q_head);

@@ -305,3 +305,166 @@ TEST(KVBench, ScalingToolsRefuseLengthsBelowTheirTopK) {
     EXPECT_THROW_MSG_AS(std::invalid_argument, kvbench::check_scaling_options({4096}, 0, 1, 100), "--queries 0");
     EXPECT_NO_THROW(kvbench::check_scaling_options({100, 4096}, 3, 3, 100));
 }
+
+// ---- preset "ood": the geometry nobody tuned on --------------------------------
+
+namespace {
+
+kvbench::SyntheticConfig ood_config() {
+    kvbench::SyntheticConfig cfg;
+    cfg.preset = "ood";
+    cfg.seed = 7;
+    cfg.n_tokens = 3000;
+    cfg.head_dim = 64;
+    cfg.n_kv_heads = 2;
+    cfg.group = 2;
+    cfg.n_layers = 1;
+    cfg.n_eval = 16;
+    cfg.ood_needles = 3;
+    cfg.ood_question = 32;
+    cfg.ood_topic_tokens = 256;
+    return cfg;
+}
+
+/// Exact attention weights of query position t of query head qh over keys 0..t.
+std::vector<double> ood_weights(const kvindex::TraceLayer& layer, const kvbench::SyntheticConfig& cfg, int qh,
+                                idx_t t) {
+    const int d = cfg.head_dim;
+    const idx_t n = cfg.n_tokens;
+    const float* q = layer.queries.data() + (size_t(qh) * n + t) * d;
+    const float* keys = layer.keys.data() + size_t(qh / cfg.group) * n * d;
+    std::vector<double> s = kvtest::ref_scores(q, keys, d, t + 1);
+    double mx = *std::max_element(s.begin(), s.end()), z = 0;
+    for (double& x : s) {
+        x = std::exp((x - mx) / std::sqrt(double(d)));
+        z += x;
+    }
+    for (double& x : s) {
+        x /= z;
+    }
+    return s;
+}
+
+double cosine(const float* a, const float* b, int d) {
+    double ab = 0, aa = 0, bb = 0;
+    for (int j = 0; j < d; j++) {
+        ab += double(a[j]) * b[j];
+        aa += double(a[j]) * a[j];
+        bb += double(b[j]) * b[j];
+    }
+    return ab / std::sqrt(aa * bb);
+}
+
+} // namespace
+
+TEST(KVBench, OodQuestionQueriesSplitTheirMassAmongSeveralNeedles) {
+    const kvbench::SyntheticConfig cfg = ood_config();
+    const kvindex::TraceLayer layer = kvbench::synthetic_layer(cfg, 0);
+    const idx_t n_ctx = cfg.n_tokens - cfg.n_eval;
+    for (int qh = 0; qh < cfg.n_kv_heads * cfg.group; qh++) {
+        const std::vector<int64_t> needles = kvbench::ood_needles(cfg, 0, qh);
+        ASSERT_EQ(needles.size(), 3u);
+        double mass = 0;
+        int shared = 0; // queries whose second needle holds >= 2% of the mass
+        for (idx_t t = n_ctx; t < cfg.n_tokens; t++) {
+            std::vector<double> w = ood_weights(layer, cfg, qh, t);
+            std::vector<double> on;
+            for (int64_t x : needles) {
+                EXPECT_LT(x, n_ctx - cfg.ood_question); // before the question
+                on.push_back(w[x]);
+            }
+            std::sort(on.rbegin(), on.rend());
+            mass += on[0] + on[1] + on[2];
+            shared += on[1] >= 0.02;
+        }
+        // 3 of 2,984 keys hold most of the mass, and it is split
+        EXPECT_GT(mass / cfg.n_eval, 0.6) << "query head " << qh;
+        EXPECT_GT(shared, cfg.n_eval / 2) << "query head " << qh;
+    }
+}
+
+TEST(KVBench, OodDecodeQueriesResembleOnlyTheQuestion) {
+    // the evaluation queries' nearest prompt queries are the question's: a
+    // router trained on a uniform draw of the prompt's queries sees few
+    const kvbench::SyntheticConfig cfg = ood_config();
+    const kvindex::TraceLayer layer = kvbench::synthetic_layer(cfg, 0);
+    const idx_t n_ctx = cfg.n_tokens - cfg.n_eval, n = cfg.n_tokens;
+    const int d = cfg.head_dim;
+    for (int qh = 0; qh < cfg.n_kv_heads * cfg.group; qh++) {
+        const float* q = layer.queries.data() + size_t(qh) * n * d;
+        for (idx_t t = n_ctx; t < n; t += 5) {
+            idx_t best = 0;
+            double best_cos = -2;
+            for (idx_t p = 0; p < n_ctx; p++) {
+                double c = cosine(q + t * d, q + p * d, d);
+                if (c > best_cos) {
+                    best_cos = c;
+                    best = p;
+                }
+            }
+            EXPECT_GE(best, n_ctx - cfg.ood_question) << "query head " << qh << " at " << t;
+        }
+    }
+}
+
+TEST(KVBench, OodPromptQueriesAttendTheirDriftingTopic) {
+    const kvbench::SyntheticConfig cfg = ood_config();
+    const kvindex::TraceLayer layer = kvbench::synthetic_layer(cfg, 0);
+    const idx_t T = cfg.ood_topic_tokens;
+    for (int qh = 0; qh < cfg.n_kv_heads * cfg.group; qh++) {
+        for (idx_t t : {700, 1500, 2500}) {
+            std::vector<double> w = ood_weights(layer, cfg, qh, t);
+            const idx_t s0 = t / T * T;
+            double own = 0;
+            for (idx_t j = s0; j <= t; j++) {
+                own += w[j];
+            }
+            // at least twice the share of keys the segment holds
+            EXPECT_GT(own, 2.0 * double(t - s0 + 1) / double(t + 1)) << "query head " << qh << " at " << t;
+        }
+    }
+    // the topics move: consecutive segments' mean keys differ well beyond
+    // the noise of a mean of 256 keys
+    const int d = cfg.head_dim;
+    for (int h = 0; h < cfg.n_kv_heads; h++) {
+        const float* keys = layer.keys.data() + size_t(h) * cfg.n_tokens * d;
+        std::vector<std::vector<double>> mean;
+        for (idx_t s0 = T; s0 + T <= cfg.n_tokens; s0 += T) {
+            std::vector<double> m(d, 0.0);
+            for (idx_t t = s0; t < s0 + T; t++) {
+                for (int j = 0; j < d; j++) {
+                    m[j] += keys[t * d + j] / double(T);
+                }
+            }
+            mean.push_back(m);
+        }
+        for (size_t s = 1; s < mean.size(); s++) {
+            double dist = 0;
+            for (int j = 0; j < d; j++) {
+                dist += (mean[s][j] - mean[s - 1][j]) * (mean[s][j] - mean[s - 1][j]);
+            }
+            EXPECT_GT(std::sqrt(dist), 0.8) << "KV head " << h << ", segment " << s;
+        }
+    }
+}
+
+TEST(KVBench, OodOptionsAreCheckedAndBelongToTheOodPreset) {
+    kvbench::SyntheticConfig cfg = ood_config();
+    kvbench::SyntheticConfig again = ood_config();
+    EXPECT_EQ(kvbench::synthetic_layer(cfg, 0).keys, kvbench::synthetic_layer(again, 0).keys);
+    again.seed = 8;
+    EXPECT_NE(kvbench::synthetic_layer(cfg, 0).queries, kvbench::synthetic_layer(again, 0).queries);
+    EXPECT_NE(kvbench::synthetic_meta(cfg).source.find("--needles 3 --question 32 --topic-tokens 256"),
+              std::string::npos);
+    kvbench::SyntheticConfig bad = cfg;
+    bad.ood_question = cfg.n_tokens;
+    EXPECT_THROW_MSG(kvbench::synthetic_meta(bad), "--question");
+    bad = cfg;
+    bad.ood_needles = 0;
+    EXPECT_THROW_MSG(kvbench::synthetic_meta(bad), "--needles=0");
+    bad = cfg;
+    bad.preset = "needle";
+    EXPECT_THROW_MSG(kvbench::synthetic_meta(bad), "apply to --preset ood only");
+    bad.ood_needles = bad.ood_question = bad.ood_topic_tokens = -1;
+    EXPECT_NO_THROW(kvbench::synthetic_meta(bad));
+}
