@@ -126,6 +126,11 @@ IVFAsymTrainer::IVFAsymTrainer(int d, const IVFAsymTrainingParams& p)
             size_t(p.min_distance),
             size_t(p.queries_per_prompt),
             p.held_out_fraction);
+    FAISS_THROW_IF_NOT_FMT(
+            p.recent_positions >= 0 && p.recent_weight >= 1 && p.recent_weight <= 1024,
+            "IVFAsymTrainer: recent_positions=%zd must be >= 0 and recent_weight=%d in [1, 1024]",
+            ssize_t(p.recent_positions),
+            p.recent_weight);
     // checked here, not after every prompt has been read
     check_qmodel_train_params(p.adam, "IVFAsymTrainer: adam");
 }
@@ -155,33 +160,49 @@ void IVFAsymTrainer::add_prompt(const PrefillInput& in) {
         kmeans_sample_.insert(kmeans_sample_.end(), k.begin(), k.end());
     }
 
-    // candidate queries: those with at least one far key after the sinks
+    // candidate queries: those with at least one far key after the sinks.
+    // A query past these keys (the window's, when they are the middle of a
+    // sink/window chain) sees them all, as a decode query does.
     PendingPrompt p;
     p.first_position = in.first_position;
     p.keys.assign(in.keys, in.keys + size_t(in.n_tokens) * d);
     if (in.n_queries > 0) { // checked by check_prompt
-        idx_t end = in.first_position + in.n_tokens;
         const idx_t first_far = std::max(params.n_sink, in.first_position);
-        std::vector<std::pair<int, idx_t>> eligible; // (head, query)
+        idx_t last = 0; // the prompt's last query position
+        for (idx_t i = 0; i < in.n_queries; i++) {
+            last = std::max(last, in.query_position(i));
+        }
+        std::vector<std::pair<int, idx_t>> eligible, recent; // (head, query)
         for (int h = 0; h < in.n_query_heads; h++) {
             for (idx_t i = 0; i < in.n_queries; i++) {
                 idx_t pos = in.query_position(i);
-                if (pos < end && pos - params.min_distance > first_far) {
-                    eligible.push_back({h, i});
+                if (pos - params.min_distance > first_far) {
+                    (pos > last - params.recent_positions ? recent : eligible).push_back({h, i});
                 }
             }
         }
+        auto add = [&](std::pair<int, idx_t> hi, int weight) {
+            const float* q = in.queries + (size_t(hi.first) * in.n_queries + hi.second) * d;
+            p.queries.insert(p.queries.end(), q, q + d);
+            p.positions.push_back(in.query_position(hi.second));
+            p.weights.push_back(weight);
+        };
         std::mt19937_64 rng(rng_state_++);
         idx_t take = std::min<idx_t>(params.queries_per_prompt, idx_t(eligible.size()));
         for (idx_t j = 0; j < take; j++) { // partial Fisher-Yates: a uniform sample
             std::uniform_int_distribution<size_t> pick(j, eligible.size() - 1);
             std::swap(eligible[j], eligible[pick(rng)]);
-            auto [h, i] = eligible[j];
-            const float* q = in.queries + (size_t(h) * in.n_queries + i) * d;
-            p.queries.insert(p.queries.end(), q, q + d);
-            p.positions.push_back(in.query_position(i));
+            add(eligible[j], 1);
         }
-        report.n_candidates += take;
+        // the question: every recent query (the latest first, up to the cap)
+        idx_t n_recent = std::min<idx_t>(params.queries_per_prompt, idx_t(recent.size()));
+        std::stable_sort(recent.begin(), recent.end(), [&](const auto& a, const auto& b) {
+            return in.query_position(a.second) > in.query_position(b.second);
+        });
+        for (idx_t j = 0; j < n_recent; j++) {
+            add(recent[j], params.recent_weight);
+        }
+        report.n_candidates += take + n_recent;
     }
     if (centroids.empty()) {
         pending_.push_back(std::move(p));
@@ -262,27 +283,29 @@ void IVFAsymTrainer::make_rows(const PendingPrompt& p) {
                 target[bucket[j]] += e;
                 z += e;
             }
-            // the row: reservoir sampling keeps a uniform max_samples of all
-            idx_t slot = idx_t(rows_x_.size() / d);
-            if (slot >= params.max_samples) {
-                std::uniform_int_distribution<idx_t> pick(0, rows_seen_);
-                slot = pick(rng);
-            }
-            rows_seen_++;
-            if (slot >= params.max_samples) {
-                continue;
-            }
-            if (slot == idx_t(rows_x_.size() / d)) {
-                rows_x_.resize(rows_x_.size() + d);
-                rows_t_.resize(rows_t_.size() + C);
-            }
-            float* x = rows_x_.data() + slot * d;
-            const float* q = p.queries.data() + (c0 + r) * d;
-            std::copy(q, q + d, x);
-            int64_t qpos = pos;
-            invert_rope(1, d, x, &qpos, rope);
-            for (int c = 0; c < C; c++) {
-                rows_t_[slot * C + c] = float(target[c] / z);
+            for (int rep = 0; rep < p.weights[c0 + r]; rep++) {
+                // the row: reservoir sampling keeps a uniform max_samples of all
+                idx_t slot = idx_t(rows_x_.size() / d);
+                if (slot >= params.max_samples) {
+                    std::uniform_int_distribution<idx_t> pick(0, rows_seen_);
+                    slot = pick(rng);
+                }
+                rows_seen_++;
+                if (slot >= params.max_samples) {
+                    continue;
+                }
+                if (slot == idx_t(rows_x_.size() / d)) {
+                    rows_x_.resize(rows_x_.size() + d);
+                    rows_t_.resize(rows_t_.size() + C);
+                }
+                float* x = rows_x_.data() + slot * d;
+                const float* q = p.queries.data() + (c0 + r) * d;
+                std::copy(q, q + d, x);
+                int64_t qpos = pos;
+                invert_rope(1, d, x, &qpos, rope);
+                for (int c = 0; c < C; c++) {
+                    rows_t_[slot * C + c] = float(target[c] / z);
+                }
             }
         }
     }

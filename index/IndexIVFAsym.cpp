@@ -25,6 +25,10 @@ namespace {
 
 constexpr int kMaxCentroids = 1 << 16;
 constexpr idx_t kSelfTrainQueries = 4096; // candidate queries drawn at prefill
+// the question the prompt ends with: its queries' rows count 8 times each
+// (IVFAsymTrainingParams::recent_positions)
+constexpr idx_t kSelfTrainRecentPositions = 128;
+constexpr int kSelfTrainRecentWeight = 8;
 
 const char* probe_suffix(IVFAsymProbe p) {
     switch (p) {
@@ -199,6 +203,8 @@ bool IndexIVFAsym::self_train(const PrefillInput& in) {
     p.min_distance = min_distance >= 0 ? min_distance : in.n_after;
     p.n_sink = 1;
     p.queries_per_prompt = kSelfTrainQueries;
+    p.recent_positions = kSelfTrainRecentPositions;
+    p.recent_weight = kSelfTrainRecentWeight;
     p.held_out_fraction = 0; // every row trains: the prompt is all there is
     p.seed = stream_seed(seed, stream);
     p.adam.seed = p.seed;

@@ -854,3 +854,45 @@ TEST(IVFAsym, MomentVarianceTermFindsTheWideClusters) {
     EXPECT_GT(mass[0], mass[1] + 0.05) << "var_weight 1: " << mass[0] << ", 0: " << mass[1];
     EXPECT_LE(mass[0], mass[2] + 1e-9) << "the oracle is the ceiling: " << mass[2];
 }
+
+TEST(IVFAsym, TheQuestionsRowsCountRecentWeightTimesAndWindowQueriesTrain) {
+    // rows of a prompt: every eligible query once with a uniform draw
+    // covering them all; the last 50 positions' queries (the question)
+    // then count 3 times each
+    Head h = ood_head(600, 5);
+    std::vector<float> scratch;
+    auto rows = [&](idx_t recent_positions, int recent_weight, idx_t* candidates) {
+        IVFAsymTrainingParams p = test_training_params();
+        p.held_out_fraction = 0;
+        p.recent_positions = recent_positions;
+        p.recent_weight = recent_weight;
+        IVFAsymTrainer t(kD, p);
+        t.add_prompt(h.prefill(h.n, scratch));
+        t.train();
+        *candidates = t.report.n_candidates;
+        return t.report.n_train;
+    };
+    idx_t c_plain, c_question, c_weighted;
+    const idx_t plain = rows(0, 1, &c_plain), question = rows(50, 1, &c_question),
+                weighted = rows(50, 3, &c_weighted);
+    EXPECT_EQ(c_plain, c_question); // the draw covers every query either way
+    EXPECT_EQ(c_plain, c_weighted);
+    EXPECT_EQ(plain, question);
+    EXPECT_GT(weighted, plain);
+    EXPECT_EQ((weighted - plain) % 2, 0); // each question row twice more
+    EXPECT_LE(weighted - plain, 2 * 50 * kGroup);
+    IVFAsymTrainingParams bad = test_training_params();
+    bad.recent_weight = 0;
+    EXPECT_THROW_MSG(IVFAsymTrainer(kD, bad), "recent_weight=0");
+
+    // queries past the keys (a sink/window chain's window) see every key,
+    // as decode queries do: they train too
+    PrefillInput in = h.prefill(h.n, scratch);
+    in.n_tokens = 500;
+    std::vector<idx_t> pos(h.n);
+    std::iota(pos.begin(), pos.end(), idx_t(0));
+    in.query_positions = pos.data();
+    IVFAsymTrainer t(kD, test_training_params());
+    t.add_prompt(in);
+    EXPECT_EQ(t.report.n_candidates, kGroup * (h.n - 1)); // positions 1 .. 599 (min_distance 0, no sink)
+}

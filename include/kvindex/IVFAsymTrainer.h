@@ -33,6 +33,15 @@ struct IVFAsymTrainingParams {
     idx_t n_sink = 1;          ///< first tokens of each prompt left out (the attention sink)
     /// candidate queries drawn per prompt (from all heads of the group)
     idx_t queries_per_prompt = 1024;
+    /** The question: every query at the prompt's last recent_positions
+     * positions is a candidate too (besides the uniform draw from the
+     * others, at most queries_per_prompt of them), its row counted
+     * recent_weight times. Decode queries resemble the prompt's last
+     * queries (the question it ends with) more than its bulk, which a
+     * uniform draw is made of; self-training at prefill (IndexIVFAsym)
+     * uses 128 and 8. 0: a uniform draw only. */
+    idx_t recent_positions = 0;
+    int recent_weight = 1;
     idx_t max_samples = 32768; ///< training rows kept at most (reservoir sample)
     double held_out_fraction = 0.1; ///< rows kept aside to measure the loss
     QModelTrainParams adam;    ///< Adam steps, batch, learning rate, seed
@@ -119,6 +128,7 @@ class IVFAsymTrainer {
         std::vector<float> keys;        ///< post-RoPE, n * d
         std::vector<float> queries;     ///< the drawn candidates, post-RoPE
         std::vector<idx_t> positions;   ///< their positions
+        std::vector<int> weights;       ///< the times each one's row counts
     };
     std::vector<PendingPrompt> pending_;   ///< prompts waiting for k-means
     std::vector<float> kmeans_sample_;     ///< de-RoPEd keys

@@ -70,23 +70,15 @@ enum class IVFAsymProbe {
  * trained index of the same shape); an index with no trained models trains
  * both on its own prompt at prefill (k-means on its keys, the Q-model on
  * its prefill queries with causal targets, min_distance = n_after; our
- * extension, the paper found prompt fine-tuning did not help). Tokens that
- * arrive before any model exists (add_kv on a fresh or reset index, a
- * prompt of fewer than C keys) wait in an unassigned run that every query
- * reads exactly. Self-trained models are dropped by reset; adopted ones
- * stay.
- *
- * Measured (SmolLM2-135M, 8k licence trace, C = 64, "Sink1,Window63,",
- * models trained on python3-doc text; RESULTS.md): mean attention mass on
- * layers >= 1 at nprobe 2 (4.8% of keys selected) 0.807 with the Q-model,
- * 0.745 / 0.774 by nearest de-RoPEd / RoPEd centroid; self-trained at
- * prefill 0.805 (1.0 s per head at 8k). With the paper's dense share
- * ("Sink1,Window255,IVFAsym128", 3.2% at 8k) 0.895 at 5.2% selected; the
- * oracle probe on the same buckets 0.909 at 6.1%. Training-free, the
- * moment probe ("Sink1,Window255,IVFAsym512_Moment|nprobe=7,var_weight=0.25",
- * self-trained k-means) 0.908 at 4.7% (Q-model on the same buckets: 0.900
- * at 5.2%), and passkey 15 of 15 where dense finds 13 and the offline
- * Q-model 1 of 9.
+ * extension, the paper found prompt fine-tuning did not help). The
+ * Q-model's rows are a uniform draw of the prompt's queries plus every
+ * query of its last 128 positions counted 8 times (the question, which
+ * decode queries resemble: IVFAsymTrainingParams::recent_positions),
+ * window queries included. Tokens that arrive before any model exists
+ * (add_kv on a fresh or reset index, a prompt of fewer than C keys) wait
+ * in an unassigned run that every query reads exactly. Self-trained models
+ * are dropped by reset; adopted ones stay. Figures: benchmarks/RESULTS.md,
+ * "IVFAsym (SAAP)".
  *
  * Per call: SearchParametersTopK::nprobe (IndexTopK.h). Factory strings:
  * "IVFAsym<C>" (Q-model), "IVFAsym<C>_Centroid", "IVFAsym<C>_CentroidRoPE",
