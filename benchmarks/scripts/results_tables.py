@@ -194,6 +194,21 @@ def kvbench_rows(run, names=None, columns=KVBENCH):
     return render([LABEL] + columns, rows)
 
 
+OOD_SEEDS = (101, 102, 103)
+
+
+@table("ood-preset", *(f"benchmarks/results/ood/ood_64k_s{s}.json" for s in OOD_SEEDS))
+def _(*runs):
+    by_seed = [{r["index"]: r for r in run["results"]} for run in runs]
+    cols = [LABEL]
+    for seed, rows in zip(OOD_SEEDS, by_seed):
+        cols.append((f"seed {seed}: mass / recall / touched", lambda r, rows=rows: " / ".join(
+            f(rows[r["index"]][k]) for k, f in
+            (("mass_mean", fixed(3)), ("recall_at_k", fixed(3)), ("touched_frac", percent(1))))))
+    cols.append(("build s (101)", key("build_s", fixed(2))))
+    return render(cols, labelled(runs[0]["results"]))
+
+
 @table("context-65536", "benchmarks/results/context_65536.json")
 def _(run):
     return kvbench_rows(run)
