@@ -12,7 +12,6 @@
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "kernels_internal.h"
@@ -329,155 +328,6 @@ inline void axpy4(
     }
 }
 
-// ---- bfloat16 rows read in pairs ----------------------------------------
-// A 32-bit lane of stored bfloat16 holds elements 2i (low half) and 2i + 1
-// (high half): the high one is the lane with its low half cleared, the low
-// one the lane shifted up. Two W-wide float vectors come from 2W stored
-// elements for one AND and one shift, where widening (load) takes a
-// zero-extension and a shift per W. The dense kernel keeps its query and
-// its output "split" for it: per chunk of 2W, the even elements, then the
-// odd ones; the rest (d % 2W) as it is.
-
-constexpr size_t kSplitMax = 1024; ///< largest d (and dv) the dense kernel splits
-
-inline void load_pairs(const bf16_t* p, vf& even, vf& odd) {
-    vu u;
-    std::memcpy(&u, p, sizeof(u));
-    even = bitcast<vf>(u << 16);
-    odd = bitcast<vf>(u & 0xffff0000u);
-}
-
-/// x (size d) in the split layout.
-inline void split_pairs(const float* x, size_t d, float* out) {
-    size_t j = 0;
-    for (; j + 2 * W <= d; j += 2 * W) {
-        for (size_t i = 0; i < W; i++) {
-            out[j + i] = x[j + 2 * i];
-            out[j + W + i] = x[j + 2 * i + 1];
-        }
-    }
-    for (; j < d; j++) {
-        out[j] = x[j];
-    }
-}
-
-/// The inverse of split_pairs.
-inline void merge_pairs(const float* x, size_t d, float* out) {
-    size_t j = 0;
-    for (; j + 2 * W <= d; j += 2 * W) {
-        for (size_t i = 0; i < W; i++) {
-            out[j + 2 * i] = x[j + i];
-            out[j + 2 * i + 1] = x[j + W + i];
-        }
-    }
-    for (; j < d; j++) {
-        out[j] = x[j];
-    }
-}
-
-/// <q, x_r> for four bfloat16 rows, q split; the one-row form is dot4's
-/// with three rows repeated (the same sums, so a key scores the same
-/// wherever it falls).
-inline void dot4_pairs(
-        const float* q,
-        const bf16_t* x0,
-        const bf16_t* x1,
-        const bf16_t* x2,
-        const bf16_t* x3,
-        size_t d,
-        float* s) {
-    vf a0 = {}, a1 = {}, a2 = {}, a3 = {};
-    size_t j = 0;
-    for (; j + 2 * W <= d; j += 2 * W) {
-        const vf qe = load(q + j), qo = load(q + j + W);
-        vf e, o;
-        load_pairs(x0 + j, e, o);
-        a0 += qe * e + qo * o;
-        load_pairs(x1 + j, e, o);
-        a1 += qe * e + qo * o;
-        load_pairs(x2 + j, e, o);
-        a2 += qe * e + qo * o;
-        load_pairs(x3 + j, e, o);
-        a3 += qe * e + qo * o;
-    }
-    float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
-    for (; j < d; j++) {
-        s0 += q[j] * to_float(x0[j]);
-        s1 += q[j] * to_float(x1[j]);
-        s2 += q[j] * to_float(x2[j]);
-        s3 += q[j] * to_float(x3[j]);
-    }
-    s[0] = s0;
-    s[1] = s1;
-    s[2] = s2;
-    s[3] = s3;
-}
-
-/// out += sum_r w[r] * v_r over four bfloat16 rows, out split.
-inline void axpy4_pairs(
-        const float* w,
-        const bf16_t* v0,
-        const bf16_t* v1,
-        const bf16_t* v2,
-        const bf16_t* v3,
-        size_t dv,
-        float* out) {
-    const vf w0 = splat(w[0]), w1 = splat(w[1]), w2 = splat(w[2]), w3 = splat(w[3]);
-    size_t j = 0;
-    for (; j + 2 * W <= dv; j += 2 * W) {
-        vf oe = load(out + j), oo = load(out + j + W), e, o;
-        load_pairs(v0 + j, e, o);
-        oe += w0 * e;
-        oo += w0 * o;
-        load_pairs(v1 + j, e, o);
-        oe += w1 * e;
-        oo += w1 * o;
-        load_pairs(v2 + j, e, o);
-        oe += w2 * e;
-        oo += w2 * o;
-        load_pairs(v3 + j, e, o);
-        oe += w3 * e;
-        oo += w3 * o;
-        store(out + j, oe);
-        store(out + j + W, oo);
-    }
-    for (; j < dv; j++) {
-        out[j] += w[0] * to_float(v0[j]) + w[1] * to_float(v1[j]) + w[2] * to_float(v2[j]) +
-                w[3] * to_float(v3[j]);
-    }
-}
-
-/// The dense kernel's passes over a block of nb bfloat16 rows, split.
-inline void inner_products_pairs(const float* q, size_t d, size_t nb, float scale, float* s, const bf16_t* kb) {
-    size_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        prefetch_ahead(kb + i * d, 4, d);
-        dot4_pairs(q, kb + i * d, kb + (i + 1) * d, kb + (i + 2) * d, kb + (i + 3) * d, d, s + i);
-        for (size_t r = 0; r < 4; r++) {
-            s[i + r] *= scale;
-        }
-    }
-    for (; i < nb; i++) {
-        const bf16_t* x = kb + i * d;
-        float one[4];
-        dot4_pairs(q, x, x, x, x, d, one);
-        s[i] = scale * one[0];
-    }
-}
-
-inline void accumulate_pairs(const float* w, size_t dv, size_t nb, float* out, const bf16_t* vb) {
-    size_t i = 0;
-    for (; i + 4 <= nb; i += 4) {
-        prefetch_ahead(vb + i * dv, 4, dv);
-        axpy4_pairs(w + i, vb + i * dv, vb + (i + 1) * dv, vb + (i + 2) * dv, vb + (i + 3) * dv, dv, out);
-    }
-    for (; i < nb; i++) {
-        const float one[4] = {w[i], 0.0f, 0.0f, 0.0f};
-        const bf16_t* v = vb + i * dv;
-        axpy4_pairs(one, v, v, v, v, dv, out);
-    }
-}
-
 /// out += sum_i w[i] * row(i), i < n (row returning const T*).
 template <bool Contiguous = false, class RowOf>
 inline void accumulate_rows(const float* w, size_t dv, size_t n, float* out, RowOf row) {
@@ -590,36 +440,17 @@ float dense_attention_t(
         float* out) {
     const T* keys = static_cast<const T*>(keys_v);
     const T* values = static_cast<const T*>(values_v);
-    // bfloat16 rows are read in pairs (load_pairs): the query and the
-    // output in the split layout, the output put back in order at the end
-    constexpr bool kPairs = std::is_same<T, bf16_t>::value;
-    const bool pairs = kPairs && d <= kSplitMax && dv <= kSplitMax;
-    alignas(64) float q_split[kPairs ? kSplitMax : 1];
-    alignas(64) float out_split[kPairs ? kSplitMax : 1];
-    float* acc = out;
-    if (pairs) {
-        split_pairs(q, d, q_split);
-        acc = out_split;
-    }
     // Online softmax over blocks: a block of scores stays in L1 while its
     // values are summed, so keys and values are each read exactly once.
     constexpr size_t B = 256;
     alignas(64) float s[B];
     float m = -std::numeric_limits<float>::infinity();
     float sum = 0;
-    std::memset(acc, 0, sizeof(float) * dv);
+    std::memset(out, 0, sizeof(float) * dv);
     for (size_t i0 = 0; i0 < n; i0 += B) {
         size_t nb = n - i0 < B ? n - i0 : B;
         const T* kb = keys + i0 * d;
-        if constexpr (kPairs) {
-            if (pairs) {
-                inner_products_pairs(q_split, d, nb, scale, s, kb);
-            } else {
-                inner_products_rows<true>(q, d, nb, scale, s, [=](size_t i) { return kb + i * d; });
-            }
-        } else {
-            inner_products_rows<true>(q, d, nb, scale, s, [=](size_t i) { return kb + i * d; });
-        }
+        inner_products_rows<true>(q, d, nb, scale, s, [=](size_t i) { return kb + i * d; });
         float mb = max_of(s, nb);
         if (mb > m) {
             // rescale what was accumulated under the old maximum
@@ -627,25 +458,14 @@ float dense_attention_t(
             sum *= r;
             if (r != 1.0f) {
                 for (size_t j = 0; j < dv; j++) {
-                    acc[j] *= r;
+                    out[j] *= r;
                 }
             }
             m = mb;
         }
         sum += exp_shift_sum(s, nb, m);
         const T* vb = values + i0 * dv;
-        if constexpr (kPairs) {
-            if (pairs) {
-                accumulate_pairs(s, dv, nb, acc, vb);
-            } else {
-                accumulate_rows<true>(s, dv, nb, acc, [=](size_t i) { return vb + i * dv; });
-            }
-        } else {
-            accumulate_rows<true>(s, dv, nb, acc, [=](size_t i) { return vb + i * dv; });
-        }
-    }
-    if (pairs) {
-        merge_pairs(out_split, dv, out);
+        accumulate_rows<true>(s, dv, nb, out, [=](size_t i) { return vb + i * dv; });
     }
     if (n == 0) {
         return m;
