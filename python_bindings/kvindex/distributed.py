@@ -236,12 +236,15 @@ class RayKVCache:
         except ray.exceptions.RayTaskError as e:
             raise e.as_instanceof_cause() from None
 
-    def _tokens(self, keys, values, what):
-        """keys and values as float32 numpy, the keys' shape checked
+    def _tokens(self, keys, values, what, convert=True):
+        """keys and values as float32 numpy (convert=False: as given, for a
+        caller that converts slice by slice), the keys' shape checked
         ((n_kv_heads, n, d)); the values are checked where they are stored."""
-        keys, values = _array(keys), _array(values)
-        if keys.ndim != 3 or keys.shape[0] != self.n_kv_heads or keys.shape[2] != self.d:
-            raise ValueError(f"RayKVCache.{what}: keys of shape {keys.shape}, ({self.n_kv_heads}, n, {self.d}) "
+        if convert:
+            keys, values = _array(keys), _array(values)
+        shape = tuple(keys.shape)
+        if len(shape) != 3 or shape[0] != self.n_kv_heads or shape[2] != self.d:
+            raise ValueError(f"RayKVCache.{what}: keys of shape {shape}, ({self.n_kv_heads}, n, {self.d}) "
                              f"expected")
         return keys, values
 
@@ -259,7 +262,11 @@ class RayKVCache:
         """As KVCache.prefill; placement "tokens" splits the tokens evenly,
         each shard learning from the queries that can see its range."""
         self._check_layer(layer)
-        keys, values = self._tokens(keys, values, "prefill")
+        tokens = self.placement == "tokens"
+        # token shards: each slice is converted as it is sent, so that a long
+        # prompt in 16 bits never exists whole in float32 (1M tokens x 8
+        # heads x 128: 8 GiB where the float16 prompt is 4)
+        keys, values = self._tokens(keys, values, "prefill", convert=not tokens)
         if any(self.counts[layer]):
             raise ValueError(f"RayKVCache.prefill: layer {layer} already holds tokens (use append)")
         n = keys.shape[1]
@@ -269,7 +276,7 @@ class RayKVCache:
             nq = q.shape[1]
             pos = np.arange(n - nq, n, dtype=np.int64) if positions is None else np.asarray(positions, np.int64)
         calls, shards = [], []
-        if self.placement == "tokens":
+        if tokens:
             bounds = np.linspace(0, n, self.n_shards + 1).astype(int)
             for s in range(self.n_shards):
                 a, b = int(bounds[s]), int(bounds[s + 1])
@@ -280,8 +287,12 @@ class RayKVCache:
                     sees = pos >= a  # the queries that attend some of the range
                     if sees.any():
                         sq, sp = q[:, sees], pos[sees]
-                calls.append(self.actors[s].prefill.remote(layer, keys[:, a:b], values[:, a:b], sq, sp, rope_theta,
-                                                           rope_style, a))
+                if len(calls) >= 2:
+                    # two slices in flight at most: their copies in Ray's
+                    # object store are freed as their shards finish
+                    self._get(calls[-2:-1], shards[-2:-1], "prefill")
+                calls.append(self.actors[s].prefill.remote(layer, _array(keys[:, a:b]), _array(values[:, a:b]), sq,
+                                                           sp, rope_theta, rope_style, a))
                 shards.append(s)
             self._get(calls, shards, "prefill")
             for s in range(self.n_shards):
