@@ -165,15 +165,7 @@ std::unique_ptr<KVIndex> IndexChoose::from_factory(FactoryChain& chain) {
                 i + 1,
                 kGrammar);
         try {
-            // a whole chain, with the storage type of the enclosing string
-            FactoryChain sub(chain.d, chain.d_value, parts[i], chain.kv_type);
-            std::unique_ptr<KVIndex> c = sub.parse_next();
-            FAISS_THROW_IF_NOT_FMT(
-                    sub.at_end(),
-                    "cannot parse '%s': nothing may follow %s",
-                    sub.peek().c_str(),
-                    c->factory_string().c_str());
-            cands.push_back(std::move(c));
+            cands.push_back(chain.parse_nested(parts[i]));
         } catch (const faiss::FaissException& ex) {
             FAISS_THROW_FMT(
                     "index_factory: '%s': candidate %zu '%s': %s",

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include <faiss/impl/FaissAssert.h>
+#include <faiss/impl/FaissException.h>
 
 #include <kvindex/attention.h>
 #include <kvindex/impl/io.h>
@@ -66,16 +67,12 @@ std::unique_ptr<KVIndex> IndexKVShards::from_factory(FactoryChain& chain) {
     FAISS_THROW_IF_NOT_FMT(
             T >= 1, "index_factory: '%s': T=%zd tokens per shard must be >= 1", e.c_str(), ssize_t(T));
     chain.take();
-    // a whole chain, with the storage type of the enclosing string
-    const std::string body = e.substr(open + 1, e.size() - open - 2);
-    FactoryChain sub(chain.d, chain.d_value, body, chain.kv_type);
-    std::unique_ptr<KVIndex> inner = sub.parse_next();
-    FAISS_THROW_IF_NOT_FMT(
-            sub.at_end(),
-            "index_factory: '%s': cannot parse '%s': nothing may follow %s",
-            e.c_str(),
-            sub.peek().c_str(),
-            inner->factory_string().c_str());
+    std::unique_ptr<KVIndex> inner;
+    try {
+        inner = chain.parse_nested(e.substr(open + 1, e.size() - open - 2));
+    } catch (const faiss::FaissException& ex) {
+        FAISS_THROW_FMT("index_factory: '%s': %s", e.c_str(), bare_error_message(ex).c_str());
+    }
     return std::make_unique<IndexKVShards>(T, std::move(inner));
 }
 

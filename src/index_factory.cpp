@@ -141,6 +141,17 @@ std::unique_ptr<KVIndex> FactoryChain::parse_next() {
             known_elements().c_str());
 }
 
+std::unique_ptr<KVIndex> FactoryChain::parse_nested(const std::string& chain) const {
+    FactoryChain sub(d, d_value, chain, kv_type);
+    std::unique_ptr<KVIndex> index = sub.parse_next();
+    FAISS_THROW_IF_NOT_FMT(
+            sub.at_end(),
+            "cannot parse '%s': nothing may follow %s",
+            sub.peek().c_str(),
+            index->factory_string().c_str());
+    return index;
+}
+
 namespace {
 
 /// index_factory's body.

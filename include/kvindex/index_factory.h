@@ -118,6 +118,11 @@ struct FactoryChain {
     /// or a wrapper and its chain); throws naming an unknown element.
     std::unique_ptr<KVIndex> parse_next();
 
+    /** A whole chain nested in an element of this one ("Choose(A;B)",
+     * "Shards<T>(A)"), of this chain's dimensions and storage type;
+     * throws when something follows its index. */
+    std::unique_ptr<KVIndex> parse_nested(const std::string& chain) const;
+
    private:
     std::string description_;
     std::vector<std::string> elements_;
