@@ -110,7 +110,19 @@ def main():
     p.add_argument("--index", action="append")
     p.add_argument("--json")
     p.add_argument("--plot")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="no run: the rows of these --json files (one string each, run apart so that one process "
+                        "never holds two 1M caches) into --json / --plot")
     args = p.parse_args()
+    if args.merge:
+        runs = []
+        for path in args.merge:
+            with open(path) as f:
+                runs.append(json.load(f))
+        result = dict(runs[0], command=" + ".join(r["command"] for r in runs),
+                      rows=[row for r in runs for row in r["rows"]])
+        write_outputs(args, result)
+        return
     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     log(f"data: {args.kv_heads} KV heads x {args.tokens} tokens x d={args.d}, float16")
     keys, values = data(args)
@@ -130,6 +142,11 @@ def main():
               "command": " ".join(["benchmarks/scripts/ray_cache_speed.py"] + sys.argv[1:]),
               "tokens": args.tokens, "kv_heads": args.kv_heads, "q_heads": args.q_heads, "d": args.d,
               "shards": args.shards, "steps": args.steps, "rows": rows}
+    write_outputs(args, result)
+
+
+def write_outputs(args, result):
+    rows = result["rows"]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -146,8 +163,8 @@ def main():
         ax.set_xticklabels(strings, fontsize=8)
         ax.set_ylabel("decode ms per layer")
         ax.set_yscale("log")
-        ax.set_title(f"{args.tokens} tokens x {args.kv_heads} KV heads, d={args.d}: one process vs "
-                     f"{args.shards} Ray actors")
+        ax.set_title(f"{result['tokens']} tokens x {result['kv_heads']} KV heads, d={result['d']}: one process vs "
+                     f"{result['shards']} Ray actors")
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
