@@ -79,7 +79,7 @@ int cmd_run(int argc, char** argv) {
             ("trace", po::value(&opt.trace_dir)->required(), "trace directory")
             ("index", po::value(&opt.indexes)->required(), "index: STRING or STRING|params, k=5% = 5% of the prompt (repeatable)")
             ("params", po::value(&opt.params), "parameters for every index that has them, before its own, e.g. k=100,nprobe=8 (each must be a parameter of some index)")
-            ("layers", po::value(&layers), "comma-separated layers (default: every layer the trace's meta.json lists)")
+            ("layers", po::value(&layers), "comma-separated layers (default: every layer the trace holds, layer_<l> directories)")
             ("trained", po::value(&opt.trained), "cache file of `kvllm train`: every index adopts its models")
             ("max-queries", po::value(&opt.max_queries)->default_value(0),
              "evaluation positions per (layer, q head), spread evenly; 0 = all")

@@ -144,8 +144,18 @@ RunResult run_kvbench(const RunOptions& opt) {
     FAISS_THROW_IF_NOT_MSG(!opt.indexes.empty(), "kvbench run: no --index given");
     std::vector<int> layers = opt.layers;
     if (layers.empty()) {
-        layers.resize(meta.n_layers);
-        std::iota(layers.begin(), layers.end(), 0);
+        // every layer the trace holds: a trace of some layers (kvllm trace
+        // --layers 4,8) keeps the model's n_layers and only their directories
+        for (int l = 0; l < meta.n_layers; l++) {
+            if (std::filesystem::is_directory(opt.trace_dir + "/layer_" + std::to_string(l))) {
+                layers.push_back(l);
+            }
+        }
+        FAISS_THROW_IF_NOT_FMT(
+                !layers.empty(),
+                "kvbench run: %s holds no layer directory (layer_0 .. layer_%d)",
+                opt.trace_dir.c_str(),
+                meta.n_layers - 1);
     }
     for (size_t i = 0; i < layers.size(); i++) {
         FAISS_THROW_IF_NOT_FMT(

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <set>
@@ -467,4 +468,15 @@ TEST(KVBench, OodOptionsAreCheckedAndBelongToTheOodPreset) {
     EXPECT_THROW_MSG(kvbench::synthetic_meta(bad), "apply to --preset ood only");
     bad.ood_needles = bad.ood_question = bad.ood_topic_tokens = -1;
     EXPECT_NO_THROW(kvbench::synthetic_meta(bad));
+}
+
+TEST(KVBench, DefaultLayersAreThoseTheTraceHolds) {
+    // kvllm trace --layers 4,8 keeps the model's n_layers in meta.json and
+    // writes only those layers: run measured layer 0 and failed to open it
+    std::string dir = tiny_trace("some_layers");
+    std::filesystem::remove_all(dir + "/layer_0");
+    auto res = run(dir, {"Flat"});
+    EXPECT_EQ(res.results[0].n_queries, 1 * 4 * 5); // layer 1 x q heads x positions
+    std::filesystem::remove_all(dir + "/layer_1");
+    EXPECT_THROW_MSG(run(dir, {"Flat"}), "holds no layer directory");
 }
