@@ -250,6 +250,7 @@ void IVFAsymTrainer::make_rows(const PendingPrompt& p) {
     idx_t nc = idx_t(p.positions.size());
     std::vector<float> s(size_t(std::min(nc, kCandidateBlock)) * n);
     std::vector<double> target(C);
+    std::vector<float> row_x(d), row_t(C);
     std::mt19937_64 rng(rng_state_++);
     for (idx_t c0 = 0; c0 < nc; c0 += kCandidateBlock) {
         idx_t m = std::min(kCandidateBlock, nc - c0);
@@ -283,8 +284,16 @@ void IVFAsymTrainer::make_rows(const PendingPrompt& p) {
                 target[bucket[j]] += e;
                 z += e;
             }
+            // the row, once: the de-RoPEd query and its target
+            const float* q = p.queries.data() + (c0 + r) * d;
+            std::copy(q, q + d, row_x.data());
+            int64_t qpos = pos;
+            invert_rope(1, d, row_x.data(), &qpos, rope);
+            for (int c = 0; c < C; c++) {
+                row_t[c] = float(target[c] / z);
+            }
             for (int rep = 0; rep < p.weights[c0 + r]; rep++) {
-                // the row: reservoir sampling keeps a uniform max_samples of all
+                // reservoir sampling keeps a uniform max_samples of all rows
                 idx_t slot = idx_t(rows_x_.size() / d);
                 if (slot >= params.max_samples) {
                     std::uniform_int_distribution<idx_t> pick(0, rows_seen_);
@@ -298,14 +307,8 @@ void IVFAsymTrainer::make_rows(const PendingPrompt& p) {
                     rows_x_.resize(rows_x_.size() + d);
                     rows_t_.resize(rows_t_.size() + C);
                 }
-                float* x = rows_x_.data() + slot * d;
-                const float* q = p.queries.data() + (c0 + r) * d;
-                std::copy(q, q + d, x);
-                int64_t qpos = pos;
-                invert_rope(1, d, x, &qpos, rope);
-                for (int c = 0; c < C; c++) {
-                    rows_t_[slot * C + c] = float(target[c] / z);
-                }
+                std::copy(row_x.begin(), row_x.end(), rows_x_.begin() + slot * d);
+                std::copy(row_t.begin(), row_t.end(), rows_t_.begin() + slot * C);
             }
         }
     }
