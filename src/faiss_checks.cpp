@@ -227,28 +227,30 @@ void check_retriever_string(const std::string& s, int d, int64_t max_lists) {
     }
 }
 
-int64_t product_quantizer_centroids(const std::string& s) {
+namespace {
+
+/// The largest f(M, nbits) over the product quantizers of a retriever
+/// string past check_retriever_string (nbits in [1, 16]), 0 without one.
+template <class F>
+int64_t most_over_product_quantizers(const std::string& s, F f) {
     const std::regex& pq = product_quantizer_spec();
     int64_t most = 0;
     for (auto it = std::sregex_iterator(s.begin(), s.end(), pq); it != std::sregex_iterator(); ++it) {
-        // a string past check_retriever_string: nbits in [1, 16]
         int64_t nbits = (*it)[3].matched ? std::stoll((*it)[3].str()) : 8;
         FAISS_THROW_IF_NOT_FMT(nbits >= 1 && nbits <= 16, "TopK(%s): PQ bits must be 1 to 16", s.c_str());
-        most = std::max(most, int64_t(1) << nbits);
+        most = std::max(most, f(std::stoll((*it)[1].str()), nbits));
     }
     return most;
 }
 
+} // namespace
+
+int64_t product_quantizer_centroids(const std::string& s) {
+    return most_over_product_quantizers(s, [](int64_t, int64_t nbits) { return int64_t(1) << nbits; });
+}
+
 int64_t product_quantizer_work(const std::string& s) {
-    const std::regex& pq = product_quantizer_spec();
-    int64_t most = 0;
-    for (auto it = std::sregex_iterator(s.begin(), s.end(), pq); it != std::sregex_iterator(); ++it) {
-        // a string past check_retriever_string: M <= d, nbits in [1, 16]
-        int64_t M = std::stoll((*it)[1].str());
-        int64_t nbits = (*it)[3].matched ? std::stoll((*it)[3].str()) : 8;
-        most = std::max(most, M << nbits);
-    }
-    return most;
+    return most_over_product_quantizers(s, [](int64_t M, int64_t nbits) { return M << nbits; });
 }
 
 void check_faiss_retriever(
