@@ -214,19 +214,6 @@ void collect_tree(KVIndex* index, std::vector<KVIndex*>& out) {
     }
 }
 
-/// Whether an index of the tree places its queries by position.
-bool places_by_position(const KVIndex* index) {
-    if (index->needs_contiguous_positions()) {
-        return true;
-    }
-    for (const KVIndex* c : index->children()) {
-        if (places_by_position(c)) {
-            return true;
-        }
-    }
-    return false;
-}
-
 } // namespace
 
 void IndexKVShards::add_kv_impl(idx_t n, const float* keys, const float* values) {
@@ -246,7 +233,7 @@ void IndexKVShards::add_kv_impl(idx_t n, const float* keys, const float* values)
     // the indexes the new tokens follow, gathered before anything changes:
     // the full shards by n, the last by what it does not take itself
     std::vector<KVIndex*> full, last;
-    if (places_by_position(empty_shard.get())) {
+    if (find_position_reader(empty_shard.get())) {
         for (size_t s = 0; s + (to_last > 0 ? 1 : 0) < shards.size(); s++) {
             collect_tree(shards[s].get(), full);
         }

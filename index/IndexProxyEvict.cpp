@@ -198,19 +198,12 @@ IndexProxyEvict::IndexProxyEvict(
     // the kept tokens reach the inner index as consecutive rows, so a type
     // that reads a key's position from its row would undo RoPE at the wrong
     // positions and route silently worse
-    std::vector<const KVIndex*> chain = {inner.get()};
-    while (!chain.empty()) {
-        const KVIndex* index = chain.back();
-        chain.pop_back();
-        FAISS_THROW_IF_NOT_FMT(
-                !index->needs_contiguous_positions(),
-                "IndexProxyEvict: %s cannot follow eviction: it takes a key's position "
-                "from its row, and the kept tokens are not contiguous",
-                index->factory_string().c_str());
-        for (const KVIndex* child : index->children()) {
-            chain.push_back(child);
-        }
-    }
+    const KVIndex* reader = find_position_reader(inner.get());
+    FAISS_THROW_IF_NOT_FMT(
+            !reader,
+            "IndexProxyEvict: %s cannot follow eviction: it takes a key's position "
+            "from its row, and the kept tokens are not contiguous",
+            reader ? reader->factory_string().c_str() : "");
 }
 
 void IndexProxyEvict::check_scoring_knobs(const char* where) const {

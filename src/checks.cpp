@@ -120,6 +120,21 @@ void check_child_in_step(const KVIndex* child, idx_t expected, const char* wrapp
             wrapper);
 }
 
+const KVIndex* find_position_reader(const KVIndex* root) {
+    std::vector<const KVIndex*> chain = {root};
+    while (!chain.empty()) {
+        const KVIndex* index = chain.back();
+        chain.pop_back();
+        if (index->needs_contiguous_positions()) {
+            return index;
+        }
+        for (const KVIndex* child : index->children()) {
+            chain.push_back(child);
+        }
+    }
+    return nullptr;
+}
+
 void check_not_null(const void* ptr, const char* what) {
     KVINDEX_CHECK_ARG(ptr != nullptr, "%s is missing (nullptr)", what);
 }

@@ -68,6 +68,12 @@ void check_seed_knob(uint64_t seed, const char* what);
  * is named, with the way back (reset the wrapper). */
 void check_child_in_step(const KVIndex* child, idx_t expected, const char* wrapper, const char* what);
 
+/** An index of the tree under `root` (root included) that takes a key's
+ * position from its row (KVIndex::needs_contiguous_positions: IVFAsym
+ * undoes RoPE with it), or nullptr: what eviction refuses, and what
+ * IndexKVShards tells of the tokens appended after a shard. */
+const KVIndex* find_position_reader(const KVIndex* root);
+
 /** The tokens of an append to a cache's layer (KVCache, GpuKVCache): n
  * tokens of each of n_heads heads, keys of d and values of d_value floats.
  * The sizes first (n_heads * n must not overflow), then present, finite
