@@ -381,14 +381,14 @@ void generate_ood_head(
     constexpr float kNeedleNorm = 16.0f;
     std::vector<std::vector<idx_t>> needles(cfg.group);
     std::vector<std::vector<float>> needle_dirs(cfg.group), gains(cfg.group);
+    std::vector<float> unit_offset = offset;
+    scale_to(unit_offset, 1.0f);
     for (int g = 0; g < cfg.group; g++) {
         needles[g] = draw_ood_needles(cfg, o, layer_no, h * cfg.group + g);
         for (idx_t x : needles[g]) {
             // orthogonal to the head's other needle directions (Gram-Schmidt):
             // pointing at one needle adds nothing to another's score
             auto u = rng.vec(d);
-            std::vector<float> unit_offset = offset;
-            scale_to(unit_offset, 1.0f);
             std::vector<const float*> away = {unit_offset.data()}; // and from the shared offset
             for (size_t i = 0; i * d < needle_dirs[g].size(); i++) {
                 away.push_back(needle_dirs[g].data() + i * d);
