@@ -377,8 +377,22 @@ void IndexChoose::prefill_impl(const PrefillInput& in) {
 void IndexChoose::add_kv_impl(idx_t n, const float* keys, const float* values) {
     // appends without a prefill: the first candidate, unmeasured
     int c = chosen >= 0 ? chosen : 0;
-    candidates[c]->add_kv(n, keys, values);
+    add_kv_to(*candidates[c], n, keys, values);
+    chosen_before_add = chosen;
     chosen = c;
+}
+
+void IndexChoose::undo_add_kv_impl(idx_t) {
+    candidates[chosen]->undo_add_kv();
+    chosen = chosen_before_add;
+}
+
+bool IndexChoose::appends_roll_back() const {
+    return !candidates.empty() && candidates[chosen >= 0 ? chosen : 0]->appends_roll_back();
+}
+
+bool IndexChoose::can_undo_add() const {
+    return !candidates.empty() && candidates[chosen >= 0 ? chosen : 0]->can_undo_add();
 }
 
 void IndexChoose::reset_impl() {

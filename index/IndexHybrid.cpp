@@ -253,11 +253,54 @@ std::unique_ptr<KVIndex> IndexHybrid::from_factory(FactoryChain& chain) {
 }
 
 void IndexHybrid::add_kv_impl(idx_t n, const float* keys, const float* values) {
-    heavy->add_kv(n, keys, values); // first: a tail it lends its tokens to checks them
-    tail->add_kv(n, keys, values);
-    if (holds_own_tokens()) {
-        storage.append(n, keys, values);
+    // the heavy part first (a tail it lends its tokens to checks them),
+    // undoably where it can: a tail that throws then leaves both as they
+    // were (writes_roll_back)
+    const bool heavy_undoable = heavy->can_undo_add();
+    if (heavy_undoable) {
+        heavy->add_kv_undoable(n, keys, values);
+    } else {
+        heavy->add_kv(n, keys, values);
     }
+    try {
+        add_kv_to(*tail, n, keys, values);
+        if (holds_own_tokens()) {
+            try {
+                storage.append(n, keys, values);
+            } catch (...) {
+                if (tail->can_undo_add() && keeping_undo()) {
+                    tail->undo_add_kv();
+                }
+                throw;
+            }
+        }
+    } catch (...) {
+        if (heavy_undoable) {
+            heavy->undo_add_kv();
+        }
+        throw;
+    }
+    if (!keeping_undo()) {
+        heavy->forget_undo();
+    }
+}
+
+void IndexHybrid::undo_add_kv_impl(idx_t n) {
+    if (holds_own_tokens()) {
+        storage.truncate(ntotal - n);
+    }
+    tail->undo_add_kv(); // before the heavy part, which may lend it its tokens
+    heavy->undo_add_kv();
+}
+
+bool IndexHybrid::appends_roll_back() const {
+    // the heavy part's append is taken back when the tail's throws
+    return heavy && tail && heavy->can_undo_add() && heavy->appends_roll_back() &&
+            tail->appends_roll_back() && !holds_own_tokens();
+}
+
+bool IndexHybrid::can_undo_add() const {
+    return heavy && tail && heavy->can_undo_add() && tail->can_undo_add();
 }
 
 void IndexHybrid::prefill_impl(const PrefillInput& in) {

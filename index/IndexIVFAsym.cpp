@@ -263,6 +263,40 @@ void IndexIVFAsym::add_kv_impl(idx_t n, const float* keys, const float* values) 
     assign_tokens(n, keys, values);
 }
 
+void IndexIVFAsym::undo_add_kv_impl(idx_t n) {
+    // appended in token order: each token is the last row of its bucket
+    const size_t n0 = token_bucket.size() - size_t(n);
+    for (size_t i = token_bucket.size(); i-- > n0;) {
+        const int32_t b = token_bucket[i];
+        buckets[b].truncate(buckets[b].size() - 1);
+        bucket_ids[b].pop_back();
+    }
+    if (probe == IVFAsymProbe::moment && !key_sum.empty()) {
+        // summed again from the bucket's first token, in token order: the
+        // sums the bucket had (add_moments adds in that order too)
+        std::vector<float> scratch(d);
+        std::vector<char> seen(buckets.size(), 0);
+        bool any = false;
+        for (size_t i = n0; i < token_bucket.size(); i++) {
+            const int32_t b = token_bucket[i];
+            if (b < n_centroids && !seen[b]) {
+                seen[b] = 1;
+                add_moments(b, 0, buckets[b].size(), scratch.data());
+            }
+        }
+        for (int32_t b = 0; b < n_centroids; b++) {
+            any = any || buckets[b].size() > 0;
+        }
+        if (!any) { // sized once a token is in a bucket, as before the append
+            key_sum.clear();
+            key_sq_sum.clear();
+            bucket_mean.clear();
+            bucket_var.clear();
+        }
+    }
+    token_bucket.resize(n0);
+}
+
 void IndexIVFAsym::assign_tokens(idx_t n, const float* keys, const float* values) {
     std::vector<int32_t> assign(n, n_centroids); // the unassigned run until trained
     if (is_trained_models()) {

@@ -60,6 +60,10 @@ void IndexKVFlat::add_kv_impl(idx_t n, const float* keys, const float* values) {
     storage.append(n, keys, values);
 }
 
+void IndexKVFlat::undo_add_kv_impl(idx_t n) {
+    storage.truncate(ntotal - n);
+}
+
 void IndexKVFlat::search_one(
         const float* q,
         idx_t k,

@@ -243,8 +243,10 @@ void IndexKVShards::add_kv_impl(idx_t n, const float* keys, const float* values)
     }
     shards.reserve(shards.size() + made.size());
     if (to_last > 0) {
-        shards.back()->add_kv(to_last, keys, values);
+        add_kv_to(*shards.back(), to_last, keys, values);
     }
+    undo_opened = made.size();
+    undo_to_last = to_last;
     // nothing below throws
     for (KVIndex* x : full) {
         x->tokens_appended_after(n);
@@ -255,6 +257,33 @@ void IndexKVShards::add_kv_impl(idx_t n, const float* keys, const float* values)
     for (auto& shard : made) {
         shards.push_back(std::move(shard)); // reserved
     }
+}
+
+void IndexKVShards::undo_add_kv_impl(idx_t n) {
+    shards.resize(shards.size() - undo_opened); // the shards it opened
+    std::vector<KVIndex*> full, last;
+    if (find_position_reader(empty_shard.get())) {
+        for (size_t s = 0; s + (undo_to_last > 0 ? 1 : 0) < shards.size(); s++) {
+            collect_tree(shards[s].get(), full);
+        }
+        if (undo_to_last > 0) {
+            collect_tree(shards.back().get(), last);
+        }
+    }
+    if (undo_to_last > 0) {
+        shards.back()->undo_add_kv();
+    }
+    // the decode query moves back (as add_kv_impl moved it)
+    for (KVIndex* x : full) {
+        x->tokens_appended_after(-n);
+    }
+    for (KVIndex* x : last) {
+        x->tokens_appended_after(-(n - undo_to_last));
+    }
+}
+
+bool IndexKVShards::can_undo_add() const {
+    return empty_shard && empty_shard->can_undo_add();
 }
 
 void IndexKVShards::add_queries_impl(idx_t n, const float* queries) {

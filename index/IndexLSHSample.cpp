@@ -396,6 +396,12 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
     // before the call; the tables are built aside and swapped in last.
     const bool had_mean = !mean.empty(), had_projection = !mean_projection.empty();
     const size_t n_codes = codes.size(), n_norms = norms.size();
+    if (keeping_undo()) {
+        undo.had_mean = had_mean;
+        undo.had_projection = had_projection;
+        undo.n_codes = n_codes;
+        undo.n_norms = n_norms;
+    }
     try {
         hash_new_keys(n, keys);
     } catch (...) {
@@ -412,6 +418,36 @@ void IndexLSHSample::add_kv_impl(idx_t n, const float* keys, const float* values
         norms.resize(n_norms);
         throw;
     }
+}
+
+void IndexLSHSample::undo_add_kv_impl(idx_t n) {
+    if (undo.main_saved) {
+        offsets.swap(undo.offsets);
+        table_begin.swap(undo.table_begin);
+        table_words.swap(undo.table_words);
+        codes.swap(undo.codes);
+        n_indexed = undo.n_indexed;
+    }
+    if (undo.recent_saved) {
+        recent_offsets.swap(undo.recent_offsets);
+        recent_ids.swap(undo.recent_ids);
+        n_recent = undo.n_recent;
+    }
+    codes.resize(undo.n_codes); // shrinks: allocates nothing
+    norms.resize(undo.n_norms);
+    if (!undo.had_mean) {
+        mean.clear();
+    }
+    if (!undo.had_projection) {
+        mean_projection.clear();
+    }
+    if (!shared_tokens) {
+        storage.truncate(ntotal - n); // lent tokens are their owner's to take back
+    }
+}
+
+void IndexLSHSample::forget_undo_impl() noexcept {
+    undo = Undo();
 }
 
 void IndexLSHSample::hash_new_keys(idx_t n, const float* keys) {
@@ -511,6 +547,12 @@ void IndexLSHSample::build_recent_tables() {
     }
     recent_offsets.swap(new_offsets);
     recent_ids.swap(new_ids);
+    if (keeping_undo() && !undo.recent_saved) {
+        undo.recent_saved = true; // the old tail tables, kept instead of freed
+        undo.recent_offsets.swap(new_offsets);
+        undo.recent_ids.swap(new_ids);
+        undo.n_recent = n_recent;
+    }
     n_recent = t > 0 ? n : n_indexed;
 }
 
@@ -592,6 +634,22 @@ void IndexLSHSample::build_tables(idx_t n) {
     table_begin.swap(new_begin);
     table_words.swap(new_words);
     codes.swap(rest);
+    if (keeping_undo() && !undo.main_saved) {
+        // an append's undo needs the tables this one replaces: kept instead
+        // of freed (until forget_undo), with the tail's codes
+        undo.main_saved = true;
+        undo.offsets.swap(new_offsets);
+        undo.table_begin.swap(new_begin);
+        undo.table_words.swap(new_words);
+        undo.codes.swap(rest);
+        undo.n_indexed = n_indexed;
+    }
+    if (keeping_undo() && !undo.recent_saved) {
+        undo.recent_saved = true;
+        undo.recent_offsets.swap(recent_offsets);
+        undo.recent_ids.swap(recent_ids);
+        undo.n_recent = n_recent;
+    }
     n_indexed = n;
     recent_offsets.clear();
     recent_ids.clear();

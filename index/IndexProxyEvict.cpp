@@ -419,10 +419,15 @@ void IndexProxyEvict::prefill_impl(const PrefillInput& in) {
 
 void IndexProxyEvict::add_kv_impl(idx_t n, const float* keys, const float* values) {
     reserve_for_growth(positions, positions.size() + size_t(n)); // before: push_back cannot throw
-    inner->add_kv(n, keys, values); // generated tokens are never evicted
+    add_kv_to(*inner, n, keys, values); // generated tokens are never evicted
     for (idx_t i = 0; i < n; i++) {
         positions.push_back(ntotal + i);
     }
+}
+
+void IndexProxyEvict::undo_add_kv_impl(idx_t n) {
+    inner->undo_add_kv();
+    positions.resize(positions.size() - size_t(n));
 }
 
 idx_t IndexProxyEvict::inner_id(idx_t position) const {

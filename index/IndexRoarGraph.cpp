@@ -218,9 +218,14 @@ void IndexRoarGraph::count_in_degrees() {
 
 void IndexRoarGraph::add_kv_impl(idx_t n, const float* keys, const float* values) {
     idx_t n0 = ntotal;
-    append_tokens(n, keys, values);
-    ntotal = n0 + n; // the link searches read ntotal
+    // the older keys' rows and anchor lists are journaled before they
+    // change, so that a throw (or undo_add_kv) restores them exactly
+    undo = Undo();
+    undo.active = true;
+    undo.n0 = n0;
     try {
+        append_tokens(n, keys, values);
+        ntotal = n0 + n; // the link searches read ntotal
         if (n0 == 0) {
             entry_point = medoid(storage, n);
         }
@@ -237,10 +242,73 @@ void IndexRoarGraph::add_kv_impl(idx_t n, const float* keys, const float* values
         }
         update_anchor_lists(n0);
     } catch (...) {
+        undo.active = false;
+        restore_journal();
         drop_tokens_from(n0);
+        undo = Undo();
         throw;
     }
+    undo.active = false;
+    if (!keeping_undo()) {
+        undo = Undo(); // nothing to take back later
+    }
     ntotal = n0; // add_kv adds n after this returns
+}
+
+void IndexRoarGraph::journal_row(idx_t c) {
+    if (!undo.active || c >= undo.n0 || undo.row_at.count(c)) {
+        return; // a new key's row goes with it
+    }
+    const int R = max_degree();
+    // row_keys last but the map: what restore_journal reads is complete
+    // for every key it lists, whichever allocation throws
+    undo.rows.insert(undo.rows.end(), neighbors_of(c), neighbors_of(c) + R);
+    undo.degrees.push_back(degrees[c]);
+    undo.row_keys.push_back(c);
+    undo.row_at.emplace(c, undo.row_keys.size() - 1);
+}
+
+void IndexRoarGraph::journal_anchor(size_t a) {
+    if (!undo.active || undo.anchor_at.count(a)) {
+        return;
+    }
+    const size_t width = anchor_list_width();
+    undo.lists.insert(undo.lists.end(), anchor_lists.begin() + a * width, anchor_lists.begin() + (a + 1) * width);
+    undo.scores.insert(undo.scores.end(), anchor_list_scores.begin() + a * width,
+                       anchor_list_scores.begin() + (a + 1) * width);
+    undo.thresholds.push_back(anchor_thresholds[a]);
+    undo.pivots.push_back(anchor_pivots[a]);
+    undo.anchors.push_back(a);
+    undo.anchor_at.emplace(a, undo.anchors.size() - 1);
+}
+
+void IndexRoarGraph::undo_add_kv_impl(idx_t n) {
+    restore_journal();
+    // the new keys, and the edges to them (none left in the rows restored),
+    // and in_degrees counted again from the edges
+    drop_tokens_from(ntotal - n);
+    ntotal += n; // undo_add_kv subtracts n after this returns
+}
+
+void IndexRoarGraph::restore_journal() noexcept {
+    const int R = max_degree();
+    for (size_t i = 0; i < undo.row_keys.size(); i++) {
+        const idx_t c = undo.row_keys[i];
+        std::copy_n(undo.rows.begin() + i * R, R, neighbors.begin() + size_t(c) * R);
+        degrees[c] = undo.degrees[i];
+    }
+    const size_t width = anchor_list_width();
+    for (size_t i = 0; i < undo.anchors.size(); i++) {
+        const size_t a = undo.anchors[i];
+        std::copy_n(undo.lists.begin() + i * width, width, anchor_lists.begin() + a * width);
+        std::copy_n(undo.scores.begin() + i * width, width, anchor_list_scores.begin() + a * width);
+        anchor_thresholds[a] = undo.thresholds[i];
+        anchor_pivots[a] = undo.pivots[i];
+    }
+}
+
+void IndexRoarGraph::forget_undo_impl() noexcept {
+    undo = Undo();
 }
 
 // ---- the beam search -------------------------------------------------------
@@ -809,6 +877,7 @@ bool IndexRoarGraph::add_edge(idx_t c, idx_t x, bool force, const std::vector<id
         return true;
     }
     if (deg < R) {
+        journal_row(c);
         row[degrees[c]++] = int32_t(x);
         in_degrees[x]++;
         return true;
@@ -834,6 +903,7 @@ bool IndexRoarGraph::add_edge(idx_t c, idx_t x, bool force, const std::vector<id
     if (worst < 0) {
         return false;
     }
+    journal_row(c);
     in_degrees[row[worst]]--;
     row[worst] = int32_t(x);
     in_degrees[x]++;
@@ -1198,6 +1268,7 @@ void IndexRoarGraph::update_anchor_lists(idx_t n0) {
             if (pos == width) {
                 continue; // a tie with the bar, after every listed key
             }
+            journal_anchor(a);
             size_t kept = std::min(len + 1, width);
             std::copy_backward(list + pos, list + kept - 1, list + kept);
             std::copy_backward(scores + pos, scores + kept - 1, scores + kept);

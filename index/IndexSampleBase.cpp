@@ -34,6 +34,12 @@ void IndexSampleBase::add_kv_impl(idx_t n, const float* keys, const float* value
     append_or_check_shared(storage, shared_tokens, ntotal, n, keys, values, type_name());
 }
 
+void IndexSampleBase::undo_add_kv_impl(idx_t n) {
+    if (!shared_tokens) {
+        storage.truncate(ntotal - n); // lent tokens are their owner's to take back
+    }
+}
+
 void IndexSampleBase::reset_impl() {
     storage.clear(); // lent tokens are the owner's to clear
     ntotal = 0;

@@ -134,17 +134,54 @@ void IndexSinkWindow::add_kv_impl(idx_t n, const float* keys, const float* value
     const idx_t to_window = rest - from_new;
     sink.reserve(sink.size() + to_sink);
     window.reserve(window.size() + std::min(to_window, n_window - window.size()));
+    const Undo before{sink.size(), window.size(), window_head, overflow > 0, from_window, {}, {}};
     if (overflow > 0) {
         // as floats: the window's stored values convert back exactly
         std::vector<float> mk, mv;
         window_to_float(0, from_window, &mk, &mv);
         mk.insert(mk.end(), rest_keys, rest_keys + from_new * d);
         mv.insert(mv.end(), rest_values, rest_values + from_new * d_value);
-        inner->add_kv(overflow, mk.data(), mv.data());
+        add_kv_to(*inner, overflow, mk.data(), mv.data());
+        if (keeping_undo()) {
+            // the rows the new ones overwrite below: kept, not copied
+            undo.keys.swap(mk);
+            undo.values.swap(mv);
+        }
     }
     sink.append(to_sink, keys, values);
     // the others enter the window, in the slots of the tokens that left it
     push_window(to_window, rest_keys + from_new * d, rest_values + from_new * d_value);
+    if (keeping_undo()) {
+        undo.sink_size = before.sink_size;
+        undo.window_size = before.window_size;
+        undo.window_head = before.window_head;
+        undo.inner_added = before.inner_added;
+        undo.n_left = before.n_left;
+    }
+}
+
+void IndexSinkWindow::undo_add_kv_impl(idx_t) {
+    if (undo.inner_added) {
+        inner->undo_add_kv();
+    }
+    sink.truncate(undo.sink_size);
+    window.truncate(undo.window_size);
+    // the rows that left take back the slots the new ones took: the
+    // oldest's first, from the old head on
+    for (idx_t j = 0; j < undo.n_left; j++) {
+        idx_t slot = undo.window_head + j;
+        slot = slot < undo.window_size ? slot : slot - undo.window_size;
+        window.assign(slot, 1, undo.keys.data() + size_t(j) * d, undo.values.data() + size_t(j) * d_value);
+    }
+    window_head = undo.window_head;
+}
+
+void IndexSinkWindow::forget_undo_impl() noexcept {
+    undo = Undo();
+}
+
+bool IndexSinkWindow::can_undo_add() const {
+    return inner && inner->can_undo_add();
 }
 
 void IndexSinkWindow::prefill_impl(const PrefillInput& in) {

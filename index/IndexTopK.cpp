@@ -293,6 +293,7 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
             }
             reseed_hnsw_levels(retriever.get());
             add_growing_by_quarter(*retriever, n, keys);
+            undo_in_retriever = keeping_undo();
             return;
         }
         if (storage.size() < min_train_points) {
@@ -325,6 +326,9 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         storage.to_float(0, nt, &all, nullptr);
         reseed_hnsw_levels(trained.get());
         add_growing_by_quarter(*trained, nt, all.data());
+        if (keeping_undo()) {
+            undo_untrained = std::move(retriever); // kept, not copied
+        }
         retriever = std::move(trained);
     } catch (const std::exception& e) {
         // the tokens of this call are not added. A flat or IVF retriever is
@@ -334,6 +338,34 @@ void IndexTopK::add_kv_impl(idx_t n, const float* keys, const float* values) {
         storage.truncate(storage.size() - n);
         FAISS_THROW_FMT("TopK(%s): add failed: %s", retriever_string.c_str(), bare_error_message(e).c_str());
     }
+}
+
+void IndexTopK::undo_add_kv_impl(idx_t n) {
+    const idx_t n0 = ntotal - n;
+    if (undo_untrained) {
+        retriever = std::move(undo_untrained); // search scans exactly again
+    } else if (undo_in_retriever) {
+        // an IVF's new entries are the last of their lists, and removing
+        // them from the lists' ends keeps the others' order
+        faiss::IDSelectorRange added(n0, ntotal);
+        const size_t removed = retriever->remove_ids(added);
+        FAISS_THROW_IF_NOT_FMT(
+                removed == size_t(n),
+                "TopK(%s): undo_add_kv removed %zu of the %zd keys appended",
+                retriever_string.c_str(),
+                removed,
+                ssize_t(n));
+    }
+    storage.truncate(n0);
+}
+
+void IndexTopK::forget_undo_impl() noexcept {
+    undo_untrained.reset();
+    undo_in_retriever = false;
+}
+
+bool IndexTopK::can_undo_add() const {
+    return is_flat_inner_product(retriever.get()) || dynamic_cast<const faiss::IndexIVF*>(retriever.get());
 }
 
 bool IndexTopK::writes_roll_back() const {

@@ -293,10 +293,14 @@ void KVCache::check_tokens(idx_t n, const float* keys, const float* values, cons
     check_head_tokens(n, n_kv_heads, d, d_value, keys, values, what);
 }
 
-void KVCache::append(int layer, idx_t n, const float* keys, const float* values) {
+void KVCache::check_append(int layer, idx_t n, const float* keys, const float* values) const {
     index(layer, 0);
-    WriteScope scope(layer_calls[layer], "KVCache::append", "this layer of the cache");
+    ReadScope scope(layer_calls[layer], "KVCache::check_append", "this layer of the cache");
     check_layer_in_step(layer, "KVCache::append");
+    check_append_input(layer, n, keys, values);
+}
+
+void KVCache::check_append_input(int layer, idx_t n, const float* keys, const float* values) const {
     KVINDEX_CHECK_ARG(n >= 0, "KVCache::append: n=%zd must be >= 0", size_t(n));
     // bad input is refused before any head appends: the layer's arrays,
     // then each head's slice as that head's add_kv checks it (finite, and
@@ -320,21 +324,112 @@ void KVCache::append(int layer, idx_t n, const float* keys, const float* values)
             throw;
         }
     }
+}
+
+void KVCache::append(int layer, idx_t n, const float* keys, const float* values) {
+    append_heads(layer, n, keys, values, false);
+}
+
+void KVCache::append_undoable(int layer, idx_t n, const float* keys, const float* values) {
+    append_heads(layer, n, keys, values, true);
+}
+
+bool KVCache::can_undo_append(int layer) const {
+    index(layer, 0);
+    for (int h = 0; h < n_kv_heads; h++) {
+        if (!index(layer, h)->can_undo_add()) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void KVCache::append_heads(int layer, idx_t n, const float* keys, const float* values, bool keep) {
+    const char* what = keep ? "KVCache::append_undoable" : "KVCache::append";
+    index(layer, 0);
+    WriteScope scope(layer_calls[layer], what, "this layer of the cache");
+    check_layer_in_step(layer, what);
+    check_append_input(layer, n, keys, values);
+    // Each head appends so that it can take its append back (where its type
+    // can: can_undo_add): a head that throws part-way (an allocation, a
+    // retriever that cannot train) leaves itself as it was
+    // (appends_roll_back) or marked failed, and the heads that appended take
+    // theirs back, so that the layer is as it was
+    const bool undoable = can_undo_append(layer);
+    FAISS_THROW_IF_NOT_FMT(
+            undoable || !keep,
+            "%s: layer %d holds indexes that cannot take an append back (%s; can_undo_add)",
+            what,
+            layer,
+            index(layer, 0)->factory_string().c_str());
     // every head held before any appends: a call running on one head (its
     // index() used directly) refuses the append while no head has changed
+    auto heads = hold_heads(layer, what);
+    std::vector<char> appended(n_kv_heads, 0);
+    try {
+        parallel_for(n_kv_heads, [&](idx_t h) {
+            index(layer, int(h))->add_kv_in_scope(n, keys + h * n * d, values + h * n * d_value, undoable);
+            appended[h] = 1;
+        });
+    } catch (...) {
+        for (int h = 0; h < n_kv_heads && undoable; h++) {
+            if (appended[h]) {
+                try {
+                    index(layer, h)->undo_add_kv_in_scope();
+                } catch (...) {
+                    // the head is marked failed (undo_add_kv): the layer is
+                    // refused, naming it, until reset()
+                }
+            }
+        }
+        throw;
+    }
+    if (undoable && !keep) {
+        for (int h = 0; h < n_kv_heads; h++) {
+            index(layer, h)->forget_undo(); // what the heads kept is freed
+        }
+    }
+}
+
+std::vector<std::unique_ptr<WriteScope>> KVCache::hold_heads(int layer, const char* what) {
     std::vector<std::unique_ptr<WriteScope>> heads;
     heads.reserve(n_kv_heads);
     for (int h = 0; h < n_kv_heads; h++) {
         try {
-            heads.push_back(std::make_unique<WriteScope>(*index(layer, h), "KVCache::append", "a KV head"));
+            heads.push_back(std::make_unique<WriteScope>(*index(layer, h), what, "a KV head"));
         } catch (const CallRefused& e) {
             // the names cost more than the scopes: built for a refusal only
             KVINDEX_THROW_FMT(CallRefused, "layer %d, KV head %d: %s", layer, h, bare_error_message(e).c_str());
         }
     }
-    parallel_for(n_kv_heads, [&](idx_t h) {
-        index(layer, int(h))->add_kv_in_scope(n, keys + h * n * d, values + h * n * d_value);
-    });
+    return heads;
+}
+
+void KVCache::undo_append(int layer) {
+    index(layer, 0);
+    WriteScope scope(layer_calls[layer], "KVCache::undo_append", "this layer of the cache");
+    const idx_t n = index(layer, 0)->undoable_tokens();
+    for (int h = 0; h < n_kv_heads; h++) {
+        FAISS_THROW_IF_NOT_FMT(
+                n >= 0 && index(layer, h)->undoable_tokens() == n,
+                "KVCache::undo_append: layer %d has no append to take back (only the last "
+                "append_undoable, before any other write of the layer)",
+                layer);
+    }
+    auto heads = hold_heads(layer, "KVCache::undo_append");
+    std::exception_ptr first;
+    for (int h = 0; h < n_kv_heads; h++) {
+        try {
+            index(layer, h)->undo_add_kv_in_scope();
+        } catch (...) {
+            if (!first) {
+                first = std::current_exception(); // the head is marked failed
+            }
+        }
+    }
+    if (first) {
+        std::rethrow_exception(first);
+    }
 }
 
 void KVCache::reset() {

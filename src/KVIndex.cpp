@@ -107,6 +107,7 @@ void KVIndex::mark_failed(const char* what, const char* why) noexcept {
 }
 
 void KVIndex::write_tokens(const char* what, const std::function<void()>& core) {
+    forget_undo(); // after another write the last append cannot be taken back
     try {
         core();
     } catch (const std::exception& e) {
@@ -121,7 +122,7 @@ void KVIndex::write_tokens(const char* what, const std::function<void()>& core) 
 }
 
 void KVIndex::after_failed_write(const char* what, const char* why) noexcept {
-    if (!writes_roll_back()) {
+    if (!(std::strcmp(what, "add_kv") == 0 ? appends_roll_back() : writes_roll_back())) {
         mark_failed(what, why);
     }
     stamp_after_write(); // it may have written part
@@ -190,17 +191,99 @@ void KVIndex::add_kv(idx_t n, const float* keys, const float* values) {
 }
 
 void KVIndex::add_kv_in_scope(idx_t n, const float* keys, const float* values) {
+    add_kv_in_scope(n, keys, values, false);
+}
+
+void KVIndex::add_kv_undoable(idx_t n, const float* keys, const float* values) {
+    WriteScope scope(*this, "add_kv");
+    add_kv_in_scope(n, keys, values, true);
+}
+
+void KVIndex::add_kv_in_scope(idx_t n, const float* keys, const float* values, bool undoable) {
     FAISS_THROW_IF_NOT_MSG(
             access_.state.load(std::memory_order_relaxed) < 0,
             "add_kv_in_scope: the caller holds no write scope on this index (use add_kv)");
     check_add_kv(n, keys, values);
-    if (n == 0) {
+    FAISS_THROW_IF_NOT_FMT(
+            !undoable || can_undo_add(),
+            "add_kv_undoable: %s (%s) cannot take an append back (can_undo_add)",
+            type_name(),
+            factory_string().c_str());
+    forget_undo(); // a new write: the last append can no longer be taken back
+    if (n > 0) {
+        undoable_add_ = undoable;
+        try {
+            write_tokens("add_kv", [&] {
+                add_kv_impl(n, keys, values);
+                ntotal += n;
+            });
+        } catch (...) {
+            undoable_add_ = false;
+            forget_undo_impl();
+            throw;
+        }
+        undoable_add_ = false;
+    }
+    undo_n_ = undoable ? n : -1;
+}
+
+void KVIndex::add_kv_to(KVIndex& child, idx_t n, const float* keys, const float* values) const {
+    if (undoable_add_) {
+        child.add_kv_undoable(n, keys, values);
+    } else {
+        child.add_kv(n, keys, values);
+    }
+}
+
+void KVIndex::undo_add_kv() {
+    WriteScope scope(*this, "undo_add_kv");
+    undo_add_kv_in_scope();
+}
+
+void KVIndex::undo_add_kv_in_scope() {
+    FAISS_THROW_IF_NOT_MSG(
+            access_.state.load(std::memory_order_relaxed) < 0,
+            "undo_add_kv_in_scope: the caller holds no write scope on this index (use undo_add_kv)");
+    FAISS_THROW_IF_NOT_FMT(
+            undo_n_ >= 0,
+            "undo_add_kv: %s has no append to take back (only the last add_kv_undoable, "
+            "before any other write)",
+            type_name());
+    const idx_t n = undo_n_;
+    undo_n_ = -1;
+    if (n > 0) {
+        try {
+            undo_add_kv_impl(n);
+            ntotal -= n;
+        } catch (const std::exception& e) {
+            mark_failed("undo_add_kv", e.what());
+            forget_undo_impl();
+            stamp_after_write();
+            throw;
+        }
+    }
+    forget_undo_impl();
+    stamp_after_write();
+}
+
+void KVIndex::undo_add_kv_impl(idx_t) {
+    FAISS_THROW_FMT("undo_add_kv: %s cannot take an append back", type_name());
+}
+
+void KVIndex::forget_undo() noexcept {
+    if (undo_n_ < 0) {
         return;
     }
-    write_tokens("add_kv", [&] {
-        add_kv_impl(n, keys, values);
-        ntotal += n;
-    });
+    undo_n_ = -1;
+    forget_undo_impl();
+    try {
+        for (KVIndex* c : mutable_children()) {
+            c->forget_undo();
+        }
+    } catch (...) {
+        // out of memory listing the children: what they keep is freed at
+        // their next write
+    }
 }
 
 void KVIndex::check_add_kv(idx_t n, const float* keys, const float* values) const {
@@ -251,6 +334,7 @@ void KVIndex::add_queries(idx_t n, const float* queries) {
     FAISS_THROW_IF_NOT_FMT(d > 0, "add_queries: index has invalid dimension d=%d", d);
     check_not_null(queries, "add_queries: queries");
     check_input(queries, n, d, "add_queries: queries");
+    forget_undo();
     add_queries_impl(n, queries);
 }
 

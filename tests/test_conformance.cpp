@@ -611,6 +611,62 @@ TEST_P(Conformance, DecodeAppends) {
     }
 }
 
+TEST_P(Conformance, AnAppendTakenBackLeavesTheIndexAsItWas) {
+    // KVCache::append takes a head's append back when another head's throws:
+    // undo_add_kv must leave the index as it was, to the bytes of its record,
+    // and an undoable append must be the plain append. Sizes that fill a
+    // window and fold a hash table's tail (9, 100 after 200) and open a shard.
+    const ConformanceCase& c = GetParam();
+    const Sequence& s = sequence();
+    auto index = build(c, "", 0);
+    set_index_parameters(index.get(), c.knobs);
+    auto twin = build(c, "", 0); // plain appends only
+    set_index_parameters(twin.get(), c.knobs);
+    const std::vector<float> keys = kvtest::gaussian(110, kD, 707, 1.0f, 0.3f);
+    const std::vector<float> values = kvtest::gaussian(110, kDv, 708);
+    if (!index->can_undo_add()) {
+        std::vector<uint8_t> before;
+        write_index(index.get(), &before);
+        EXPECT_THROW_MSG(index->add_kv_undoable(1, keys.data(), values.data()), "can_undo_add");
+        std::vector<uint8_t> after;
+        write_index(index.get(), &after);
+        EXPECT_TRUE(after == before) << "a refused undoable append changed the index";
+        return;
+    }
+    idx_t used = 0;
+    for (idx_t m : {idx_t(1), idx_t(9), idx_t(100)}) {
+        const std::string what = "an append of " + std::to_string(m) + " taken back";
+        const float* k = keys.data() + used * kD;
+        const float* v = values.data() + used * kDv;
+        used += m;
+        const Answers before = answers(index.get(), s.q);
+        std::vector<uint8_t> bytes_before;
+        write_index(index.get(), &bytes_before);
+        const idx_t n0 = index->ntotal;
+
+        index->add_kv_undoable(m, k, v);
+        twin->add_kv(m, k, v);
+        const Answers appended = answers(index.get(), s.q);
+        expect_identical(answers(twin.get(), s.q), appended, what + ": the undoable append");
+        index->undo_add_kv();
+        ASSERT_EQ(index->ntotal, n0) << what;
+        ASSERT_NO_THROW(index->check_invariants()) << what;
+        EXPECT_EQ(index->failed_write(), nullptr) << what;
+        expect_identical(before, answers(index.get(), s.q), what);
+        std::vector<uint8_t> bytes_after;
+        write_index(index.get(), &bytes_after);
+        EXPECT_TRUE(bytes_after == bytes_before) << what << ": the record differs";
+        EXPECT_THROW_MSG(index->undo_add_kv(), "no append to take back");
+
+        index->add_kv(m, k, v); // again, plainly: what the undoable one gave
+        expect_identical(appended, answers(index.get(), s.q), what + ", then appended again");
+        EXPECT_THROW_MSG(index->undo_add_kv(), "no append to take back");
+        if (testing::Test::HasFailure()) {
+            return;
+        }
+    }
+}
+
 TEST_P(Conformance, MemoryGrowsByAQuarterNotByDoubling) {
     // An index read back from a file holds arrays sized to what they use.
     // After 40 decode appends to a prompt of 200 (a fifth more tokens) an

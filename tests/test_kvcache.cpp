@@ -249,6 +249,51 @@ TEST(KVCache, AnAppendOneHeadCannotHoldLeavesEveryHeadAsItWas) {
     EXPECT_GE(tried, 10);
 }
 
+TEST(KVCache, AnUndoableAppendIsTakenBackWhole) {
+    // what a caller appending one step to several caches (RayKVCache's
+    // actors) does when another cache refuses it: every conformance string
+    // whose heads can take an append back answers, after undo_append, to
+    // the bits as before; the next append gives what a plain append gives
+    int tried = 0;
+    for (const auto& c : kvtest::kConformance) {
+        SCOPED_TRACE(c.factory);
+        KVCache cache(1, 4, 2, kD, kDv, c.factory), plain(1, 4, 2, kD, kDv, c.factory);
+        const idx_t n = 60, nq = 8, m = 5;
+        auto k = gaussian(2 * n, kD, 41), v = gaussian(2 * n, kDv, 42), q = gaussian(4 * nq, kD, 43);
+        RopeParams rope;
+        rope.theta = 10000;
+        cache.prefill(0, n, k.data(), v.data(), nq, q.data(), nullptr, rope);
+        plain.prefill(0, n, k.data(), v.data(), nq, q.data(), nullptr, rope);
+        auto probe = gaussian(4 * 2, kD, 44);
+        auto k2 = gaussian(2 * m, kD, 45), v2 = gaussian(2 * m, kDv, 46);
+        const std::vector<float> before = attend_layer(cache, 0, 2, probe);
+        if (!cache.can_undo_append(0)) {
+            EXPECT_THROW_MSG(cache.append_undoable(0, m, k2.data(), v2.data()), "can_undo_add");
+            EXPECT_EQ(cache.n_tokens(0), n);
+            EXPECT_EQ(attend_layer(cache, 0, 2, probe), before);
+            continue;
+        }
+        tried++;
+        EXPECT_THROW_MSG(cache.undo_append(0), "no append to take back");
+        cache.append_undoable(0, m, k2.data(), v2.data());
+        plain.append(0, m, k2.data(), v2.data());
+        const std::vector<float> appended = attend_layer(plain, 0, 2, probe);
+        EXPECT_EQ(attend_layer(cache, 0, 2, probe), appended);
+        cache.undo_append(0);
+        EXPECT_EQ(cache.n_tokens(0), n);
+        EXPECT_NO_THROW(cache.check_invariants());
+        EXPECT_EQ(attend_layer(cache, 0, 2, probe), before);
+        EXPECT_THROW_MSG(cache.undo_append(0), "no append to take back");
+        cache.append(0, m, k2.data(), v2.data());
+        EXPECT_EQ(attend_layer(cache, 0, 2, probe), appended);
+        // another write ends what can be taken back
+        cache.append_undoable(0, m, k2.data(), v2.data());
+        cache.add_queries(0, 1, probe.data());
+        EXPECT_THROW_MSG(cache.undo_append(0), "no append to take back");
+    }
+    EXPECT_GE(tried, 40); // all but the TopK over HNSW strings
+}
+
 TEST(KVCache, ResetEmptiesEveryLayerAndMendsOneOutOfStep) {
     KVCache cache(kLayers, kQHeads, kKVHeads, kD, kDv, "Sink2,Window4,TopK(Flat)", "Flat", {0});
     const idx_t n = 30;

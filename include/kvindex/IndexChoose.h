@@ -114,6 +114,10 @@ struct IndexChoose : KVIndex {
     const KVIndex* chosen_index() const;
 
     size_t memory_bytes() const override;
+    /// as the candidate that takes appends (the chosen one, else the first)
+    bool can_undo_add() const override;
+    /// as that candidate's: an append is its append (chosen is set after it)
+    bool appends_roll_back() const override;
 
     const char* type_name() const override {
         return "IndexChoose";
@@ -145,6 +149,7 @@ struct IndexChoose : KVIndex {
     void reconstruct_impl(idx_t key, float* recons) const override;
     void reconstruct_value_impl(idx_t key, float* value) const override;
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
     // batched: the chosen index answers all the queries
     void search_batch(
             idx_t n,
@@ -172,6 +177,8 @@ struct IndexChoose : KVIndex {
             const faiss::SearchParameters* params) const override;
 
    private:
+    /// `chosen` before the last add_kv (undo_add_kv restores it)
+    int chosen_before_add = -1;
     /// Mean held-back error of one prefilled candidate.
     double holdout_error(
             const KVIndex& candidate,

@@ -176,6 +176,12 @@ struct IndexHybrid : KVIndex {
     /// Lends the heavy part's tokens to the tail, where both can.
     void lend_tokens();
 
+    /// both parts can
+    bool can_undo_add() const override;
+    /// where the heavy part can take its append back, both parts' appends
+    /// roll back, and the tokens are theirs (not holds_own_tokens)
+    bool appends_roll_back() const override;
+
    protected:
     void prefill_impl(const PrefillInput& input) override;
     void reset_impl() override;
@@ -183,6 +189,7 @@ struct IndexHybrid : KVIndex {
         return &tokens();
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
     /// the heavy index's top-k
     void search_batch(
             idx_t n,

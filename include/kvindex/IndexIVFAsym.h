@@ -173,6 +173,10 @@ struct IndexIVFAsym : KVIndex {
     bool writes_roll_back() const override {
         return true;
     }
+    /// an append's tokens are the last rows of their buckets
+    bool can_undo_add() const override {
+        return true;
+    }
 
     const char* type_name() const override {
         return "IndexIVFAsym";
@@ -208,6 +212,7 @@ struct IndexIVFAsym : KVIndex {
    protected:
     void prefill_impl(const PrefillInput& input) override;
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
     void reset_impl() override;
     void reconstruct_impl(idx_t key, float* recons) const override;
     void reconstruct_value_impl(idx_t key, float* value) const override;

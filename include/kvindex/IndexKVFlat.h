@@ -33,6 +33,9 @@ struct IndexKVFlat : KVIndex {
     bool writes_roll_back() const override {
         return true;
     }
+    bool can_undo_add() const override {
+        return true;
+    }
 
     const char* type_name() const override {
         return "IndexKVFlat";
@@ -53,6 +56,7 @@ struct IndexKVFlat : KVIndex {
         return &storage;
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
     void search_one(
             const float* q,
             idx_t k,

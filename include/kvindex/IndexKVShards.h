@@ -58,6 +58,12 @@ struct IndexKVShards : KVIndex {
     /// as its chain's: an append builds the shards it opens aside, and
     /// writes the last shard only then
     bool writes_roll_back() const override;
+    bool appends_roll_back() const override {
+        return empty_shard && empty_shard->appends_roll_back();
+    }
+    /// as its chain's: the shards an append opened are dropped, the last
+    /// shard's part taken back
+    bool can_undo_add() const override;
     bool needs_contiguous_positions() const override;
     void tokens_appended_after(idx_t n) noexcept override {
         n_after += n;
@@ -87,6 +93,10 @@ struct IndexKVShards : KVIndex {
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    private:
+    /// what the last add_kv kept for undo_add_kv: the shards it opened,
+    /// the tokens it gave the shard that was last before it
+    size_t undo_opened = 0;
+    idx_t undo_to_last = 0;
     /// Shard s, empty: a copy of empty_shard on its stream.
     std::unique_ptr<KVIndex> open_shard(size_t s) const;
     /// Gives the new shard s its first m tokens, followed by `after` more
@@ -98,6 +108,7 @@ struct IndexKVShards : KVIndex {
    protected:
     void prefill_impl(const PrefillInput& input) override;
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
     void add_queries_impl(idx_t n, const float* queries) override;
     void reset_impl() override;
     void reconstruct_impl(idx_t key, float* recons) const override;

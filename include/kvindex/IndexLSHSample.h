@@ -210,6 +210,11 @@ struct IndexLSHSample : KVIndex {
     bool writes_roll_back() const override {
         return true;
     }
+    /// the arrays shrink back; tables an append rebuilt are kept until
+    /// forget_undo (they were built aside anyway)
+    bool can_undo_add() const override {
+        return true;
+    }
 
     /// its own storage and tables: lent tokens are counted by their owner
     size_t memory_bytes() const override;
@@ -264,6 +269,8 @@ struct IndexLSHSample : KVIndex {
         return &tokens();
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
+    void forget_undo_impl() noexcept override;
     // search_one is the default: the sample ranked by inner product
     void select_one(const float* q, Selection& sel, const faiss::SearchParameters* params)
             const override;
@@ -272,6 +279,23 @@ struct IndexLSHSample : KVIndex {
             const override;
 
    private:
+    /** What the last add_kv kept for undo_add_kv (keeping_undo()): the
+     * sizes of the arrays it grew, and the tables it replaced (swapped out
+     * by build_tables / build_recent_tables, which free them otherwise). */
+    struct Undo {
+        bool had_mean = false, had_projection = false;
+        size_t n_codes = 0, n_norms = 0;
+        bool main_saved = false; ///< offsets .. n_indexed below hold the old main tables
+        std::vector<uint32_t> offsets;
+        std::vector<size_t> table_begin;
+        std::vector<uint16_t, HugePageAllocator<uint16_t>> table_words;
+        std::vector<uint16_t> codes;
+        idx_t n_indexed = 0;
+        bool recent_saved = false; ///< the old tail tables
+        std::vector<uint32_t> recent_offsets, recent_ids;
+        idx_t n_recent = 0;
+    };
+    Undo undo;
     /// min_hits and max_sample for one call: params override the fields.
     void knobs(const faiss::SearchParameters* params, int* hits, idx_t* cap) const;
 

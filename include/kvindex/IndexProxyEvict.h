@@ -176,6 +176,13 @@ struct IndexProxyEvict : KVIndex {
     /// as its inner index's: the positions are reserved before that is
     /// written, and assigned by a move after it
     bool writes_roll_back() const override;
+    bool appends_roll_back() const override {
+        return inner && inner->appends_roll_back();
+    }
+    /// as its inner index's (appends are never evicted)
+    bool can_undo_add() const override {
+        return inner && inner->can_undo_add();
+    }
 
     const char* type_name() const override {
         return "IndexProxyEvict";
@@ -204,6 +211,7 @@ struct IndexProxyEvict : KVIndex {
     void reconstruct_impl(idx_t key, float* recons) const override;
     void reconstruct_value_impl(idx_t key, float* value) const override;
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
     // batched: the inner index answers, ids map back to positions
     void search_batch(
             idx_t n,

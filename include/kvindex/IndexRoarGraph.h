@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <kvindex/KVIndex.h>
@@ -378,6 +379,15 @@ struct IndexRoarGraph : KVIndex {
     /// Registry parser: "RoarGraph<M>".
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
+    /// an append journals the older keys' rows and anchor lists before it
+    /// changes them: a throw restores them, as undo_add_kv does
+    bool can_undo_add() const override {
+        return true;
+    }
+    bool appends_roll_back() const override {
+        return true;
+    }
+
    protected:
     void prefill_impl(const PrefillInput& input) override;
     void reset_impl() override;
@@ -385,6 +395,8 @@ struct IndexRoarGraph : KVIndex {
         return &storage;
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
+    void forget_undo_impl() noexcept override;
     /// each query searched, then kept as an anchor (decode_anchors)
     void add_queries_impl(idx_t n, const float* queries) override;
     void search_one(
@@ -400,6 +412,30 @@ struct IndexRoarGraph : KVIndex {
             const override;
 
    private:
+    /** What an append that can be taken back (keeping_undo) changed in the
+     * older keys, each saved before its first change: the edge rows of the
+     * keys it relinked, the anchors whose lists it entered. */
+    struct Undo {
+        bool active = false;
+        idx_t n0 = 0;                    ///< ntotal before the append
+        std::unordered_map<idx_t, size_t> row_at;    ///< key -> its saved row
+        std::vector<int32_t> rows;       ///< max_degree() per saved row
+        std::vector<uint16_t> degrees;   ///< per saved row
+        std::vector<idx_t> row_keys;     ///< per saved row
+        std::unordered_map<size_t, size_t> anchor_at; ///< anchor -> its saved list
+        std::vector<int32_t> lists;      ///< anchor_list_width() per saved anchor
+        std::vector<float> scores;       ///< anchor_list_width() per saved anchor
+        std::vector<float> thresholds;   ///< per saved anchor
+        std::vector<int32_t> pivots;     ///< per saved anchor
+        std::vector<size_t> anchors;     ///< per saved anchor
+    };
+    Undo undo;
+    /// Saves key c's edge row before an append changes it (undo.active).
+    void journal_row(idx_t c);
+    /// Saves anchor a's list before an append changes it (undo.active).
+    void journal_anchor(size_t a);
+    /// Puts back every row and anchor list the journal saved.
+    void restore_journal() noexcept;
     /// The beam for one call: max(params' or own efSearch, k).
     int beam_for(const faiss::SearchParameters* params, idx_t k) const;
     /// The expansions a search may make (max_expansions; -1: no limit).

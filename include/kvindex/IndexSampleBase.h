@@ -36,6 +36,9 @@ struct IndexSampleBase : KVIndex {
     bool writes_roll_back() const override {
         return true;
     }
+    bool can_undo_add() const override {
+        return true;
+    }
 
     /// its own storage only: lent tokens are counted by their owner
     size_t memory_bytes() const override;
@@ -70,6 +73,7 @@ struct IndexSampleBase : KVIndex {
         return &tokens();
     }
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
 };
 
 } // namespace kvindex

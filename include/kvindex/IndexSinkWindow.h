@@ -39,6 +39,11 @@ struct IndexSinkWindow : KVIndex {
     size_t memory_bytes() const override;
     /// as its inner index's: its own rows are reserved before that is written
     bool writes_roll_back() const override;
+    bool appends_roll_back() const override {
+        return inner && inner->appends_roll_back();
+    }
+    /// as its inner index's: it keeps the window rows an append moves out
+    bool can_undo_add() const override;
 
     /// Position of the first window token (= n_sink + inner->ntotal).
     idx_t window_start() const;
@@ -70,12 +75,26 @@ struct IndexSinkWindow : KVIndex {
     /// then each in the slot of the oldest (which has left for the inner index).
     void push_window(idx_t m, const float* keys, const float* values);
 
+    /// What the last add_kv kept for undo_add_kv (keeping_undo()): the
+    /// sink's and window's sizes and head before it, whether it appended
+    /// to the inner index, and the rows that left the window for the inner
+    /// index, as floats (the stored values, exactly), oldest first.
+    struct Undo {
+        idx_t sink_size = 0, window_size = 0, window_head = 0;
+        bool inner_added = false;
+        idx_t n_left = 0;                 ///< rows that left the window
+        std::vector<float> keys, values;  ///< size >= n_left * d, n_left * d_value
+    };
+    Undo undo;
+
    protected:
     void prefill_impl(const PrefillInput& input) override;
     void reset_impl() override;
     void reconstruct_impl(idx_t key, float* recons) const override;
     void reconstruct_value_impl(idx_t key, float* value) const override;
     void add_kv_impl(idx_t n, const float* keys, const float* values) override;
+    void undo_add_kv_impl(idx_t n) override;
+    void forget_undo_impl() noexcept override;
     // batched: the inner index answers all the queries, then the merge
     void search_batch(
             idx_t n,

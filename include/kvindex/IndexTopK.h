@@ -74,6 +74,9 @@ struct IndexTopK : KVIndex {
     /// A flat or IVF retriever's writes roll back; an HNSW graph's do not
     /// (a node linked in cannot be taken out)
     bool writes_roll_back() const override;
+    /// A flat or IVF retriever's appends can be taken back (an IVF's are
+    /// the last entries of their lists); an HNSW graph's cannot
+    bool can_undo_add() const override;
 
     /// Sets a retriever knob by name ("nprobe", "efSearch") for all later
     /// searches; throws naming the knob if this retriever does not have it.
@@ -102,6 +105,13 @@ struct IndexTopK : KVIndex {
 
    protected:
     void reset_impl() override;
+    void undo_add_kv_impl(idx_t n) override;
+    void forget_undo_impl() noexcept override;
+    /// what the last add_kv kept for undo_add_kv (keeping_undo()): the
+    /// untrained retriever an append that trained replaced, or whether it
+    /// added its keys to the trained one
+    std::unique_ptr<faiss::Index> undo_untrained;
+    bool undo_in_retriever = false;
     /// IVF lists the retriever may have: no more than the keys it trains on
     idx_t max_lists() const;
 

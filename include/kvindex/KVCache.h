@@ -122,14 +122,40 @@ struct KVCache {
             idx_t first_position = 0);
 
     /// Appends n tokens to every KV head of a layer (same layouts as
-    /// prefill). All input is checked, each head's slice as that head's
-    /// add_kv checks it (its storage type included: a key an FP16 head
-    /// cannot hold), and a call running on the layer in another thread
-    /// refused, before any head appends. A failure inside one head's index
-    /// after that (out of memory, a retriever that cannot train) can leave
-    /// the heads of the layer with different lengths: every later call on
-    /// the layer is then refused, naming the head, until reset().
+    /// prefill), all or nothing. All input is checked, each head's slice as
+    /// that head's add_kv checks it (its storage type included: a key an
+    /// FP16 head cannot hold), and a call running on the layer in another
+    /// thread refused, before any head appends. The heads then append
+    /// undoably (KVIndex::add_kv_undoable): when one throws part-way (out of
+    /// memory, a retriever that cannot train), the others take their
+    /// appends back and the layer is as it was. Where a head's type cannot
+    /// (can_undo_add: a TopK over HNSW), such a failure leaves the heads
+    /// with different lengths: every later call on the layer is then
+    /// refused, naming the head, until reset().
     void append(int layer, idx_t n, const float* keys, const float* values);
+
+    /** append that the layer can take back (undo_append) until its next
+     * write: a caller that appends one step to several caches (a cache
+     * spread over processes, RayKVCache) takes back the ones that
+     * appended when another refuses. What the heads keep for it is freed
+     * by their next write. Throws, changing nothing, unless
+     * can_undo_append(layer). */
+    void append_undoable(int layer, idx_t n, const float* keys, const float* values);
+
+    /** Takes back the layer's last append_undoable: the layer then answers
+     * as before it. Throws, changing nothing, when there is none (another
+     * write came after it, or none was made). A head whose undo fails part-
+     * way is marked failed, and the layer refused until reset(). */
+    void undo_append(int layer);
+
+    /// Whether every head of the layer can take an append back (KVIndex::can_undo_add).
+    bool can_undo_append(int layer) const;
+
+    /// Throws what append(layer, n, keys, values) would throw for its input
+    /// (the layer, the arrays, each head's slice as that head's add_kv
+    /// checks it), changing nothing: a caller that appends the tokens in
+    /// parts (a decode step of n tokens, one by one) checks them whole first.
+    void check_append(int layer, idx_t n, const float* keys, const float* values) const;
 
     /** Removes every token of every layer: a new sequence, or a layer that
      * a failed append left out of step. Each index keeps what
@@ -190,6 +216,13 @@ struct KVCache {
 
    private:
     void check_layer_in_step(int layer, const char* what) const;
+    /// A write scope on every KV head of the layer (KVIndex: thread safety),
+    /// taken in order; throws, naming the head, if one refuses.
+    std::vector<std::unique_ptr<WriteScope>> hold_heads(int layer, const char* what);
+    /// append and append_undoable (keep: the heads keep what undo_append needs).
+    void append_heads(int layer, idx_t n, const float* keys, const float* values, bool keep);
+    /// check_append's checks, for a caller that holds the layer.
+    void check_append_input(int layer, idx_t n, const float* keys, const float* values) const;
     /// Throws unless keys / values of n tokens per KV head are present and finite.
     void check_tokens(idx_t n, const float* keys, const float* values, const char* what) const;
 };

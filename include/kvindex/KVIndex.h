@@ -327,6 +327,53 @@ struct KVIndex : faiss::Index {
      * write scope is held. */
     void add_kv_in_scope(idx_t n, const float* keys, const float* values);
 
+    // ---- taking an append back: KVCache::append's heads as one step ----
+
+    /** add_kv that keeps what undo_add_kv needs to take it back, until the
+     * next write of this index (add_kv, prefill, reset, add_queries) or
+     * forget_undo(). KVCache::append appends every KV head of a layer this
+     * way, and takes back the heads that appended when another head's
+     * append throws (an allocation, a retriever that cannot train), so
+     * that the layer stays as it was. What is kept is what the append
+     * would otherwise discard: the window rows it overwrote, the hash
+     * tables a fold replaced, a retriever's untrained state; nothing is
+     * copied that the append does not replace. Throws, changing nothing,
+     * unless can_undo_add(). */
+    void add_kv_undoable(idx_t n, const float* keys, const float* values);
+
+    /// add_kv_undoable for a caller that holds this index's write scope.
+    void add_kv_in_scope(idx_t n, const float* keys, const float* values, bool undoable);
+
+    /** Takes back the last add_kv_undoable: the index then answers as it
+     * did before that call, holds the same tokens, and an append of the
+     * same tokens gives what that append gave. Throws, changing nothing,
+     * when there is nothing to take back (no add_kv_undoable since the
+     * last write or forget_undo). A failure part-way (an allocation the
+     * type needs to restore its state) marks the index failed
+     * (failed_write()) and throws. */
+    void undo_add_kv();
+
+    /// undo_add_kv for a caller that holds this index's write scope.
+    void undo_add_kv_in_scope();
+
+    /// Frees what the last add_kv_undoable kept; it can no longer be taken back.
+    void forget_undo() noexcept;
+
+    /// The tokens undo_add_kv would take back, -1 when there is no append
+    /// to take back.
+    idx_t undoable_tokens() const noexcept {
+        return undo_n_;
+    }
+
+    /** Whether add_kv_undoable can take back an append of this index: true
+     * for the types whose every part can (a composite asks its children).
+     * False by default, and for the graph types, whose appends relink older
+     * keys (RoarGraph, a TopK over an HNSW graph): KVCache::append then
+     * leaves a layer whose head failed part-way out of step, to reset(). */
+    virtual bool can_undo_add() const {
+        return false;
+    }
+
     /** Throws what add_kv(n, keys, values) would throw before writing
      * anything (a child out of step, a failed write, wrong dimensions,
      * NaN/Inf, a value the storage type cannot hold, a count past 2^62),
@@ -600,6 +647,14 @@ struct KVIndex : faiss::Index {
         return false;
     }
 
+    /** Whether an add_kv that throws part-way leaves the index as it was:
+     * writes_roll_back() by default; more types than that, since an append
+     * can take back what its first part did (undo_add_kv): IndexHybrid
+     * takes its heavy part's append back when its tail's throws. */
+    virtual bool appends_roll_back() const {
+        return writes_roll_back();
+    }
+
     /// The write that threw part-way and left this index inconsistent, as
     /// "add_kv: <its message>", or nullptr; see writes_roll_back().
     const char* failed_write() const noexcept {
@@ -688,7 +743,26 @@ struct KVIndex : faiss::Index {
     // ---- the type's core: arguments checked, n > 0 ---------------------
 
     /// Appends already validated tokens; add_kv checks, then calls this.
+    /// Where keeping_undo(), it keeps what undo_add_kv_impl needs.
     virtual void add_kv_impl(idx_t n, const float* keys, const float* values) = 0;
+
+    /** Takes back the n tokens of the last add_kv_impl, which ran while
+     * keeping_undo() (ntotal still counts them; the caller subtracts n).
+     * Types with can_undo_add() override it; the default throws. */
+    virtual void undo_add_kv_impl(idx_t n);
+
+    /// Frees what add_kv_impl kept for an undo (the default: nothing).
+    virtual void forget_undo_impl() noexcept {}
+
+    /// Whether the add_kv_impl running now must keep what takes it back.
+    bool keeping_undo() const {
+        return undoable_add_;
+    }
+
+    /// Appends to a child as this index's own append runs: undoably when
+    /// this one's is (keeping_undo()), so that undo_add_kv_impl can take
+    /// the child's part back with child.undo_add_kv().
+    void add_kv_to(KVIndex& child, idx_t n, const float* keys, const float* values) const;
 
     /// prefill's core; query-aware types override it (calling check_prefill
     /// first). The default checks and appends the tokens.
@@ -791,6 +865,11 @@ struct KVIndex : faiss::Index {
     /// see failed_write(): a fixed array, so that marking the index after
     /// an allocation failure needs no allocation
     char failed_write_[192] = {};
+    /// tokens of the last add_kv_undoable that undo_add_kv can take back,
+    /// -1 for none (see add_kv_undoable)
+    idx_t undo_n_ = -1;
+    /// true while an add_kv_undoable's core runs (keeping_undo())
+    bool undoable_add_ = false;
     /// the children's token_stamp() after this index's last write, in the
     /// order of children(); empty until the first write (or read)
     std::vector<uint64_t> children_stamps_;

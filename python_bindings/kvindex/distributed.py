@@ -35,6 +35,15 @@ shards read are megabytes ("move the query, not the cache").
 all) and ``RayKVCache.restore(path)`` rebuilds the cache on new actors. An
 actor that died makes the next call raise ``RuntimeError`` naming the shard;
 a call that gets no answer within ``timeout_s`` raises ``TimeoutError``.
+
+A step written to several shards (an append or a one-token decode step with
+"heads", a decode step's queries with "tokens") is all or nothing: when one
+shard refuses it (a value its heads cannot hold, out of memory), the shards
+that took it take it back (``KVCache.undo_append``; their queries are
+learned only at their next call on the layer), and the error is raised
+with the cache as it was. Where a shard cannot (a TopK over HNSW, a decode
+step of several tokens), every later call raises, naming the step, until
+the cache is restored from a checkpoint.
 """
 import json
 import os
@@ -51,9 +60,16 @@ _FORMAT = 1  # of checkpoint's meta.json
 
 
 class _Shard:
-    """One actor's part of the cache: a kvindex.KVCache."""
+    """One actor's part of the cache: a kvindex.KVCache.
+
+    A step's writes can be taken back (``undo``) until the actor's next call
+    on the layer: appends are made with ``append_undoable``, and a decode
+    step's queries are learned (``add_queries``, which ends what can be
+    taken back) at the start of that next call, in the order a single
+    cache would run them."""
 
     def __init__(self, config=None, path=None):
+        self.pending = {}  # layer -> the queries of its last step, to learn
         if path is not None:
             self.cache = kvindex.read_cache(path)
             return
@@ -73,24 +89,62 @@ class _Shard:
         self.cache.prefill(layer, keys, values, queries=queries, positions=positions, rope_theta=rope_theta,
                            rope_style=rope_style, first_position=first_position)
 
+    def _learn(self, layer=None):
+        """The pending queries of a layer (None: of every layer) learned."""
+        for x in [layer] if layer is not None else list(self.pending):
+            q = self.pending.pop(x, None)
+            if q is not None:
+                self.cache.add_queries(x, q)
+
+    def _append(self, layer, keys, values):
+        if self.cache.can_undo_append(layer):
+            self.cache.append_undoable(layer, keys, values)
+        else:
+            self.cache.append(layer, keys, values)
+
     def append(self, layer, keys, values):
-        self.cache.append(layer, keys, values)
+        self._learn(layer)
+        self._append(layer, keys, values)
 
     def decode(self, layer, keys, values, q, params):
+        """A decode step: its tokens appended, its queries attended; they are
+        learned at the next call on the layer (one token), or now (n > 1
+        tokens attend causally, each learned before the next is appended:
+        such a step cannot be taken back)."""
+        self._learn(layer)
         t0 = time.perf_counter()
-        out, lse = self.cache.decode(layer, keys, values, q, params)
+        if keys.shape[1] != 1:
+            out, lse = self.cache.decode(layer, keys, values, q, params)
+            return out, lse, time.perf_counter() - t0
+        self._append(layer, keys, values)
+        try:
+            out, lse = self.cache.attend(layer, q, params)
+        except Exception:
+            if self.cache.can_undo_append(layer):
+                self.cache.undo_append(layer)
+            raise
+        self.pending[layer] = q
         return out, lse, time.perf_counter() - t0
 
     def attend_and_learn(self, layer, q, params):
         """A decode step's queries on a shard that takes no new token: the
-        attention over its tokens, then the queries learned (as decode
-        learns them)."""
+        attention over its tokens; the queries are learned at the next call
+        on the layer (as decode learns them)."""
+        self._learn(layer)
         t0 = time.perf_counter()
         out, lse = self.cache.attend(layer, q, params)
-        self.cache.add_queries(layer, q)
+        self.pending[layer] = q
         return out, lse, time.perf_counter() - t0
 
+    def undo(self, layer, appended):
+        """Takes back the layer's last step, which another shard refused:
+        its append (appended), and its queries, not learned."""
+        self.pending.pop(layer, None)
+        if appended:
+            self.cache.undo_append(layer)
+
     def attend(self, layer, q, params):
+        self._learn(layer)
         t0 = time.perf_counter()
         out, lse = self.cache.attend(layer, q, params)
         return out, lse, time.perf_counter() - t0
@@ -102,6 +156,7 @@ class _Shard:
         return self.cache.memory_bytes()
 
     def checkpoint(self, path):
+        self._learn()
         kvindex.write_cache(self.cache, path)
 
     def pid(self):
@@ -179,6 +234,7 @@ class RayKVCache:
         self.heads_of = split(n_kv_heads) if placement == "heads" else [list(range(n_kv_heads))] * shards
         # tokens each shard holds, per layer
         self.counts = [[0] * shards for _ in range(n_layers)]
+        self._broken = None  # why the shards are out of step, if they are
         options = {"num_cpus": 0, "scheduling_strategy": "SPREAD"}
         options.update(actor_options or {})
         actor = ray.remote(_Shard).options(**options)
@@ -199,6 +255,7 @@ class RayKVCache:
     # ---- routing --------------------------------------------------------------
 
     def _check_layer(self, layer):
+        self._check_usable()
         if not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.n_layers:
             raise IndexError(f"RayKVCache: layer {layer} outside [0, {self.n_layers})")
 
@@ -235,6 +292,36 @@ class RayKVCache:
             raise
         except ray.exceptions.RayTaskError as e:
             raise e.as_instanceof_cause() from None
+
+    def _write(self, refs, shards, what, undo):
+        """_get of a write spread over several shards, all or nothing: when
+        some shards raise, those that wrote take it back (undo(s): a call
+        ref), then the first error is raised. A shard that cannot take its
+        write back leaves the cache out of step: every later call refuses."""
+        refs, shards = list(refs), list(shards)
+        try:
+            return self._get(refs, shards, what)
+        except Exception:
+            if len(shards) > 1:
+                done = []
+                for s, ref in zip(shards, refs):
+                    try:
+                        ray.get(ref, timeout=self.timeout_s)
+                        done.append(s)
+                    except Exception:
+                        pass
+                if done:
+                    try:
+                        self._get([undo(s) for s in done], done, what)
+                    except Exception as e:
+                        self._broken = (f"RayKVCache.{what}: shards {done} took a step that another shard "
+                                        f"refused, and could not take it back ({e}): the shards are out of step; "
+                                        f"restore the cache from a checkpoint (RayKVCache.restore)")
+            raise
+
+    def _check_usable(self):
+        if self._broken:
+            raise RuntimeError(self._broken)
 
     def _tokens(self, keys, values, what, convert=True):
         """keys and values as float32 numpy (convert=False: as given, for a
@@ -319,7 +406,7 @@ class RayKVCache:
             shards = self._holding(layer)
             calls = [self.actors[s].append.remote(self._local(s, layer), self._heads(s, keys, 1),
                                                   self._heads(s, values, 1)) for s in shards]
-        self._get(calls, shards, "append")
+        self._write(calls, shards, "append", lambda s: self.actors[s].undo.remote(self._local(s, layer), True))
         for s in shards:
             self.counts[layer][s] += n
 
@@ -345,7 +432,9 @@ class RayKVCache:
             calls = [self.actors[s].decode.remote(self._local(s, layer), self._heads(s, keys, 1),
                                                   self._heads(s, values, 1), self._heads(s, q, self.group), params)
                      for s in shards]
-        parts = self._get(calls, shards, "decode")
+        last = self.n_shards - 1
+        parts = self._write(calls, shards, "decode", lambda s: self.actors[s].undo.remote(
+            self._local(s, layer), self.placement != "tokens" or s == last))
         for s in ([self.n_shards - 1] if self.placement == "tokens" else shards):
             self.counts[layer][s] += n
         return self._assemble(shards, parts)
@@ -395,6 +484,7 @@ class RayKVCache:
     def checkpoint(self, path):
         """Writes every shard (kvindex's cache files, each whole or not at
         all) and meta.json into directory path."""
+        self._check_usable()  # a cache out of step is not saved as if it were whole
         path = os.path.abspath(path)
         os.makedirs(path, exist_ok=True)
         self._get([a.checkpoint.remote(os.path.join(path, f"shard_{s}.kvc")) for s, a in enumerate(self.actors)],

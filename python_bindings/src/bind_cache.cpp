@@ -113,6 +113,8 @@ py::tuple decode(KVCache& c, int layer, py::handle keys, py::handle values, py::
             c.attend(layer, 1, q.data(), out.mutable_data(), lse.mutable_data(), p.get());
             c.add_queries(layer, 1, q.data());
         } else { // token by token, each query causal
+            // every token checked first: a refused one must change nothing
+            c.check_append(layer, n, k.data(), v.data());
             std::vector<float> ki(kv * d), vi(kv * dv), qi(hq * d), oi(hq * dv), li(hq);
             for (idx_t i = 0; i < n; i++) {
                 for (size_t h = 0; h < kv; h++) {
@@ -207,7 +209,35 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                      c.append(layer, n, k.data(), v.data());
                  },
                  py::arg("layer"), py::arg("keys"), py::arg("values"),
-                 "appends n tokens to every KV head of a layer: keys (n_kv_heads, n, d)")
+                 "appends n tokens to every KV head of a layer: keys (n_kv_heads, n, d); all or nothing "
+                 "(a head that fails part-way makes the others take their append back)")
+            .def("append_undoable",
+                 [](KVCache& c, int layer, py::handle keys, py::handle values) {
+                     check_layer(c, layer);
+                     FloatArray k = as_float_array(keys, "keys"), v = as_float_array(values, "values");
+                     idx_t n = check_tokens(c, k, v);
+                     py::gil_scoped_release release;
+                     c.append_undoable(layer, n, k.data(), v.data());
+                 },
+                 py::arg("layer"), py::arg("keys"), py::arg("values"),
+                 "append that undo_append(layer) can take back until the layer's next write (a step "
+                 "appended to several caches, taken back where another refused it); raises unless "
+                 "can_undo_append(layer)")
+            .def("undo_append",
+                 [](KVCache& c, int layer) {
+                     check_layer(c, layer);
+                     py::gil_scoped_release release;
+                     c.undo_append(layer);
+                 },
+                 py::arg("layer"),
+                 "takes back the layer's last append_undoable: the layer answers as before it")
+            .def("can_undo_append",
+                 [](const KVCache& c, int layer) {
+                     check_layer(c, layer);
+                     return c.can_undo_append(layer);
+                 },
+                 py::arg("layer"),
+                 "whether every head of the layer can take an append back (all types but a TopK over HNSW)")
             .def("add_queries",
                  [](KVCache& c, int layer, py::handle queries) {
                      check_layer(c, layer);

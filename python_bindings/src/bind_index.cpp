@@ -444,6 +444,30 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
                  },
                  py::arg("keys"), py::arg("values"),
                  "Appends n tokens (ids ntotal .. ntotal + n - 1): keys (n, d), values (n, d_value).")
+            .def("add_kv_undoable",
+                 [](KVIndex& self, py::handle keys, py::handle values) {
+                     auto [k, v] = tokens_of(self, keys, values);
+                     py::gil_scoped_release release;
+                     self.add_kv_undoable(k.shape(0), k.data(), v.data());
+                 },
+                 py::arg("keys"), py::arg("values"),
+                 "add_kv that undo_add_kv can take back until the next write or forget_undo() "
+                 "(raises unless can_undo_add)")
+            .def("undo_add_kv",
+                 [](KVIndex& self) {
+                     py::gil_scoped_release release;
+                     self.undo_add_kv();
+                 },
+                 "takes back the last add_kv_undoable: the index answers as before it")
+            .def("forget_undo",
+                 [](KVIndex& self) {
+                     py::gil_scoped_release release;
+                     kvindex::WriteScope scope(self, "forget_undo");
+                     self.forget_undo();
+                 },
+                 "frees what the last add_kv_undoable kept; it can no longer be taken back")
+            .def_property_readonly("can_undo_add", &KVIndex::can_undo_add,
+                 "whether add_kv_undoable can take an append back (all types but a TopK over an HNSW graph)")
             .def("add_queries",
                  [](KVIndex& self, py::handle q) {
                      FloatArray qa = queries_of(self, q);
@@ -499,6 +523,9 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
             .def_property_readonly("writes_roll_back", &KVIndex::writes_roll_back,
                  "whether a write (add_kv, prefill, reset) that raises part-way leaves the index as it "
                  "was; where not, the index is marked failed (failed_write) until reset()")
+            .def_property_readonly("appends_roll_back", &KVIndex::appends_roll_back,
+                 "whether an add_kv that raises part-way leaves the index as it was (writes_roll_back, "
+                 "or an append that takes its first part back)")
             .def_property_readonly("failed_write", [](const KVIndex& s) -> py::object {
                      return read_guarded(s, "failed_write", [&] {
                          const char* w = s.failed_write();

@@ -132,6 +132,42 @@ def test_a_dead_actor_is_named_and_a_restore_answers_as_before(tmp_path):
     restored.shutdown()
 
 
+def test_a_step_one_shard_refuses_is_taken_back_by_the_others():
+    # "heads": shard 1 holds KV head 1, whose FP16 storage cannot hold 1e5;
+    # shard 0 takes the step, then takes it back: the cache answers as the
+    # in-process one that refused the same step whole
+    data = tokens(5)
+    string = "FP16,Sink2,Window8,LSHSample6x20"
+    spread = fill(RayKVCache(L, HQ, HKV, D, string, shards=2, placement="heads"), data)
+    local = fill(kvindex.KVCache(L, HQ, HKV, D, string), data)
+    rng = np.random.default_rng(7)
+    k = rng.standard_normal((HKV, 1, D)).astype(np.float32)
+    v = rng.standard_normal((HKV, 1, D)).astype(np.float32)
+    q = rng.standard_normal((HQ, 1, D)).astype(np.float32)
+    bad = k.copy()
+    bad[1, 0, 3] = 1e5
+    for step in (lambda c: c.append(0, bad, v), lambda c: c.decode(0, bad, v, q)):
+        for cache in (spread, local):
+            with pytest.raises(ValueError, match="keys: value 100000"):
+                step(cache)
+        assert spread.n_tokens(0) == local.n_tokens(0) == N + APPENDS
+        for got, want in zip(spread.attend(0, data[3]), local.attend(0, data[3])):
+            np.testing.assert_array_equal(got, want)
+    # the next steps go on as in one process (queries learned in order)
+    for t in range(3):
+        for got, want in zip(spread.decode(0, k, v, q), local.decode(0, k, v, q)):
+            np.testing.assert_array_equal(got, want)
+    spread.shutdown()
+    # a shard that cannot take a step back leaves the cache refusing calls
+    string = "FP16,TopK(HNSW8)"
+    spread = fill(RayKVCache(L, HQ, HKV, D, string, shards=2, placement="heads"), data)
+    with pytest.raises(ValueError, match="value 100000"):
+        spread.append(0, bad, v)
+    with pytest.raises(RuntimeError, match="out of step; restore"):
+        spread.attend(0, data[3])
+    spread.shutdown()
+
+
 def test_bad_input_fails_before_any_actor_starts():
     with pytest.raises(ValueError, match="placement 'rows'"):
         RayKVCache(L, HQ, HKV, D, "Flat", shards=2, placement="rows")
