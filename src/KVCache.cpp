@@ -441,6 +441,14 @@ void KVCache::reset() {
     }
 }
 
+void KVCache::reset_layer(int layer) {
+    index(layer, 0);
+    WriteScope scope(layer_calls[layer], "KVCache::reset_layer", "this layer of the cache");
+    for (int h = 0; h < n_kv_heads; h++) {
+        index(layer, h)->reset();
+    }
+}
+
 void KVCache::attend(
         int layer,
         idx_t n,

@@ -294,6 +294,29 @@ TEST(KVCache, AnUndoableAppendIsTakenBackWhole) {
     EXPECT_GE(tried, 40); // all but the TopK over HNSW strings
 }
 
+TEST(KVCache, ResetLayerEmptiesThatLayerOnly) {
+    // a layer prefilled over several caches is emptied where another
+    // refused it; the other layers keep their tokens and answers
+    KVCache cache(kLayers, kQHeads, kKVHeads, kD, kDv, "Sink2,Window4,LSHSample6x20");
+    const idx_t n = 40, nq = 8;
+    auto k = gaussian(kKVHeads * n, kD, 51), v = gaussian(kKVHeads * n, kDv, 52);
+    auto q = gaussian(kQHeads * nq, kD, 53);
+    RopeParams rope;
+    rope.theta = 10000;
+    cache.prefill(0, n, k.data(), v.data(), nq, q.data(), nullptr, rope);
+    cache.prefill(1, n, k.data(), v.data(), nq, q.data(), nullptr, rope);
+    auto probe = gaussian(kQHeads, kD, 54);
+    const std::vector<float> layer1 = attend_layer(cache, 1, 1, probe);
+    const std::vector<float> layer0 = attend_layer(cache, 0, 1, probe);
+    cache.reset_layer(0);
+    EXPECT_EQ(cache.n_tokens(0), 0);
+    EXPECT_EQ(cache.n_tokens(1), n);
+    EXPECT_EQ(attend_layer(cache, 1, 1, probe), layer1);
+    cache.prefill(0, n, k.data(), v.data(), nq, q.data(), nullptr, rope); // a prefill again
+    EXPECT_EQ(attend_layer(cache, 0, 1, probe), layer0);
+    EXPECT_THROW_MSG(cache.reset_layer(kLayers), "layer");
+}
+
 TEST(KVCache, ResetEmptiesEveryLayerAndMendsOneOutOfStep) {
     KVCache cache(kLayers, kQHeads, kKVHeads, kD, kDv, "Sink2,Window4,TopK(Flat)", "Flat", {0});
     const idx_t n = 30;

@@ -164,6 +164,13 @@ struct KVCache {
      * head's reset throws (out of memory), call it again. */
     void reset();
 
+    /** Removes every token of one layer, as reset() does for all: a caller
+     * that prefilled one layer over several caches (RayKVCache's shards)
+     * empties the ones that took it when another refused it. Refused
+     * before any head changes while another call runs on the layer; if a
+     * head's reset throws, call it again. */
+    void reset_layer(int layer);
+
     /** Attention of n queries per query head of one layer. Each KV head
      * gets the queries of its whole GQA group in one attend call (g * n
      * queries), so that an index that batches reads its tokens once per

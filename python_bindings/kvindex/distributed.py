@@ -36,8 +36,10 @@ all) and ``RayKVCache.restore(path)`` rebuilds the cache on new actors. An
 actor that died makes the next call raise ``RuntimeError`` naming the shard;
 a call that gets no answer within ``timeout_s`` raises ``TimeoutError``.
 
-A step written to several shards (an append or a one-token decode step with
-"heads", a decode step's queries with "tokens") is all or nothing: when one
+A prefill one shard refuses leaves every shard's layer empty
+(``KVCache.reset_layer``). A step written to several shards (an append or a
+one-token decode step with "heads", a decode step's queries with "tokens")
+is all or nothing: when one
 shard refuses it (a value its heads cannot hold, out of memory), the shards
 that took it take it back (``KVCache.undo_append``; their queries are
 learned only at their next call on the layer), and the error is raised
@@ -135,6 +137,10 @@ class _Shard:
         out, lse = self.cache.attend(layer, q, params)
         self.pending[layer] = q
         return out, lse, time.perf_counter() - t0
+
+    def reset_layer(self, layer):
+        self.pending.pop(layer, None)
+        self.cache.reset_layer(layer)
 
     def undo(self, layer, appended):
         """Takes back the layer's last step, which another shard refused:
@@ -362,6 +368,22 @@ class RayKVCache:
         if q is not None:
             nq = q.shape[1]
             pos = np.arange(n - nq, n, dtype=np.int64) if positions is None else np.asarray(positions, np.int64)
+        try:
+            self._prefill(layer, keys, values, q, pos, n, rope_theta, rope_style)
+        except Exception:
+            # all or nothing: the shards that took their part are emptied
+            shards = range(self.n_shards) if tokens else self._holding(layer)
+            if len(shards) > 1:
+                try:
+                    self._get([self.actors[s].reset_layer.remote(self._local(s, layer)) for s in shards], shards,
+                              "prefill")
+                except Exception as e:
+                    self._broken = (f"RayKVCache.prefill: a shard refused layer {layer}'s prefill, and the "
+                                    f"others could not be emptied ({e}): restore the cache from a checkpoint")
+            raise
+
+    def _prefill(self, layer, keys, values, q, pos, n, rope_theta, rope_style):
+        tokens = self.placement == "tokens"
         calls, shards = [], []
         if tokens:
             bounds = np.linspace(0, n, self.n_shards + 1).astype(int)

@@ -264,6 +264,15 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                  },
                  "removes every token of every layer (a new sequence, or a layer a failed append left "
                  "out of step); the knobs and the cache's RoPE stay")
+            .def("reset_layer",
+                 [](KVCache& c, int layer) {
+                     check_layer(c, layer);
+                     py::gil_scoped_release release;
+                     c.reset_layer(layer);
+                 },
+                 py::arg("layer"),
+                 "removes every token of one layer (a layer prefilled over several caches, emptied where "
+                 "another refused it)")
             .def("adopt_trained",
                  [](KVCache& c, const KVCache& trained) {
                      py::gil_scoped_release release;

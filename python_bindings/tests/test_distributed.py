@@ -168,6 +168,27 @@ def test_a_step_one_shard_refuses_is_taken_back_by_the_others():
     spread.shutdown()
 
 
+@pytest.mark.parametrize("placement", ["heads", "tokens"])
+def test_a_prefill_one_shard_refuses_leaves_every_shard_empty(placement):
+    data = tokens(6)
+    string = "FP16,Sink2,Window8,Flat"
+    spread = RayKVCache(L, HQ, HKV, D, string, shards=2, placement=placement)
+    keys, values, queries = data[0][0, :, :N], data[1][0, :, :N], data[2][0]
+    bad = keys.copy()
+    bad[1, N - 5, 0] = 1e5  # KV head 1, in the last shard's token range
+    with pytest.raises(ValueError, match="keys: value 100000"):
+        spread.prefill(0, bad, values, queries)
+    held = spread._get([a.n_tokens.remote(0) for a in spread.actors], range(2), "n_tokens")
+    assert held == [0, 0] and spread.n_tokens(0) == 0
+    spread.prefill(0, keys, values, queries)  # the layer takes a prefill again
+    local = kvindex.KVCache(L, HQ, HKV, D, string)
+    local.prefill(0, keys, values, queries)
+    out, _ = spread.attend(0, data[3])
+    ref, _ = local.attend(0, data[3])
+    assert np.abs(out - ref).max() < 1e-5 * np.abs(ref).max()
+    spread.shutdown()
+
+
 def test_bad_input_fails_before_any_actor_starts():
     with pytest.raises(ValueError, match="placement 'rows'"):
         RayKVCache(L, HQ, HKV, D, "Flat", shards=2, placement="rows")
