@@ -297,7 +297,31 @@ class RayKVCache:
                     pass
             raise
         except ray.exceptions.RayTaskError as e:
-            raise e.as_instanceof_cause() from None
+            raise self._named(e, refs, shards) from None
+
+    def _named(self, error, refs, shards):
+        """A shard's kvindex error, its type kept, its message prefixed with
+        the shard and the layers and KV heads it holds: the shard's own
+        cache numbers them from 0."""
+        cause = error.as_instanceof_cause()
+        for s, ref in zip(shards, refs):
+            try:
+                ray.get(ref, timeout=0)
+            except ray.exceptions.RayTaskError as e:
+                if e is error or str(e) == str(error):
+                    where = f"shard {s} (layers {self._span(self.layers_of[s])}, KV heads " \
+                            f"{self._span(self.heads_of[s])}, numbered from 0 in its cache)"
+                    try:
+                        return type(error.cause)(f"{where}: {error.cause}")
+                    except Exception:
+                        return cause
+            except Exception:
+                pass
+        return cause
+
+    @staticmethod
+    def _span(xs):
+        return f"{xs[0]}-{xs[-1]}" if len(xs) > 1 else f"{xs[0]}"
 
     def _write(self, refs, shards, what, undo):
         """_get of a write spread over several shards, all or nothing: when
