@@ -216,6 +216,18 @@ void collect_tree(KVIndex* index, std::vector<KVIndex*>& out) {
 
 } // namespace
 
+void IndexKVShards::followers(bool last_takes, std::vector<KVIndex*>& full, std::vector<KVIndex*>& last) {
+    if (!find_position_reader(empty_shard.get())) {
+        return; // no index of the chain reads the decode query's position
+    }
+    for (size_t s = 0; s + (last_takes ? 1 : 0) < shards.size(); s++) {
+        collect_tree(shards[s].get(), full);
+    }
+    if (last_takes) {
+        collect_tree(shards.back().get(), last);
+    }
+}
+
 void IndexKVShards::add_kv_impl(idx_t n, const float* keys, const float* values) {
     const idx_t T = shard_tokens;
     const idx_t to_last = shards.empty() ? 0 : std::min(n, T - shards.back()->ntotal);
@@ -233,14 +245,7 @@ void IndexKVShards::add_kv_impl(idx_t n, const float* keys, const float* values)
     // the indexes the new tokens follow, gathered before anything changes:
     // the full shards by n, the last by what it does not take itself
     std::vector<KVIndex*> full, last;
-    if (find_position_reader(empty_shard.get())) {
-        for (size_t s = 0; s + (to_last > 0 ? 1 : 0) < shards.size(); s++) {
-            collect_tree(shards[s].get(), full);
-        }
-        if (to_last > 0) {
-            collect_tree(shards.back().get(), last);
-        }
-    }
+    followers(to_last > 0, full, last);
     shards.reserve(shards.size() + made.size());
     if (to_last > 0) {
         add_kv_to(*shards.back(), to_last, keys, values);
@@ -262,14 +267,7 @@ void IndexKVShards::add_kv_impl(idx_t n, const float* keys, const float* values)
 void IndexKVShards::undo_add_kv_impl(idx_t n) {
     shards.resize(shards.size() - undo_opened); // the shards it opened
     std::vector<KVIndex*> full, last;
-    if (find_position_reader(empty_shard.get())) {
-        for (size_t s = 0; s + (undo_to_last > 0 ? 1 : 0) < shards.size(); s++) {
-            collect_tree(shards[s].get(), full);
-        }
-        if (undo_to_last > 0) {
-            collect_tree(shards.back().get(), last);
-        }
-    }
+    followers(undo_to_last > 0, full, last);
     if (undo_to_last > 0) {
         shards.back()->undo_add_kv();
     }

@@ -97,6 +97,12 @@ struct IndexKVShards : KVIndex {
     /// the tokens it gave the shard that was last before it
     size_t undo_opened = 0;
     idx_t undo_to_last = 0;
+    /** The indexes of the shards an append's decode query moves past
+     * (tokens_appended_after), where the chain reads positions: every
+     * index of the shards before the last into `full`, and, when the last
+     * shard takes tokens of the append (last_takes), its indexes into
+     * `last`, else into `full` too. */
+    void followers(bool last_takes, std::vector<KVIndex*>& full, std::vector<KVIndex*>& last);
     /// Shard s, empty: a copy of empty_shard on its stream.
     std::unique_ptr<KVIndex> open_shard(size_t s) const;
     /// Gives the new shard s its first m tokens, followed by `after` more

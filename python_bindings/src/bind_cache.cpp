@@ -92,6 +92,19 @@ py::tuple attend(const KVCache& c, int layer, py::handle queries, py::handle par
  * token i, append it (keys / values [n_kv_heads, n, d]), attend its
  * queries (q [n_q_heads, n, d]: token i's query sees tokens up to i), and
  * hand them to the indexes that learn from them. */
+/// KVCache.append and append_undoable: keys (n_kv_heads, n, d), values (n_kv_heads, n, d_value).
+void append_tokens(KVCache& c, int layer, py::handle keys, py::handle values, bool undoable) {
+    check_layer(c, layer);
+    FloatArray k = as_float_array(keys, "keys"), v = as_float_array(values, "values");
+    idx_t n = check_tokens(c, k, v);
+    py::gil_scoped_release release;
+    if (undoable) {
+        c.append_undoable(layer, n, k.data(), v.data());
+    } else {
+        c.append(layer, n, k.data(), v.data());
+    }
+}
+
 py::tuple decode(KVCache& c, int layer, py::handle keys, py::handle values, py::handle queries, py::handle params) {
     check_layer(c, layer);
     FloatArray k = as_float_array(keys, "keys"), v = as_float_array(values, "values");
@@ -202,22 +215,14 @@ layer run in parallel (OpenMP), with the GIL released.)doc")
                  "first_position: absolute position of the first key (a cache holding one token range)")
             .def("append",
                  [](KVCache& c, int layer, py::handle keys, py::handle values) {
-                     check_layer(c, layer);
-                     FloatArray k = as_float_array(keys, "keys"), v = as_float_array(values, "values");
-                     idx_t n = check_tokens(c, k, v);
-                     py::gil_scoped_release release;
-                     c.append(layer, n, k.data(), v.data());
+                     append_tokens(c, layer, keys, values, false);
                  },
                  py::arg("layer"), py::arg("keys"), py::arg("values"),
                  "appends n tokens to every KV head of a layer: keys (n_kv_heads, n, d); all or nothing "
                  "(a head that fails part-way makes the others take their append back)")
             .def("append_undoable",
                  [](KVCache& c, int layer, py::handle keys, py::handle values) {
-                     check_layer(c, layer);
-                     FloatArray k = as_float_array(keys, "keys"), v = as_float_array(values, "values");
-                     idx_t n = check_tokens(c, k, v);
-                     py::gil_scoped_release release;
-                     c.append_undoable(layer, n, k.data(), v.data());
+                     append_tokens(c, layer, keys, values, true);
                  },
                  py::arg("layer"), py::arg("keys"), py::arg("values"),
                  "append that undo_append(layer) can take back until the layer's next write (a step "

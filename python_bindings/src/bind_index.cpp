@@ -203,6 +203,17 @@ std::pair<FloatArray, FloatArray> tokens_of(const KVIndex& index, py::handle key
     return {k, v};
 }
 
+/// add_kv and add_kv_undoable of keys (n, d) and values (n, d_value).
+void add_tokens(KVIndex& index, py::handle keys, py::handle values, bool undoable) {
+    auto [k, v] = tokens_of(index, keys, values);
+    py::gil_scoped_release release;
+    if (undoable) {
+        index.add_kv_undoable(k.shape(0), k.data(), v.data());
+    } else {
+        index.add_kv(k.shape(0), k.data(), v.data());
+    }
+}
+
 kvindex::KVType kv_type_of(const std::string& name) {
     for (auto t : {kvindex::KVType::f32, kvindex::KVType::bf16, kvindex::KVType::f16}) {
         if (name == kvindex::kv_type_name(t)) {
@@ -437,19 +448,11 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
                  [](const KVIndex& s) { return read_guarded(s, "factory_string", [&] { return s.factory_string(); }); },
                  "the chain's factory string without the storage prefix (index_factory_string has it)")
             .def("add_kv",
-                 [](KVIndex& self, py::handle keys, py::handle values) {
-                     auto [k, v] = tokens_of(self, keys, values);
-                     py::gil_scoped_release release;
-                     self.add_kv(k.shape(0), k.data(), v.data());
-                 },
+                 [](KVIndex& self, py::handle keys, py::handle values) { add_tokens(self, keys, values, false); },
                  py::arg("keys"), py::arg("values"),
                  "Appends n tokens (ids ntotal .. ntotal + n - 1): keys (n, d), values (n, d_value).")
             .def("add_kv_undoable",
-                 [](KVIndex& self, py::handle keys, py::handle values) {
-                     auto [k, v] = tokens_of(self, keys, values);
-                     py::gil_scoped_release release;
-                     self.add_kv_undoable(k.shape(0), k.data(), v.data());
-                 },
+                 [](KVIndex& self, py::handle keys, py::handle values) { add_tokens(self, keys, values, true); },
                  py::arg("keys"), py::arg("values"),
                  "add_kv that undo_add_kv can take back until the next write or forget_undo() "
                  "(raises unless can_undo_add)")
