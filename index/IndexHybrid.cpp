@@ -9,6 +9,7 @@
 #include <faiss/impl/FaissAssert.h>
 
 #include <kvindex/IndexLSHSample.h>
+#include <kvindex/attention.h>
 #include <kvindex/impl/io.h>
 #include <kvindex/index_factory.h>
 #include <kvindex/index_io.h>
@@ -312,9 +313,9 @@ void IndexHybrid::prefill_impl(const PrefillInput& in) {
             epsilon,
             size_t(budget));
     KVINDEX_CHECK_ARG(
-            (epsilon == 0 && budget == 0) || tail->samples_uniformly(),
-            "IndexHybrid: epsilon and budget set the sample of a uniform tail, and %s does "
-            "not sample uniformly (use Uniform)",
+            epsilon == 0 || tail->samples_uniformly(),
+            "IndexHybrid: epsilon sets the sample of a uniform tail, and %s does not sample "
+            "uniformly (use Uniform, or budget, which any tail takes)",
             tail->factory_string().c_str());
     // both calibrations model the heavy part as the exact top-k of its k
     KVINDEX_CHECK_ARG(
@@ -380,6 +381,11 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
         std::sort(need.begin(), need.end());
         size_t rank = size_t(std::ceil((1 - delta) * double(need.size())));
         m = idx_t(std::ceil(need[std::clamp<size_t>(rank, 1, need.size()) - 1]));
+    } else if (!tail->samples_uniformly()) {
+        // a tail whose error has no closed form (LSH, weighted): the split
+        // with the lowest error measured on the same queries
+        measure_split(queries.data(), n_rows);
+        return;
     } else {
         // the split of `budget` with the lowest mean predicted error
         constexpr int kSteps = 8;
@@ -407,6 +413,72 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
     sample = m;
     calibrated_k = k_heavy;
     calibrated_sample = m;
+}
+
+void IndexHybrid::set_split(idx_t k_heavy, idx_t m) {
+    // through the chain walk, as "k=..." would: the heavy part's whole chain
+    set_index_parameter(heavy.get(), "k", double(k_heavy));
+    k = k_heavy;
+    sample = m;
+    if (m > 0 && tail->reads_search_knob("max_sample")) {
+        // an LSH tail's sample is set by its tables: capped at m, by score
+        set_index_parameter(tail.get(), "max_sample", double(m));
+    }
+    calibrated_k = k_heavy;
+    calibrated_sample = m;
+}
+
+void IndexHybrid::measure_split(const float* queries, idx_t n_rows) {
+    // the reference: exact attention over the tokens this index holds (the
+    // queries are the prompt's last: they see a few tokens after theirs,
+    // as every candidate does)
+    const KVStorage& t = tokens();
+    std::vector<float> exact(size_t(n_rows) * d_value);
+    parallel_for(n_rows, [&](idx_t i) {
+        exact_attention(queries + size_t(i) * d, t.key_rows(), t.value_rows(), size_t(ntotal),
+                        &exact[size_t(i) * d_value]);
+    });
+    std::vector<double> norm(n_rows);
+    for (idx_t i = 0; i < n_rows; i++) {
+        double s = 0;
+        for (int j = 0; j < d_value; j++) {
+            s += double(exact[size_t(i) * d_value + j]) * exact[size_t(i) * d_value + j];
+        }
+        norm[i] = std::sqrt(s);
+    }
+    // an LSH tail's own cap, given back where the split reads no tail
+    double own_cap = 0;
+    const bool capped = tail->reads_search_knob("max_sample");
+    if (capped) {
+        own_cap = get_index_parameter(tail.get(), "max_sample");
+    }
+    constexpr int kSteps = 8;
+    std::vector<float> out(size_t(n_rows) * d_value), lse(n_rows);
+    double best = std::numeric_limits<double>::infinity();
+    idx_t best_k = budget, best_m = 0;
+    for (int f = kSteps; f >= 0; f--) { // from plain top-k: it wins ties
+        const idx_t k_f = std::max<idx_t>(1, budget * f / kSteps);
+        set_split(k_f, budget - k_f);
+        attend_batch(n_rows, queries, out.data(), lse.data(), nullptr);
+        double err = 0;
+        for (idx_t i = 0; i < n_rows; i++) {
+            double e = 0;
+            for (int j = 0; j < d_value; j++) {
+                double x = double(out[size_t(i) * d_value + j]) - exact[size_t(i) * d_value + j];
+                e += x * x;
+            }
+            err += norm[i] > 0 ? std::sqrt(e) / norm[i] : std::sqrt(e);
+        }
+        if (err < best) {
+            best = err;
+            best_k = k_f;
+            best_m = budget - k_f;
+        }
+    }
+    set_split(best_k, best_m);
+    if (capped && best_m == 0) {
+        set_index_parameter(tail.get(), "max_sample", own_cap);
+    }
 }
 
 void IndexHybrid::search_batch(
@@ -495,7 +567,7 @@ std::vector<ParameterInfo> IndexHybrid::parameter_info() const {
                     .also(-1),
             P::real("epsilon", 0, 1e6, "relative error target of a uniform tail: > 0 sets its sample per head at prefill, 0: off")
                     .prefill(),
-            P::integer("budget", 0, P::kNoBound, "tokens per query (k + sample) split per head at prefill by predicted error; 0: off")
+            P::integer("budget", 0, P::kNoBound, "tokens per query (k + sample) split per head at prefill by predicted (uniform tail) or measured error; 0: off")
                     .prefill()
                     .tokens(),
             P::real("delta", 0, 1, "failure probability of the epsilon target").prefill().open_min().open_max(),

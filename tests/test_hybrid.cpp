@@ -535,6 +535,83 @@ TEST(Hybrid, FixedBudgetSplitFollowsTheHead) {
     EXPECT_LT(err_split, err_topk);
 }
 
+TEST(Hybrid, MeasuredBudgetSplitFollowsTheHead) {
+    // budget with a tail whose error has no closed form (LSH, weighted):
+    // the split with the lowest error measured on the calibration queries,
+    // checked against each split built apart and the double reference. On
+    // queries it was not calibrated on, a needle head (10 keys far above
+    // the rest) errs no more than top-k of the same budget; a head of a few
+    // heavy hitters over a flat rest spends most of the budget on the tail
+    // and beats that top-k.
+    const idx_t budget = 80, n_cal = 32, n_eval = 8;
+    auto prefill = [&](KVIndex& index, const Head& h) {
+        PrefillInput in;
+        in.n_tokens = h.n;
+        in.keys = h.keys.data();
+        in.values = h.values.data();
+        in.n_queries = n_cal;
+        in.queries = h.queries.data();
+        index.prefill(in);
+    };
+    // mean relative error over queries [q0, q1) against the double reference
+    auto error = [&](const KVIndex& index, const Head& h, idx_t q0, idx_t q1) {
+        double sum = 0;
+        std::vector<float> a;
+        for (idx_t i = q0; i < q1; i++) {
+            std::vector<double> exact;
+            kvtest::ref_attention_all(h.q(i), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+            attend_one(index, h.q(i), a);
+            double e = 0, den = 0;
+            for (int j = 0; j < kD; j++) {
+                e += (a[j] - exact[j]) * (a[j] - exact[j]);
+                den += exact[j] * exact[j];
+            }
+            sum += std::sqrt(e / den);
+        }
+        return sum / double(q1 - q0);
+    };
+    for (const std::string tail : {"LSHSample6x20", "Weighted"}) {
+        SCOPED_TRACE(tail);
+        const std::string chain = "Hybrid(TopK(Flat)," + tail + ")";
+        for (const float score : {12.0f, 5.0f}) {
+            SCOPED_TRACE(score);
+            Head h = planted_head(4000, n_cal + n_eval, 10, score, 31);
+            h.values = gaussian(h.n, kD, 310, 1.0f, 0.5f);
+            auto index = index_factory(kD, chain + "|budget=80");
+            prefill(*index, h);
+            const idx_t k = idx_t(get_index_parameter(index.get(), "calibrated_k"));
+            const idx_t m = idx_t(get_index_parameter(index.get(), "calibrated_sample"));
+            EXPECT_EQ(k + m, budget);
+            // every split apart: the chosen one has the least error
+            double chosen = -1, least = 1e300;
+            for (int f = 8; f >= 0; f--) {
+                const idx_t kf = std::max<idx_t>(1, budget * f / 8), mf = budget - kf;
+                std::string knobs = "k=" + std::to_string(kf) + ",sample=" + std::to_string(mf);
+                if (tail != "Weighted" && mf > 0) {
+                    knobs += ",max_sample=" + std::to_string(mf);
+                }
+                auto one = index_factory(kD, chain + "|" + knobs);
+                prefill(*one, h);
+                const double e = error(*one, h, 0, n_cal);
+                least = std::min(least, e);
+                if (kf == k) {
+                    chosen = e;
+                }
+            }
+            EXPECT_LE(chosen, least * (1 + 1e-4) + 1e-7) << "k " << k << " of " << budget;
+            auto topk = build("TopK(Flat)|k=80", h);
+            const double split_err = error(*index, h, n_cal, n_cal + n_eval);
+            const double topk_err = error(*topk, h, n_cal, n_cal + n_eval);
+            if (score > 0) {
+                EXPECT_LE(split_err, topk_err * 1.05 + 1e-6) << "m " << m;
+            } else {
+                EXPECT_GE(m, budget / 2);
+                EXPECT_LT(split_err, topk_err) << "m " << m;
+            }
+        }
+    }
+}
+
 TEST(Hybrid, BudgetFollowsTheHead) {
     // a flat head needs a larger tail than a sparse one
     auto budget = [](float planted_score) {

@@ -209,6 +209,21 @@ def _(*runs):
     return render(cols, labelled(runs[0]["results"]))
 
 
+@table("hybrid-budget", "benchmarks/results/hybrid_budget_ood101.json",
+       "benchmarks/results/hybrid_budget_smollm2_8k.json")
+def _(ood, real):
+    real_rows = {r["index"]: r for r in real["results"]}
+    layers = [x["layer"] for x in real["results"][0]["per_layer"]]
+    cols = [LABEL,
+            ("ood 64k, seed 101: rel_err / selected / touched", lambda r: " / ".join(
+                (sci(r["rel_err_mean"]), percent(2)(r["selected_frac"]), percent(1)(r["touched_frac"])))),
+            ("SmolLM2 8k: rel_err, layers " + " / ".join(map(str, layers)), lambda r: " / ".join(
+                fixed(3)(x["rel_err_mean"]) for x in real_rows[r["index"]]["per_layer"])),
+            ("SmolLM2 8k: selected / touched", lambda r: " / ".join(
+                (percent(2)(real_rows[r["index"]]["selected_frac"]), percent(1)(real_rows[r["index"]]["touched_frac"]))))]
+    return render(cols, labelled(ood["results"]))
+
+
 @table("context-65536", "benchmarks/results/context_65536.json")
 def _(run):
     return kvbench_rows(run)

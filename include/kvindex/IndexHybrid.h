@@ -80,9 +80,9 @@ double normal_two_sided_quantile(double delta);
  * `sample` is the tail's own budget, handed to its selection as its k
  * (a uniform tail draws that many tokens; an LSH tail's sample is set by
  * its (K, L) and ignores it): -1 leaves the tail's k, 0 reads no tail
- * (the hybrid is then its heavy part). With a uniform tail, prefill can
+ * (the hybrid is then its heavy part). Prefill can
  * set both per head from the exact attention of the last n_calibration
- * prompt queries (TailStatistics), in one of two modes:
+ * prompt queries, in one of two modes:
  *  - epsilon > 0 (vAttention's target): heavy k as given, the sample is
  *    the (1 - delta) quantile over the queries of the smallest m whose
  *    output error is within epsilon with probability 1 - delta;
@@ -90,6 +90,12 @@ double normal_two_sided_quantile(double delta);
  *    (k = max(1, budget * f), f in 0, 1/8, ..., 1: the heavy part keeps
  *    at least the top key) with the lowest mean predicted error; f = 1 is
  *    plain top-k, so a head that is better served by top-k alone gets it.
+ *    Any tail takes a budget: with a uniform one the error is predicted
+ *    (TailStatistics); with another (LSHSample, Weighted), whose error has
+ *    no closed form, each split is set and the same queries attended, and
+ *    the split with the lowest measured error against exact attention is
+ *    kept (ties: the larger k); an LSH tail's sample is then capped at the
+ *    split's m (max_sample, by score).
  * calibrated_k and calibrated_sample report the choice.
  *
  * Per-call parameters go to the heavy part (its k, nprobe, efSearch;
@@ -214,6 +220,14 @@ struct IndexHybrid : KVIndex {
    private:
     /// Sets k and sample from the prompt's last queries (epsilon or budget > 0).
     void calibrate(const PrefillInput& input);
+    /** budget with a tail whose error has no closed form (not
+     * samples_uniformly: LSH, weighted): each split k = max(1, budget * f),
+     * f in 1, 7/8, ..., 0, is set and the n_rows queries (size n_rows * d)
+     * attended; the split with the lowest mean relative error against
+     * exact attention is kept (ties: the larger k). */
+    void measure_split(const float* queries, idx_t n_rows);
+    /// Heavy k and tail budget m (sample; an LSH tail's max_sample), as calibrated.
+    void set_split(idx_t k_heavy, idx_t m);
 };
 
 } // namespace kvindex
