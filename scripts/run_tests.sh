@@ -83,4 +83,4 @@ fi
 KVINDEX_REQUIRE_HF=1 KVINDEX_REQUIRE_RAY=1 phase python bash scripts/run_python_tests.sh
 phase san-build bash scripts/build_sanitizers.sh build-san
 phase sanitizers bash scripts/run_sanitizers.sh build-san
-FUZZ_SEED=1 phase fuzz bash scripts/run_fuzzers.sh 30 build-san
+FUZZ_SEED=1 phase fuzz bash scripts/run_fuzzers.sh 20 build-san
