@@ -264,19 +264,7 @@ double IndexChoose::holdout_error(
         idx_t n_held) const {
     std::vector<float> out(size_t(n_held) * d_value), lse(n_held);
     candidate.attend(n_held, held_queries, out.data(), lse.data());
-    double sum = 0;
-    for (idx_t i = 0; i < n_held; i++) {
-        double diff = 0, norm = 0;
-        for (int j = 0; j < d_value; j++) {
-            double o = exact[size_t(i) * d_value + j];
-            double x = double(out[size_t(i) * d_value + j]) - o;
-            diff += x * x;
-            norm += o * o;
-        }
-        // relative L2 error; the absolute one when the exact output is 0
-        sum += norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
-    }
-    return sum / double(n_held);
+    return mean_relative_error(out.data(), exact, size_t(n_held), size_t(d_value));
 }
 
 void IndexChoose::prefill_impl(const PrefillInput& in) {

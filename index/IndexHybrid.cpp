@@ -256,7 +256,8 @@ std::unique_ptr<KVIndex> IndexHybrid::from_factory(FactoryChain& chain) {
 void IndexHybrid::add_kv_impl(idx_t n, const float* keys, const float* values) {
     // the heavy part first (a tail it lends its tokens to checks them),
     // undoably where it can: a tail that throws then leaves both as they
-    // were (writes_roll_back)
+    // were (appends_roll_back; with tokens of its own, which come last, a
+    // throw marks the index failed)
     const bool heavy_undoable = heavy->can_undo_add();
     if (heavy_undoable) {
         heavy->add_kv_undoable(n, keys, values);
@@ -266,14 +267,7 @@ void IndexHybrid::add_kv_impl(idx_t n, const float* keys, const float* values) {
     try {
         add_kv_to(*tail, n, keys, values);
         if (holds_own_tokens()) {
-            try {
-                storage.append(n, keys, values);
-            } catch (...) {
-                if (tail->can_undo_add() && keeping_undo()) {
-                    tail->undo_add_kv();
-                }
-                throw;
-            }
+            storage.append(n, keys, values);
         }
     } catch (...) {
         if (heavy_undoable) {
@@ -438,14 +432,6 @@ void IndexHybrid::measure_split(const float* queries, idx_t n_rows) {
         exact_attention(queries + size_t(i) * d, t.key_rows(), t.value_rows(), size_t(ntotal),
                         &exact[size_t(i) * d_value]);
     });
-    std::vector<double> norm(n_rows);
-    for (idx_t i = 0; i < n_rows; i++) {
-        double s = 0;
-        for (int j = 0; j < d_value; j++) {
-            s += double(exact[size_t(i) * d_value + j]) * exact[size_t(i) * d_value + j];
-        }
-        norm[i] = std::sqrt(s);
-    }
     // an LSH tail's own cap, given back where the split reads no tail
     double own_cap = 0;
     const bool capped = tail->reads_search_knob("max_sample");
@@ -460,15 +446,7 @@ void IndexHybrid::measure_split(const float* queries, idx_t n_rows) {
         const idx_t k_f = std::max<idx_t>(1, budget * f / kSteps);
         set_split(k_f, budget - k_f);
         attend_batch(n_rows, queries, out.data(), lse.data(), nullptr);
-        double err = 0;
-        for (idx_t i = 0; i < n_rows; i++) {
-            double e = 0;
-            for (int j = 0; j < d_value; j++) {
-                double x = double(out[size_t(i) * d_value + j]) - exact[size_t(i) * d_value + j];
-                e += x * x;
-            }
-            err += norm[i] > 0 ? std::sqrt(e) / norm[i] : std::sqrt(e);
-        }
+        const double err = mean_relative_error(out.data(), exact.data(), size_t(n_rows), size_t(d_value));
         if (err < best) {
             best = err;
             best_k = k_f;

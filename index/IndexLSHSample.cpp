@@ -547,13 +547,17 @@ void IndexLSHSample::build_recent_tables() {
     }
     recent_offsets.swap(new_offsets);
     recent_ids.swap(new_ids);
+    keep_recent_for_undo(new_offsets, new_ids); // the old ones, now
+    n_recent = t > 0 ? n : n_indexed;
+}
+
+void IndexLSHSample::keep_recent_for_undo(std::vector<uint32_t>& old_offsets, std::vector<uint32_t>& old_ids) {
     if (keeping_undo() && !undo.recent_saved) {
-        undo.recent_saved = true; // the old tail tables, kept instead of freed
-        undo.recent_offsets.swap(new_offsets);
-        undo.recent_ids.swap(new_ids);
+        undo.recent_saved = true; // kept instead of freed
+        undo.recent_offsets.swap(old_offsets);
+        undo.recent_ids.swap(old_ids);
         undo.n_recent = n_recent;
     }
-    n_recent = t > 0 ? n : n_indexed;
 }
 
 namespace {
@@ -644,12 +648,7 @@ void IndexLSHSample::build_tables(idx_t n) {
         undo.codes.swap(rest);
         undo.n_indexed = n_indexed;
     }
-    if (keeping_undo() && !undo.recent_saved) {
-        undo.recent_saved = true;
-        undo.recent_offsets.swap(recent_offsets);
-        undo.recent_ids.swap(recent_ids);
-        undo.n_recent = n_recent;
-    }
+    keep_recent_for_undo(recent_offsets, recent_ids);
     n_indexed = n;
     recent_offsets.clear();
     recent_ids.clear();

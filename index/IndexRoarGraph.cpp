@@ -256,20 +256,20 @@ void IndexRoarGraph::add_kv_impl(idx_t n, const float* keys, const float* values
 }
 
 void IndexRoarGraph::journal_row(idx_t c) {
-    if (!undo.active || c >= undo.n0 || undo.row_at.count(c)) {
+    if (!undo.active || c >= undo.n0 || undo.rows_saved.count(c)) {
         return; // a new key's row goes with it
     }
     const int R = max_degree();
-    // row_keys last but the map: what restore_journal reads is complete
+    // row_keys last but the set: what restore_journal reads is complete
     // for every key it lists, whichever allocation throws
     undo.rows.insert(undo.rows.end(), neighbors_of(c), neighbors_of(c) + R);
     undo.degrees.push_back(degrees[c]);
     undo.row_keys.push_back(c);
-    undo.row_at.emplace(c, undo.row_keys.size() - 1);
+    undo.rows_saved.insert(c);
 }
 
 void IndexRoarGraph::journal_anchor(size_t a) {
-    if (!undo.active || undo.anchor_at.count(a)) {
+    if (!undo.active || undo.anchors_saved.count(a)) {
         return;
     }
     const size_t width = anchor_list_width();
@@ -279,7 +279,7 @@ void IndexRoarGraph::journal_anchor(size_t a) {
     undo.thresholds.push_back(anchor_thresholds[a]);
     undo.pivots.push_back(anchor_pivots[a]);
     undo.anchors.push_back(a);
-    undo.anchor_at.emplace(a, undo.anchors.size() - 1);
+    undo.anchors_saved.insert(a);
 }
 
 void IndexRoarGraph::undo_add_kv_impl(idx_t n) {

@@ -134,7 +134,14 @@ void IndexSinkWindow::add_kv_impl(idx_t n, const float* keys, const float* value
     const idx_t to_window = rest - from_new;
     sink.reserve(sink.size() + to_sink);
     window.reserve(window.size() + std::min(to_window, n_window - window.size()));
-    const Undo before{sink.size(), window.size(), window_head, overflow > 0, from_window, {}, {}};
+    if (keeping_undo()) {
+        // where the sink and window stand now (a throw below forgets it)
+        undo.sink_size = sink.size();
+        undo.window_size = window.size();
+        undo.window_head = window_head;
+        undo.inner_added = overflow > 0;
+        undo.n_left = from_window;
+    }
     if (overflow > 0) {
         // as floats: the window's stored values convert back exactly
         std::vector<float> mk, mv;
@@ -151,13 +158,6 @@ void IndexSinkWindow::add_kv_impl(idx_t n, const float* keys, const float* value
     sink.append(to_sink, keys, values);
     // the others enter the window, in the slots of the tokens that left it
     push_window(to_window, rest_keys + from_new * d, rest_values + from_new * d_value);
-    if (keeping_undo()) {
-        undo.sink_size = before.sink_size;
-        undo.window_size = before.window_size;
-        undo.window_head = before.window_head;
-        undo.inner_added = before.inner_added;
-        undo.n_left = before.n_left;
-    }
 }
 
 void IndexSinkWindow::undo_add_kv_impl(idx_t) {

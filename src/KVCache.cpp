@@ -372,15 +372,10 @@ void KVCache::append_heads(int layer, idx_t n, const float* keys, const float* v
             appended[h] = 1;
         });
     } catch (...) {
-        for (int h = 0; h < n_kv_heads && undoable; h++) {
-            if (appended[h]) {
-                try {
-                    index(layer, h)->undo_add_kv_in_scope();
-                } catch (...) {
-                    // the head is marked failed (undo_add_kv): the layer is
-                    // refused, naming it, until reset()
-                }
-            }
+        if (undoable) {
+            // a head whose undo fails is marked failed (undo_add_kv): the
+            // layer is refused, naming it, until reset()
+            undo_heads(layer, appended);
         }
         throw;
     }
@@ -417,8 +412,17 @@ void KVCache::undo_append(int layer) {
                 layer);
     }
     auto heads = hold_heads(layer, "KVCache::undo_append");
+    if (std::exception_ptr first = undo_heads(layer, std::vector<char>(n_kv_heads, 1))) {
+        std::rethrow_exception(first);
+    }
+}
+
+std::exception_ptr KVCache::undo_heads(int layer, const std::vector<char>& which) {
     std::exception_ptr first;
     for (int h = 0; h < n_kv_heads; h++) {
+        if (!which[h]) {
+            continue;
+        }
         try {
             index(layer, h)->undo_add_kv_in_scope();
         } catch (...) {
@@ -427,9 +431,7 @@ void KVCache::undo_append(int layer) {
             }
         }
     }
-    if (first) {
-        std::rethrow_exception(first);
-    }
+    return first;
 }
 
 void KVCache::reset() {

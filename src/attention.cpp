@@ -156,6 +156,21 @@ float exact_attention(const float* q, KVRows keys, KVRows values, size_t n, floa
     return checked_result("exact_attention", lse, out, values.dim);
 }
 
+double mean_relative_error(const float* out, const float* exact, size_t n, size_t dv) {
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        double diff = 0, norm = 0;
+        for (size_t j = 0; j < dv; j++) {
+            double o = exact[i * dv + j];
+            double x = double(out[i * dv + j]) - o;
+            diff += x * x;
+            norm += o * o;
+        }
+        sum += norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+    }
+    return n > 0 ? sum / double(n) : 0.0;
+}
+
 float merge_attention(
         size_t n_parts, const float* const* outs, const float* lses, size_t dv, float* out) {
     float m = -std::numeric_limits<float>::infinity();

@@ -49,12 +49,43 @@ std::unique_ptr<KVIndex> build(const std::string& s, const Head& h) {
     return index;
 }
 
+/// The head's tokens as a prompt, with its first n_queries queries (at
+/// the last positions).
+PrefillInput prompt_of(const Head& h, idx_t n_queries) {
+    PrefillInput in;
+    in.n_tokens = h.n;
+    in.keys = h.keys.data();
+    in.values = h.values.data();
+    in.n_queries = n_queries;
+    in.queries = h.queries.data();
+    return in;
+}
+
 /// Attention of one query through the index, in double for the checks.
 double attend_one(const KVIndex& index, const float* q, std::vector<float>& out) {
     out.resize(index.d_value);
     float lse;
     index.attend(1, q, out.data(), &lse);
     return lse;
+}
+
+/// Mean relative L2 error of the index's attention of the head's queries
+/// [q0, q1) against the double reference over every key.
+double mean_error(const KVIndex& index, const Head& h, idx_t q0, idx_t q1) {
+    double sum = 0;
+    std::vector<float> a;
+    for (idx_t i = q0; i < q1; i++) {
+        std::vector<double> exact;
+        kvtest::ref_attention_all(h.q(i), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
+        attend_one(index, h.q(i), a);
+        double e = 0, den = 0;
+        for (int j = 0; j < kD; j++) {
+            e += (a[j] - exact[j]) * (a[j] - exact[j]);
+            den += exact[j] * exact[j];
+        }
+        sum += std::sqrt(e / den);
+    }
+    return sum / double(q1 - q0);
 }
 
 } // namespace
@@ -324,12 +355,7 @@ TEST(Hybrid, EpsilonDeltaBudgetHoldsItsTarget) {
     // cancellation of zero-mean noise (which would need every token)
     h.values = gaussian(h.n, kD, 170, 1.0f, 1.0f);
     auto index = index_factory(kD, "Hybrid(TopK(Flat),Uniform)|k=20,epsilon=0.05,delta=0.1,n_calibration=64");
-    PrefillInput in;
-    in.n_tokens = h.n;
-    in.keys = h.keys.data();
-    in.values = h.values.data();
-    in.n_queries = 64;
-    in.queries = h.queries.data();
+    PrefillInput in = prompt_of(h, 64);
     index->prefill(in);
     const double m = get_index_parameter(index.get(), "calibrated_sample");
     EXPECT_EQ(get_index_parameter(index.get(), "sample"), m);
@@ -467,12 +493,7 @@ TEST(Hybrid, FixedBudgetSplitFollowsTheHead) {
     const idx_t budget = 80, n_cal = 32, n_eval = 8;
     auto split = [&](const Head& h, idx_t* k, idx_t* m) {
         auto index = index_factory(kD, "Hybrid(TopK(Flat),Uniform)|budget=80");
-        PrefillInput in;
-        in.n_tokens = h.n;
-        in.keys = h.keys.data();
-        in.values = h.values.data();
-        in.n_queries = n_cal;
-        in.queries = h.queries.data();
+        PrefillInput in = prompt_of(h, n_cal);
         index->prefill(in);
         *k = idx_t(get_index_parameter(index.get(), "calibrated_k"));
         *m = idx_t(get_index_parameter(index.get(), "calibrated_sample"));
@@ -515,23 +536,8 @@ TEST(Hybrid, FixedBudgetSplitFollowsTheHead) {
     auto index = split(mixed, &k, &m);
     EXPECT_GE(m, budget / 2);
     auto topk = build("TopK(Flat)|k=80", mixed);
-    double err_split = 0, err_topk = 0;
-    std::vector<float> a, b;
-    for (idx_t i = n_cal; i < n_cal + n_eval; i++) {
-        std::vector<double> exact;
-        kvtest::ref_attention_all(
-                mixed.q(i), mixed.keys.data(), mixed.values.data(), kD, kD, mixed.n, exact);
-        attend_one(*index, mixed.q(i), a);
-        attend_one(*topk, mixed.q(i), b);
-        double ea = 0, eb = 0, den = 0;
-        for (int j = 0; j < kD; j++) {
-            ea += (a[j] - exact[j]) * (a[j] - exact[j]);
-            eb += (b[j] - exact[j]) * (b[j] - exact[j]);
-            den += exact[j] * exact[j];
-        }
-        err_split += std::sqrt(ea / den);
-        err_topk += std::sqrt(eb / den);
-    }
+    const double err_split = mean_error(*index, mixed, n_cal, n_cal + n_eval);
+    const double err_topk = mean_error(*topk, mixed, n_cal, n_cal + n_eval);
     EXPECT_LT(err_split, err_topk);
 }
 
@@ -544,32 +550,6 @@ TEST(Hybrid, MeasuredBudgetSplitFollowsTheHead) {
     // heavy hitters over a flat rest spends most of the budget on the tail
     // and beats that top-k.
     const idx_t budget = 80, n_cal = 32, n_eval = 8;
-    auto prefill = [&](KVIndex& index, const Head& h) {
-        PrefillInput in;
-        in.n_tokens = h.n;
-        in.keys = h.keys.data();
-        in.values = h.values.data();
-        in.n_queries = n_cal;
-        in.queries = h.queries.data();
-        index.prefill(in);
-    };
-    // mean relative error over queries [q0, q1) against the double reference
-    auto error = [&](const KVIndex& index, const Head& h, idx_t q0, idx_t q1) {
-        double sum = 0;
-        std::vector<float> a;
-        for (idx_t i = q0; i < q1; i++) {
-            std::vector<double> exact;
-            kvtest::ref_attention_all(h.q(i), h.keys.data(), h.values.data(), kD, kD, h.n, exact);
-            attend_one(index, h.q(i), a);
-            double e = 0, den = 0;
-            for (int j = 0; j < kD; j++) {
-                e += (a[j] - exact[j]) * (a[j] - exact[j]);
-                den += exact[j] * exact[j];
-            }
-            sum += std::sqrt(e / den);
-        }
-        return sum / double(q1 - q0);
-    };
     for (const std::string tail : {"LSHSample6x20", "Weighted"}) {
         SCOPED_TRACE(tail);
         const std::string chain = "Hybrid(TopK(Flat)," + tail + ")";
@@ -578,7 +558,7 @@ TEST(Hybrid, MeasuredBudgetSplitFollowsTheHead) {
             Head h = planted_head(4000, n_cal + n_eval, 10, score, 31);
             h.values = gaussian(h.n, kD, 310, 1.0f, 0.5f);
             auto index = index_factory(kD, chain + "|budget=80");
-            prefill(*index, h);
+            index->prefill(prompt_of(h, n_cal));
             const idx_t k = idx_t(get_index_parameter(index.get(), "calibrated_k"));
             const idx_t m = idx_t(get_index_parameter(index.get(), "calibrated_sample"));
             EXPECT_EQ(k + m, budget);
@@ -591,8 +571,8 @@ TEST(Hybrid, MeasuredBudgetSplitFollowsTheHead) {
                     knobs += ",max_sample=" + std::to_string(mf);
                 }
                 auto one = index_factory(kD, chain + "|" + knobs);
-                prefill(*one, h);
-                const double e = error(*one, h, 0, n_cal);
+                one->prefill(prompt_of(h, n_cal));
+                const double e = mean_error(*one, h, 0, n_cal);
                 least = std::min(least, e);
                 if (kf == k) {
                     chosen = e;
@@ -600,8 +580,8 @@ TEST(Hybrid, MeasuredBudgetSplitFollowsTheHead) {
             }
             EXPECT_LE(chosen, least * (1 + 1e-4) + 1e-7) << "k " << k << " of " << budget;
             auto topk = build("TopK(Flat)|k=80", h);
-            const double split_err = error(*index, h, n_cal, n_cal + n_eval);
-            const double topk_err = error(*topk, h, n_cal, n_cal + n_eval);
+            const double split_err = mean_error(*index, h, n_cal, n_cal + n_eval);
+            const double topk_err = mean_error(*topk, h, n_cal, n_cal + n_eval);
             if (score > 0) {
                 EXPECT_LE(split_err, topk_err * 1.05 + 1e-6) << "m " << m;
             } else {
@@ -617,12 +597,7 @@ TEST(Hybrid, BudgetFollowsTheHead) {
     auto budget = [](float planted_score) {
         Head h = planted_head(4000, 32, 10, planted_score, 18);
         auto index = index_factory(kD, "Hybrid(TopK(Flat),Uniform)|k=20,epsilon=0.1");
-        PrefillInput in;
-        in.n_tokens = h.n;
-        in.keys = h.keys.data();
-        in.values = h.values.data();
-        in.n_queries = 32;
-        in.queries = h.queries.data();
+        PrefillInput in = prompt_of(h, 32);
         index->prefill(in);
         return get_index_parameter(index.get(), "calibrated_sample");
     };
@@ -675,12 +650,7 @@ TEST(Hybrid, FactoryIoAndErrors) {
     EXPECT_NO_THROW(index_factory(kD, "Hybrid(Choose(TopK(Flat);RoarGraph8),Uniform)"));
     // epsilon needs a tail with a sample size
     auto lsh_tail = index_factory(kD, "Hybrid(TopK(Flat),LSHSample6x10)|epsilon=0.1");
-    PrefillInput in;
-    in.n_tokens = h.n;
-    in.keys = h.keys.data();
-    in.values = h.values.data();
-    in.n_queries = 4;
-    in.queries = h.queries.data();
+    PrefillInput in = prompt_of(h, 4);
     EXPECT_THROW_MSG(lsh_tail->prefill(in), "does not sample uniformly");
     auto both = index_factory(kD, "Hybrid(TopK(Flat),Uniform)|epsilon=0.1,budget=50");
     EXPECT_THROW_MSG(both->prefill(in), "set one");
@@ -781,12 +751,7 @@ TEST(Hybrid, LentTokensMustBeTheSame) {
     // a heavy part that keeps no tokens in order (IVFAsym keeps them in its
     // lists): the estimator reads the tail's, still one copy
     auto asym = index_factory(kD, "Hybrid(IVFAsym4,Uniform)|k=5,sample=5");
-    PrefillInput in;
-    in.n_tokens = h.n;
-    in.keys = h.keys.data();
-    in.values = h.values.data();
-    in.n_queries = 1;
-    in.queries = h.queries.data();
+    PrefillInput in = prompt_of(h, 1);
     asym->prefill(in);
     auto& hy = dynamic_cast<IndexHybrid&>(*asym);
     EXPECT_FALSE(hy.holds_own_tokens());

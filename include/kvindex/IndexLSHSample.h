@@ -296,6 +296,9 @@ struct IndexLSHSample : KVIndex {
         idx_t n_recent = 0;
     };
     Undo undo;
+    /// Keeps the tail tables being replaced (held by old_offsets, old_ids)
+    /// for the append's undo, once per append (keeping_undo()).
+    void keep_recent_for_undo(std::vector<uint32_t>& old_offsets, std::vector<uint32_t>& old_ids);
     /// min_hits and max_sample for one call: params override the fields.
     void knobs(const faiss::SearchParameters* params, int* hits, idx_t* cap) const;
 

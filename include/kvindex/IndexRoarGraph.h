@@ -5,7 +5,7 @@
 #include <limits>
 #include <memory>
 #include <string>
-#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <kvindex/KVIndex.h>
@@ -418,11 +418,11 @@ struct IndexRoarGraph : KVIndex {
     struct Undo {
         bool active = false;
         idx_t n0 = 0;                    ///< ntotal before the append
-        std::unordered_map<idx_t, size_t> row_at;    ///< key -> its saved row
+        std::unordered_set<idx_t> rows_saved;        ///< the keys of row_keys
         std::vector<int32_t> rows;       ///< max_degree() per saved row
         std::vector<uint16_t> degrees;   ///< per saved row
         std::vector<idx_t> row_keys;     ///< per saved row
-        std::unordered_map<size_t, size_t> anchor_at; ///< anchor -> its saved list
+        std::unordered_set<size_t> anchors_saved;    ///< the anchors of `anchors`
         std::vector<int32_t> lists;      ///< anchor_list_width() per saved anchor
         std::vector<float> scores;       ///< anchor_list_width() per saved anchor
         std::vector<float> thresholds;   ///< per saved anchor

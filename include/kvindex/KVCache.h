@@ -1,5 +1,6 @@
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -226,6 +227,11 @@ struct KVCache {
     /// A write scope on every KV head of the layer (KVIndex: thread safety),
     /// taken in order; throws, naming the head, if one refuses.
     std::vector<std::unique_ptr<WriteScope>> hold_heads(int layer, const char* what);
+    /** Takes back the last undoable append of the heads h with which[h]
+     * (size n_kv_heads), whose scopes the caller holds, each whatever
+     * another's undo throws; returns the first error (that head is marked
+     * failed), or null. */
+    std::exception_ptr undo_heads(int layer, const std::vector<char>& which);
     /// append and append_undoable (keep: the heads keep what undo_append needs).
     void append_heads(int layer, idx_t n, const float* keys, const float* values, bool keep);
     /// check_append's checks, for a caller that holds the layer.

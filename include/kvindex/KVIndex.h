@@ -367,9 +367,9 @@ struct KVIndex : faiss::Index {
 
     /** Whether add_kv_undoable can take back an append of this index: true
      * for the types whose every part can (a composite asks its children).
-     * False by default, and for the graph types, whose appends relink older
-     * keys (RoarGraph, a TopK over an HNSW graph): KVCache::append then
-     * leaves a layer whose head failed part-way out of step, to reset(). */
+     * False by default, and for a TopK over a Faiss HNSW graph, whose
+     * appends relink older nodes inside Faiss: KVCache::append then leaves
+     * a layer whose head failed part-way out of step, to reset(). */
     virtual bool can_undo_add() const {
         return false;
     }

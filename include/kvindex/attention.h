@@ -89,4 +89,12 @@ float exact_attention(const float* q, KVRows keys, KVRows values, size_t n, floa
 float merge_attention(
         size_t n_parts, const float* const* outs, const float* lses, size_t dv, float* out);
 
+/** Mean over n outputs of the relative L2 error ||out_i - exact_i|| /
+ * ||exact_i|| (the absolute error where exact_i = 0), in double: how
+ * IndexChoose and IndexHybrid's budget split judge an estimate.
+ * @param out    size n * dv
+ * @param exact  size n * dv
+ */
+double mean_relative_error(const float* out, const float* exact, size_t n, size_t dv);
+
 } // namespace kvindex
