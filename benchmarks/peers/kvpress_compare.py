@@ -313,6 +313,27 @@ def kvpress_methods():
     }
 
 
+def kvpress_ablations():
+    """Variants of a press that test why it wins a cell; run only when
+    --methods names them (and kept out of the grid's raw files)."""
+    import torch.nn.functional as F
+    from kvpress import TOVAPress
+    from kvpress.presses.snapkv_press import SnapKVPress
+
+    class TOVAPerKVHead(TOVAPress):
+        """TOVA voting per KV head (its query heads' mean), as kvindex's
+        ProxyEvict_TOVA does, where kvpress's TOVA averages every query head
+        of the layer and keeps the same tokens in each KV head."""
+
+        def score(self, module, hidden_states, keys, values, attentions, kwargs):
+            w = SnapKVPress.compute_window_attention(module, hidden_states, keys, 1, kwargs["position_embeddings"])
+            bsz, n_kv, n = keys.shape[0], keys.shape[1], w.shape[-1]
+            scores = w.view(bsz, n_kv, -1, n).mean(2)
+            return F.pad(scores, (0, 1), value=scores.max().item() + 1)
+
+    return {"TOVA(per KV head)": (lambda cr: TOVAPerKVHead(compression_ratio=cr), "sdpa")}
+
+
 def run_kvpress(args, cases, recs):
     import torch
     from transformers import DynamicCache
@@ -320,7 +341,12 @@ def run_kvpress(args, cases, recs):
     model, tok, eos = load_model("sdpa")
     methods = kvpress_methods()
     if args.methods:
-        methods = {m: methods[m] for m in args.methods.split(",")}
+        ablations = kvpress_ablations()
+        named = args.methods.split(",")
+        if any(m in ablations for m in named) and not args.out:
+            raise SystemExit("kvpress_compare: ablations go to a file of their own (--out), not the grid's raw file")
+        methods.update(ablations)
+        methods = {m: methods[m] for m in named}
     budgets = [float(b) for b in args.budgets.split(",")]
     layers = model.model.layers
     n_kv = model.config.num_key_value_heads

@@ -9,14 +9,17 @@ each timed. Reported, medians over the steps:
 
 - memory: the in-process cache's bytes and each actor's;
 - ms per layer: one attend of the layer (in process) / one RayKVCache.attend
-  (queries out, every shard's attend, (out, lse) back, the merge);
+  (queries out, every shard's attend, (out, lse) back, the merge), over
+  each --transport (auto: a line to each actor, all on this node; ray: Ray
+  actor calls);
 - slowest shard: the longest time a shard spent inside its KVCache.attend;
 - overhead: the Ray call less its slowest shard (transport, scheduling,
   the merge).
 
 Usage: .venv/bin/python benchmarks/scripts/ray_cache_speed.py [--tokens 1048576]
            [--kv-heads 8] [--q-heads 32] [--d 128] [--shards 4] [--steps 20]
-           [--index 'BF16,Flat' ...] [--json FILE] [--plot FILE]
+           [--index 'BF16,Flat' ...] [--transport auto --transport ray]
+           [--json FILE] [--plot FILE]
 """
 import argparse
 import json
@@ -72,11 +75,24 @@ def one_process(args, string, keys, values, qs):
     return row
 
 
-def spread(args, string, keys, values, qs):
+def wait_until_gone(pids, seconds=120):
+    deadline = time.monotonic() + seconds
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+
+
+def spread(args, string, keys, values, qs, transport):
     # one OpenMP thread per actor: the actors share this machine's cores
     options = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": str(args.actor_threads)}}}
     cache = RayKVCache(1, args.q_heads, args.kv_heads, args.d, string, shards=args.shards, placement="tokens",
-                       actor_options=options)
+                       actor_options=options, transport=transport)
+    how = "lines" if set(cache.transports) == {"line"} else "Ray calls" if set(cache.transports) == {"ray"} \
+        else "+".join(cache.transports)
     t0 = time.perf_counter()
     cache.prefill(0, keys, values)
     prefill_s = time.perf_counter() - t0
@@ -89,9 +105,11 @@ def spread(args, string, keys, values, qs):
             times.append(dt)
             slowest.append(max(cache.last_attend_seconds.values()))
     per_actor = cache.memory_per_actor()
+    pids = ray.get([a.pid.remote() for a in cache.actors])
     cache.shutdown()
+    wait_until_gone(pids)  # ray.kill returns before the actors' memory is given back
     med = statistics.median
-    return {"index": string, "where": f"{args.shards} actors", "memory_bytes": sum(per_actor),
+    return {"index": string, "where": f"{args.shards} actors, {how}", "memory_bytes": sum(per_actor),
             "memory_per_actor": per_actor, "prefill_s": prefill_s, "ms_per_layer": 1e3 * med(times),
             "slowest_shard_ms": 1e3 * med(slowest),
             "overhead_ms": 1e3 * med(t - s for t, s in zip(times, slowest))}
@@ -105,6 +123,8 @@ def main():
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--shards", type=int, default=4)
     p.add_argument("--actor-threads", type=int, default=1)
+    p.add_argument("--transport", action="append", choices=["auto", "ray"],
+                   help="RayKVCache's transport, one run each (default: auto, which gives each actor a line here)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--index", action="append")
@@ -119,8 +139,16 @@ def main():
         for path in args.merge:
             with open(path) as f:
                 runs.append(json.load(f))
-        result = dict(runs[0], command=" + ".join(r["command"] for r in runs),
-                      rows=[row for r in runs for row in r["rows"]])
+        # rows grouped by string; a (string, where) measured twice keeps its
+        # first file's row (each run measures "one process" again)
+        rows, seen = [], set()
+        for row in (row for r in runs for row in r["rows"]):
+            if (row["index"], row["where"]) not in seen:
+                seen.add((row["index"], row["where"]))
+                rows.append(row)
+        order = list(dict.fromkeys(row["index"] for row in rows))
+        rows.sort(key=lambda row: order.index(row["index"]))
+        result = dict(runs[0], command=" + ".join(r["command"] for r in runs), rows=rows)
         write_outputs(args, result)
         return
     ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -129,8 +157,10 @@ def main():
     qs = queries(args, args.steps + args.warmup)
     rows = []
     for string in args.index or DEFAULT_INDEXES:
-        for fn in (one_process, spread):
-            row = fn(args, string, keys, values, qs)
+        runs = [lambda: one_process(args, string, keys, values, qs)]
+        runs += [lambda t=t: spread(args, string, keys, values, qs, t) for t in args.transport or ["auto"]]
+        for run in runs:
+            row = run()
             rows.append(row)
             extra = (f"  slowest shard {row['slowest_shard_ms']:.2f} ms, overhead {row['overhead_ms']:.2f} ms, "
                      f"per actor {[round(m / 2**30, 3) for m in row['memory_per_actor']]} GiB"

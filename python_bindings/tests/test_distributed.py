@@ -2,6 +2,7 @@
 worker processes), against the in-process kvindex.KVCache on the same
 tokens, and against a float64 numpy attention for the token shards' merge."""
 import os
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ else:
     ray = pytest.importorskip("ray")
 
 import kvindex  # noqa: E402
-from kvindex.distributed import RayKVCache, merge_by_lse  # noqa: E402
+from kvindex.distributed import RayKVCache, ShardDiedError, merge_by_lse  # noqa: E402
 
 L, HQ, HKV, D = 2, 4, 2, 16
 N, APPENDS = 600, 4
@@ -43,6 +44,18 @@ def fill(cache, data, n=N):
     return cache
 
 
+def wait_until_gone(pid, seconds=30):
+    """Until process pid has exited (ray.kill returns before it has)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} still runs {seconds} s after ray.kill")
+
+
 def exact(data, layer, n=N):
     """float64 attention of q over every token of the layer."""
     keys, values, _, q = data
@@ -55,10 +68,14 @@ def exact(data, layer, n=N):
     return out
 
 
-@pytest.mark.parametrize("placement", ["tokens", "heads", "layers"])
-def test_dense_answers_as_in_process(placement):
+@pytest.mark.parametrize("placement,transport", [("tokens", "auto"), ("tokens", "ray"), ("heads", "auto"),
+                                                 ("layers", "auto")])
+def test_dense_answers_as_in_process(placement, transport):
     data = tokens(1)
-    spread = fill(RayKVCache(L, HQ, HKV, D, "Flat", shards=2, placement=placement), data)
+    spread = RayKVCache(L, HQ, HKV, D, "Flat", shards=2, placement=placement, transport=transport)
+    # every actor of a local cluster is on the driver's node: "auto" lines them all
+    assert spread.transports == ["line" if transport == "auto" else "ray"] * 2
+    fill(spread, data)
     local = fill(kvindex.KVCache(L, HQ, HKV, D, "Flat"), data)
     for layer in range(L):
         assert spread.n_tokens(layer) == local.n_tokens(layer) == N + APPENDS
@@ -112,13 +129,17 @@ def test_token_shards_merge_by_lse_and_split_the_memory():
     spread.shutdown()
 
 
-def test_a_dead_actor_is_named_and_a_restore_answers_as_before(tmp_path):
+@pytest.mark.parametrize("transport", ["auto", "ray"])
+def test_a_dead_actor_is_named_and_a_restore_answers_as_before(tmp_path, transport):
     data = tokens(4)
-    spread = fill(RayKVCache(L, HQ, HKV, D, "Sink4,Window16,TopK(Flat)|k=8", shards=2, placement="tokens"), data)
+    spread = fill(RayKVCache(L, HQ, HKV, D, "Sink4,Window16,TopK(Flat)|k=8", shards=2, placement="tokens",
+                             transport=transport), data)
     before = spread.attend(0, data[3])
     spread.checkpoint(tmp_path / "ckpt")
+    pid = spread._get([spread.actors[1].pid.remote()], [1], "pid")[0]
     ray.kill(spread.actors[1])
-    with pytest.raises(RuntimeError, match="shard 1 .* died"):
+    wait_until_gone(pid)
+    with pytest.raises(ShardDiedError, match="shard 1 .* died"):
         spread.attend(0, data[3])
     restored = RayKVCache.restore(tmp_path / "ckpt")
     assert restored.n_tokens(0) == N + APPENDS
@@ -198,6 +219,8 @@ def test_bad_input_fails_before_any_actor_starts():
         RayKVCache(L, HQ, HKV, D, "NoSuch", shards=2)
     with pytest.raises(ValueError, match="shards=0"):
         RayKVCache(L, HQ, HKV, D, "Flat", shards=0)
+    with pytest.raises(ValueError, match="transport 'tcp'"):
+        RayKVCache(L, HQ, HKV, D, "Flat", shards=2, transport="tcp")
     cache = RayKVCache(L, HQ, HKV, D, "Flat", shards=2)
     with pytest.raises(ValueError, match="holds no token"):
         cache.attend(0, np.zeros((HQ, 1, D), np.float32))
