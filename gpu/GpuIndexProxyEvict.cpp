@@ -27,6 +27,7 @@ void copy_policy(const IndexProxyEvict& from, IndexProxyEvict* to) {
     to->proxy_window_percent = from.proxy_window_percent;
     to->proxy_tokens = from.proxy_tokens;
     to->pool = from.pool;
+    to->layer_vote = from.layer_vote;
     to->n_sink = from.n_sink;
     to->seed = from.seed;
     to->stream = from.stream;

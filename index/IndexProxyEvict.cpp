@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <unordered_map>
+#include <vector>
 
 #include <faiss/impl/FaissAssert.h>
 
@@ -217,6 +219,10 @@ void IndexProxyEvict::check_scoring_knobs(const char* where) const {
             "%s: pool=%lld must be 0, or odd for a policy that scores: NaCl, H2O, TOVA "
             "(ProxyEvict%g is %s)",
             where, (long long)pool, keep_percent, evict_policy_name(policy));
+    FAISS_THROW_IF_NOT_FMT(
+            !layer_vote || scores_tokens(policy),
+            "%s: layer_vote=1 needs a policy that scores: NaCl, H2O, TOVA (ProxyEvict%g is %s)",
+            where, keep_percent, evict_policy_name(policy));
 }
 
 EvictBudget IndexProxyEvict::budget_for(idx_t n) const {
@@ -288,6 +294,95 @@ std::vector<double> max_pooled(const std::vector<double>& x, idx_t r) {
     return out;
 }
 
+void layer_scores_of(
+        const ProxyScorer& scorer,
+        const PrefillInput& in,
+        int d,
+        const std::vector<idx_t>& pos,
+        bool causal,
+        double* F);
+
+/** The scores of every query head of the layer: `scorer` run for each KV
+ * head g of `layer` on its keys over the same positions as `in`'s and its
+ * query heads' queries at the positions `pos` (which must be among the
+ * layer's queries), summed over g in order (every head sums alike).
+ * Computed once per layer and prefill where the layer shares results
+ * (LayerPrompt::shared: every head of a KVCache layer scores alike), else
+ * by each head. */
+void layer_scores(
+        const ProxyScorer& scorer,
+        const PrefillInput& in,
+        int d,
+        const std::vector<idx_t>& pos,
+        bool causal,
+        double* F) {
+    const LayerPrompt& L = *in.layer;
+    if (!L.shared) {
+        layer_scores_of(scorer, in, d, pos, causal, F);
+        return;
+    }
+    std::string key = "ProxyEvict layer scores " + std::to_string(in.first_position) + " " +
+            std::to_string(in.n_tokens) + (causal ? " causal" : " all");
+    for (idx_t p : pos) {
+        key += " " + std::to_string(p);
+    }
+    std::lock_guard<std::mutex> lock(L.shared->mutex);
+    auto it = L.shared->entries.find(key);
+    if (it == L.shared->entries.end()) {
+        std::vector<double> scores(in.n_tokens);
+        layer_scores_of(scorer, in, d, pos, causal, scores.data());
+        it = L.shared->entries.emplace(std::move(key), std::move(scores)).first;
+    }
+    std::copy(it->second.begin(), it->second.end(), F);
+}
+
+void layer_scores_of(
+        const ProxyScorer& scorer,
+        const PrefillInput& in,
+        int d,
+        const std::vector<idx_t>& pos,
+        bool causal,
+        double* F) {
+    const LayerPrompt& L = *in.layer;
+    const idx_t n = in.n_tokens;
+    KVINDEX_CHECK_ARG(
+            L.keys && in.first_position >= L.first_position &&
+                    in.first_position + n <= L.first_position + L.n_tokens,
+            "ProxyEvict layer_vote: positions [%zd, %zd) are not in the layer's prompt [%zd, %zd)",
+            size_t(in.first_position), size_t(in.first_position + n), size_t(L.first_position),
+            size_t(L.first_position + L.n_tokens));
+    // the layer's query of each scoring position
+    std::unordered_map<idx_t, idx_t> row;
+    for (idx_t i = 0; i < L.n_queries; i++) {
+        row.emplace(L.query_position(i), i);
+    }
+    std::vector<idx_t> rows;
+    for (idx_t p : pos) {
+        auto it = row.find(p);
+        KVINDEX_CHECK_ARG(
+                it != row.end(), "ProxyEvict layer_vote: the layer has no query at position %zd", size_t(p));
+        rows.push_back(it->second);
+    }
+    const int g = L.n_query_heads;
+    const idx_t m = idx_t(rows.size());
+    std::vector<float> q(size_t(g) * m * d);
+    std::vector<double> head(n);
+    std::fill(F, F + n, 0.0);
+    for (int kv = 0; kv < L.n_kv_heads; kv++) {
+        for (int h = 0; h < g; h++) {
+            const float* from = L.queries + size_t(kv * g + h) * L.n_queries * d;
+            for (idx_t i = 0; i < m; i++) {
+                std::memcpy(q.data() + (size_t(h) * m + i) * d, from + size_t(rows[i]) * d, sizeof(float) * d);
+            }
+        }
+        const float* keys = L.keys + (size_t(kv) * L.n_tokens + (in.first_position - L.first_position)) * d;
+        scorer(keys, n, d, q.data(), g, m, pos.data(), in.first_position, causal, head.data());
+        for (idx_t j = 0; j < n; j++) {
+            F[j] += head[j];
+        }
+    }
+}
+
 } // namespace
 
 std::vector<idx_t> IndexProxyEvict::choose_kept(const PrefillInput& in) const {
@@ -339,16 +434,26 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
                 "%s: prefill has no queries at positions [%zd, %zd) to "
                 "score the prompt with",
                 factory_string().c_str(), size_t(from), size_t(end));
-        std::vector<float> q(size_t(in.n_query_heads) * pick.size() * d);
-        for (int h = 0; h < in.n_query_heads; h++) {
-            for (size_t i = 0; i < pick.size(); i++) {
-                std::memcpy(q.data() + (h * pick.size() + i) * d,
-                            in.queries + (size_t(h) * in.n_queries + pick[i]) * d,
-                            sizeof(float) * d);
-            }
+        KVINDEX_CHECK_ARG(
+                !layer_vote || in.layer,
+                "%s: layer_vote=1 scores with every head of the layer: prefill it through a "
+                "KVCache, which hands each head the layer's prompt",
+                factory_string().c_str());
+        if (layer_vote) {
+            layer_scores(scorer, in, d, pos, policy == EvictPolicy::h2o, F.data());
         }
-        scorer(in.keys, n, d, q.data(), in.n_query_heads, idx_t(pick.size()), pos.data(),
-               in.first_position, policy == EvictPolicy::h2o, F.data());
+        std::vector<float> q(layer_vote ? 0 : size_t(in.n_query_heads) * pick.size() * d);
+        if (!layer_vote) {
+            for (int h = 0; h < in.n_query_heads; h++) {
+                for (size_t i = 0; i < pick.size(); i++) {
+                    std::memcpy(q.data() + (h * pick.size() + i) * d,
+                                in.queries + (size_t(h) * in.n_queries + pick[i]) * d,
+                                sizeof(float) * d);
+                }
+            }
+            scorer(in.keys, n, d, q.data(), in.n_query_heads, idx_t(pick.size()), pos.data(),
+                   in.first_position, policy == EvictPolicy::h2o, F.data());
+        }
         if (pool > 1) {
             F = max_pooled(F, pool / 2);
         }
@@ -514,6 +619,11 @@ std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
     info.push_back((scores_tokens(policy) ? P::integer("pool", 1, P::kNoBound - 1, pool_doc).odd().also(0)
                                           : P::integer("pool", 0, 0, pool_doc))
                            .prefill());
+    const std::string vote_doc =
+            "NaCl, H2O, TOVA: 1 scores with every query head of the layer (through a KVCache), so its KV heads "
+            "keep the same positions; 0 = this KV head's query heads (default)";
+    info.push_back((scores_tokens(policy) ? P::flag("layer_vote", vote_doc) : P::integer("layer_vote", 0, 0, vote_doc))
+                           .prefill());
     info.push_back(P::integer("n_sink", 0, P::kNoBound, "first tokens among the protected ones (NaCl, StreamingLLM)").prefill());
     info.push_back(P::integer("seed", 0, P::kNoBound, "seed of the random part (with the per-head stream)").prefill());
     info.erase(std::remove_if(info.begin(), info.end(),
@@ -576,6 +686,15 @@ bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
         pool = idx_t(value);
         return true;
     }
+    if (name == "layer_vote") {
+        FAISS_THROW_IF_NOT_FMT(value == 0 || value == 1, "parameter layer_vote=%g must be 0 or 1", value);
+        FAISS_THROW_IF_NOT_FMT(
+                value == 0 || scores_tokens(policy),
+                "parameter layer_vote=1: %s keeps tokens without scores, there is nothing to vote on",
+                evict_policy_name(policy));
+        layer_vote = value == 1;
+        return true;
+    }
     if (name == "budget" || name == "n_sink" || name == "seed") {
         // budget=0 is the default, "off": back to the percent of the string
         FAISS_THROW_IF_NOT_FMT(
@@ -620,6 +739,7 @@ bool IndexProxyEvict::get_parameter(const std::string& name, double* value) cons
             {"proxy_window", proxy_window_percent},
             {"proxy_tokens", double(proxy_tokens)},
             {"pool", double(pool)},
+            {"layer_vote", layer_vote ? 1.0 : 0.0},
             {"n_sink", double(n_sink)},
             {"seed", double(seed)}};
     for (auto& [n, v] : knobs) {
@@ -645,6 +765,7 @@ void IndexProxyEvict::write_fields(BufferWriter& w) const {
     w.value<double>(proxy_window_percent);
     w.value<int64_t>(proxy_tokens); // from record version 2
     w.value<int64_t>(pool);         // from record version 3
+    w.value<uint8_t>(uint8_t(layer_vote)); // from record version 4
     w.value<int64_t>(n_sink);
     w.value<uint64_t>(seed);
     w.value<uint64_t>(stream);
@@ -664,6 +785,13 @@ void IndexProxyEvict::read_fields(BufferReader& r, uint32_t version) {
     // version 1 had no token window: the percent window
     proxy_tokens = version >= 2 ? r.value<int64_t>("proxy tokens") : 0;
     pool = version >= 3 ? r.value<int64_t>("pool") : 0; // no pooling before v3
+    if (version >= 4) { // each head voted alone before v4
+        uint8_t vote = r.value<uint8_t>("layer vote");
+        FAISS_THROW_IF_NOT_FMT(vote <= 1, "read_index: invalid layer vote %d", int(vote));
+        layer_vote = vote == 1;
+    } else {
+        layer_vote = false;
+    }
     n_sink = r.value<int64_t>("n_sink");
     seed = r.value<uint64_t>("seed");
     stream = r.value<uint64_t>("stream");

@@ -16,7 +16,7 @@
 #              both the sanitizer tests and the fuzzers (build_sanitizers.sh)
 #   sanitizers the library's tests and the allocation-fault tests under
 #              ASan + UBSan, one shard per core (scripts/run_sanitizers.sh)
-#   fuzz       each libFuzzer target 60 s from a fixed seed, one per core
+#   fuzz       each libFuzzer target 12 s from a fixed seed, one per core
 #              (scripts/run_fuzzers.sh)
 #
 # and prints a table of the phases' seconds. `--quick` (after a build, the
@@ -83,4 +83,4 @@ fi
 KVINDEX_REQUIRE_HF=1 KVINDEX_REQUIRE_RAY=1 phase python bash scripts/run_python_tests.sh
 phase san-build bash scripts/build_sanitizers.sh build-san
 phase sanitizers bash scripts/run_sanitizers.sh build-san
-FUZZ_SEED=1 phase fuzz bash scripts/run_fuzzers.sh 20 build-san
+FUZZ_SEED=1 phase fuzz bash scripts/run_fuzzers.sh 12 build-san

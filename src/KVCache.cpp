@@ -255,9 +255,20 @@ void KVCache::prefill(
         check_input(queries, n_q_heads * n_queries, d, "KVCache::prefill: queries");
     }
     int g = group_size();
+    LayerPrompt whole;
+    whole.n_kv_heads = n_kv_heads;
+    whole.n_query_heads = g;
+    whole.n_tokens = n;
+    whole.first_position = first_position;
+    whole.keys = keys;
+    whole.n_queries = n_queries;
+    whole.queries = n_queries > 0 ? queries : nullptr;
+    whole.query_positions = positions;
+    whole.shared = std::make_shared<LayerPrompt::Shared>();
     try {
         parallel_for(n_kv_heads, [&](idx_t h) {
             PrefillInput in;
+            in.layer = &whole;
             in.n_tokens = n;
             in.keys = keys + h * n * d;
             in.values = values + h * n * d_value;

@@ -864,55 +864,69 @@ TEST(ProxyEvictTokens, IoKeepsTheKnobAndReadsVersion1) {
     std::vector<uint8_t> again;
     write_index(copy.get(), &again);
     EXPECT_TRUE(again == buf);
-    // the record is version 3 (proxy_tokens from 2, pool from 3)
+    // the record is version 4 (proxy_tokens from 2, pool from 3, layer_vote from 4)
     const size_t version_at = kvtest::kIndexHeaderSize + 4; // after the outer fourcc
     uint32_t v;
     std::memcpy(&v, buf.data() + version_at, 4);
-    EXPECT_EQ(v, 3u);
+    EXPECT_EQ(v, 4u);
 
     // sentinels locate the fields
     auto* pe = dynamic_cast<IndexProxyEvict*>(index.get());
     const int64_t sentinel = 0x5A17E11E0F0F0F1, pool_sentinel = 0x3B0071E5A5A5A5B;
     pe->proxy_tokens = sentinel;
     pe->pool = pool_sentinel;
+    pe->layer_vote = true;
     std::vector<uint8_t> marked;
     write_index(index.get(), &marked);
     pe->proxy_tokens = 24;
     pe->pool = 0;
+    pe->layer_vote = false;
     size_t at = find_unique_i64(marked, sentinel), pool_at = find_unique_i64(marked, pool_sentinel);
     ASSERT_NE(at, std::string::npos);
     ASSERT_EQ(pool_at, at + 8);
+    const size_t vote_at = pool_at + 8; // one byte
+    ASSERT_EQ(marked[vote_at], 1);
     const int64_t as_written[2] = {24, 0}; // proxy_tokens, pool
     std::memcpy(marked.data() + at, as_written, 16);
+    marked[vote_at] = 0;
     kvtest::forge_header(marked); // the checksum of the restored bytes
     EXPECT_TRUE(marked == buf);
     // an older record: without the fields its version did not have
     auto older = [&](uint32_t version) {
         std::vector<uint8_t> old(marked);
-        old.erase(old.begin() + (version == 1 ? at : pool_at), old.begin() + pool_at + 8);
+        const size_t from = version == 1 ? at : version == 2 ? pool_at : vote_at;
+        old.erase(old.begin() + from, old.begin() + vote_at + 1);
         std::memcpy(old.data() + version_at, &version, 4);
         kvtest::forge_header(old);
         return old;
     };
-    for (uint32_t version : {1u, 2u}) {
+    for (uint32_t version : {1u, 2u, 3u}) {
         SCOPED_TRACE("version " + std::to_string(version));
-        // version 1 reads as the percent window, version 2 keeps the
-        // tokens; neither pools; same answers (the kept tokens are stored)
+        // version 1 reads as the percent window, versions 2 and 3 keep the
+        // tokens; none pools or votes over the layer; same answers (the
+        // kept tokens are stored)
         std::vector<uint8_t> bytes = older(version);
         std::unique_ptr<KVIndex> old;
         ASSERT_NO_THROW(old = read_index(bytes));
         EXPECT_EQ(get_index_parameter(old.get(), "proxy_tokens"), version == 1 ? 0.0 : 24.0);
         EXPECT_EQ(get_index_parameter(old.get(), "pool"), 0.0);
+        EXPECT_EQ(get_index_parameter(old.get(), "layer_vote"), 0.0);
         std::vector<float> o3(4 * kD), l3(4);
         old->attend(4, q.data(), o3.data(), l3.data());
         EXPECT_EQ(o1, o3);
         EXPECT_EQ(l1, l3);
-        // written back as version 3
+        // written back as version 4
         std::vector<uint8_t> up;
         write_index(old.get(), &up);
         std::memcpy(&v, up.data() + version_at, 4);
-        EXPECT_EQ(v, 3u);
-        EXPECT_EQ(up.size(), bytes.size() + (version == 1 ? 16 : 8));
+        EXPECT_EQ(v, 4u);
+        EXPECT_EQ(up.size(), bytes.size() + (version == 1 ? 17 : version == 2 ? 9 : 1));
+    }
+    {   // a forged layer vote other than 0 or 1 is refused
+        std::vector<uint8_t> bad(marked);
+        bad[vote_at] = 2;
+        kvtest::forge_header(bad);
+        EXPECT_THROW_MSG(read_index(bad), "invalid layer vote 2");
     }
     {   // a forged even pool is refused, naming it
         std::vector<uint8_t> bad(marked);
@@ -928,12 +942,12 @@ TEST(ProxyEvictTokens, IoKeepsTheKnobAndReadsVersion1) {
         kvtest::forge_header(bad);
         EXPECT_THROW_MSG(read_index(bad), "proxy_tokens=-5");
     }
-    {   // a version 4 record is from a newer build
+    {   // a version 5 record is from a newer build
         std::vector<uint8_t> newer(buf);
-        uint32_t four = 4;
-        std::memcpy(newer.data() + version_at, &four, 4);
+        uint32_t five = 5;
+        std::memcpy(newer.data() + version_at, &five, 4);
         kvtest::forge_header(newer);
-        EXPECT_THROW_MSG(read_index(newer), "IndexProxyEvict record version 4");
+        EXPECT_THROW_MSG(read_index(newer), "IndexProxyEvict record version 5");
     }
     {   // proxy_tokens > 0 forged on H2O is refused (and never written:
         // the writer checks what the reader does). The field sits where
@@ -1025,4 +1039,144 @@ TEST(ProxyEvictPool, KnobRangeAndPolicies) {
     EXPECT_THROW_MSG(r->budget_for(100), "pool=5");
     e->pool = 6;
     EXPECT_THROW_MSG(e->budget_for(100), "pool=6");
+}
+
+// ---- layer_vote: every query head of the layer scores (kvpress's TOVA) ----
+
+namespace {
+
+/// A layer of n tokens: n_kv KV heads, `group` query heads each, a query
+/// at every position, through a KVCache of one layer.
+struct LayerPrompt3 {
+    idx_t n;
+    int n_kv, group;
+    std::vector<float> keys, values, queries; // (n_kv, n, d), (n_kv * group, n, d)
+    LayerPrompt3(idx_t n, int n_kv, int group, uint64_t seed)
+            : n(n), n_kv(n_kv), group(group),
+              keys(gaussian(n_kv * n, kD, seed)),
+              values(gaussian(n_kv * n, kD, seed + 1)),
+              queries(gaussian(n_kv * group * n, kD, seed + 2, 1.5f)) {}
+    std::unique_ptr<KVCache> cache(const std::string& s) const {
+        auto c = std::make_unique<KVCache>(1, n_kv * group, n_kv, kD, kD, s);
+        c->prefill(0, n, keys.data(), values.data(), n, queries.data(), nullptr, RopeParams());
+        return c;
+    }
+    /// double scores: sum over every query head of the layer and the query
+    /// positions qs of softmax over its own KV head's keys (causal or not)
+    std::vector<double> scores(const std::vector<idx_t>& qs, bool causal) const {
+        std::vector<double> F(n, 0.0);
+        for (int kv = 0; kv < n_kv; kv++) {
+            Prompt p(n, group, 1);
+            std::copy_n(keys.begin() + size_t(kv) * n * kD, n * kD, p.keys.begin());
+            std::copy_n(queries.begin() + size_t(kv) * group * n * kD, size_t(group) * n * kD, p.queries.begin());
+            std::vector<double> f = ref_scores(p, qs, causal);
+            for (idx_t j = 0; j < n; j++) {
+                F[j] += f[j];
+            }
+        }
+        return F;
+    }
+};
+
+std::vector<idx_t> kept_of(const KVCache& c, int h) {
+    return dynamic_cast<const IndexProxyEvict&>(*c.index(0, h)).positions;
+}
+
+} // namespace
+
+TEST(ProxyEvictLayerVote, EveryHeadKeepsTheTopOfTheLayersScores) {
+    LayerPrompt3 p(300, 3, 3, 71);
+    std::vector<idx_t> all(p.n);
+    std::iota(all.begin(), all.end(), 0);
+    // TOVA: the last query of each of the 9 query heads; B = 60, all by score
+    auto tova = p.cache("ProxyEvict20_TOVA|layer_vote=1");
+    std::vector<idx_t> want = top_of(p.scores({p.n - 1}, false), all, 60);
+    for (int h = 0; h < p.n_kv; h++) {
+        EXPECT_EQ(kept_of(*tova, h), want) << "KV head " << h;
+    }
+    // H2O: its recent half, then the top of the causal scores of every query
+    auto h2o = p.cache("ProxyEvict20_H2O|layer_vote=1");
+    std::vector<idx_t> older(all.begin(), all.end() - 30), hq = all;
+    std::vector<idx_t> h2o_want = top_of(p.scores(hq, true), older, 30);
+    for (idx_t j = p.n - 30; j < p.n; j++) {
+        h2o_want.push_back(j);
+    }
+    for (int h = 0; h < p.n_kv; h++) {
+        EXPECT_EQ(kept_of(*h2o, h), h2o_want) << "KV head " << h;
+    }
+    // each KV head voting alone keeps other positions: the vote decides
+    auto alone = p.cache("ProxyEvict20_TOVA");
+    EXPECT_NE(kept_of(*alone, 0), kept_of(*alone, 1));
+    EXPECT_NE(kept_of(*alone, 0), want);
+    // NaCl with no random part: the layer's proxy window scores every head alike
+    auto nacl = p.cache("ProxyEvict20|layer_vote=1,protect=0,proxy_keep=20,proxy_tokens=16");
+    std::vector<idx_t> window(16);
+    std::iota(window.begin(), window.end(), p.n - 16);
+    EXPECT_EQ(kept_of(*nacl, 0), top_of(p.scores(window, false), all, 60));
+    EXPECT_EQ(kept_of(*nacl, 1), kept_of(*nacl, 0));
+    EXPECT_EQ(kept_of(*nacl, 2), kept_of(*nacl, 0));
+}
+
+TEST(ProxyEvictLayerVote, KnobPoliciesIoAndAnIndexAlone) {
+    auto e = evict("ProxyEvict20_TOVA");
+    EXPECT_EQ(get_index_parameter(e.get(), "layer_vote"), 0.0); // default: each KV head alone
+    set_index_parameters(e.get(), "layer_vote=1");
+    EXPECT_EQ(get_index_parameter(e.get(), "layer_vote"), 1.0);
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "layer_vote=2"), "layer_vote=2");
+    for (const char* s : {"ProxyEvict20_StreamingLLM", "ProxyEvict20_Random"}) {
+        EXPECT_THROW_MSG(set_index_parameters(evict(s).get(), "layer_vote=1"), "nothing to vote on");
+    }
+    // an index prefilled alone has no layer to vote with
+    Prompt p(200, 2, 5);
+    EXPECT_THROW_MSG(e->prefill(p.input()), "through a KVCache");
+    EXPECT_EQ(e->ntotal, 0);
+    // the knob survives io, and the layer's kept positions with it
+    LayerPrompt3 lp(200, 2, 2, 9);
+    auto c = lp.cache("ProxyEvict20_TOVA|layer_vote=1");
+    std::vector<uint8_t> buf;
+    write_index(c->index(0, 1), &buf);
+    auto back = read_index(buf);
+    EXPECT_EQ(get_index_parameter(back.get(), "layer_vote"), 1.0);
+    EXPECT_EQ(dynamic_cast<IndexProxyEvict&>(*back).positions, kept_of(*c, 0));
+}
+
+TEST(ProxyEvictLayerVote, TheLayersScoresAreComputedOncePerLayer) {
+    LayerPrompt3 p(120, 3, 2, 13);
+    LayerPrompt whole;
+    whole.n_kv_heads = p.n_kv;
+    whole.n_query_heads = p.group;
+    whole.n_tokens = p.n;
+    whole.keys = p.keys.data();
+    whole.n_queries = p.n;
+    whole.queries = p.queries.data();
+    auto e = evict("ProxyEvict20_TOVA|layer_vote=1");
+    int calls = 0;
+    ProxyScorer counting = [&](const float* k, idx_t n, int d, const float* q, int nh, idx_t nq, const idx_t* pos,
+                               idx_t first, bool causal, double* F) {
+        calls++;
+        proxy_scores(k, n, d, q, nh, nq, pos, first, causal, F);
+    };
+    auto kept_by_heads = [&] {
+        std::vector<std::vector<idx_t>> kept;
+        for (int h = 0; h < p.n_kv; h++) {
+            PrefillInput in;
+            in.n_tokens = p.n;
+            in.keys = p.keys.data() + size_t(h) * p.n * kD;
+            in.values = p.values.data() + size_t(h) * p.n * kD;
+            in.n_queries = p.n;
+            in.n_query_heads = p.group;
+            in.queries = p.queries.data() + size_t(h) * p.group * p.n * kD;
+            in.layer = &whole;
+            kept.push_back(e->choose_kept(in, counting));
+        }
+        return kept;
+    };
+    auto alone = kept_by_heads(); // no shared results: each head sums the layer
+    EXPECT_EQ(calls, p.n_kv * p.n_kv);
+    calls = 0;
+    whole.shared = std::make_shared<LayerPrompt::Shared>();
+    auto shared = kept_by_heads();
+    EXPECT_EQ(calls, p.n_kv); // once per KV head of the layer, for all of them
+    EXPECT_EQ(shared, alone);
+    EXPECT_EQ(shared[0], shared[2]);
 }

@@ -477,7 +477,19 @@ def kvindex_methods(context):
         "ProxyEvict_H2O": lambda b: f"ProxyEvict{pct(b)}_H2O",
         "ProxyEvict_TOVA": lambda b: f"ProxyEvict{pct(b)}_TOVA",
         "ProxyEvict_StreamingLLM": lambda b: f"ProxyEvict{pct(b)}_StreamingLLM",
+        # every query head of a layer votes, as kvpress's TOVA scores
+        "ProxyEvict(NaCl)+layer": lambda b: f"ProxyEvict{pct(b)}|layer_vote=1",
+        "ProxyEvict_H2O+layer": lambda b: f"ProxyEvict{pct(b)}_H2O|layer_vote=1",
+        "ProxyEvict_TOVA+layer": lambda b: f"ProxyEvict{pct(b)}_TOVA|layer_vote=1",
     }
+
+
+#: kvindex variants that test why a method wins or loses a cell: run only
+#: when --methods names them, into their own --out file ({p}: the budget in %)
+KVINDEX_ABLATIONS = {
+    "ProxyEvict(NaCl)+layer+question": "ProxyEvict{p}|layer_vote=1,proxy_tokens=32",
+    "ProxyEvict(NaCl)+layer+question+pool": "ProxyEvict{p}|layer_vote=1,proxy_tokens=32,pool=7",
+}
 
 
 def run_kvindex(args, cases, recs):
@@ -501,7 +513,12 @@ def run_kvindex(args, cases, recs):
         cid = case_id(case)
         table = kvindex_methods(case["context"])
         if args.methods:
-            table = {m: table[m] for m in args.methods.split(",")}
+            named = args.methods.split(",")
+            if any(m in KVINDEX_ABLATIONS for m in named) and not args.out:
+                raise SystemExit("kvpress_compare: ablations go to a file of their own (--out), not the grid's "
+                                 "raw file")
+            table.update({m: (lambda b, f=f: f.format(p=pct(b))) for m, f in KVINDEX_ABLATIONS.items()})
+            table = {m: table[m] for m in named}
         todo = [(m, b) for m in table for b in budgets if not recs.has(cid, m, b)]
         need_dense = not recs.has(cid, "dense", 1.0)
         verify = args.verify and ci == 0
@@ -696,7 +713,8 @@ def fmt(x, digits=2):
     return "–" if x is None else f"{x:.{digits}f}"
 
 
-EVICTION = ("ProxyEvict(NaCl)", "ProxyEvict_H2O", "ProxyEvict_TOVA", "ProxyEvict_StreamingLLM")
+EVICTION = ("ProxyEvict(NaCl)", "ProxyEvict_H2O", "ProxyEvict_TOVA", "ProxyEvict_StreamingLLM",
+            "ProxyEvict(NaCl)+layer", "ProxyEvict_H2O+layer", "ProxyEvict_TOVA+layer")
 
 
 def markdown(rows):

@@ -127,9 +127,20 @@ using ProxyScorer = std::function<void(
  * others (SmolLM2 tokenizes digits one by one): without pooling NaCl keeps
  * " 83" of " 8394764" (RESULTS.md, task suite).
  *
+ * Layer-wide vote (layer_vote = 1; our addition, as kvpress's TOVA scores):
+ * F_j is summed over every query head of the layer, each against its own
+ * KV head's keys at position j, instead of over this KV head's group only,
+ * so that every KV head of the layer keeps the same positions by score.
+ * It needs the layer's prompt (PrefillInput::layer, which KVCache::prefill
+ * gives; an index prefilled alone is refused). kvpress's TOVA keeps the
+ * pass key's digits at 20% of a SmolLM2 prompt where the same vote per KV
+ * head loses them (RESULTS.md, "Side by side with kvpress"). NaCl's random
+ * part is still drawn per head (its stream), from the layer's scores.
+ *
  * Factory string: "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]".
  * Knobs (prefill-time): budget, protect, proxy_keep, proxy_window,
- * proxy_tokens, pool, n_sink, seed ("ProxyEvict20|proxy_tokens=32,pool=7").
+ * proxy_tokens, pool, layer_vote, n_sink, seed
+ * ("ProxyEvict20|proxy_tokens=32,pool=7", "ProxyEvict20_TOVA|layer_vote=1").
  */
 struct IndexProxyEvict : KVIndex {
     EvictPolicy policy = EvictPolicy::nacl;
@@ -146,6 +157,10 @@ struct IndexProxyEvict : KVIndex {
     /// `pool` consecutive tokens centred on each before anything is kept
     /// (SnapKV's pooling), odd; 0: off
     idx_t pool = 0;
+    /// scored policies: 1 scores with every query head of the layer
+    /// (PrefillInput::layer), so the layer's KV heads keep the same
+    /// positions by score; 0: this KV head's query heads (default)
+    bool layer_vote = false;
     idx_t n_sink = 4;          ///< first tokens among the protected ones (NaCl, StreamingLLM)
     uint64_t seed = 1234;      ///< with `stream`, seeds the random part; <= 2^53 (a knob)
     uint64_t stream = 0;       ///< one stream per (layer, head): set by KVCache

@@ -3,7 +3,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -106,6 +108,44 @@ struct SearchParametersKV : faiss::SearchParameters {
  * indexes (RoarGraph, IVFAsym, eviction) learn from the queries; the others
  * only add the keys and values.
  */
+/** The prompt of a whole layer: every KV head's keys and every query
+ * head's queries, for an index that decides with the other heads of its
+ * layer (IndexProxyEvict's layer_vote). KVCache::prefill sets it; an
+ * index prefilled alone has none (PrefillInput::layer = nullptr). A
+ * wrapper hands it on unchanged: positions are absolute, so an inner
+ * index finds its own range in it. */
+struct LayerPrompt {
+    int n_kv_heads = 0;
+    int n_query_heads = 1;          ///< query heads per KV head (the GQA group)
+    idx_t n_tokens = 0;             ///< tokens per KV head
+    idx_t first_position = 0;       ///< absolute position of each head's first key
+    const float* keys = nullptr;    ///< size n_kv_heads * n_tokens * d, post-RoPE
+    idx_t n_queries = 0;            ///< queries per query head (may be 0)
+    /// size n_kv_heads * n_query_heads * n_queries * d (head-major: the
+    /// query heads of KV head h are h * n_query_heads ...), post-RoPE
+    const float* queries = nullptr;
+    /// size n_queries, the absolute position of each query; nullptr means
+    /// the last n_queries positions of the layer's tokens
+    const idx_t* query_positions = nullptr;
+
+    /** Results one head computed over the whole layer, for the layer's
+     * other heads to read instead of computing them again (the layer's
+     * scores of IndexProxyEvict's layer vote: each head of the layer needs
+     * the same sum). Keyed by what determines them; the head that computes
+     * an entry holds the mutex meanwhile, so the others wait for it. */
+    struct Shared {
+        std::mutex mutex;
+        std::map<std::string, std::vector<double>> entries;
+    };
+    /// shared by the layer's heads in one prefill; nullptr: none (each
+    /// head computes its own)
+    std::shared_ptr<Shared> shared;
+
+    idx_t query_position(idx_t i) const {
+        return query_positions ? query_positions[i] : first_position + n_tokens - n_queries + i;
+    }
+};
+
 struct PrefillInput {
     idx_t n_tokens = 0;            ///< number of prompt tokens
     const float* keys = nullptr;   ///< size n_tokens * d, post-RoPE
@@ -128,6 +168,9 @@ struct PrefillInput {
     idx_t n_after = 0;
 
     RopeParams rope;               ///< the model's RoPE parameters
+    /// the whole layer's prompt, this head's included (KVCache::prefill);
+    /// nullptr when the index is prefilled alone
+    const LayerPrompt* layer = nullptr;
 
     /// Absolute position of query i < n_queries: query_positions[i], or
     /// the i-th of the prompt's last n_queries positions.

@@ -82,6 +82,28 @@ def test_params_per_call(model_data):
     check(*a, *reference(t["keys"], t["values"], q, 10))
 
 
+def test_a_layer_vote_keeps_the_same_positions_in_every_kv_head(model_data):
+    # TOVA voting over the layer: the last query of every query head scores
+    # against its own KV head's keys; each KV head keeps the top 60 of the sum
+    t = model_data[0]
+    cache = kvindex.KVCache(1, HQ, HKV, DH, "ProxyEvict20_TOVA|layer_vote=1")
+    cache.prefill(0, t["keys"], t["values"], queries=t["queries"])
+    f = np.zeros(N)
+    for h in range(HQ):
+        s = t["keys"][h // (HQ // HKV)].astype(np.float64) @ t["queries"][h, -1] / np.sqrt(DH)
+        w = np.exp(s - s.max())
+        f += w / w.sum()
+    want = np.sort(np.argsort(-f, kind="stable")[:60])
+    for h in range(HKV):
+        np.testing.assert_array_equal(cache.index(0, h).positions, want)
+    alone = kvindex.KVCache(1, HQ, HKV, DH, "ProxyEvict20_TOVA")
+    alone.prefill(0, t["keys"], t["values"], queries=t["queries"])
+    assert not np.array_equal(alone.index(0, 0).positions, alone.index(0, 1).positions)
+    lone = kvindex.index_factory(DH, "ProxyEvict20_TOVA|layer_vote=1")
+    with pytest.raises(ValueError, match="through a KVCache"):
+        lone.prefill(t["keys"][0], t["values"][0], queries=t["queries"][:2])
+
+
 def test_dense_layers_and_d_value(model_data):
     dv = 16
     cache = kvindex.KVCache(L, HQ, HKV, DH, "TopK(Flat)", d_value=dv, dense_string="Flat",

@@ -40,7 +40,7 @@ namespace kvindex {
  *
  * Knobs (get / set / parameter_info) are the CPU type's, forwarded to the
  * policy object: budget, protect, proxy_keep, proxy_window, proxy_tokens,
- * pool, n_sink, seed (each where the mode reads it); set_stream keeps the
+ * pool, layer_vote, n_sink, seed (each where the mode reads it); set_stream keeps the
  * per-head stream of the random part. to_cpu / io write the CPU
  * IndexProxyEvict with the same knobs, kept tokens and positions.
  *
