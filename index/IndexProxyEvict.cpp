@@ -294,14 +294,6 @@ std::vector<double> max_pooled(const std::vector<double>& x, idx_t r) {
     return out;
 }
 
-void layer_scores_of(
-        const ProxyScorer& scorer,
-        const PrefillInput& in,
-        int d,
-        const std::vector<idx_t>& pos,
-        bool causal,
-        double* F);
-
 /** The scores of every query head of the layer: `scorer` run for each KV
  * head g of `layer` on its keys over the same positions as `in`'s and its
  * query heads' queries at the positions `pos` (which must be among the
@@ -317,8 +309,47 @@ void layer_scores(
         bool causal,
         double* F) {
     const LayerPrompt& L = *in.layer;
+    auto sum = [&](double* out) { // out: size in.n_tokens
+        const idx_t n = in.n_tokens;
+        KVINDEX_CHECK_ARG(
+                L.keys && in.first_position >= L.first_position &&
+                        in.first_position + n <= L.first_position + L.n_tokens,
+                "ProxyEvict layer_vote: positions [%zd, %zd) are not in the layer's prompt [%zd, %zd)",
+                size_t(in.first_position), size_t(in.first_position + n), size_t(L.first_position),
+                size_t(L.first_position + L.n_tokens));
+        // the layer's query of each scoring position
+        std::unordered_map<idx_t, idx_t> row;
+        for (idx_t i = 0; i < L.n_queries; i++) {
+            row.emplace(L.query_position(i), i);
+        }
+        std::vector<idx_t> rows;
+        for (idx_t p : pos) {
+            auto it = row.find(p);
+            KVINDEX_CHECK_ARG(
+                    it != row.end(), "ProxyEvict layer_vote: the layer has no query at position %zd", size_t(p));
+            rows.push_back(it->second);
+        }
+        const int g = L.n_query_heads;
+        const idx_t m = idx_t(rows.size());
+        std::vector<float> q(size_t(g) * m * d);
+        std::vector<double> head(n);
+        std::fill(out, out + n, 0.0);
+        for (int kv = 0; kv < L.n_kv_heads; kv++) {
+            for (int h = 0; h < g; h++) {
+                const float* from = L.queries + size_t(kv * g + h) * L.n_queries * d;
+                for (idx_t i = 0; i < m; i++) {
+                    std::memcpy(q.data() + (size_t(h) * m + i) * d, from + size_t(rows[i]) * d, sizeof(float) * d);
+                }
+            }
+            const float* keys = L.keys + (size_t(kv) * L.n_tokens + (in.first_position - L.first_position)) * d;
+            scorer(keys, n, d, q.data(), g, m, pos.data(), in.first_position, causal, head.data());
+            for (idx_t j = 0; j < n; j++) {
+                out[j] += head[j];
+            }
+        }
+    };
     if (!L.shared) {
-        layer_scores_of(scorer, in, d, pos, causal, F);
+        sum(F);
         return;
     }
     std::string key = "ProxyEvict layer scores " + std::to_string(in.first_position) + " " +
@@ -330,57 +361,10 @@ void layer_scores(
     auto it = L.shared->entries.find(key);
     if (it == L.shared->entries.end()) {
         std::vector<double> scores(in.n_tokens);
-        layer_scores_of(scorer, in, d, pos, causal, scores.data());
+        sum(scores.data());
         it = L.shared->entries.emplace(std::move(key), std::move(scores)).first;
     }
     std::copy(it->second.begin(), it->second.end(), F);
-}
-
-void layer_scores_of(
-        const ProxyScorer& scorer,
-        const PrefillInput& in,
-        int d,
-        const std::vector<idx_t>& pos,
-        bool causal,
-        double* F) {
-    const LayerPrompt& L = *in.layer;
-    const idx_t n = in.n_tokens;
-    KVINDEX_CHECK_ARG(
-            L.keys && in.first_position >= L.first_position &&
-                    in.first_position + n <= L.first_position + L.n_tokens,
-            "ProxyEvict layer_vote: positions [%zd, %zd) are not in the layer's prompt [%zd, %zd)",
-            size_t(in.first_position), size_t(in.first_position + n), size_t(L.first_position),
-            size_t(L.first_position + L.n_tokens));
-    // the layer's query of each scoring position
-    std::unordered_map<idx_t, idx_t> row;
-    for (idx_t i = 0; i < L.n_queries; i++) {
-        row.emplace(L.query_position(i), i);
-    }
-    std::vector<idx_t> rows;
-    for (idx_t p : pos) {
-        auto it = row.find(p);
-        KVINDEX_CHECK_ARG(
-                it != row.end(), "ProxyEvict layer_vote: the layer has no query at position %zd", size_t(p));
-        rows.push_back(it->second);
-    }
-    const int g = L.n_query_heads;
-    const idx_t m = idx_t(rows.size());
-    std::vector<float> q(size_t(g) * m * d);
-    std::vector<double> head(n);
-    std::fill(F, F + n, 0.0);
-    for (int kv = 0; kv < L.n_kv_heads; kv++) {
-        for (int h = 0; h < g; h++) {
-            const float* from = L.queries + size_t(kv * g + h) * L.n_queries * d;
-            for (idx_t i = 0; i < m; i++) {
-                std::memcpy(q.data() + (size_t(h) * m + i) * d, from + size_t(rows[i]) * d, sizeof(float) * d);
-            }
-        }
-        const float* keys = L.keys + (size_t(kv) * L.n_tokens + (in.first_position - L.first_position)) * d;
-        scorer(keys, n, d, q.data(), g, m, pos.data(), in.first_position, causal, head.data());
-        for (idx_t j = 0; j < n; j++) {
-            F[j] += head[j];
-        }
-    }
 }
 
 } // namespace
