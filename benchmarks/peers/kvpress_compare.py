@@ -489,6 +489,10 @@ def kvindex_methods(context):
 KVINDEX_ABLATIONS = {
     "ProxyEvict(NaCl)+layer+question": "ProxyEvict{p}|layer_vote=1,proxy_tokens=32",
     "ProxyEvict(NaCl)+layer+question+pool": "ProxyEvict{p}|layer_vote=1,proxy_tokens=32,pool=7",
+    # at a 20% budget: its random 12% kept by score instead
+    "ProxyEvict(NaCl)+layer+question+pool-random": "ProxyEvict{p}|layer_vote=1,proxy_tokens=32,pool=7,protect=2,"
+                                                   "proxy_keep=18",
+    "ProxyEvict(NaCl)+layer-random": "ProxyEvict{p}|layer_vote=1,protect=2,proxy_keep=18",
 }
 
 
