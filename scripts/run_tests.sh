@@ -33,10 +33,18 @@ fi
 PHASES=()
 START=$(date +%s)
 SAN_PID=
+# kill_tree PID: the process and every process under it
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null); do
+    kill_tree "$child"
+  done
+  kill "$1" 2>/dev/null || true
+}
 print_table() {
   local rc=$?
   # a failure before the sanitizer build was waited for: stop it
-  [ -z "$SAN_PID" ] || kill -- "-$SAN_PID" 2>/dev/null || true
+  [ -z "$SAN_PID" ] || kill_tree "$SAN_PID"
   echo
   printf '%-12s %8s\n' phase seconds
   for p in "${PHASES[@]}"; do
@@ -87,9 +95,10 @@ fi
 # phase, whose pytest leaves a core idle most of the time, at the lowest
 # priority, so that it takes only the cycles pytest leaves (at equal
 # priority pytest ran 3x slower); san-build is then the wait for the rest.
-# Its own process group, so that a failure elsewhere stops its compilers.
+# In this session (not setsid: the kernel's autogroups would share the
+# cores between sessions whatever the nice value).
 SAN_LOG=$(mktemp)
-nice -n 19 setsid bash scripts/build_sanitizers.sh build-san >"$SAN_LOG" 2>&1 &
+nice -n 19 bash scripts/build_sanitizers.sh build-san >"$SAN_LOG" 2>&1 &
 SAN_PID=$!
 wait_san() {
   local rc=0
