@@ -13,8 +13,7 @@
 #              pytest suite (torch and transformers tests included) and
 #              examples (scripts/run_python_tests.sh)
 #   san-build  one clang build with ASan + UBSan + libFuzzer coverage for
-#              both the sanitizer tests and the fuzzers (build_sanitizers.sh);
-#              it runs beside the python phase, and its row is the wait after
+#              both the sanitizer tests and the fuzzers (build_sanitizers.sh)
 #   sanitizers the library's tests and the allocation-fault tests under
 #              ASan + UBSan, one shard per core (scripts/run_sanitizers.sh)
 #   fuzz       each libFuzzer target 12 s from a fixed seed, one per core
@@ -32,19 +31,8 @@ fi
 
 PHASES=()
 START=$(date +%s)
-SAN_PID=
-# kill_tree PID: the process and every process under it
-kill_tree() {
-  local child
-  for child in $(pgrep -P "$1" 2>/dev/null); do
-    kill_tree "$child"
-  done
-  kill "$1" 2>/dev/null || true
-}
 print_table() {
   local rc=$?
-  # a failure before the sanitizer build was waited for: stop it
-  [ -z "$SAN_PID" ] || kill_tree "$SAN_PID"
   echo
   printf '%-12s %8s\n' phase seconds
   for p in "${PHASES[@]}"; do
@@ -91,25 +79,8 @@ if [ "$QUICK" = 1 ]; then
   phase python bash scripts/run_python_tests.sh --ignore=python_bindings/tests/test_hf.py
   exit 0
 fi
-# the sanitizer build (clang, one job per core) starts beside the python
-# phase, whose pytest leaves a core idle most of the time, at the lowest
-# priority, so that it takes only the cycles pytest leaves (at equal
-# priority pytest ran 3x slower); san-build is then the wait for the rest.
-# In this session (not setsid: the kernel's autogroups would share the
-# cores between sessions whatever the nice value).
-SAN_LOG=$(mktemp)
-nice -n 19 bash scripts/build_sanitizers.sh build-san >"$SAN_LOG" 2>&1 &
-SAN_PID=$!
-wait_san() {
-  local rc=0
-  wait "$SAN_PID" || rc=$?
-  SAN_PID=
-  cat "$SAN_LOG"
-  [ "$rc" -eq 0 ] || echo "run_tests: the sanitizer build failed" >&2
-  return "$rc"
-}
 # the torch, transformers and Ray tests must run, not skip
 KVINDEX_REQUIRE_HF=1 KVINDEX_REQUIRE_RAY=1 phase python bash scripts/run_python_tests.sh
-phase san-build wait_san
+phase san-build bash scripts/build_sanitizers.sh build-san
 phase sanitizers bash scripts/run_sanitizers.sh build-san
 FUZZ_SEED=1 phase fuzz bash scripts/run_fuzzers.sh 12 build-san
