@@ -294,6 +294,21 @@ std::vector<double> max_pooled(const std::vector<double>& x, idx_t r) {
     return out;
 }
 
+/// The queries at `rows` of each of n_heads heads (head-major, n_queries
+/// each), packed head-major: size n_heads * rows.size() * d.
+std::vector<float> gather_queries(
+        const float* queries, int n_heads, idx_t n_queries, const std::vector<idx_t>& rows, int d) {
+    std::vector<float> q(size_t(n_heads) * rows.size() * d);
+    for (int h = 0; h < n_heads; h++) {
+        for (size_t i = 0; i < rows.size(); i++) {
+            std::memcpy(q.data() + (h * rows.size() + i) * d,
+                        queries + (size_t(h) * n_queries + rows[i]) * d,
+                        sizeof(float) * d);
+        }
+    }
+    return q;
+}
+
 /** The scores of every query head of the layer: `scorer` run for each KV
  * head g of `layer` on its keys over the same positions as `in`'s and its
  * query heads' queries at the positions `pos` (which must be among the
@@ -331,16 +346,11 @@ void layer_scores(
         }
         const int g = L.n_query_heads;
         const idx_t m = idx_t(rows.size());
-        std::vector<float> q(size_t(g) * m * d);
         std::vector<double> head(n);
         std::fill(out, out + n, 0.0);
         for (int kv = 0; kv < L.n_kv_heads; kv++) {
-            for (int h = 0; h < g; h++) {
-                const float* from = L.queries + size_t(kv * g + h) * L.n_queries * d;
-                for (idx_t i = 0; i < m; i++) {
-                    std::memcpy(q.data() + (size_t(h) * m + i) * d, from + size_t(rows[i]) * d, sizeof(float) * d);
-                }
-            }
+            std::vector<float> q =
+                    gather_queries(L.queries + size_t(kv) * g * L.n_queries * d, g, L.n_queries, rows, d);
             const float* keys = L.keys + (size_t(kv) * L.n_tokens + (in.first_position - L.first_position)) * d;
             scorer(keys, n, d, q.data(), g, m, pos.data(), in.first_position, causal, head.data());
             for (idx_t j = 0; j < n; j++) {
@@ -423,20 +433,13 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
                 "%s: layer_vote=1 scores with every head of the layer: prefill it through a "
                 "KVCache, which hands each head the layer's prompt",
                 factory_string().c_str());
+        const bool causal = policy == EvictPolicy::h2o;
         if (layer_vote) {
-            layer_scores(scorer, in, d, pos, policy == EvictPolicy::h2o, F.data());
-        }
-        std::vector<float> q(layer_vote ? 0 : size_t(in.n_query_heads) * pick.size() * d);
-        if (!layer_vote) {
-            for (int h = 0; h < in.n_query_heads; h++) {
-                for (size_t i = 0; i < pick.size(); i++) {
-                    std::memcpy(q.data() + (h * pick.size() + i) * d,
-                                in.queries + (size_t(h) * in.n_queries + pick[i]) * d,
-                                sizeof(float) * d);
-                }
-            }
+            layer_scores(scorer, in, d, pos, causal, F.data());
+        } else {
+            std::vector<float> q = gather_queries(in.queries, in.n_query_heads, in.n_queries, pick, d);
             scorer(in.keys, n, d, q.data(), in.n_query_heads, idx_t(pick.size()), pos.data(),
-                   in.first_position, policy == EvictPolicy::h2o, F.data());
+                   in.first_position, causal, F.data());
         }
         if (pool > 1) {
             F = max_pooled(F, pool / 2);
