@@ -133,9 +133,8 @@ class _Line:
     def call(self, method, args):
         """Sends one call; pickle's errors are raised before anything is sent."""
         self.sent += 1
-        data = pickle.dumps((self.sent, method, args), protocol=5)
         try:
-            self.sock.sendall(_HEADER.pack(len(data)) + data)
+            _send(self.sock, (self.sent, method, args))  # pickles first, then sends
         except (BrokenPipeError, ConnectionError) as e:
             return _LineCall(self, self.sent, _LineClosed(str(e)))
         return _LineCall(self, self.sent)
@@ -567,8 +566,8 @@ class RayKVCache:
 
     def _open_lines(self, transport):
         """A line to each actor on the driver's node (transport "auto");
-        None for the others, and where a line cannot be opened."""
-        self.lines = [None] * self.n_shards
+        None (as __init__ set them) for the others, and where a line cannot
+        be opened."""
         if transport != "auto":
             return
         here = ray.get_runtime_context().get_node_id()
