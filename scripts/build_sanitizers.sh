@@ -2,8 +2,9 @@
 # One instrumented build for the sanitizer tests and the fuzzers: clang,
 # AddressSanitizer (leaks included), UndefinedBehaviorSanitizer and
 # libFuzzer's coverage (-fsanitize=fuzzer-no-link) over the whole library,
-# -O1 -g. It builds the library's tests (kvindex_tests, kvindex_fault_tests)
-# and the fuzz targets of tests/fuzz with their seed writer.
+# -O1 with line tables only (all a report's stack needs). It builds the
+# library's tests (kvindex_tests, kvindex_fault_tests) and the fuzz targets
+# of tests/fuzz with their seed writer.
 # Used by run_sanitizers.sh and run_fuzzers.sh. Usage: bash scripts/build_sanitizers.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ SAN="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   cmake -G Ninja --no-warn-unused-cli -S . -B "$BUILD_DIR" \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
     "-DCMAKE_CXX_FLAGS=$SAN" \
     -DKVINDEX_BUILD_FUZZERS=ON -DKVINDEX_BUILD_TESTS=ON -DKVINDEX_BUILD_BENCHMARKS=OFF \
     -DKVINDEX_ENABLE_GPU=OFF -DKVINDEX_ENABLE_PYTHON=OFF >/dev/null
