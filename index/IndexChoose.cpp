@@ -23,7 +23,7 @@ namespace kvindex {
 
 namespace {
 
-constexpr const char* kGrammar = "Choose(<chain>;<chain>[;...])";
+constexpr const char* kGrammar = "Choose(<chain>;<chain>[;...]) or Auto";
 
 /// Splits the body of "Choose(...)" at the ';' outside parentheses.
 std::vector<std::string> split_candidates(const std::string& body, const std::string& element) {
@@ -80,16 +80,6 @@ bool better(double a, double b) {
     return !std::isnan(a) && (std::isnan(b) || a < b);
 }
 
-/// The first candidate with the lowest error (ties: the earlier one).
-int best_of(const std::vector<double>& errors) {
-    int best = 0;
-    for (size_t c = 1; c < errors.size(); c++) {
-        if (better(errors[c], errors[best])) {
-            best = int(c);
-        }
-    }
-    return best;
-}
 
 /// Candidate i exists and has the index's d, d_value and storage type.
 void check_candidate_shape(const KVIndex& index, const KVIndex* c, size_t i) {
@@ -107,6 +97,39 @@ void check_candidate_shape(const KVIndex& index, const KVIndex* c, size_t i) {
 }
 
 } // namespace
+
+// The fast families, each reading a few percent of a long prompt's keys at
+// its defaults; a ProxyEvict candidate keeps `budget` tokens once set.
+// RoarGraph is left out: its build (tens of seconds per 64k head) would be
+// most of the default's prefill.
+const char* const IndexChoose::kAutoCandidates =
+        "Sink4,Window64,LSHSample10x150;Sink1,Window63,IVFAsym128;ProxyEvict20_TOVA;"
+        "ProxyEvict20_H2O;ProxyEvict20";
+
+int IndexChoose::choice(
+        const std::vector<double>& errors,
+        const std::vector<double>& reads,
+        idx_t budget) {
+    const bool limited = budget > 0 && reads.size() == errors.size();
+    auto within = [&](size_t c) { return !limited || reads[c] <= double(budget); };
+    int best = -1;
+    for (size_t c = 0; c < errors.size(); c++) {
+        if (within(c) && (best < 0 || better(errors[c], errors[best]))) {
+            best = int(c);
+        }
+    }
+    if (best >= 0 || errors.empty()) {
+        return std::max(best, 0);
+    }
+    // every candidate reads more than the budget: the one reading least
+    best = 0;
+    for (size_t c = 1; c < errors.size(); c++) {
+        if (reads[c] < reads[best] || (reads[c] == reads[best] && better(errors[c], errors[best]))) {
+            best = int(c);
+        }
+    }
+    return best;
+}
 
 IndexChoose::IndexChoose() : KVIndex(0, 0) {}
 
@@ -136,18 +159,20 @@ IndexChoose::IndexChoose(std::vector<std::unique_ptr<KVIndex>> cands)
 std::unique_ptr<KVIndex> IndexChoose::from_factory(FactoryChain& chain) {
     const std::string e = chain.peek();
     const std::string open = "Choose(";
-    if (e.compare(0, open.size(), open) != 0) {
+    const bool is_auto = e == "Auto";
+    if (!is_auto && e.compare(0, open.size(), open) != 0) {
         return nullptr;
     }
     FAISS_THROW_IF_NOT_FMT(
-            e.size() > open.size() && e.back() == ')',
+            is_auto || (e.size() > open.size() && e.back() == ')'),
             "index_factory: '%s' in '%s': expected %s",
             e.c_str(),
             chain.description().c_str(),
             kGrammar);
     chain.take();
-    std::vector<std::string> parts =
-            split_candidates(e.substr(open.size(), e.size() - open.size() - 1), e);
+    std::vector<std::string> parts = is_auto
+            ? split_candidates(kAutoCandidates, e)
+            : split_candidates(e.substr(open.size(), e.size() - open.size() - 1), e);
     FAISS_THROW_IF_NOT_FMT(
             parts.size() >= 2 && parts.size() <= size_t(kMaxCandidates),
             "index_factory: '%s': Choose needs 2 to %d candidates separated by ';', got %zu "
@@ -257,6 +282,21 @@ std::vector<idx_t> IndexChoose::choose_holdout(const PrefillInput& in) const {
     return pool;
 }
 
+double IndexChoose::holdout_reads(
+        const KVIndex& candidate,
+        const float* held_queries,
+        idx_t n_held) const {
+    std::vector<Selection> sel(n_held);
+    SearchParametersKV count;
+    count.count_scanned = true;
+    candidate.select(n_held, held_queries, sel.data(), &count);
+    double total = 0;
+    for (const Selection& s : sel) {
+        total += (double(s.n_scanned) + 2.0 * double(s.size())) / 2.0;
+    }
+    return total / double(std::max<idx_t>(n_held, 1));
+}
+
 double IndexChoose::holdout_error(
         const KVIndex& candidate,
         const float* held_queries,
@@ -276,6 +316,7 @@ void IndexChoose::prefill_impl(const PrefillInput& in) {
             candidates[0]->prefill(in);
             chosen = 0;
             errors.clear();
+            reads.clear();
             holdout_positions.clear();
         } else {
             const idx_t nq = in.n_queries;
@@ -321,12 +362,16 @@ void IndexChoose::prefill_impl(const PrefillInput& in) {
             sub.query_positions = rest_pos.data();
             // one candidate at a time, the best so far kept: at most two
             // copies of the prompt are held at once
-            std::vector<double> errs(candidates.size());
+            std::vector<double> errs, rds;
             int best = -1;
             for (size_t c = 0; c < candidates.size(); c++) {
                 candidates[c]->prefill(sub);
-                errs[c] = holdout_error(*candidates[c], held_q.data(), exact.data(), n_eval);
-                if (best < 0 || better(errs[c], errs[best])) {
+                errs.push_back(holdout_error(*candidates[c], held_q.data(), exact.data(), n_eval));
+                if (budget > 0) {
+                    rds.push_back(holdout_reads(*candidates[c], held_q.data(), n_eval));
+                }
+                const int now = choice(errs, rds, budget);
+                if (now == int(c)) {
                     if (best >= 0) {
                         empty_for_good(candidates[best]);
                     }
@@ -337,6 +382,7 @@ void IndexChoose::prefill_impl(const PrefillInput& in) {
             }
             chosen = best;
             errors = std::move(errs);
+            reads = std::move(rds);
             holdout_positions.clear();
             for (idx_t i : held) {
                 holdout_positions.push_back(position(i));
@@ -352,6 +398,7 @@ void IndexChoose::prefill_impl(const PrefillInput& in) {
         }
         chosen = -1;
         errors.clear();
+        reads.clear();
         holdout_positions.clear();
         throw;
     }
@@ -389,6 +436,7 @@ void IndexChoose::reset_impl() {
     }
     chosen = -1;
     errors.clear();
+    reads.clear();
     holdout_positions.clear();
     ntotal = 0;
 }
@@ -442,7 +490,8 @@ void IndexChoose::reconstruct_value_impl(idx_t key, float* value) const {
 }
 
 size_t IndexChoose::memory_bytes() const {
-    size_t b = errors.capacity() * sizeof(double) + holdout_positions.capacity() * sizeof(idx_t);
+    size_t b = (errors.capacity() + reads.capacity()) * sizeof(double) +
+            holdout_positions.capacity() * sizeof(idx_t);
     for (const auto& c : candidates) {
         b += c->memory_bytes(); // the unchosen ones are empty
     }
@@ -460,6 +509,11 @@ std::vector<ParameterInfo> IndexChoose::parameter_info() const {
                     .prefill(),
             ParameterInfo::integer("seed", 0, ParameterInfo::kNoBound, "seed of the holdout sample (with the per-head stream)")
                     .prefill(),
+            ParameterInfo::integer("budget", 0, ParameterInfo::kNoBound,
+                                   "tokens (keys and values) a candidate may read per query, measured on the "
+                                   "held-back queries; also a ProxyEvict or Hybrid candidate's budget; 0: no limit")
+                    .prefill()
+                    .tokens(),
             ParameterInfo::reported("chosen", "the candidate prefill chose (0-based, in string order), -1 before a choice")};
     // after a choice the chain walk sees the chosen index only: the dormant
     // candidates' knobs are listed here (set_parameter and get_parameter
@@ -502,6 +556,9 @@ bool IndexChoose::set_parameter(const std::string& name, double value) {
     } else if (name == "seed") {
         seed = count_parameter(name, value);
         own = true;
+    } else if (name == "budget") {
+        budget = idx_t(count_parameter(name, value));
+        own = true;
     }
     if (chosen < 0) {
         return own; // the children are every candidate: the chain walk sets them
@@ -540,6 +597,9 @@ bool IndexChoose::get_parameter(const std::string& name, double* value) const {
         return true;
     } else if (name == "chosen") {
         *value = double(chosen);
+        return true;
+    } else if (name == "budget") {
+        *value = double(budget);
         return true;
     }
     if (chosen < 0 || size_t(chosen) >= candidates.size()) {
@@ -604,6 +664,8 @@ void IndexChoose::write_fields(BufferWriter& w) const {
     w.value<int32_t>(chosen);
     w.vector(errors);
     w.vector(holdout_positions);
+    w.value<int64_t>(budget); // version 2
+    w.vector(reads);
     // every candidate, the unchosen ones empty: their knobs (and adopted
     // models) survive the round trip and the next reset
     w.value<uint32_t>(uint32_t(candidates.size()));
@@ -612,13 +674,15 @@ void IndexChoose::write_fields(BufferWriter& w) const {
     }
 }
 
-void IndexChoose::read_fields(BufferReader& r, uint32_t) {
+void IndexChoose::read_fields(BufferReader& r, uint32_t version) {
     n_holdout = r.value<int64_t>("n_holdout");
     seed = r.value<uint64_t>("seed");
     stream = r.value<uint64_t>("stream");
     chosen = r.value<int32_t>("chosen candidate");
     errors = r.vector<double>("candidate errors");
     holdout_positions = r.vector<idx_t>("holdout positions");
+    budget = version >= 2 ? r.value<int64_t>("budget") : 0;
+    reads = version >= 2 ? r.vector<double>("candidate reads") : std::vector<double>();
     uint32_t n = r.value<uint32_t>("candidate count");
     FAISS_THROW_IF_NOT_FMT(
             n >= 2 && n <= uint32_t(kMaxCandidates),
@@ -700,11 +764,24 @@ void IndexChoose::check_invariants() const {
     for (double e : errors) {
         FAISS_THROW_IF_NOT_FMT(!(e < 0), "IndexChoose: negative candidate error %g", e);
     }
+    FAISS_THROW_IF_NOT_FMT(budget >= 0, "IndexChoose: negative budget %zd", size_t(budget));
     FAISS_THROW_IF_NOT_FMT(
-            !measured || chosen == best_of(errors),
-            "IndexChoose: chosen candidate %d is not the one of lowest error (%d)",
+            reads.empty() || (reads.size() == n && measured && budget > 0),
+            "IndexChoose: %zu candidate reads for %zu candidates (%zu errors, budget %zd)",
+            reads.size(),
+            n,
+            errors.size(),
+            size_t(budget));
+    for (double x : reads) {
+        FAISS_THROW_IF_NOT_FMT(
+                std::isfinite(x) && x >= 0, "IndexChoose: candidate reads %g not finite and >= 0", x);
+    }
+    FAISS_THROW_IF_NOT_FMT(
+            !measured || chosen == choice(errors, reads, budget),
+            "IndexChoose: chosen candidate %d is not the one of lowest error within the budget "
+            "(%d)",
             chosen,
-            measured ? best_of(errors) : -1);
+            measured ? choice(errors, reads, budget) : -1);
 }
 
 } // namespace kvindex

@@ -742,3 +742,136 @@ TEST(Choose, PerHeadChoiceInAKVCache) {
         expect_same_answers(*cache.index(0, kv), *alone, h.eval_q.data(), 4);
     }
 }
+
+namespace {
+
+/// Mean over the queries of (n_scanned + 2 * selected) / 2 of a select
+/// with the scan counted: the tokens (keys and values) a query reads.
+double mean_reads(const KVIndex& index, const float* q, idx_t m) {
+    std::vector<Selection> sel(m);
+    SearchParametersKV count;
+    count.count_scanned = true;
+    index.select(m, q, sel.data(), &count);
+    double total = 0;
+    for (const Selection& s : sel) {
+        total += (double(s.n_scanned) + 2.0 * double(s.size())) / 2.0;
+    }
+    return total / double(m);
+}
+
+} // namespace
+
+TEST(Choose, ABudgetPassesOverTheCandidatesThatReadMore) {
+    // on a sparse head exact top-k errs least, but scores every key; a
+    // uniform sample reads k tokens, eviction the budget it is given
+    const idx_t n = 1200, nq = 160;
+    Head h = sparse_head(n, nq, 2, 1, 171);
+    const std::string s = "Choose(TopK(Flat);Uniform;ProxyEvict20_TOVA)";
+    auto measure = [&](const std::string& params) {
+        auto index = index_factory(kD, s + (params.empty() ? "" : "|" + params), kDv);
+        index->set_stream(3);
+        index->prefill(h.input());
+        EXPECT_NO_THROW(index->check_invariants());
+        return index;
+    };
+    // no budget: the lowest error, nothing read measured
+    auto free = measure("k=8");
+    const IndexChoose& f = as_choose(free.get());
+    ASSERT_EQ(f.errors.size(), 3u);
+    EXPECT_EQ(f.chosen, int(std::min_element(f.errors.begin(), f.errors.end()) - f.errors.begin()));
+    EXPECT_TRUE(f.reads.empty());
+
+    for (idx_t budget : {idx_t(300), idx_t(40), idx_t(1)}) {
+        SCOPED_TRACE("budget " + std::to_string(budget));
+        auto index = measure("k=8,budget=" + std::to_string(budget));
+        const IndexChoose& c = as_choose(index.get());
+        ASSERT_EQ(c.reads.size(), 3u);
+        EXPECT_EQ(get_index_parameter(index.get(), "budget"), double(budget));
+        // each candidate's reads recomputed from it built alone
+        PrefillInput in = h.input();
+        std::vector<idx_t> held = c.choose_holdout(in);
+        SubInput sub = without_holdout(in, held);
+        std::vector<float> hq = held_queries(in, held);
+        std::vector<double> reads;
+        for (const std::string& cs : c.candidate_strings()) {
+            auto alone = index_factory(kD, cs, kDv);
+            if (alone->reads_search_knob("k")) {
+                set_index_parameters(alone.get(), "k=8");
+            }
+            if (cs.rfind("ProxyEvict", 0) == 0) {
+                set_index_parameters(alone.get(), "budget=" + std::to_string(budget));
+            }
+            alone->set_stream(3);
+            alone->prefill(sub.in);
+            reads.push_back(mean_reads(*alone, hq.data(), idx_t(hq.size() / kD)));
+        }
+        for (size_t i = 0; i < 3; i++) {
+            EXPECT_DOUBLE_EQ(c.reads[i], reads[i]) << "candidate " << i;
+        }
+        // top-k scores every key (n / 2 + k in tokens), the sample reads k,
+        // eviction exactly the tokens it keeps
+        EXPECT_DOUBLE_EQ(reads[0], n / 2.0 + 8);
+        EXPECT_DOUBLE_EQ(reads[1], 8);
+        EXPECT_DOUBLE_EQ(reads[2], double(budget));
+        // the lowest error within the budget, else the least read
+        int expect = -1;
+        for (int i = 0; i < 3; i++) {
+            if (reads[i] <= double(budget) && (expect < 0 || c.errors[i] < c.errors[expect])) {
+                expect = i;
+            }
+        }
+        if (expect < 0) {
+            expect = int(std::min_element(reads.begin(), reads.end()) - reads.begin());
+        }
+        EXPECT_EQ(c.chosen, expect);
+        EXPECT_LE(c.reads[c.chosen], std::max<double>(double(budget), *std::min_element(reads.begin(), reads.end())));
+        // written and read back with its budget and reads
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        auto copy = read_index(buf);
+        EXPECT_EQ(as_choose(copy.get()).budget, budget);
+        EXPECT_TRUE(same_bits(as_choose(copy.get()).reads, c.reads));
+        // a record whose choice breaks the budget is refused
+        IndexChoose& spoilt = as_choose(copy.get());
+        if (c.chosen != 0 && reads[0] > double(budget)) {
+            std::swap(spoilt.candidates[0], spoilt.candidates[c.chosen]);
+            spoilt.chosen = 0;
+            spoilt.errors[0] = -0.0; // the lowest error, over the budget
+            EXPECT_THROW_MSG(spoilt.check_invariants(), "within the budget");
+        }
+    }
+    // 300 tokens: top-k is out (600 + 8), eviction keeps 300 and beats the
+    // sample of 8 on the heavy hitters
+    EXPECT_EQ(as_choose(measure("k=8,budget=300").get()).chosen, 2);
+    // 1 token: nothing fits; eviction of one token reads least
+    EXPECT_EQ(as_choose(measure("k=8,budget=1").get()).chosen, 2);
+}
+
+TEST(Choose, AutoIsChooseOverTheFastFamilies) {
+    auto index = index_factory(kD, "Auto", kDv);
+    const IndexChoose& c = as_choose(index.get());
+    EXPECT_EQ(index_factory_string(index.get()),
+              std::string("Choose(") + IndexChoose::kAutoCandidates + ")");
+    EXPECT_EQ(c.candidates.size(), 5u);
+    EXPECT_EQ(c.budget, 0);
+    EXPECT_THROW_MSG(index_factory(kD, "Auto(Flat)", kDv), "Auto(Flat)");
+    // with a budget of 2% of a 4000-token prompt, through resolve_percentages
+    const idx_t n = 4000;
+    Head h = sparse_head(n, 300, 2, 8, 181);
+    IndexSpec spec = parse_index_spec("Auto|budget=2%");
+    auto a = index_factory(kD, spec.factory, kDv);
+    set_index_parameters(a.get(), resolve_percentages(spec.params, n, a.get()));
+    EXPECT_EQ(get_index_parameter(a.get(), "budget"), 80.0);
+    a->set_stream(2);
+    a->prefill(h.input());
+    const IndexChoose& ac = as_choose(a.get());
+    ASSERT_EQ(ac.reads.size(), 5u);
+    EXPECT_LE(ac.reads[ac.chosen], 80.0);
+    // what it answers reads within the budget on other queries too, and
+    // keeps the heavy hitters: far closer to exact than a uniform sample
+    EXPECT_LE(mean_reads(*a, h.eval_q.data(), 8), 80.0);
+    auto uniform = index_factory(kD, "Uniform|k=80", kDv);
+    uniform->set_stream(2);
+    uniform->prefill(h.input());
+    EXPECT_LT(2 * mean_error(*a, h, h.eval_q.data(), 8), mean_error(*uniform, h, h.eval_q.data(), 8));
+}

@@ -465,8 +465,17 @@ TEST(Factory, KIsAKnobOnlyWhereATopKIsRead) {
         auto chose_flat = index_factory(
                 kDim, std::string("Hybrid(Choose(Flat;TopK(Flat)),Uniform)|") + mode, 8);
         chose_flat->prefill(in);
-        ASSERT_EQ(get_index_parameter(chose_flat.get(), "chosen"), 0.0); // exact: no error
-        EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_k"), -1.0);
-        EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_sample"), -1.0);
+        if (std::string(mode) == "epsilon=0.1") {
+            ASSERT_EQ(get_index_parameter(chose_flat.get(), "chosen"), 0.0); // exact: no error
+            EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_k"), -1.0);
+            EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_sample"), -1.0);
+        } else {
+            // budget is also the Choose's read budget: both candidates read
+            // more than 10 tokens, and top-k (half of Flat's) is kept and split
+            ASSERT_EQ(get_index_parameter(chose_flat.get(), "chosen"), 1.0);
+            EXPECT_EQ(get_index_parameter(chose_flat.get(), "calibrated_k") +
+                              get_index_parameter(chose_flat.get(), "calibrated_sample"),
+                      10.0);
+        }
     }
 }

@@ -27,7 +27,8 @@ struct FactoryChain;
  * over the held-back queries and every query head of the GQA group, of the
  * relative L2 error ||o_c - o|| / ||o|| of its attend output against exact
  * attention (float kernel, max subtracted; the absolute error when ||o|| = 0).
- * The candidate with the lowest mean error is kept (ties: the earlier one);
+ * The candidate with the lowest mean error is kept (ties: the earlier one),
+ * among those within `budget` when it is set (below);
  * the others are emptied (reset, then copied through the io so that the
  * memory of their tokens is given back) and lie dormant with their knobs
  * (and adopted models) until the next prefill. At most two candidates hold
@@ -49,12 +50,29 @@ struct FactoryChain;
  * queries it needs) makes the whole prefill refused, as it would alone;
  * the index is then left empty.
  *
+ * A read budget. With `budget` > 0 (tokens, or "budget=2%" of the
+ * prompt) the same held-back queries also measure what each candidate
+ * reads: the mean over them of (n_scanned + 2 * selected) / 2 of its
+ * select (retrieval structures, codes and graph lists in key vectors, and
+ * the selected keys and values), in tokens of keys and values, as kvbench's
+ * "touched" counts it. A candidate reading more than `budget` is passed
+ * over; when every candidate does, the one reading least is kept (ties:
+ * the lower error). A ProxyEvict or Hybrid candidate also has a knob named
+ * budget (the tokens it keeps, or its k + sample): "|budget=2%" sets it
+ * on them too, so that they are sized to it.
+ *
  * Factory string: "Choose(<chain>;<chain>[;<chain>...])", 2 to 8
  * candidates, each a whole chain of the factory grammar built with the
  * storage type of the enclosing string, e.g.
  * "Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)". A candidate's
  * string cannot carry "|params" (the '|' ends the factory string): set
  * per-candidate knobs on `candidates[i]`.
+ *
+ * "Auto" is Choose over a fixed list of the fast families
+ * (IndexChoose::kAutoCandidates) for a user who does not know the field:
+ * "Auto|budget=2%" keeps, per head, the one of lowest error on held-back
+ * prefill queries among those reading at most 2% of the prompt's keys
+ * and values. Its factory_string() is the Choose(...) it stands for.
  *
  * Per-call parameters: a knob is refused only when no candidate reads it
  * (a decode loop hands one SearchParameters to every head, whatever each
@@ -68,6 +86,7 @@ struct FactoryChain;
  * of the candidates ("k") reads the chosen one's (else the first dormant
  * candidate's that has it), or the first candidate's before a choice.
  * Own knobs: n_holdout, seed (prefill-time; "seed" also reaches candidates
+ * that have one), budget (prefill-time, in tokens; also reaches candidates
  * that have one), chosen (read-only: the chosen candidate's number, -1
  * before a choice).
  */
@@ -76,6 +95,8 @@ struct IndexChoose : KVIndex {
     static constexpr int kMaxCandidates = 8;
     /// largest n_holdout
     static constexpr idx_t kMaxHoldout = 4096;
+    /// the candidates "Auto" stands for, separated by ';' (Choose's grammar)
+    static const char* const kAutoCandidates;
 
     /// the candidate indexes, in the order of the factory string; all held
     /// all the time (the unchosen ones empty)
@@ -85,6 +106,10 @@ struct IndexChoose : KVIndex {
     /// size candidates.size(): mean held-back error of each candidate at
     /// the last prefill; empty when no measurement was made
     std::vector<double> errors;
+    /// size candidates.size() when `budget` > 0 at the last measurement
+    /// (else empty): mean tokens (keys and values) each candidate read per
+    /// held-back query
+    std::vector<double> reads;
     /// absolute positions of the held-back queries of the last prefill,
     /// non-decreasing (empty when no measurement was made)
     std::vector<idx_t> holdout_positions;
@@ -92,6 +117,9 @@ struct IndexChoose : KVIndex {
     /// prefill queries held back to measure errors, 1..kMaxHoldout (fewer
     /// when the prompt has fewer than 4 * n_holdout queries)
     idx_t n_holdout = 32;
+    /// tokens (keys and values) a candidate may read per query, measured
+    /// on the held-back queries; 0: no limit (a knob, prefill-time)
+    idx_t budget = 0;
     uint64_t seed = 1234;  ///< with `stream`, seeds the holdout sample; <= 2^53 (a knob)
     uint64_t stream = 0;   ///< one stream per (layer, head): set by KVCache
 
@@ -140,7 +168,12 @@ struct IndexChoose : KVIndex {
     void check_invariants() const override;
     void check_children_in_step() const override;
 
-    /// Registry parser: "Choose(<chain>;<chain>[;...])".
+    /** The candidate a measurement keeps: the lowest error among those
+     * reading at most `budget` tokens (every one when budget is 0 or
+     * `reads` empty), else the one reading least; ties: the earlier. */
+    static int choice(const std::vector<double>& errors, const std::vector<double>& reads, idx_t budget);
+
+    /// Registry parser: "Choose(<chain>;<chain>[;...])" and "Auto".
     static std::unique_ptr<KVIndex> from_factory(FactoryChain& chain);
 
    protected:
@@ -185,6 +218,9 @@ struct IndexChoose : KVIndex {
             const float* held_queries,
             const float* exact,
             idx_t n_held) const;
+    /// Mean tokens (keys and values) one prefilled candidate reads per
+    /// held-back query.
+    double holdout_reads(const KVIndex& candidate, const float* held_queries, idx_t n_held) const;
 };
 
 } // namespace kvindex

@@ -888,14 +888,22 @@ prefill-time: epsilon, delta, n_calibration.)doc")
             R"doc(A per-head choice between candidate chains, made at prefill: every
 candidate is built from the prompt without some held-back prefill queries,
 its output error on them is measured against exact attention, and the one of
-lowest error is kept (the others are emptied). Factory string:
-"Choose(<chain>;<chain>[;...])", e.g. "Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)".
-Knobs: prefill-time n_holdout, seed; read-only chosen.)doc")
+lowest error is kept (the others are emptied), among those reading at most
+`budget` tokens' keys and values per held-back query when it is set. Factory
+string: "Choose(<chain>;<chain>[;...])", e.g.
+"Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)", or "Auto" (the fast
+families; "Auto|budget=2%"). Knobs: prefill-time n_holdout, seed, budget;
+read-only chosen.)doc")
             .def_readonly("chosen", &kvindex::IndexChoose::chosen, "number of the chosen candidate (-1: none yet)")
             .def_property_readonly("errors", [](const kvindex::IndexChoose& x) {
                                        return read_guarded(x, "errors", [&] { return to_numpy(x.errors); });
                                    },
                                    "float64: each candidate's mean held-back error at the last prefill")
+            .def_property_readonly("reads", [](const kvindex::IndexChoose& x) {
+                                       return read_guarded(x, "reads", [&] { return to_numpy(x.reads); });
+                                   },
+                                   "float64: each candidate's mean tokens (keys and values) read per held-back "
+                                   "query at the last prefill; empty without a budget")
             .def_property_readonly("holdout_positions",
                                    [](const kvindex::IndexChoose& x) {
                                        return read_guarded(x, "holdout_positions",

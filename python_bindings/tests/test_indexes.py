@@ -472,3 +472,31 @@ def test_constructor_arguments_are_checked():
         kvindex.IndexLSHSample(16, 20, 20)
     with pytest.raises(ValueError, match="kv_type"):
         kvindex.IndexKVFlat(16, kv_type="fp8")
+
+
+def test_auto_with_a_budget_keeps_a_candidate_that_reads_within_it():
+    # "Auto|budget=5%": the fast families, each measured on held-back prompt
+    # queries; what the kept one reads (select's scan + its keys and values)
+    # is recomputed here on other queries
+    rng = np.random.default_rng(7)
+    n, d = 3000, 32
+    keys = rng.standard_normal((n, d)).astype(np.float32)
+    values = rng.standard_normal((n, d)).astype(np.float32)
+    keys[::500] *= 8  # a few heavy hitters
+    queries = (keys[::500].mean(0) / 4 + rng.standard_normal((1, 400, d))).astype(np.float32)
+    index = kvindex.index_factory(d, "Auto")
+    assert isinstance(index, kvindex.IndexChoose)
+    assert index.factory_string().startswith("Choose(") and len(index.candidate_strings()) == 5
+    kvindex.set_index_parameters(index, kvindex.resolve_percentages("budget=5%", n, index))
+    assert kvindex.get_index_parameter(index, "budget") == 150
+    index.prefill(keys, values, queries=queries)
+    reads = index.reads
+    assert reads.shape == (5,) and reads[index.chosen] <= 150
+    within = [c for c in range(5) if reads[c] <= 150]
+    assert index.chosen == min(within, key=lambda c: index.errors[c])
+    # closer to exact attention than a uniform sample of the same 150 tokens
+    q = queries[0, -8:]
+    ref, _ = kvref.attend(q, keys, values)
+    uniform = kvindex.index_factory(d, "Uniform|k=150")
+    uniform.add_kv(keys, values)
+    assert kvref.rel_err(index.attend(q)[0], ref).mean() < kvref.rel_err(uniform.attend(q)[0], ref).mean()
