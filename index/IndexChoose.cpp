@@ -99,12 +99,15 @@ void check_candidate_shape(const KVIndex& index, const KVIndex* c, size_t i) {
 } // namespace
 
 // The fast families, each reading a few percent of a long prompt's keys at
-// its defaults; a ProxyEvict candidate keeps `budget` tokens once set.
-// RoarGraph is left out: its build (tens of seconds per 64k head) would be
-// most of the default's prefill.
+// its defaults (IVFAsym128 for short prompts, IVFAsym512 for long ones);
+// the eviction candidate keeps `budget` tokens once set. Left out for their
+// prefill: RoarGraph's build, and the evictions that score the prompt with
+// its own queries, H2O and NaCl (their time grows as the prompt squared:
+// 228 s and 115 s for two 64k heads here, where TOVA takes 0.05 s and
+// errs less).
 const char* const IndexChoose::kAutoCandidates =
-        "Sink4,Window64,LSHSample10x150;Sink1,Window63,IVFAsym128;ProxyEvict20_TOVA;"
-        "ProxyEvict20_H2O;ProxyEvict20";
+        "Sink4,Window64,LSHSample10x150;Sink1,Window63,IVFAsym128;Sink1,Window63,IVFAsym512;"
+        "ProxyEvict20_TOVA";
 
 int IndexChoose::choice(
         const std::vector<double>& errors,
@@ -268,6 +271,14 @@ std::vector<idx_t> IndexChoose::choose_holdout(const PrefillInput& in) const {
     size_t half = order.size() / 2;
     std::vector<idx_t> pool(order.end() - half, order.end());
     size_t m = std::min<size_t>(size_t(n_holdout), pool.size() / 2);
+    if (recent_holdout) {
+        // the latest m (ties at the boundary by index)
+        std::vector<idx_t> latest(pool.end() - m, pool.end());
+        std::sort(latest.begin(), latest.end(), [&](idx_t a, idx_t b) {
+            return position(a) < position(b) || (position(a) == position(b) && a < b);
+        });
+        return latest;
+    }
     // a partial Fisher-Yates shuffle on raw mt19937_64 draws: the same
     // sample with every standard library
     std::mt19937_64 rng(stream_seed(seed, stream));
@@ -509,6 +520,10 @@ std::vector<ParameterInfo> IndexChoose::parameter_info() const {
                     .prefill(),
             ParameterInfo::integer("seed", 0, ParameterInfo::kNoBound, "seed of the holdout sample (with the per-head stream)")
                     .prefill(),
+            ParameterInfo::flag("recent_holdout",
+                                "1: hold back the latest queries (those just before the last position); 0: a "
+                                "seeded sample of the later half")
+                    .prefill(),
             ParameterInfo::integer("budget", 0, ParameterInfo::kNoBound,
                                    "tokens (keys and values) a candidate may read per query, measured on the "
                                    "held-back queries; also a ProxyEvict or Hybrid candidate's budget; 0: no limit")
@@ -559,6 +574,10 @@ bool IndexChoose::set_parameter(const std::string& name, double value) {
     } else if (name == "budget") {
         budget = idx_t(count_parameter(name, value));
         own = true;
+    } else if (name == "recent_holdout") {
+        FAISS_THROW_IF_NOT_FMT(value == 0 || value == 1, "parameter recent_holdout=%g must be 0 or 1", value);
+        recent_holdout = value == 1;
+        own = true;
     }
     if (chosen < 0) {
         return own; // the children are every candidate: the chain walk sets them
@@ -600,6 +619,9 @@ bool IndexChoose::get_parameter(const std::string& name, double* value) const {
         return true;
     } else if (name == "budget") {
         *value = double(budget);
+        return true;
+    } else if (name == "recent_holdout") {
+        *value = recent_holdout ? 1.0 : 0.0;
         return true;
     }
     if (chosen < 0 || size_t(chosen) >= candidates.size()) {
@@ -666,6 +688,7 @@ void IndexChoose::write_fields(BufferWriter& w) const {
     w.vector(holdout_positions);
     w.value<int64_t>(budget); // version 2
     w.vector(reads);
+    w.value<uint8_t>(recent_holdout ? 1 : 0);
     // every candidate, the unchosen ones empty: their knobs (and adopted
     // models) survive the round trip and the next reset
     w.value<uint32_t>(uint32_t(candidates.size()));
@@ -683,6 +706,12 @@ void IndexChoose::read_fields(BufferReader& r, uint32_t version) {
     holdout_positions = r.vector<idx_t>("holdout positions");
     budget = version >= 2 ? r.value<int64_t>("budget") : 0;
     reads = version >= 2 ? r.vector<double>("candidate reads") : std::vector<double>();
+    recent_holdout = false; // version 1 held back a sample
+    if (version >= 2) {
+        uint8_t recent = r.value<uint8_t>("recent_holdout");
+        FAISS_THROW_IF_NOT_FMT(recent <= 1, "read_index: invalid recent_holdout %d", int(recent));
+        recent_holdout = recent == 1;
+    }
     uint32_t n = r.value<uint32_t>("candidate count");
     FAISS_THROW_IF_NOT_FMT(
             n >= 2 && n <= uint32_t(kMaxCandidates),

@@ -340,9 +340,41 @@ TEST(Choose, AfterPrefillItIsTheChosenCandidate) {
     }
 }
 
+TEST(Choose, HoldoutOfTheLatestQueries) {
+    // the default: the latest queries before the last position, at most
+    // half of the later half (99 queries but the last: the later 49, of
+    // which 24), whatever the seed and stream
+    Head h = flat_head(300, 100, 2, 1, 53);
+    auto index = index_factory(kD, "Choose(Flat;TopK(Flat))", kDv);
+    IndexChoose& choose = as_choose(index.get());
+    EXPECT_EQ(get_index_parameter(index.get(), "recent_holdout"), 1.0);
+    PrefillInput in = h.input();
+    std::vector<idx_t> expect(24);
+    std::iota(expect.begin(), expect.end(), idx_t(75));
+    EXPECT_EQ(choose.choose_holdout(in), expect);
+    choose.set_stream(3);
+    set_index_parameter(index.get(), "seed", 99);
+    EXPECT_EQ(choose.choose_holdout(in), expect);
+    // by position, given out of order (query 0 is the last position)
+    std::vector<idx_t> pos(100);
+    for (idx_t i = 0; i < 100; i++) {
+        pos[i] = 299 - 3 * i;
+    }
+    in.query_positions = pos.data();
+    std::vector<idx_t> held = choose.choose_holdout(in);
+    std::vector<idx_t> by_position = {24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,
+                                      12, 11, 10, 9,  8,  7,  6,  5,  4,  3,  2,  1};
+    EXPECT_EQ(held, by_position);
+    index->prefill(in);
+    ASSERT_EQ(choose.holdout_positions.size(), 24u);
+    EXPECT_EQ(choose.holdout_positions.front(), 299 - 3 * 24);
+    EXPECT_EQ(choose.holdout_positions.back(), 299 - 3);
+    EXPECT_THROW_MSG(set_index_parameter(index.get(), "recent_holdout", 2), "recent_holdout");
+}
+
 TEST(Choose, HoldoutSample) {
     Head h = flat_head(300, 100, 2, 1, 51);
-    auto index = index_factory(kD, "Choose(Flat;TopK(Flat))", kDv);
+    auto index = index_factory(kD, "Choose(Flat;TopK(Flat))|recent_holdout=0", kDv);
     IndexChoose& choose = as_choose(index.get());
     PrefillInput in = h.input();
     std::vector<idx_t> held = choose.choose_holdout(in);
@@ -357,7 +389,7 @@ TEST(Choose, HoldoutSample) {
     }
     // deterministic; another stream or seed draws another sample
     EXPECT_EQ(choose.choose_holdout(in), held);
-    auto twin = index_factory(kD, "Choose(Flat;TopK(Flat))", kDv);
+    auto twin = index_factory(kD, "Choose(Flat;TopK(Flat))|recent_holdout=0", kDv);
     EXPECT_EQ(as_choose(twin.get()).choose_holdout(in), held);
     choose.set_stream(3);
     std::vector<idx_t> other = choose.choose_holdout(in);
@@ -729,7 +761,9 @@ TEST(Choose, PerHeadChoiceInAKVCache) {
     const IndexChoose& b = as_choose(cache.index(0, 1));
     EXPECT_EQ(a.chosen, 0); // top-k for the sparse head
     EXPECT_EQ(b.chosen, 1); // sampling for the flat head
-    EXPECT_NE(a.holdout_positions, b.holdout_positions); // a stream per head
+    // the latest queries, the same positions on both heads
+    EXPECT_EQ(a.holdout_positions, b.holdout_positions);
+    EXPECT_EQ(a.holdout_positions.back(), n - 2);
     // each head is its chosen candidate
     for (int kv = 0; kv < 2; kv++) {
         const Head& h = heads[kv];
@@ -852,7 +886,7 @@ TEST(Choose, AutoIsChooseOverTheFastFamilies) {
     const IndexChoose& c = as_choose(index.get());
     EXPECT_EQ(index_factory_string(index.get()),
               std::string("Choose(") + IndexChoose::kAutoCandidates + ")");
-    EXPECT_EQ(c.candidates.size(), 5u);
+    EXPECT_EQ(c.candidates.size(), 4u);
     EXPECT_EQ(c.budget, 0);
     EXPECT_THROW_MSG(index_factory(kD, "Auto(Flat)", kDv), "Auto(Flat)");
     // with a budget of 2% of a 4000-token prompt, through resolve_percentages
@@ -865,7 +899,7 @@ TEST(Choose, AutoIsChooseOverTheFastFamilies) {
     a->set_stream(2);
     a->prefill(h.input());
     const IndexChoose& ac = as_choose(a.get());
-    ASSERT_EQ(ac.reads.size(), 5u);
+    ASSERT_EQ(ac.reads.size(), 4u);
     EXPECT_LE(ac.reads[ac.chosen], 80.0);
     // what it answers reads within the budget on other queries too, and
     // keeps the heavy hitters: far closer to exact than a uniform sample

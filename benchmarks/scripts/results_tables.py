@@ -224,6 +224,45 @@ def _(ood, real):
     return render(cols, labelled(ood["results"]))
 
 
+AUTO_FAMILIES = ("LSH", "IVFAsym128", "IVFAsym512", "TOVA")  # IndexChoose::kAutoCandidates
+
+
+def chosen(r):
+    """an Auto row's choices over its heads: 'TOVA 15/15', or '-'"""
+    picks = [int(x["value"]) for x in r.get("reported", []) if x["name"] == "chosen"]
+    if not picks:
+        return "–"
+    return ", ".join(f"{AUTO_FAMILIES[c]} {picks.count(c)}/{len(picks)}" for c in sorted(set(picks)))
+
+
+@table("auto", "benchmarks/results/auto/auto_ood101.json", "benchmarks/results/auto/auto_smollm2_8k.json")
+def _(ood, real):
+    ood_rows = {r["index"]: r for r in ood["results"]}
+    cols = [LABEL,
+            ("ood 64k, seed 101: rel_err / mass / touched", lambda r: " / ".join(
+                (sci(ood_rows[r["index"]]["rel_err_mean"]), fixed(3)(ood_rows[r["index"]]["mass_mean"]),
+                 percent(2)(ood_rows[r["index"]]["touched_frac"]))) if r["index"] in ood_rows else "–"),
+            ("chosen (ood)", lambda r: chosen(ood_rows[r["index"]]) if r["index"] in ood_rows else "–"),
+            ("SmolLM2 8k: rel_err / mass / touched", lambda r: " / ".join(
+                (sci(r["rel_err_mean"]), fixed(3)(r["mass_mean"]), percent(2)(r["touched_frac"])))),
+            ("chosen (SmolLM2)", chosen),
+            ("build s (SmolLM2)", key("build_s", fixed(2)))]
+    return render(cols, labelled(real["results"]))
+
+
+@table("auto-e2e", "benchmarks/results/auto/e2e_coreutils.json", "benchmarks/results/auto/e2e_coreutils_more.json")
+def _(*runs):
+    rows = [r for run in runs for r in run]
+    contexts = sorted({r["context"] for r in rows})
+    cell = {(r["label"], r["context"]): r for r in rows}
+    names = list(dict.fromkeys(r["label"] for r in rows))
+    cols = [("index", code)]
+    for c in contexts:
+        cols.append((f"top-1 / KL / build s @{c}", lambda n, c=c: "%.3f / %.2g / %.1f" % (
+            cell[n, c]["top1"], cell[n, c]["kl_mean"], cell[n, c]["build_s"])))
+    return render(cols, names)
+
+
 @table("context-65536", "benchmarks/results/context_65536.json")
 def _(run):
     return kvbench_rows(run)

@@ -18,11 +18,16 @@ struct FactoryChain;
  * sampling wins), on others sparse (a few heavy hitters: top-k wins). At
  * prefill this index holds back up to `n_holdout` of the prefill queries,
  * prefills every candidate with the same tokens and the other queries, and
- * measures each candidate on the held-back ones. The holdout is a seeded
- * sample (per seed and stream) of at most half of the later half of the
- * queries by position, the queries at the last position excepted: the
- * candidates keep three quarters of the queries, the last one always (the
- * eviction policies score the prompt with the last queries). The error of
+ * measures each candidate on the held-back ones. The holdout is at most
+ * half of the later half of the queries by position, the queries at the
+ * last position excepted: the candidates keep three quarters of the
+ * queries, the last one always (the eviction policies score the prompt
+ * with the last queries). With `recent_holdout` (the default) they are the
+ * latest of that half, the positions just before the last: decode queries
+ * continue the prompt's end (a question), and on heads whose decode
+ * queries resemble only the prompt's last positions a sample of the later
+ * half chose a candidate that fails them. Without it they are a seeded
+ * sample (per seed and stream) of that half. The error of
  * a candidate is the mean,
  * over the held-back queries and every query head of the GQA group, of the
  * relative L2 error ||o_c - o|| / ||o|| of its attend output against exact
@@ -85,10 +90,10 @@ struct FactoryChain;
  * the chosen index's are) and parameter_info lists theirs. Reading a knob
  * of the candidates ("k") reads the chosen one's (else the first dormant
  * candidate's that has it), or the first candidate's before a choice.
- * Own knobs: n_holdout, seed (prefill-time; "seed" also reaches candidates
- * that have one), budget (prefill-time, in tokens; also reaches candidates
- * that have one), chosen (read-only: the chosen candidate's number, -1
- * before a choice).
+ * Own knobs: n_holdout, recent_holdout, seed (prefill-time; "seed" also
+ * reaches candidates that have one), budget (prefill-time, in tokens; also
+ * reaches candidates that have one), chosen (read-only: the chosen
+ * candidate's number, -1 before a choice).
  */
 struct IndexChoose : KVIndex {
     /// largest number of candidates
@@ -120,6 +125,11 @@ struct IndexChoose : KVIndex {
     /// tokens (keys and values) a candidate may read per query, measured
     /// on the held-back queries; 0: no limit (a knob, prefill-time)
     idx_t budget = 0;
+    /// true: the held-back queries are the latest ones (the positions just
+    /// before the last: the question a decode continues); false: a seeded
+    /// sample of the later half (a knob, prefill-time; records before
+    /// version 2 were made with false)
+    bool recent_holdout = true;
     uint64_t seed = 1234;  ///< with `stream`, seeds the holdout sample; <= 2^53 (a knob)
     uint64_t stream = 0;   ///< one stream per (layer, head): set by KVCache
 

@@ -31,7 +31,7 @@ namespace kvindex {
  *             min_distance (the Q-model probe), seed   IVFAsym
  *   sample    Hybrid's tail budget; budget, epsilon, delta, n_calibration
  *             its prefill-time calibration
- *   n_holdout, budget  Choose (prefill-time; budget in tokens, also
+ *   n_holdout, recent_holdout, budget  Choose (prefill-time; budget in tokens, also
  *             its ProxyEvict and Hybrid candidates'); chosen (read-only)
  * index_parameter_info lists them for any index. "" sets nothing. A name
  * that no index in the chain has throws naming it and the index. When an item throws, no

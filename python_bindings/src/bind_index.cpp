@@ -892,7 +892,9 @@ lowest error is kept (the others are emptied), among those reading at most
 `budget` tokens' keys and values per held-back query when it is set. Factory
 string: "Choose(<chain>;<chain>[;...])", e.g.
 "Choose(TopK(Flat);Sink4,Window64,LSHSample10x150)", or "Auto" (the fast
-families; "Auto|budget=2%"). Knobs: prefill-time n_holdout, seed, budget;
+families; "Auto|budget=2%"). The held-back queries are the latest before the
+last position (recent_holdout=1, the default) or a seeded sample of the later
+half (0). Knobs: prefill-time n_holdout, recent_holdout, seed, budget;
 read-only chosen.)doc")
             .def_readonly("chosen", &kvindex::IndexChoose::chosen, "number of the chosen candidate (-1: none yet)")
             .def_property_readonly("errors", [](const kvindex::IndexChoose& x) {
