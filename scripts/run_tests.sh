@@ -53,6 +53,12 @@ phase() {
   PHASES+=("$name $(( $(date +%s) - t0 ))")
 }
 
+# a full disk fails the build with ninja's own words deep in its log: say it
+# first (a clean clone grows to ~6.5 GB: the venv 6.1, the two builds 0.6)
+FREE_KB=$(df -Pk . | awk 'NR == 2 {print $4}')
+if [ "${FREE_KB:-0}" -lt $((7 * 1024 * 1024)) ]; then
+  echo "run_tests: warning: $((FREE_KB / 1024)) MiB free on $(df -P . | awk 'NR == 2 {print $6}'); a clean run needs about 6.5 GB" >&2
+fi
 if [ "$QUICK" = 0 ]; then
   phase setup bash scripts/setup.sh --no-build
 fi
