@@ -80,7 +80,6 @@ bool better(double a, double b) {
     return !std::isnan(a) && (std::isnan(b) || a < b);
 }
 
-
 /// Candidate i exists and has the index's d, d_value and storage type.
 void check_candidate_shape(const KVIndex& index, const KVIndex* c, size_t i) {
     FAISS_THROW_IF_NOT_FMT(c, "IndexChoose: candidate %zu missing (nullptr)", i);
@@ -518,7 +517,7 @@ std::vector<ParameterInfo> IndexChoose::parameter_info() const {
                                    "prefill queries held back to measure each candidate's error (at most half of "
                                    "the queries)")
                     .prefill(),
-            ParameterInfo::integer("seed", 0, ParameterInfo::kNoBound, "seed of the holdout sample (with the per-head stream)")
+            ParameterInfo::integer("seed", 0, ParameterInfo::kNoBound, "seed of the holdout sample when recent_holdout=0 (with the per-head stream)")
                     .prefill(),
             ParameterInfo::flag("recent_holdout",
                                 "1: hold back the latest queries (those just before the last position); 0: a "

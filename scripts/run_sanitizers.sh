@@ -49,9 +49,10 @@ for binary in kvindex_tests kvindex_fault_tests; do
   for ((i = 0; i < SHARDS; i++)); do
     log="$LOGS/$binary.$i.log"
     if [ "$(cat "$LOGS/$binary.$i.rc" 2>/dev/null)" = 0 ]; then
-      n=$(grep -E '^\[  PASSED  \]' "$log" | tail -n 1 | grep -oE '[0-9]+' | head -n 1)
+      # (a shard without a SKIPPED line: grep finds nothing, not an error)
+      n=$(grep -E '^\[  PASSED  \]' "$log" | tail -n 1 | grep -oE '[0-9]+' | head -n 1 || true)
       passed=$((passed + ${n:-0}))
-      n=$(grep -E '^\[  SKIPPED \]' "$log" | tail -n 1 | grep -oE '[0-9]+' | head -n 1)
+      n=$(grep -E '^\[  SKIPPED \]' "$log" | tail -n 1 | grep -oE '[0-9]+' | head -n 1 || true)
       skipped=$((skipped + ${n:-0}))
     else
       failed+=("$binary shard $i")
