@@ -250,7 +250,20 @@ def _(ood, real):
     return render(cols, labelled(real["results"]))
 
 
-@table("auto-e2e", "benchmarks/results/auto/e2e_coreutils.json", "benchmarks/results/auto/e2e_coreutils_more.json")
+@table("auto-seeds", *(f"benchmarks/results/auto/auto_ood{s}.json" for s in OOD_SEEDS))
+def _(*runs):
+    by_seed = [{r["index"]: r for r in run["results"]} for run in runs]
+    cols = [LABEL]
+    for seed, rows in zip(OOD_SEEDS, by_seed):
+        cols.append((f"seed {seed}: rel_err / mass / touched / chosen", lambda r, rows=rows: " / ".join(
+            (sci(rows[r["index"]]["rel_err_mean"]), fixed(3)(rows[r["index"]]["mass_mean"]),
+             percent(2)(rows[r["index"]]["touched_frac"]), chosen(rows[r["index"]])))))
+    names = [n for n in by_seed[0] if all(n in rows for rows in by_seed)]
+    return render(cols, labelled([by_seed[0][n] for n in names]))
+
+
+@table("auto-e2e", "benchmarks/results/auto/e2e_coreutils.json", "benchmarks/results/auto/e2e_coreutils_more.json",
+       "benchmarks/results/auto/e2e_coreutils_defaults.json")
 def _(*runs):
     rows = [r for run in runs for r in run]
     contexts = sorted({r["context"] for r in rows})
