@@ -197,14 +197,18 @@ def kvbench_rows(run, names=None, columns=KVBENCH):
 OOD_SEEDS = (101, 102, 103)
 
 
+def seed_columns(runs, header, cells):
+    """one column per ood seed: "seed S: HEADER", the cells of a row (each a
+    function of that seed's row of the same index) joined by ' / '"""
+    by_seed = [{r["index"]: r for r in run["results"]} for run in runs]
+    return [(f"seed {seed}: {header}", lambda r, rows=rows: " / ".join(c(rows[r["index"]]) for c in cells))
+            for seed, rows in zip(OOD_SEEDS, by_seed)]
+
+
 @table("ood-preset", *(f"benchmarks/results/ood/ood_64k_s{s}.json" for s in OOD_SEEDS))
 def _(*runs):
-    by_seed = [{r["index"]: r for r in run["results"]} for run in runs]
-    cols = [LABEL]
-    for seed, rows in zip(OOD_SEEDS, by_seed):
-        cols.append((f"seed {seed}: mass / recall / touched", lambda r, rows=rows: " / ".join(
-            f(rows[r["index"]][k]) for k, f in
-            (("mass_mean", fixed(3)), ("recall_at_k", fixed(3)), ("touched_frac", percent(1))))))
+    cells = (key("mass_mean", fixed(3)), key("recall_at_k", fixed(3)), key("touched_frac", percent(1)))
+    cols = [LABEL] + seed_columns(runs, "mass / recall / touched", cells)
     cols.append(("build s (101)", key("build_s", fixed(2))))
     return render(cols, labelled(runs[0]["results"]))
 
@@ -252,14 +256,11 @@ def _(ood, real):
 
 @table("auto-seeds", *(f"benchmarks/results/auto/auto_ood{s}.json" for s in OOD_SEEDS))
 def _(*runs):
-    by_seed = [{r["index"]: r for r in run["results"]} for run in runs]
-    cols = [LABEL]
-    for seed, rows in zip(OOD_SEEDS, by_seed):
-        cols.append((f"seed {seed}: rel_err / mass / touched / chosen", lambda r, rows=rows: " / ".join(
-            (sci(rows[r["index"]]["rel_err_mean"]), fixed(3)(rows[r["index"]]["mass_mean"]),
-             percent(2)(rows[r["index"]]["touched_frac"]), chosen(rows[r["index"]])))))
-    names = [n for n in by_seed[0] if all(n in rows for rows in by_seed)]
-    return render(cols, labelled([by_seed[0][n] for n in names]))
+    cells = (key("rel_err_mean", sci), key("mass_mean", fixed(3)), key("touched_frac", percent(2)), chosen)
+    cols = [LABEL] + seed_columns(runs, "rel_err / mass / touched / chosen", cells)
+    # the strings every seed ran (101 ran the candidates alone too)
+    names = set.intersection(*({r["index"] for r in run["results"]} for run in runs))
+    return render(cols, labelled([r for r in runs[0]["results"] if r["index"] in names]))
 
 
 @table("auto-e2e", "benchmarks/results/auto/e2e_coreutils.json", "benchmarks/results/auto/e2e_coreutils_more.json",
