@@ -48,9 +48,10 @@ struct FactoryChain;
  * The chosen index keeps what it learnt from the remaining queries: it is
  * not prefilled again with the held-back ones.
  *
- * No measurement (candidate 0 is taken, `errors` and the holdout stay
- * empty): a prefill of no tokens, or with fewer than 5 queries (nothing
- * to hold back); add_kv on an index that had no prefill.
+ * No measurement (candidate 0 is taken, `errors`, `reads` and the holdout
+ * stay empty, and `budget` is not checked): a prefill of no tokens, or with
+ * fewer than 5 queries (nothing to hold back); add_kv on an index that had
+ * no prefill.
  * A candidate that refuses the prefill (a query-aware one without the
  * queries it needs) makes the whole prefill refused, as it would alone;
  * the index is then left empty.
