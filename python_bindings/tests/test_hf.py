@@ -167,6 +167,22 @@ def test_every_registry_type_generates(hf, type_name):
     assert head.ntotal == cache.sequences[0].n_tokens(5)
 
 
+def test_auto_with_a_budget_in_percent_generates_within_it(hf):
+    # "Auto|budget=5%": the percentage resolved on the prompt (16 of 320
+    # tokens); every head keeps a candidate whose held-back reads fit it
+    model, tok = hf
+    ids = real_text_ids(tok, 320)
+    cache = KVIndexCache(model, "Auto|budget=5%")
+    out = generate(model, ids, 4, cache).sequences
+    assert out.shape == (1, 324)
+    for layer in (0, 15, 29):
+        for kv in range(3):
+            head = cache.index(layer, kv)
+            assert isinstance(head, kvindex.IndexChoose)
+            assert kvindex.get_index_parameter(head, "budget") == 16
+            assert head.reads.shape == (4,) and head.reads[head.chosen] <= 16
+
+
 def test_a_left_padded_batch_keeps_padding_out(hf):
     model, tok = hf
     long = real_text_ids(tok, 300)
