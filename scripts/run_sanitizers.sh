@@ -2,8 +2,8 @@
 # The library's tests under AddressSanitizer (leaks included) and
 # UndefinedBehaviorSanitizer: any report fails the run. Part of the test
 # command (scripts/run_tests.sh). Both binaries run as gtest shards, four
-# per core, a core's worth at a time (a shard per core left one core idle for
-# 100 s: the slow tests fall unevenly). Usage:
+# per core, a core's worth at a time (with one shard per core the slow tests
+# fell unevenly: 291 s against 197 s in one run). Usage:
 # bash scripts/run_sanitizers.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."

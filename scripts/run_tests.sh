@@ -16,7 +16,8 @@
 #   san-build  one clang build with ASan + UBSan + libFuzzer coverage for
 #              both the sanitizer tests and the fuzzers (build_sanitizers.sh)
 #   sanitizers the library's tests and the allocation-fault tests under
-#              ASan + UBSan, one shard per core (scripts/run_sanitizers.sh)
+#              ASan + UBSan, 4 gtest shards per core each, a core's worth
+#              at a time (scripts/run_sanitizers.sh)
 #   fuzz       each libFuzzer target 12 s from a fixed seed, one per core
 #              (scripts/run_fuzzers.sh)
 #
