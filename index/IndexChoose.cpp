@@ -17,6 +17,7 @@
 
 #include "checks.h"
 #include "parallel.h"
+#include "query_rows.h"
 #include "random.h"
 
 namespace kvindex {
@@ -271,12 +272,8 @@ std::vector<idx_t> IndexChoose::choose_holdout(const PrefillInput& in) const {
     std::vector<idx_t> pool(order.end() - half, order.end());
     size_t m = std::min<size_t>(size_t(n_holdout), pool.size() / 2);
     if (recent_holdout) {
-        // the latest m (ties at the boundary by index)
-        std::vector<idx_t> latest(pool.end() - m, pool.end());
-        std::sort(latest.begin(), latest.end(), [&](idx_t a, idx_t b) {
-            return position(a) < position(b) || (position(a) == position(b) && a < b);
-        });
-        return latest;
+        // the latest m, already by position (ties by index: a stable sort)
+        return std::vector<idx_t>(pool.end() - m, pool.end());
     }
     // a partial Fisher-Yates shuffle on raw mt19937_64 draws: the same
     // sample with every standard library
@@ -302,7 +299,7 @@ double IndexChoose::holdout_reads(
     candidate.select(n_held, held_queries, sel.data(), &count);
     double total = 0;
     for (const Selection& s : sel) {
-        total += (double(s.n_scanned) + 2.0 * double(s.size())) / 2.0;
+        total += s.tokens_read();
     }
     return total / double(std::max<idx_t>(n_held, 1));
 }
@@ -346,19 +343,8 @@ void IndexChoose::prefill_impl(const PrefillInput& in) {
                 }
             }
             const idx_t nr = idx_t(rest.size());
-            std::vector<float> rest_q(size_t(n_heads) * nr * d);
-            std::vector<float> held_q(size_t(n_heads) * nh * d);
-            for (int h = 0; h < n_heads; h++) {
-                const float* qh = in.queries + size_t(h) * nq * d;
-                for (idx_t j = 0; j < nr; j++) {
-                    std::memcpy(&rest_q[(size_t(h) * nr + j) * d], qh + size_t(rest[j]) * d,
-                                sizeof(float) * d);
-                }
-                for (idx_t j = 0; j < nh; j++) {
-                    std::memcpy(&held_q[(size_t(h) * nh + j) * d], qh + size_t(held[j]) * d,
-                                sizeof(float) * d);
-                }
-            }
+            std::vector<float> rest_q = gather_query_rows(in.queries, n_heads, nq, rest, d);
+            std::vector<float> held_q = gather_query_rows(in.queries, n_heads, nq, held, d);
             // exact attention of each held-back query over every token held
             const idx_t n_eval = idx_t(n_heads) * nh;
             std::vector<float> exact(size_t(n_eval) * d_value);
@@ -574,8 +560,7 @@ bool IndexChoose::set_parameter(const std::string& name, double value) {
         budget = idx_t(count_parameter(name, value));
         own = true;
     } else if (name == "recent_holdout") {
-        FAISS_THROW_IF_NOT_FMT(value == 0 || value == 1, "parameter recent_holdout=%g must be 0 or 1", value);
-        recent_holdout = value == 1;
+        recent_holdout = flag_parameter(name, value);
         own = true;
     }
     if (chosen < 0) {

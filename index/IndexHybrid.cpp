@@ -17,6 +17,7 @@
 
 #include "checks.h"
 #include "parallel.h"
+#include "query_rows.h"
 
 namespace kvindex {
 
@@ -335,15 +336,14 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
     // each attending causally to the keys at or before it
     const idx_t n_use = std::min(n_calibration, in.n_queries);
     const int g = in.n_query_heads;
-    std::vector<float> queries(size_t(n_use) * g * d);
+    std::vector<idx_t> last(n_use);
+    std::iota(last.begin(), last.end(), in.n_queries - n_use);
+    std::vector<float> queries = gather_query_rows(in.queries, g, in.n_queries, last, d);
     std::vector<idx_t> n_keys(size_t(n_use) * g);
     for (int h = 0; h < g; h++) {
         for (idx_t j = 0; j < n_use; j++) {
-            idx_t qi = in.n_queries - n_use + j;
-            idx_t pos = in.query_position(qi);
-            size_t row = size_t(h) * n_use + j;
-            std::copy_n(in.queries + (size_t(h) * in.n_queries + qi) * d, d, &queries[row * d]);
-            n_keys[row] = std::clamp<idx_t>(pos - in.first_position + 1, 0, in.n_tokens);
+            idx_t pos = in.query_position(last[j]);
+            n_keys[size_t(h) * n_use + j] = std::clamp<idx_t>(pos - in.first_position + 1, 0, in.n_tokens);
         }
     }
     const idx_t n_rows = idx_t(n_keys.size());

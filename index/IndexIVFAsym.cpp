@@ -749,9 +749,7 @@ bool IndexIVFAsym::set_parameter(const std::string& name, double value) {
                 n_centroids);
         nprobe = int(value);
     } else if (name == "group_probe") {
-        FAISS_THROW_IF_NOT_FMT(
-                value == 0 || value == 1, "parameter group_probe=%g must be 0 or 1", value);
-        group_probe = value == 1;
+        group_probe = flag_parameter(name, value);
     } else if (name == "var_weight") {
         FAISS_THROW_IF_NOT_FMT(
                 std::isfinite(value) && value >= 0 && value <= 1,

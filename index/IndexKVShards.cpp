@@ -15,6 +15,7 @@
 
 #include "checks.h"
 #include "parallel.h"
+#include "query_rows.h"
 #include "random.h"
 
 namespace kvindex {
@@ -155,19 +156,14 @@ struct ShardQueries {
             return;
         }
         positions.clear();
-        queries.clear();
-        queries.reserve(size_t(in.n_query_heads) * seen * d);
-        for (int h = 0; h < in.n_query_heads; h++) {
-            for (idx_t i = 0; i < in.n_queries; i++) {
-                if (position(i) >= first) {
-                    const float* q = in.queries + (size_t(h) * in.n_queries + i) * d;
-                    queries.insert(queries.end(), q, q + d);
-                    if (h == 0) {
-                        positions.push_back(position(i));
-                    }
-                }
+        std::vector<idx_t> rows;
+        for (idx_t i = 0; i < in.n_queries; i++) {
+            if (position(i) >= first) {
+                rows.push_back(i);
+                positions.push_back(position(i));
             }
         }
+        queries = gather_query_rows(in.queries, in.n_query_heads, in.n_queries, rows, d);
         sub.n_queries = seen;
         sub.queries = seen > 0 ? queries.data() : nullptr;
         sub.query_positions = seen > 0 ? positions.data() : nullptr;

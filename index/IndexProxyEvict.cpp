@@ -19,6 +19,7 @@
 #include <kvindex/kernels.h>
 
 #include "checks.h"
+#include "query_rows.h"
 #include "random.h"
 
 namespace kvindex {
@@ -294,21 +295,6 @@ std::vector<double> max_pooled(const std::vector<double>& x, idx_t r) {
     return out;
 }
 
-/// The queries at `rows` of each of n_heads heads (head-major, n_queries
-/// each), packed head-major: size n_heads * rows.size() * d.
-std::vector<float> gather_queries(
-        const float* queries, int n_heads, idx_t n_queries, const std::vector<idx_t>& rows, int d) {
-    std::vector<float> q(size_t(n_heads) * rows.size() * d);
-    for (int h = 0; h < n_heads; h++) {
-        for (size_t i = 0; i < rows.size(); i++) {
-            std::memcpy(q.data() + (h * rows.size() + i) * d,
-                        queries + (size_t(h) * n_queries + rows[i]) * d,
-                        sizeof(float) * d);
-        }
-    }
-    return q;
-}
-
 /** The scores of every query head of the layer: `scorer` run for each KV
  * head g of `layer` on its keys over the same positions as `in`'s and its
  * query heads' queries at the positions `pos` (which must be among the
@@ -350,7 +336,7 @@ void layer_scores(
         std::fill(out, out + n, 0.0);
         for (int kv = 0; kv < L.n_kv_heads; kv++) {
             std::vector<float> q =
-                    gather_queries(L.queries + size_t(kv) * g * L.n_queries * d, g, L.n_queries, rows, d);
+                    gather_query_rows(L.queries + size_t(kv) * g * L.n_queries * d, g, L.n_queries, rows, d);
             const float* keys = L.keys + (size_t(kv) * L.n_tokens + (in.first_position - L.first_position)) * d;
             scorer(keys, n, d, q.data(), g, m, pos.data(), in.first_position, causal, head.data());
             for (idx_t j = 0; j < n; j++) {
@@ -437,7 +423,7 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
         if (layer_vote) {
             layer_scores(scorer, in, d, pos, causal, F.data());
         } else {
-            std::vector<float> q = gather_queries(in.queries, in.n_query_heads, in.n_queries, pick, d);
+            std::vector<float> q = gather_query_rows(in.queries, in.n_query_heads, in.n_queries, pick, d);
             scorer(in.keys, n, d, q.data(), in.n_query_heads, idx_t(pick.size()), pos.data(),
                    in.first_position, causal, F.data());
         }
@@ -674,12 +660,12 @@ bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
         return true;
     }
     if (name == "layer_vote") {
-        FAISS_THROW_IF_NOT_FMT(value == 0 || value == 1, "parameter layer_vote=%g must be 0 or 1", value);
+        const bool vote = flag_parameter(name, value);
         FAISS_THROW_IF_NOT_FMT(
-                value == 0 || scores_tokens(policy),
+                !vote || scores_tokens(policy),
                 "parameter layer_vote=1: %s keeps tokens without scores, there is nothing to vote on",
                 evict_policy_name(policy));
-        layer_vote = value == 1;
+        layer_vote = vote;
         return true;
     }
     if (name == "budget" || name == "n_sink" || name == "seed") {

@@ -84,6 +84,11 @@ uint64_t count_parameter(const std::string& name, double value) {
     return uint64_t(value);
 }
 
+bool flag_parameter(const std::string& name, double value) {
+    KVINDEX_CHECK_ARG(value == 0 || value == 1, "parameter %s=%g must be 0 or 1", name.c_str(), value);
+    return value == 1;
+}
+
 void check_excluded(const idx_t* excluded, size_t n_excluded, idx_t n, const char* what) {
     KVINDEX_CHECK_ARG(excluded || n_excluded == 0, "%s: excluded is nullptr", what);
     for (size_t j = 0; j < n_excluded; j++) {

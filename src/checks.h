@@ -54,6 +54,10 @@ bool is_count(double x);
 /// must be a non-negative integer". The check of set_parameter's counts.
 uint64_t count_parameter(const std::string& name, double value);
 
+/// value as a flag: 0 or 1, otherwise throws "parameter <name>=<value>
+/// must be 0 or 1". The check of set_parameter's flags.
+bool flag_parameter(const std::string& name, double value);
+
 /// Throws unless excluded (size n_excluded) holds increasing ids in [0, n).
 void check_excluded(const idx_t* excluded, size_t n_excluded, idx_t n, const char* what);
 

@@ -355,7 +355,7 @@ RunResult run_kvbench(const RunOptions& opt) {
                         a.selected += double(sel.size()) / (p + 1);
                         a.mass_row.push_back(mass);
                         a.selected_row.push_back(double(sel.size()) / (p + 1));
-                        a.touched += (sel.n_scanned + 2.0 * sel.size()) / (2.0 * (p + 1));
+                        a.touched += sel.tokens_read() / double(p + 1);
                         if (top_k > 0) {
                             idx_t k = std::min<idx_t>(top_k, p + 1);
                             std::vector<idx_t> ids(k), truth(p + 1);

@@ -49,6 +49,12 @@ struct Selection {
     size_t size() const {
         return ids.size();
     }
+    /// what a query reads, in tokens of keys and values: n_scanned key
+    /// vectors count half a token each, a selected token its key and value
+    /// (kvbench's "touched" over the context; IndexChoose's budget)
+    double tokens_read() const {
+        return (double(n_scanned) + 2.0 * double(ids.size())) / 2.0;
+    }
     void clear() {
         ids.clear();
         inclusion.clear();
