@@ -314,7 +314,7 @@ void IndexHybrid::prefill_impl(const PrefillInput& in) {
             tail->factory_string().c_str());
     // both calibrations model the heavy part as the exact top-k of its k
     KVINDEX_CHECK_ARG(
-            (epsilon == 0 && budget == 0) || heavy->reads_search_knob("k"),
+            (epsilon == 0 && budget <= 0) || heavy->reads_search_knob("k"),
             "IndexHybrid: epsilon and budget calibrate the tail against the heavy part's "
             "top-k, and the heavy part %s has no k (use a top-k: TopK, RoarGraph)",
             heavy->factory_string().c_str());
@@ -326,9 +326,13 @@ void IndexHybrid::prefill_impl(const PrefillInput& in) {
     ntotal = in.n_tokens;
     rope = in.rope;
     has_rope = true;
-    if (epsilon > 0 || budget > 0) {
+    if (epsilon > 0 || budget > 0 || splits_by_default()) {
         calibrate(in);
     }
+}
+
+bool IndexHybrid::splits_by_default() const {
+    return budget < 0 && epsilon == 0 && !split_given && heavy->reads_search_knob("k");
 }
 
 void IndexHybrid::calibrate(const PrefillInput& in) {
@@ -364,6 +368,18 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
         calibrated_sample = -1;
         return;
     }
+    // the reads to split: the budget given, or (-1) what the hybrid as
+    // given reads on these queries, its heavy k and its tail's own sample
+    idx_t total = budget;
+    if (epsilon == 0 && budget < 0) {
+        std::vector<Selection> sel(n_rows);
+        select_batch(n_rows, queries.data(), sel.data(), nullptr);
+        double read = 0;
+        for (const Selection& s : sel) {
+            read += double(s.size());
+        }
+        total = std::max<idx_t>(1, idx_t(std::llround(read / double(n_rows))));
+    }
     if (epsilon > 0) {
         const double z = normal_two_sided_quantile(delta);
         std::vector<TailStatistics> st = stats_for({k_heavy});
@@ -378,26 +394,26 @@ void IndexHybrid::calibrate(const PrefillInput& in) {
     } else if (!tail->samples_uniformly()) {
         // a tail whose error has no closed form (LSH, weighted): the split
         // with the lowest error measured on the same queries
-        measure_split(queries.data(), n_rows);
+        measure_split(queries.data(), n_rows, total);
         return;
     } else {
-        // the split of `budget` with the lowest mean predicted error
+        // the split of `total` with the lowest mean predicted error
         constexpr int kSteps = 8;
         std::vector<idx_t> ks;
         for (int f = 0; f <= kSteps; f++) {
-            ks.push_back(std::max<idx_t>(1, budget * f / kSteps));
+            ks.push_back(std::max<idx_t>(1, total * f / kSteps));
         }
         std::vector<TailStatistics> st = stats_for(ks);
         double best = std::numeric_limits<double>::infinity();
         for (size_t t = 0; t < ks.size(); t++) {
             double err = 0;
             for (idx_t row = 0; row < n_rows; row++) {
-                err += st[size_t(row) * ks.size() + t].predicted_error(double(budget - ks[t]));
+                err += st[size_t(row) * ks.size() + t].predicted_error(double(total - ks[t]));
             }
             if (err < best) {
                 best = err;
                 k_heavy = ks[t];
-                m = budget - ks[t];
+                m = total - ks[t];
             }
         }
         // through the chain walk, as "k=..." would: the heavy part's whole chain
@@ -422,7 +438,7 @@ void IndexHybrid::set_split(idx_t k_heavy, idx_t m) {
     calibrated_sample = m;
 }
 
-void IndexHybrid::measure_split(const float* queries, idx_t n_rows) {
+void IndexHybrid::measure_split(const float* queries, idx_t n_rows, idx_t total) {
     // the reference: exact attention over the tokens this index holds (the
     // queries are the prompt's last: they see a few tokens after theirs,
     // as every candidate does)
@@ -441,16 +457,16 @@ void IndexHybrid::measure_split(const float* queries, idx_t n_rows) {
     constexpr int kSteps = 8;
     std::vector<float> out(size_t(n_rows) * d_value), lse(n_rows);
     double best = std::numeric_limits<double>::infinity();
-    idx_t best_k = budget, best_m = 0;
+    idx_t best_k = total, best_m = 0;
     for (int f = kSteps; f >= 0; f--) { // from plain top-k: it wins ties
-        const idx_t k_f = std::max<idx_t>(1, budget * f / kSteps);
-        set_split(k_f, budget - k_f);
+        const idx_t k_f = std::max<idx_t>(1, total * f / kSteps);
+        set_split(k_f, total - k_f);
         attend_batch(n_rows, queries, out.data(), lse.data(), nullptr);
         const double err = mean_relative_error(out.data(), exact.data(), size_t(n_rows), size_t(d_value));
         if (err < best) {
             best = err;
             best_k = k_f;
-            best_m = budget - k_f;
+            best_m = total - k_f;
         }
     }
     set_split(best_k, best_m);
@@ -545,9 +561,12 @@ std::vector<ParameterInfo> IndexHybrid::parameter_info() const {
                     .also(-1),
             P::real("epsilon", 0, 1e6, "relative error target of a uniform tail: > 0 sets its sample per head at prefill, 0: off")
                     .prefill(),
-            P::integer("budget", 0, P::kNoBound, "tokens per query (k + sample) split per head at prefill by predicted (uniform tail) or measured error; 0: off")
+            P::integer("budget", 0, P::kNoBound,
+                       "tokens per query (k + sample) split per head at prefill by predicted (uniform tail) or measured error; "
+                       "0: off; -1 (default): what the hybrid reads as given, unless k, sample or epsilon is set")
                     .prefill()
-                    .tokens(),
+                    .tokens()
+                    .also(-1),
             P::real("delta", 0, 1, "failure probability of the epsilon target").prefill().open_min().open_max(),
             P::integer("n_calibration", 1, P::kNoBound, "last prompt positions whose queries set the tail budget").prefill(),
             P::reported("calibrated_k", "the heavy k the last prefill chose (-1: none)"),
@@ -558,6 +577,7 @@ bool IndexHybrid::set_parameter(const std::string& name, double value) {
     if (name == "sample") {
         // -1 (the default, which get_parameter reports): the tail's own k
         sample = value == -1 ? -1 : idx_t(count_parameter(name, value));
+        split_given = true;
     } else if (name == "epsilon") {
         FAISS_THROW_IF_NOT_FMT(
                 value >= 0 && value <= 1e6, "parameter epsilon=%g must be >= 0", value);
@@ -573,16 +593,17 @@ bool IndexHybrid::set_parameter(const std::string& name, double value) {
                 value);
         n_calibration = idx_t(value);
     } else if (name == "budget") {
-        budget = idx_t(count_parameter(name, value));
+        budget = value == -1 ? -1 : idx_t(count_parameter(name, value));
     } else if (name == "calibrated_sample" || name == "calibrated_k") {
         FAISS_THROW_FMT(
-                "parameter %s is read-only (set by prefill when epsilon or budget > 0)",
+                "parameter %s is read-only (set by prefill when it calibrates)",
                 name.c_str());
     } else {
         // k belongs to the heavy part (a child, which reports it); the
         // hybrid's own field mirrors it for readers of KVIndex::k
         if (name == "k") {
             KVIndex::set_parameter(name, value);
+            split_given = true;
         }
         return false;
     }
@@ -618,12 +639,13 @@ void IndexHybrid::write_fields(BufferWriter& w) const {
     w.value<int64_t>(n_calibration);
     w.value<int64_t>(calibrated_k);
     w.value<int64_t>(calibrated_sample);
+    w.value<uint8_t>(split_given ? 1 : 0);
     tokens().write(w); // the record holds the tokens whichever index keeps them
     write_index_record(heavy.get(), w);
     write_index_record(tail.get(), w);
 }
 
-void IndexHybrid::read_fields(BufferReader& r, uint32_t) {
+void IndexHybrid::read_fields(BufferReader& r, uint32_t version) {
     sample = r.value<int64_t>("sample");
     epsilon = r.value<double>("epsilon");
     budget = r.value<int64_t>("budget");
@@ -631,6 +653,8 @@ void IndexHybrid::read_fields(BufferReader& r, uint32_t) {
     n_calibration = r.value<int64_t>("n_calibration");
     calibrated_k = r.value<int64_t>("calibrated_k");
     calibrated_sample = r.value<int64_t>("calibrated_sample");
+    // version 1 had no default budget: its 0 is off, and nothing was given
+    split_given = version >= 2 ? r.value<uint8_t>("split_given") != 0 : false;
     storage = KVStorage(d, d_value, kv_type);
     storage.read(r, "Hybrid storage");
     heavy = read_index_record(r);
@@ -652,7 +676,7 @@ void IndexHybrid::check_invariants() const {
     FAISS_THROW_IF_NOT_MSG(heavy && tail, "IndexHybrid: heavy or tail index missing");
     check_heavy_is_deterministic();
     FAISS_THROW_IF_NOT_FMT(
-            sample >= -1 && std::isfinite(epsilon) && epsilon >= 0 && budget >= 0 &&
+            sample >= -1 && std::isfinite(epsilon) && epsilon >= 0 && budget >= -1 &&
                     delta > 0 && delta < 1 && n_calibration >= 1 && calibrated_k >= -1 &&
                     calibrated_sample >= -1,
             "IndexHybrid: sample=%zd, epsilon=%g, budget=%zd, delta=%g, n_calibration=%zd or "

@@ -65,7 +65,7 @@ std::vector<IndexTypeInfo> builtin_types() {
              "SAAP: keys in k-means buckets (de-RoPEd), queries routed by a trained classifier, exact attention over the probed buckets",
              IndexIVFAsym::from_factory, make_empty<IndexIVFAsym>,
              {"IVFAsym64", "IVFAsym64_Centroid", "IVFAsym64_CentroidRoPE", "IVFAsym64_Oracle", "IVFAsym64_Moment"}},
-            {"IndexHybrid", fourcc("KVHy"), 1, "Hybrid(<heavy>,<tail>)",
+            {"IndexHybrid", fourcc("KVHy"), 2, "Hybrid(<heavy>,<tail>)",
              "exact heavy hitters (a top-k index) + an unbiased sample of the other tokens (LSH, uniform or weighted), merged by lse",
              IndexHybrid::from_factory, make_empty<IndexHybrid>,
              {"Hybrid(TopK(Flat),Uniform)", "Hybrid(TopK(Flat),LSHSample8x75)"}},

@@ -592,6 +592,98 @@ TEST(Hybrid, MeasuredBudgetSplitFollowsTheHead) {
     }
 }
 
+TEST(Hybrid, NoKnobsSplitsWhatItReadsPerHead) {
+    // With no knobs the hybrid splits what it reads as given (the mean of
+    // its selection on the calibration queries: heavy k + the tail's own
+    // sample) per head, as budget=<that> would. Checked against the same
+    // string with that budget given; on queries it was not calibrated on,
+    // a needle head errs no more than top-k of the same reads, and a head
+    // of a few heavy hitters over a flat rest beats it.
+    const idx_t n_cal = 32, n_eval = 8;
+    for (const std::string tail : {"Uniform", "Weighted", "LSHSample6x20"}) {
+        SCOPED_TRACE(tail);
+        const std::string chain = "Hybrid(TopK(Flat)," + tail + ")";
+        for (const float score : {12.0f, 5.0f}) {
+            SCOPED_TRACE(score);
+            Head h = planted_head(4000, n_cal + n_eval, 10, score, 41);
+            h.values = gaussian(h.n, kD, 410, 1.0f, 0.5f);
+            // what the string reads as given: its selection with the split off
+            auto as_given = index_factory(kD, chain + "|budget=0");
+            as_given->prefill(prompt_of(h, n_cal));
+            EXPECT_EQ(get_index_parameter(as_given.get(), "calibrated_k"), -1.0);
+            std::vector<Selection> sel(n_cal);
+            as_given->select(n_cal, h.queries.data(), sel.data());
+            double read = 0;
+            for (const Selection& x : sel) {
+                read += double(x.size());
+            }
+            const idx_t total = idx_t(std::llround(read / double(n_cal)));
+            if (tail != "LSHSample6x20") {
+                EXPECT_EQ(total, 200); // TopK's k and the tail's, 100 each
+            }
+
+            auto index = index_factory(kD, chain);
+            EXPECT_EQ(get_index_parameter(index.get(), "budget"), -1.0);
+            index->prefill(prompt_of(h, n_cal));
+            const idx_t k = idx_t(get_index_parameter(index.get(), "calibrated_k"));
+            const idx_t m = idx_t(get_index_parameter(index.get(), "calibrated_sample"));
+            EXPECT_EQ(k + m, total);
+            auto given = index_factory(kD, chain + "|budget=" + std::to_string(total));
+            given->prefill(prompt_of(h, n_cal));
+            EXPECT_EQ(get_index_parameter(given.get(), "calibrated_k"), double(k));
+
+            auto topk = build("TopK(Flat)|k=" + std::to_string(total), h);
+            const double err = mean_error(*index, h, n_cal, n_cal + n_eval);
+            const double topk_err = mean_error(*topk, h, n_cal, n_cal + n_eval);
+            if (score > 10) {
+                EXPECT_LE(err, topk_err * 1.05 + 1e-6) << "k " << k << ", m " << m;
+            } else {
+                EXPECT_GE(m, total / 2);
+                EXPECT_LT(err, topk_err) << "k " << k << ", m " << m;
+            }
+            // the record keeps the default, and a read index answers alike
+            std::vector<uint8_t> buf;
+            write_index(index.get(), &buf);
+            auto back = read_index(buf);
+            EXPECT_EQ(get_index_parameter(back.get(), "budget"), -1.0);
+            std::vector<float> a(kD), b(kD);
+            attend_one(*index, h.q(n_cal), a);
+            attend_one(*back, h.q(n_cal), b);
+            EXPECT_EQ(a, b);
+        }
+    }
+}
+
+TEST(Hybrid, AGivenSplitIsKept) {
+    // k or sample set on the hybrid (before or after its construction) keeps
+    // that split: the default budget splits only a hybrid with no knobs
+    Head h = planted_head(4000, 32, 10, 5.0f, 42);
+    for (const char* knobs : {"k=30", "sample=50", "k=30,sample=50", "epsilon=0.2", "budget=0"}) {
+        SCOPED_TRACE(knobs);
+        auto index = index_factory(kD, std::string("Hybrid(TopK(Flat),Uniform)|") + knobs);
+        const double k = get_index_parameter(index.get(), "k");
+        index->prefill(prompt_of(h, 32));
+        if (std::string(knobs) == "epsilon=0.2") {
+            EXPECT_EQ(get_index_parameter(index.get(), "calibrated_k"), k); // the epsilon rule
+            continue;
+        }
+        EXPECT_EQ(get_index_parameter(index.get(), "calibrated_k"), -1.0);
+        EXPECT_EQ(get_index_parameter(index.get(), "k"), k);
+        // and so does a read record of it, prefilled again
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        auto back = read_index(buf);
+        back->reset();
+        back->prefill(prompt_of(h, 32));
+        EXPECT_EQ(get_index_parameter(back.get(), "calibrated_k"), -1.0);
+    }
+    // a heavy part without a top-k: no default split, and no error
+    auto ivf = index_factory(kD, "Hybrid(IVFAsym8,Uniform)");
+    EXPECT_NO_THROW(ivf->prefill(prompt_of(h, 32)));
+    EXPECT_EQ(get_index_parameter(ivf.get(), "calibrated_k"), -1.0);
+    EXPECT_THROW_MSG(index_factory(kD, "Hybrid(TopK(Flat),Uniform)|budget=-2"), "budget=-2");
+}
+
 TEST(Hybrid, BudgetFollowsTheHead) {
     // a flat head needs a larger tail than a sparse one
     auto budget = [](float planted_score) {

@@ -96,6 +96,13 @@ double normal_two_sided_quantile(double delta);
  *    the split with the lowest measured error against exact attention is
  *    kept (ties: the larger k); an LSH tail's sample is then capped at the
  *    split's m (max_sample, by score).
+ * With no knobs (budget = -1, the default, and none of k, sample or
+ * epsilon set on the hybrid) the budget is what the hybrid as given reads:
+ * the mean over the calibration queries of its selection (heavy k + the
+ * tail's own sample), split per head as above. So each head's reads stay
+ * those of the string, and a needle head spends them on top-k, a flat one
+ * on the tail. Setting k or sample (split_given) keeps that split as
+ * given; budget=0 turns the calibration off.
  * calibrated_k and calibrated_sample report the choice.
  *
  * Per-call parameters go to the heavy part (its k, nprobe, efSearch;
@@ -127,7 +134,9 @@ struct IndexHybrid : KVIndex {
     /// the tail's budget (its k); -1: the tail's own k, 0: no tail
     idx_t sample = -1;
     double epsilon = 0;         ///< relative error target of the tail (0: off)
-    idx_t budget = 0;           ///< tokens per query split at prefill (0: off)
+    /// tokens per query split at prefill; 0: off; -1 (default): what the
+    /// hybrid as given reads, unless split_given or epsilon > 0
+    idx_t budget = -1;
     double delta = 0.05;        ///< failure probability of the target
     idx_t n_calibration = 64;   ///< last prompt positions whose queries set the budget
     /// heavy k and tail sample chosen at the last prefill (-1: none chosen;
@@ -135,6 +144,9 @@ struct IndexHybrid : KVIndex {
     /// chose Flat; epsilon or budget with a heavy type without k is refused)
     idx_t calibrated_k = -1;
     idx_t calibrated_sample = -1;
+    /// k or sample was set on this hybrid: the default budget (-1) leaves
+    /// that split alone
+    bool split_given = false;
 
     IndexHybrid(std::unique_ptr<KVIndex> heavy, std::unique_ptr<KVIndex> tail);
     IndexHybrid();
@@ -218,14 +230,18 @@ struct IndexHybrid : KVIndex {
             const faiss::SearchParameters* params) const override;
 
    private:
-    /// Sets k and sample from the prompt's last queries (epsilon or budget > 0).
+    /// Whether prefill splits the default budget (-1): no k, sample or
+    /// epsilon given, and a heavy part with a top-k.
+    bool splits_by_default() const;
+    /// Sets k and sample from the prompt's last queries (epsilon or budget
+    /// > 0, or splits_by_default).
     void calibrate(const PrefillInput& input);
     /** budget with a tail whose error has no closed form (not
-     * samples_uniformly: LSH, weighted): each split k = max(1, budget * f),
+     * samples_uniformly: LSH, weighted): each split k = max(1, total * f),
      * f in 1, 7/8, ..., 0, is set and the n_rows queries (size n_rows * d)
      * attended; the split with the lowest mean relative error against
      * exact attention is kept (ties: the larger k). */
-    void measure_split(const float* queries, idx_t n_rows);
+    void measure_split(const float* queries, idx_t n_rows, idx_t total);
     /// Heavy k and tail budget m (sample; an LSH tail's max_sample), as calibrated.
     void set_split(idx_t k_heavy, idx_t m);
 };

@@ -867,13 +867,20 @@ Knobs: k, seed.)doc")
             R"doc(Exact heavy hitters plus an unbiased sample of the other tokens (vAttention's
 top-k + sampling, with LSH or uniform tails): the heavy index's top-k,
 exact, merged by lse with the tail's sample drawn only outside it, weighted
-by 1/u. With epsilon > 0 a uniform tail's sample is set per head at prefill
-from the prompt's last queries for an (epsilon, delta) error target.
+by 1/u. Prefill sets the split per head from the prompt's last queries:
+with no knobs, what the hybrid reads as given (heavy k + the tail's own
+sample) is split between top-k and tail by error; with budget=B, B is; with
+epsilon > 0 a uniform tail's sample is sized for an (epsilon, delta) error
+target. Setting k or sample keeps that split.
 Factory string: "Hybrid(<heavy>,<tail>)", e.g. "Hybrid(TopK(Flat),LSHSample10x150)",
 "Hybrid(TopK(Flat),Uniform)|k=80,sample=80" (the tools also take "k=1%,sample=1%": a
 share of the prompt). Knobs: k (heavy), sample (the tail's k);
-prefill-time: epsilon, delta, n_calibration.)doc")
+prefill-time: budget, epsilon, delta, n_calibration.)doc")
             .def_readonly("sample", &kvindex::IndexHybrid::sample, "the tail's budget (-1: its own k, 0: no tail)")
+            .def_readonly("budget", &kvindex::IndexHybrid::budget,
+                          "reads split per head at prefill (0: off; -1: what it reads as given, unless k or sample is set)")
+            .def_readonly("split_given", &kvindex::IndexHybrid::split_given, "k or sample was set: the default keeps that split")
+            .def_readonly("calibrated_k", &kvindex::IndexHybrid::calibrated_k, "heavy k chosen at the last prefill (-1: none)")
             .def_readonly("epsilon", &kvindex::IndexHybrid::epsilon, "relative error target (0: off)")
             .def_readonly("delta", &kvindex::IndexHybrid::delta, "failure probability of the target")
             .def_readonly("calibrated_sample", &kvindex::IndexHybrid::calibrated_sample,
