@@ -48,6 +48,7 @@ from ._kvindex import (  # noqa: F401
     index_parameter_info,
     index_types,
     invert_rope,
+    merge_attention,
     parse_index_spec,
     read_cache,
     read_index,
@@ -75,6 +76,7 @@ _torch.wrap_methods(IndexIVFAsym, ["probe_buckets", "moment_log_masses"])
 apply_rope = _torch.returns_torch_for_torch(apply_rope)
 invert_rope = _torch.returns_torch_for_torch(invert_rope)
 weighted_inclusion = _torch.returns_torch_for_torch(weighted_inclusion)
+merge_attention = _torch.returns_torch_for_torch(merge_attention)
 
 
 def _index_from_bytes(data):

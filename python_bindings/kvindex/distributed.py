@@ -351,17 +351,8 @@ def _array(x):
 def merge_by_lse(outs, lses):
     """Partial attentions over disjoint key sets -> the attention over their
     union: outs (S, heads, n, d_value), lses (S, heads, n); a part with
-    lse = -inf (no key) weighs nothing."""
-    lses = np.asarray(lses, dtype=np.float64)
-    m = lses.max(axis=0)
-    finite = np.isfinite(m)
-    safe_m = np.where(finite, m, 0.0)
-    w = np.where(np.isfinite(lses), np.exp(lses - safe_m), 0.0)
-    total = w.sum(axis=0)
-    out = (w[..., None] * np.asarray(outs, dtype=np.float64)).sum(axis=0)
-    out = np.where(total[..., None] > 0, out / np.where(total > 0, total, 1.0)[..., None], 0.0)
-    lse = np.where(finite, safe_m + np.log(np.where(total > 0, total, 1.0)), -np.inf)
-    return out.astype(np.float32), lse.astype(np.float32)
+    lse = -inf (no key) weighs nothing (kvindex.merge_attention)."""
+    return kvindex.merge_attention(outs, lses)
 
 
 class RayKVCache:

@@ -8,6 +8,7 @@
 #include <pybind11/stl.h>
 
 #include <kvindex/KVCache.h>
+#include <kvindex/attention.h>
 #include <kvindex/rope.h>
 
 #include "arrays.h"
@@ -150,9 +151,49 @@ py::tuple decode(KVCache& c, int layer, py::handle keys, py::handle values, py::
     return py::make_tuple(out, lse);
 }
 
+/** outs (S, ..., dv) and lses (S, ...): S partial attentions over
+ * disjoint key sets -> (out (..., dv), lse (...)) over their union, row by
+ * row with kvindex::merge_attention (the merge of Sink,Window and Shards). */
+py::tuple merge_parts(py::handle outs_obj, py::handle lses_obj) {
+    FloatArray outs = as_float_array(outs_obj, "outs");
+    FloatArray lses = as_float_array(lses_obj, "lses");
+    const py::ssize_t nd = outs.ndim();
+    bool ok = nd >= 2 && lses.ndim() == nd - 1 && outs.shape(0) > 0;
+    for (py::ssize_t i = 0; ok && i < nd - 1; i++) {
+        ok = lses.shape(i) == outs.shape(i);
+    }
+    if (!ok) {
+        throw py::value_error("merge_attention: outs (S, ..., d_value) and lses (S, ...) of S >= 1 parts expected; "
+                              "got outs " + shape_string(outs) + ", lses " + shape_string(lses));
+    }
+    const size_t n_parts = size_t(outs.shape(0)), dv = size_t(outs.shape(nd - 1));
+    const size_t rows = size_t(lses.size()) / n_parts;
+    std::vector<py::ssize_t> row_shape(outs.shape() + 1, outs.shape() + nd);
+    FloatArray out = empty_float(row_shape);
+    row_shape.pop_back();
+    FloatArray lse = empty_float(row_shape);
+    std::vector<const float*> parts(n_parts);
+    std::vector<float> part_lse(n_parts);
+    for (size_t r = 0; r < rows; r++) {
+        for (size_t j = 0; j < n_parts; j++) {
+            parts[j] = outs.data() + (j * rows + r) * dv;
+            part_lse[j] = lses.data()[j * rows + r];
+        }
+        lse.mutable_data()[r] = kvindex::merge_attention(
+                n_parts, parts.data(), part_lse.data(), dv, out.mutable_data() + r * dv);
+    }
+    return py::make_tuple(out, lse);
+}
+
 } // namespace
 
 void bind_cache(py::module_& m) {
+    m.def("merge_attention", &merge_parts, py::arg("outs"), py::arg("lses"),
+          R"doc(Partial attentions over disjoint key sets merged into the attention over
+their union, by log-sum-exp (the merge Sink,Window and Shards use):
+outs (S, ..., d_value), lses (S, ...) -> out (..., d_value), lse (...). A part
+with lse = -inf (no key) weighs nothing; with every part empty, out = 0 and
+lse = -inf. NaN or +inf in lses raises.)doc");
     py::class_<KVCache>(m, "KVCache", R"doc(The KV cache of a model: n_layers x n_kv_heads indexes from one factory
 string (and dense_string for the layers in dense_layers, e.g. layer 0).
 

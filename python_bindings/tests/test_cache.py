@@ -287,3 +287,33 @@ def test_cache_io_errors(tmp_path):
         kvindex.deserialize_cache(buf[: len(buf) // 2])
     with pytest.raises(FileNotFoundError):
         kvindex.read_cache(str(tmp_path / "missing.kvcache"))
+
+
+def test_merge_attention_over_disjoint_key_sets():
+    # S parts of one key set, each attended apart (float64 reference), merged:
+    # the attention over the whole set; an empty part (lse -inf) weighs nothing
+    rng = np.random.default_rng(5)
+    heads, n, d, dv = 3, 2, 8, 5
+    keys, values = rng.standard_normal((40, d)), rng.standard_normal((40, dv))
+    q = 2 * rng.standard_normal((heads, n, d))
+    cuts = [0, 7, 7, 25, 40]  # the second part is empty
+    outs, lses = [], []
+    for a, b in zip(cuts, cuts[1:]):
+        o, lse = np.zeros((heads, n, dv)), np.full((heads, n), -np.inf)
+        if b > a:
+            for h in range(heads):
+                o[h], lse[h] = kvref.attend(q[h], keys[a:b], values[a:b])
+        outs.append(o)
+        lses.append(lse)
+    out, lse = kvindex.merge_attention(np.array(outs, np.float32), np.array(lses, np.float32))
+    ref = [kvref.attend(q[h], keys, values) for h in range(heads)]
+    check(out, lse, np.stack([r[0] for r in ref]), np.stack([r[1] for r in ref]))
+    # every part empty: out 0, lse -inf
+    out, lse = kvindex.merge_attention(np.zeros((2, 1, dv)), np.full((2, 1), -np.inf))
+    assert (out == 0).all() and np.isneginf(lse).all()
+    with pytest.raises(ValueError, match=r"lses \(S, \.\.\.\).*got outs \(2, 3, 5\), lses \(2, 4\)"):
+        kvindex.merge_attention(np.zeros((2, 3, 5)), np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="S >= 1 parts"):
+        kvindex.merge_attention(np.zeros((0, 3, 5)), np.zeros((0, 3)))
+    with pytest.raises(RuntimeError, match="part 1 has lse nan"):
+        kvindex.merge_attention(np.zeros((2, 1, 5)), np.array([[0.0], [np.nan]]))
