@@ -214,13 +214,16 @@ def _(*runs):
 
 
 @table("hybrid-budget", "benchmarks/results/hybrid_budget_ood101.json",
-       "benchmarks/results/hybrid_budget_smollm2_8k.json")
-def _(ood, real):
+       "benchmarks/results/hybrid_budget_flat7.json", "benchmarks/results/hybrid_budget_smollm2_8k.json")
+def _(ood, flat, real):
+    flat_rows = {r["index"]: r for r in flat["results"]}
     real_rows = {r["index"]: r for r in real["results"]}
     layers = [x["layer"] for x in real["results"][0]["per_layer"]]
     cols = [LABEL,
-            ("ood 64k, seed 101: rel_err / selected / touched", lambda r: " / ".join(
+            ("ood 64k needle head, seed 101: rel_err / selected / touched", lambda r: " / ".join(
                 (sci(r["rel_err_mean"]), percent(2)(r["selected_frac"]), percent(1)(r["touched_frac"])))),
+            ("flat 64k, seed 7: rel_err / selected", lambda r: " / ".join(
+                (sci(flat_rows[r["index"]]["rel_err_mean"]), percent(2)(flat_rows[r["index"]]["selected_frac"])))),
             ("SmolLM2 8k: rel_err, layers " + " / ".join(map(str, layers)), lambda r: " / ".join(
                 fixed(3)(x["rel_err_mean"]) for x in real_rows[r["index"]]["per_layer"])),
             ("SmolLM2 8k: selected / touched", lambda r: " / ".join(
