@@ -186,15 +186,22 @@ def write_outputs(args, result):
         import matplotlib.pyplot as plt
         strings = list(dict.fromkeys(r["index"] for r in rows))
         fig, ax = plt.subplots(figsize=(8, 4.5))
-        for j, where in enumerate(dict.fromkeys(r["where"] for r in rows)):
-            ys = [next(r["ms_per_layer"] for r in rows if r["index"] == s and r["where"] == where) for s in strings]
-            ax.bar([i + 0.4 * j for i in range(len(strings))], ys, 0.4, label=where)
-        ax.set_xticks([i + 0.2 for i in range(len(strings))])
+        wheres = list(dict.fromkeys(r["where"] for r in rows))
+        width = 0.8 / len(wheres)  # a group of bars per string, one bar per placement
+        for j, where in enumerate(wheres):
+            xs, ys = [], []
+            for i, s in enumerate(strings):
+                for r in rows:
+                    if r["index"] == s and r["where"] == where:
+                        xs.append(i + width * j)
+                        ys.append(r["ms_per_layer"])
+            ax.bar(xs, ys, width, label=where)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(strings))])
         ax.set_xticklabels(strings, fontsize=8)
         ax.set_ylabel("decode ms per layer")
         ax.set_yscale("log")
-        ax.set_title(f"{result['tokens']} tokens x {result['kv_heads']} KV heads, d={result['d']}: one process vs "
-                     f"{result['shards']} Ray actors")
+        ax.set_title(f"{result['tokens']} tokens x {result['kv_heads']} KV heads, d={result['d']}: one process and "
+                     f"Ray actors")
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
