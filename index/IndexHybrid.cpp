@@ -21,6 +21,44 @@
 
 namespace kvindex {
 
+namespace {
+
+/// sum_j x_j y_j in double, over 8 independent sums: one running sum
+/// waits on its own last addition, and these loops run over every key of
+/// every calibration query
+double dot_double(const float* x, const float* y, int n) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        for (int u = 0; u < 8; u++) {
+            acc[u] += double(x[j + u]) * double(y[j + u]);
+        }
+    }
+    for (; j < n; j++) {
+        acc[0] += double(x[j]) * double(y[j]);
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/// sum_j (v_j - o_j)^2 in double, over 8 independent sums (as dot_double)
+double squared_distance_double(const float* v, const double* o, int n) {
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        for (int u = 0; u < 8; u++) {
+            const double e = double(v[j + u]) - o[j + u];
+            acc[u] += e * e;
+        }
+    }
+    for (; j < n; j++) {
+        const double e = double(v[j]) - o[j];
+        acc[0] += e * e;
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+} // namespace
+
 double normal_two_sided_quantile(double delta) {
     FAISS_THROW_IF_NOT_FMT(delta > 0 && delta < 1, "delta=%g must be in (0, 1)", delta);
     // bisection on erfc: called once per prefill, 100 halvings reach double precision
@@ -76,18 +114,19 @@ std::vector<TailStatistics> tail_statistics(
         const float* q = queries + qi * d;
         std::vector<double> s(nk);
         for (idx_t i = 0; i < nk; i++) {
-            double dot = 0;
-            for (int j = 0; j < d; j++) {
-                dot += double(q[j]) * keys[i * d + j];
-            }
-            s[i] = dot * scale;
+            s[i] = dot_double(q, keys + i * d, d) * scale;
         }
+        // the heaviest max(ks) tokens in order (ties by position); the rest
+        // need none
         std::vector<idx_t> order(nk);
         std::iota(order.begin(), order.end(), idx_t(0));
-        std::sort(order.begin(), order.end(), [&](idx_t a, idx_t b) {
+        auto heavier = [&](idx_t a, idx_t b) {
             return s[a] > s[b] || (s[a] == s[b] && a < b);
-        });
-        const double mx = nk > 0 ? s[order[0]] : 0;
+        };
+        const idx_t top = std::min<idx_t>(nk, ks.empty() ? 0 : ks.back());
+        std::nth_element(order.begin(), order.begin() + top, order.end(), heavier);
+        std::sort(order.begin(), order.begin() + top, heavier);
+        const double mx = nk > 0 ? *std::max_element(s.begin(), s.end()) : 0;
         std::vector<double> w(nk), o(dv, 0.0);
         double total = 0;
         for (idx_t i = 0; i < nk; i++) {
@@ -107,13 +146,8 @@ std::vector<TailStatistics> tail_statistics(
         std::vector<double> c2(nk);
         double c2_total = 0;
         for (idx_t i = 0; i < nk; i++) {
-            double x = 0;
-            for (int j = 0; j < dv; j++) {
-                double cj = w[i] * (values[i * dv + j] - o[j]);
-                x += cj * cj;
-            }
-            c2[i] = x;
-            c2_total += x;
+            c2[i] = w[i] * w[i] * squared_distance_double(values + i * dv, o.data(), dv);
+            c2_total += c2[i];
         }
         std::vector<double> head_sum(dv, 0.0);
         double head_w = 0, head_c2 = 0;
