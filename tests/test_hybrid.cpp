@@ -440,6 +440,30 @@ Head planted_head(idx_t n, idx_t n_q, idx_t n_planted, float planted_score, uint
     return h;
 }
 
+/// A planted head of 4000 keys and n_q queries whose values have mean 1
+/// (so that |o| is not near 0 and relative errors mean something): 10
+/// needles far above the rest at score 12, heavy hitters over a flat rest
+/// at 5. The split tests run on both.
+Head split_head(float planted_score, idx_t n_q, uint64_t seed) {
+    Head h = planted_head(4000, n_q, 10, planted_score, seed);
+    h.values = gaussian(h.n, kD, seed * 10, 1.0f, 0.5f);
+    return h;
+}
+
+/// fn(chain, tail, head, score) for chain = Hybrid(TopK(Flat),<tail>), over
+/// each tail and each split_head of n_q queries (needles, then heavy
+/// hitters over a flat rest)
+template <class F>
+void for_each_split_case(std::initializer_list<const char*> tails, idx_t n_q, uint64_t seed, F fn) {
+    for (const std::string tail : tails) {
+        SCOPED_TRACE(tail);
+        for (const float score : {12.0f, 5.0f}) {
+            SCOPED_TRACE(score);
+            fn("Hybrid(TopK(Flat)," + tail + ")", tail, split_head(score, n_q, seed), score);
+        }
+    }
+}
+
 } // namespace
 
 TEST(Hybrid, TailStatisticsPredictTheError) {
@@ -550,46 +574,41 @@ TEST(Hybrid, MeasuredBudgetSplitFollowsTheHead) {
     // heavy hitters over a flat rest spends most of the budget on the tail
     // and beats that top-k.
     const idx_t budget = 80, n_cal = 32, n_eval = 8;
-    for (const std::string tail : {"LSHSample6x20", "Weighted"}) {
-        SCOPED_TRACE(tail);
-        const std::string chain = "Hybrid(TopK(Flat)," + tail + ")";
-        for (const float score : {12.0f, 5.0f}) {
-            SCOPED_TRACE(score);
-            Head h = planted_head(4000, n_cal + n_eval, 10, score, 31);
-            h.values = gaussian(h.n, kD, 310, 1.0f, 0.5f);
-            auto index = index_factory(kD, chain + "|budget=80");
-            index->prefill(prompt_of(h, n_cal));
-            const idx_t k = idx_t(get_index_parameter(index.get(), "calibrated_k"));
-            const idx_t m = idx_t(get_index_parameter(index.get(), "calibrated_sample"));
-            EXPECT_EQ(k + m, budget);
-            // every split apart: the chosen one has the least error
-            double chosen = -1, least = 1e300;
-            for (int f = 8; f >= 0; f--) {
-                const idx_t kf = std::max<idx_t>(1, budget * f / 8), mf = budget - kf;
-                std::string knobs = "k=" + std::to_string(kf) + ",sample=" + std::to_string(mf);
-                if (tail != "Weighted" && mf > 0) {
-                    knobs += ",max_sample=" + std::to_string(mf);
-                }
-                auto one = index_factory(kD, chain + "|" + knobs);
-                one->prefill(prompt_of(h, n_cal));
-                const double e = mean_error(*one, h, 0, n_cal);
-                least = std::min(least, e);
-                if (kf == k) {
-                    chosen = e;
-                }
+    for_each_split_case({"LSHSample6x20", "Weighted"}, n_cal + n_eval, 31, [&](const std::string& chain,
+                                                                                const std::string& tail,
+                                                                                const Head& h, float score) {
+        auto index = index_factory(kD, chain + "|budget=80");
+        index->prefill(prompt_of(h, n_cal));
+        const idx_t k = idx_t(get_index_parameter(index.get(), "calibrated_k"));
+        const idx_t m = idx_t(get_index_parameter(index.get(), "calibrated_sample"));
+        EXPECT_EQ(k + m, budget);
+        // every split apart: the chosen one has the least error
+        double chosen = -1, least = 1e300;
+        for (int f = 8; f >= 0; f--) {
+            const idx_t kf = std::max<idx_t>(1, budget * f / 8), mf = budget - kf;
+            std::string knobs = "k=" + std::to_string(kf) + ",sample=" + std::to_string(mf);
+            if (tail != "Weighted" && mf > 0) {
+                knobs += ",max_sample=" + std::to_string(mf);
             }
-            EXPECT_LE(chosen, least * (1 + 1e-4) + 1e-7) << "k " << k << " of " << budget;
-            auto topk = build("TopK(Flat)|k=80", h);
-            const double split_err = mean_error(*index, h, n_cal, n_cal + n_eval);
-            const double topk_err = mean_error(*topk, h, n_cal, n_cal + n_eval);
-            if (score > 0) {
-                EXPECT_LE(split_err, topk_err * 1.05 + 1e-6) << "m " << m;
-            } else {
-                EXPECT_GE(m, budget / 2);
-                EXPECT_LT(split_err, topk_err) << "m " << m;
+            auto one = index_factory(kD, chain + "|" + knobs);
+            one->prefill(prompt_of(h, n_cal));
+            const double e = mean_error(*one, h, 0, n_cal);
+            least = std::min(least, e);
+            if (kf == k) {
+                chosen = e;
             }
         }
-    }
+        EXPECT_LE(chosen, least * (1 + 1e-4) + 1e-7) << "k " << k << " of " << budget;
+        auto topk = build("TopK(Flat)|k=80", h);
+        const double split_err = mean_error(*index, h, n_cal, n_cal + n_eval);
+        const double topk_err = mean_error(*topk, h, n_cal, n_cal + n_eval);
+        if (score > 10) {
+            EXPECT_LE(split_err, topk_err * 1.05 + 1e-6) << "m " << m;
+        } else {
+            EXPECT_GE(m, budget / 2);
+            EXPECT_LT(split_err, topk_err) << "m " << m;
+        }
+    });
 }
 
 TEST(Hybrid, NoKnobsSplitsWhatItReadsPerHead) {
@@ -600,58 +619,53 @@ TEST(Hybrid, NoKnobsSplitsWhatItReadsPerHead) {
     // a needle head errs no more than top-k of the same reads, and a head
     // of a few heavy hitters over a flat rest beats it.
     const idx_t n_cal = 32, n_eval = 8;
-    for (const std::string tail : {"Uniform", "Weighted", "LSHSample6x20"}) {
-        SCOPED_TRACE(tail);
-        const std::string chain = "Hybrid(TopK(Flat)," + tail + ")";
-        for (const float score : {12.0f, 5.0f}) {
-            SCOPED_TRACE(score);
-            Head h = planted_head(4000, n_cal + n_eval, 10, score, 41);
-            h.values = gaussian(h.n, kD, 410, 1.0f, 0.5f);
-            // what the string reads as given: its selection with the split off
-            auto as_given = index_factory(kD, chain + "|budget=0");
-            as_given->prefill(prompt_of(h, n_cal));
-            EXPECT_EQ(get_index_parameter(as_given.get(), "calibrated_k"), -1.0);
-            std::vector<Selection> sel(n_cal);
-            as_given->select(n_cal, h.queries.data(), sel.data());
-            double read = 0;
-            for (const Selection& x : sel) {
-                read += double(x.size());
-            }
-            const idx_t total = idx_t(std::llround(read / double(n_cal)));
-            if (tail != "LSHSample6x20") {
-                EXPECT_EQ(total, 200); // TopK's k and the tail's, 100 each
-            }
-
-            auto index = index_factory(kD, chain);
-            EXPECT_EQ(get_index_parameter(index.get(), "budget"), -1.0);
-            index->prefill(prompt_of(h, n_cal));
-            const idx_t k = idx_t(get_index_parameter(index.get(), "calibrated_k"));
-            const idx_t m = idx_t(get_index_parameter(index.get(), "calibrated_sample"));
-            EXPECT_EQ(k + m, total);
-            auto given = index_factory(kD, chain + "|budget=" + std::to_string(total));
-            given->prefill(prompt_of(h, n_cal));
-            EXPECT_EQ(get_index_parameter(given.get(), "calibrated_k"), double(k));
-
-            auto topk = build("TopK(Flat)|k=" + std::to_string(total), h);
-            const double err = mean_error(*index, h, n_cal, n_cal + n_eval);
-            const double topk_err = mean_error(*topk, h, n_cal, n_cal + n_eval);
-            if (score > 10) {
-                EXPECT_LE(err, topk_err * 1.05 + 1e-6) << "k " << k << ", m " << m;
-            } else {
-                EXPECT_GE(m, total / 2);
-                EXPECT_LT(err, topk_err) << "k " << k << ", m " << m;
-            }
-            // the record keeps the default, and a read index answers alike
-            std::vector<uint8_t> buf;
-            write_index(index.get(), &buf);
-            auto back = read_index(buf);
-            EXPECT_EQ(get_index_parameter(back.get(), "budget"), -1.0);
-            std::vector<float> a(kD), b(kD);
-            attend_one(*index, h.q(n_cal), a);
-            attend_one(*back, h.q(n_cal), b);
-            EXPECT_EQ(a, b);
+    for_each_split_case({"Uniform", "Weighted", "LSHSample6x20"}, n_cal + n_eval, 41, [&](const std::string& chain,
+                                                                                          const std::string& tail,
+                                                                                          const Head& h, float score) {
+        // what the string reads as given: its selection with the split off
+        auto as_given = index_factory(kD, chain + "|budget=0");
+        as_given->prefill(prompt_of(h, n_cal));
+        EXPECT_EQ(get_index_parameter(as_given.get(), "calibrated_k"), -1.0);
+        std::vector<Selection> sel(n_cal);
+        as_given->select(n_cal, h.queries.data(), sel.data());
+        double read = 0;
+        for (const Selection& x : sel) {
+            read += double(x.size());
         }
-    }
+        const idx_t total = idx_t(std::llround(read / double(n_cal)));
+        if (tail != "LSHSample6x20") {
+            EXPECT_EQ(total, 200); // TopK's k and the tail's, 100 each
+        }
+
+        auto index = index_factory(kD, chain);
+        EXPECT_EQ(get_index_parameter(index.get(), "budget"), -1.0);
+        index->prefill(prompt_of(h, n_cal));
+        const idx_t k = idx_t(get_index_parameter(index.get(), "calibrated_k"));
+        const idx_t m = idx_t(get_index_parameter(index.get(), "calibrated_sample"));
+        EXPECT_EQ(k + m, total);
+        auto given = index_factory(kD, chain + "|budget=" + std::to_string(total));
+        given->prefill(prompt_of(h, n_cal));
+        EXPECT_EQ(get_index_parameter(given.get(), "calibrated_k"), double(k));
+
+        auto topk = build("TopK(Flat)|k=" + std::to_string(total), h);
+        const double err = mean_error(*index, h, n_cal, n_cal + n_eval);
+        const double topk_err = mean_error(*topk, h, n_cal, n_cal + n_eval);
+        if (score > 10) {
+            EXPECT_LE(err, topk_err * 1.05 + 1e-6) << "k " << k << ", m " << m;
+        } else {
+            EXPECT_GE(m, total / 2);
+            EXPECT_LT(err, topk_err) << "k " << k << ", m " << m;
+        }
+        // the record keeps the default, and a read index answers alike
+        std::vector<uint8_t> buf;
+        write_index(index.get(), &buf);
+        auto back = read_index(buf);
+        EXPECT_EQ(get_index_parameter(back.get(), "budget"), -1.0);
+        std::vector<float> a(kD), b(kD);
+        attend_one(*index, h.q(n_cal), a);
+        attend_one(*back, h.q(n_cal), b);
+        EXPECT_EQ(a, b);
+    });
 }
 
 TEST(Hybrid, AGivenSplitIsKept) {
