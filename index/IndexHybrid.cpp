@@ -370,6 +370,32 @@ bool IndexHybrid::splits_by_default() const {
 }
 
 void IndexHybrid::calibrate(const PrefillInput& in) {
+    // the split's knobs as they were: a calibration that throws part-way (an
+    // allocation), having set some split to measure it, gives them back, as
+    // a refused prefill fixes nothing
+    const idx_t k0 = k, sample0 = sample, calibrated_k0 = calibrated_k, calibrated_sample0 = calibrated_sample;
+    const bool heavy_k = heavy->reads_search_knob("k");
+    const double heavy_k0 = heavy_k ? get_index_parameter(heavy.get(), "k") : 0;
+    const bool capped = tail->reads_search_knob("max_sample");
+    const double cap0 = capped ? get_index_parameter(tail.get(), "max_sample") : 0;
+    try {
+        calibrate_split(in);
+    } catch (...) {
+        if (heavy_k) {
+            set_index_parameter(heavy.get(), "k", heavy_k0);
+        }
+        if (capped) {
+            set_index_parameter(tail.get(), "max_sample", cap0);
+        }
+        k = k0;
+        sample = sample0;
+        calibrated_k = calibrated_k0;
+        calibrated_sample = calibrated_sample0;
+        throw;
+    }
+}
+
+void IndexHybrid::calibrate_split(const PrefillInput& in) {
     // the last n_calibration query positions of every head of the group,
     // each attending causally to the keys at or before it
     const idx_t n_use = std::min(n_calibration, in.n_queries);

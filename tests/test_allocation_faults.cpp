@@ -524,6 +524,23 @@ TEST_P(AllocationFaults, FailedPrefillLeavesTheIndexEmpty) {
                 "prefill", "prefill");
 }
 
+TEST(AllocationFaultsHybrid, AFailedDefaultSplitLeavesTheHybridAsItWas) {
+    // with no knobs a hybrid splits its reads at prefill, setting its heavy
+    // k, its sample and an LSH tail's cap as it measures each split: a
+    // prefill that fails part-way leaves the index empty with those as they
+    // were (the conformance cases set k and sample, which skips the split)
+    for (const char* s : {"Hybrid(TopK(Flat),Uniform)", "Hybrid(TopK(Flat),Weighted)",
+                          "Hybrid(TopK(Flat),LSHSample6x20)"}) {
+        SCOPED_TRACE(s);
+        auto empty = index_factory(kD, s, kDv);
+        auto split = index_factory(kD, s, kDv);
+        split->prefill(sequence().prefill_input());
+        ASSERT_GE(get_index_parameter(split.get(), "calibrated_k"), 1.0) << "the default split did not run";
+        check_write(bytes_of(*empty), [](KVIndex& x) { x.prefill(sequence().prefill_input()); },
+                    "prefill", "prefill");
+    }
+}
+
 TEST_P(AllocationFaults, FailedReadsChangeNothing) {
     const ConformanceCase& c = GetParam();
     const Sequence& s = sequence();

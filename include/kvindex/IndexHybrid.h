@@ -234,8 +234,10 @@ struct IndexHybrid : KVIndex {
     /// epsilon given, and a heavy part with a top-k.
     bool splits_by_default() const;
     /// Sets k and sample from the prompt's last queries (epsilon or budget
-    /// > 0, or splits_by_default).
+    /// > 0, or splits_by_default); when it throws, they are as they were.
     void calibrate(const PrefillInput& input);
+    /// calibrate's work, which may leave a split it was measuring when it throws
+    void calibrate_split(const PrefillInput& input);
     /** budget with a tail whose error has no closed form (not
      * samples_uniformly: LSH, weighted): each split k = max(1, total * f),
      * f in 1, 7/8, ..., 0, is set and the n_rows queries (size n_rows * d)
