@@ -205,15 +205,19 @@ const Sequence& sequence() {
     return s;
 }
 
-/** A self-trained Q-model (IVFAsym) of width 8 instead of its default: its
+/** A self-trained Q-model (IVFAsym) of width 8 instead of its default, and
+ * a hybrid's split calibrated on 8 query positions instead of 64: the
  * training allocates the same buffers at every Adam step whatever the
- * width, so the same allocations fail in turn, at a fraction of the
- * arithmetic (which ASan and UBSan make dear: a prefill of the default
- * width is most of this binary's run under them). */
+ * width, and the split the same buffers whatever the rows, so the same
+ * allocations fail in turn, at a fraction of the arithmetic (which ASan
+ * and UBSan make dear: a prefill of the default width is most of this
+ * binary's run under them). */
 void narrow_self_training(KVIndex* index) {
     for (const ParameterInfo& p : index_parameter_info(index)) {
         if (p.name == "hidden") {
             set_index_parameter(index, "hidden", 8);
+        } else if (p.name == "n_calibration") {
+            set_index_parameter(index, "n_calibration", 8);
         }
     }
 }
@@ -533,7 +537,8 @@ TEST(AllocationFaultsHybrid, AFailedDefaultSplitLeavesTheHybridAsItWas) {
                           "Hybrid(TopK(Flat),LSHSample6x20)"}) {
         SCOPED_TRACE(s);
         auto empty = index_factory(kD, s, kDv);
-        auto split = index_factory(kD, s, kDv);
+        narrow_self_training(empty.get());
+        auto split = read_index(bytes_of(*empty));
         split->prefill(sequence().prefill_input());
         ASSERT_GE(get_index_parameter(split.get(), "calibrated_k"), 1.0) << "the default split did not run";
         check_write(bytes_of(*empty), [](KVIndex& x) { x.prefill(sequence().prefill_input()); },
