@@ -23,36 +23,20 @@ namespace kvindex {
 
 namespace {
 
-/// sum_j x_j y_j in double, over 8 independent sums: one running sum
-/// waits on its own last addition, and these loops run over every key of
-/// every calibration query
-double dot_double(const float* x, const float* y, int n) {
+/// sum over j < n of term(j), in double, over 8 independent running sums:
+/// one sum waits on its own last addition, and the predictor's sums run
+/// over every key of every calibration query
+template <class Term>
+double sum_in_lanes(int n, Term term) {
     double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int j = 0;
     for (; j + 8 <= n; j += 8) {
         for (int u = 0; u < 8; u++) {
-            acc[u] += double(x[j + u]) * double(y[j + u]);
+            acc[u] += term(j + u);
         }
     }
     for (; j < n; j++) {
-        acc[0] += double(x[j]) * double(y[j]);
-    }
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-/// sum_j (v_j - o_j)^2 in double, over 8 independent sums (as dot_double)
-double squared_distance_double(const float* v, const double* o, int n) {
-    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int j = 0;
-    for (; j + 8 <= n; j += 8) {
-        for (int u = 0; u < 8; u++) {
-            const double e = double(v[j + u]) - o[j + u];
-            acc[u] += e * e;
-        }
-    }
-    for (; j < n; j++) {
-        const double e = double(v[j]) - o[j];
-        acc[0] += e * e;
+        acc[0] += term(j);
     }
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
@@ -114,7 +98,8 @@ std::vector<TailStatistics> tail_statistics(
         const float* q = queries + qi * d;
         std::vector<double> s(nk);
         for (idx_t i = 0; i < nk; i++) {
-            s[i] = dot_double(q, keys + i * d, d) * scale;
+            const float* key = keys + i * d;
+            s[i] = sum_in_lanes(d, [&](int j) { return double(q[j]) * double(key[j]); }) * scale;
         }
         // the heaviest max(ks) tokens in order (ties by position); the rest
         // need none
@@ -146,7 +131,11 @@ std::vector<TailStatistics> tail_statistics(
         std::vector<double> c2(nk);
         double c2_total = 0;
         for (idx_t i = 0; i < nk; i++) {
-            c2[i] = w[i] * w[i] * squared_distance_double(values + i * dv, o.data(), dv);
+            const float* v = values + i * dv;
+            c2[i] = w[i] * w[i] * sum_in_lanes(dv, [&](int j) {
+                        const double e = double(v[j]) - o[j];
+                        return e * e;
+                    });
             c2_total += c2[i];
         }
         std::vector<double> head_sum(dv, 0.0);
