@@ -67,6 +67,8 @@ struct BeamScratch {
     std::vector<float> scores;
     std::vector<float> row; ///< a key as floats
     std::vector<float> code_query; ///< the query's side of KeyCodes8 scores
+    std::vector<int> trade_slots;     ///< add_edge: the row slots it may trade
+    std::vector<int64_t> trade_ids;   ///< add_edge: their keys
     // the anchor choice of a search
     std::vector<int32_t> seeds;
     std::vector<int64_t> anchor_ids;
@@ -121,6 +123,7 @@ IndexRoarGraph::IndexRoarGraph(int d, int d_value, int M, KVType kv_type)
         : KVIndex(d, d_value, kv_type), M(M), storage(d, this->d_value, kv_type) {
     FAISS_THROW_IF_NOT_FMT(
             M >= 2 && M <= kMaxM, "IndexRoarGraph: M=%d must be in [2, %d]", M, kMaxM);
+    index_codes(); // walk_bits 8: the ranges of no keys, as after reset
 }
 
 std::unique_ptr<KVIndex> IndexRoarGraph::from_factory(FactoryChain& chain) {
@@ -418,6 +421,35 @@ struct CodeScore {
     }
 };
 
+/** A walk for q on the codes (8-bit scores order it), its beam then scored
+ * on the stored keys and sorted again: s.beam holds exact scores. Returns
+ * the codes scored. */
+size_t walk_on_codes(
+        const IndexRoarGraph& g,
+        const KeyCodes8& codes,
+        const float* q,
+        size_t L,
+        const std::vector<int32_t>& hubs,
+        const std::vector<int32_t>& seeds,
+        BeamScratch& s,
+        size_t max_expansions = std::numeric_limits<size_t>::max()) {
+    s.code_query.resize(size_t(g.d));
+    float base = codes.prepare(q, s.code_query.data());
+    size_t coded = walk(g, L, hubs, seeds, s, CodeScore{codes, s.code_query.data(), base},
+                        max_expansions);
+    s.ids.clear();
+    for (const Candidate& c : s.beam) {
+        s.ids.push_back(c.id);
+    }
+    s.scores.resize(s.ids.size());
+    InnerProductScore{q, g.storage.key_rows()}(s.ids.data(), s.ids.size(), s.scores.data());
+    for (size_t j = 0; j < s.beam.size(); j++) {
+        s.beam[j].score = s.scores[j];
+    }
+    std::sort(s.beam.begin(), s.beam.end(), ranks_before);
+    return coded;
+}
+
 } // namespace
 
 // ---- the seeds -----------------------------------------------------------------
@@ -645,25 +677,12 @@ size_t IndexRoarGraph::beam_search(
         size_t L = size_t(std::min<idx_t>(std::max<idx_t>(beam, k), ntotal));
         size_t seeding = 0;
         anchor_seeds(q, s.seeds, &seeding);
-        InnerProductScore exact{q, storage.key_rows()};
         if (walk_bits == 8) {
-            s.code_query.resize(size_t(d));
-            float base = walk_codes.prepare(q, s.code_query.data());
-            size_t coded = walk(*this, L, hubs, s.seeds, s,
-                                CodeScore{walk_codes, s.code_query.data(), base}, max_expansions);
             // the codes ordered the walk; the stored keys order the answer
-            s.ids.clear();
-            for (const Candidate& c : s.beam) {
-                s.ids.push_back(c.id);
-            }
-            s.scores.resize(s.ids.size());
-            exact(s.ids.data(), s.ids.size(), s.scores.data());
-            for (size_t j = 0; j < s.beam.size(); j++) {
-                s.beam[j].score = s.scores[j];
-            }
-            std::sort(s.beam.begin(), s.beam.end(), ranks_before);
+            size_t coded = walk_on_codes(*this, walk_codes, q, L, hubs, s.seeds, s, max_expansions);
             scanned = keys_read(s.beam.size(), coded * size_t(d) + s.list_bytes + seeding);
         } else {
+            InnerProductScore exact{q, storage.key_rows()};
             size_t rows = walk(*this, L, hubs, s.seeds, s, exact, max_expansions);
             scanned = keys_read(rows, s.list_bytes + seeding);
         }
@@ -869,7 +888,16 @@ void IndexRoarGraph::project(const std::vector<idx_t>& lists, idx_t n_lists, int
     count_in_degrees();
 }
 
-bool IndexRoarGraph::add_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep) {
+IndexRoarGraph::LinkingSet::LinkingSet(const std::vector<idx_t>& keys) : sorted(keys) {
+    if (keys.size() > size_t(kLinkBatch)) {
+        marks.assign(size_t(keys.back()) + 1, 0);
+        for (idx_t i : keys) {
+            marks[i] = 1;
+        }
+    }
+}
+
+bool IndexRoarGraph::add_edge(idx_t c, idx_t x, bool force, const LinkingSet& keep) {
     int R = max_degree();
     int32_t* row = neighbors.data() + size_t(c) * R;
     int deg = degrees[c];
@@ -887,31 +915,42 @@ bool IndexRoarGraph::add_edge(idx_t c, idx_t x, bool force, const std::vector<id
     }
     // x must get an in-edge: it replaces the least similar neighbour that
     // has another in-edge and is not being linked now (so that one stays
-    // reachable)
+    // reachable). Only those are scored: when a prefill links most keys,
+    // most rows have none (a row scored for nothing was ~4 a key at 128k)
     BeamScratch& s = beam_scratch();
-    s.ids.assign(row, row + R);
-    s.scores.resize(R);
-    similarities_to(*this, c, s.ids.data(), R, s.row, s.scores.data());
-    int worst = -1;
+    s.trade_slots.clear();
+    s.trade_ids.clear();
     for (int j = 0; j < R; j++) {
-        bool tradable = in_degrees[row[j]] >= 2 &&
-                !std::binary_search(keep.begin(), keep.end(), idx_t(row[j]));
-        if (tradable && (worst < 0 || s.scores[j] < s.scores[worst])) {
-            worst = j;
+        if (in_degrees[row[j]] >= 2 && !keep.contains(row[j])) {
+            s.trade_slots.push_back(j);
+            s.trade_ids.push_back(row[j]);
         }
     }
-    if (worst < 0) {
+    if (s.trade_slots.empty()) {
         return false;
     }
+    s.scores.resize(s.trade_ids.size());
+    similarities_to(*this, c, s.trade_ids.data(), s.trade_ids.size(), s.row, s.scores.data());
+    size_t worst = 0;
+    for (size_t t = 1; t < s.trade_slots.size(); t++) {
+        if (s.scores[t] < s.scores[worst]) {
+            worst = t;
+        }
+    }
+    const int slot = s.trade_slots[worst];
     journal_row(c);
-    in_degrees[row[worst]]--;
-    row[worst] = int32_t(x);
+    in_degrees[row[slot]]--;
+    row[slot] = int32_t(x);
     in_degrees[x]++;
     return true;
 }
 
-bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
+bool IndexRoarGraph::link_keys(
+        const std::vector<idx_t>& keys,
+        bool growing,
+        const KeyCodes8* codes) {
     bool lost = false;
+    const LinkingSet linking(keys);
     std::vector<std::vector<int32_t>> found, reached, anchored;
     size_t pos = 0;
     while (pos < keys.size()) {
@@ -927,8 +966,12 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
             BeamScratch& s = beam_scratch();
             std::vector<float> xf(d);
             storage.key(x, xf.data());
-            walk(*this, size_t(std::min<idx_t>(build_L, ntotal)), {}, {}, s,
-                 InnerProductScore{xf.data(), storage.key_rows()});
+            size_t L = size_t(std::min<idx_t>(build_L, ntotal));
+            if (codes) {
+                walk_on_codes(*this, *codes, xf.data(), L, {}, {}, s);
+            } else {
+                walk(*this, L, {}, {}, s, InnerProductScore{xf.data(), storage.key_rows()});
+            }
             std::vector<Candidate> cands;
             for (const Candidate& c : s.beam) {
                 if (c.id != x) {
@@ -945,21 +988,21 @@ bool IndexRoarGraph::link_keys(const std::vector<idx_t>& keys, bool growing) {
         for (size_t j = 0; j < batch; j++) {
             idx_t x = keys[pos + j];
             for (int32_t c : found[j]) {
-                add_edge(x, c, false, keys); // while x's row has room
+                add_edge(x, c, false, linking); // while x's row has room
             }
             bool linked = x == entry_point; // needs an in-edge from a key the walk reached
             for (int32_t c : anchored[j]) {
-                add_edge(x, c, false, keys);
-                linked = add_edge(c, x, false, keys) || linked;
+                add_edge(x, c, false, linking);
+                linked = add_edge(c, x, false, linking) || linked;
             }
             for (int32_t c : found[j]) {
-                linked = add_edge(c, x, false, keys) || linked;
+                linked = add_edge(c, x, false, linking) || linked;
             }
             // no neighbour had room for x: the closest reached key with
             // room takes it, else the closest one that can trade an edge
             for (int force = 0; force < 2 && !linked; force++) {
                 for (size_t r = 0; r < reached[j].size() && !linked; r++) {
-                    linked = add_edge(reached[j][r], x, force == 1, keys);
+                    linked = add_edge(reached[j][r], x, force == 1, linking);
                 }
             }
             lost = lost || !linked;
@@ -998,13 +1041,13 @@ idx_t IndexRoarGraph::count_reachable() const {
     return ntotal - idx_t(unreachable_keys().size());
 }
 
-void IndexRoarGraph::repair_reachability() {
+void IndexRoarGraph::repair_reachability(const KeyCodes8* codes) {
     for (int round = 0; round < kMaxRepairRounds; round++) {
         std::vector<idx_t> lost = unreachable_keys();
         if (lost.empty()) {
             return;
         }
-        link_keys(lost, false);
+        link_keys(lost, false, codes);
     }
     FAISS_THROW_FMT(
             "IndexRoarGraph: %zd keys stay unreachable after %d linking rounds",
@@ -1085,8 +1128,16 @@ void IndexRoarGraph::prefill_impl(const PrefillInput& in) {
                     sparse.push_back(i);
                 }
             }
-            link_keys(sparse, false);
-            repair_reachability();
+            // their walks score 8-bit codes of the keys, a quarter of the
+            // bytes (at 128k keys of d = 128 the float rows no longer fit
+            // in L3), and each beam is scored again on the stored keys
+            KeyCodes8 own_codes;
+            if (walk_bits != 8) {
+                own_codes.train(storage);
+            }
+            const KeyCodes8* codes = walk_bits == 8 ? &walk_codes : &own_codes;
+            link_keys(sparse, false, codes);
+            repair_reachability(codes);
             n_train_queries = nq;
         } catch (...) {
             reset_impl();

@@ -460,7 +460,7 @@ TEST(RoarGraph, AWalkReadsWhatAnIndependentBeamReads) {
     // on: every key the walk returns was expanded, so it scored each of
     // their neighbours
     Data x = make_data(3000, kD, 2, 3000, 40, 210);
-    auto g = built(x, "n_hubs=0,seed_anchors=0");
+    auto g = built(x, "n_hubs=0,seed_anchors=0,walk_bits=0"); // the reference scores the keys
     ASSERT_TRUE(g->hubs.empty());
     size_t key = size_t(x.d) * sizeof(float);
     for (int ef : {10, 40, 160}) {
@@ -504,7 +504,7 @@ TEST(RoarGraph, SeedsAloneAnswerWithTheBestOfTheSeedLists) {
     // the seeding's bytes. The seeds are the lists of the seed_anchors
     // nearest anchors, every one of them once keys_per_seed_list is 0
     Data x = make_data(3000, kD, 2, 3000, 30, 230);
-    auto g = built(x, "n_hubs=0,n_anchors=6000");
+    auto g = built(x, "n_hubs=0,n_anchors=6000,max_train_queries=6000,walk_bits=0");
     ASSERT_EQ(g->prompt_anchors(), 6000u);
     set_index_parameters(g.get(), "max_expansions=0,keys_per_seed_list=0");
     size_t key = size_t(x.d) * sizeof(float);
@@ -646,7 +646,8 @@ TEST(RoarGraph, EveryKeyReachableAndDegreesBounded) {
         auto g = roar(kD, "RoarGraph" + std::to_string(M));
         g->prefill(x.input());
         EXPECT_EQ(g->M, M);
-        EXPECT_EQ(g->n_train_queries, 2 * 3000); // <= max_train_queries: all of them
+        // all of them, up to max_train_queries
+        EXPECT_EQ(g->n_train_queries, std::min<idx_t>(2 * 3000, g->max_train_queries));
         EXPECT_EQ(g->count_reachable(), g->ntotal);
         std::vector<char> seen;
         EXPECT_EQ(bfs_reachable(*g, &seen), g->ntotal);
@@ -804,7 +805,7 @@ TEST(RoarGraph, WithoutQueriesStillConnectedAndExact) {
 
 TEST(RoarGraph, SelectionSearchAndAttendAgree) {
     Data x = make_data(3000, kD, 3, 1000, 40, 700);
-    auto g = built(x, "k=10");
+    auto g = built(x, "k=10,walk_bits=0"); // read_by_full_beam: a walk on the keys
     idx_t k = 10, nq = x.n_test;
     for (int ef : {10, 32, 200, 3000}) {
         SCOPED_TRACE(ef);
@@ -1220,6 +1221,31 @@ TEST(RoarGraph, DeterministicAcrossRunsAndThreadCounts) {
     expect_same_graph(*s1, *s2, "all queries, other seed");
 }
 
+TEST(RoarGraph, TheBuildLinksOnCodesWhateverTheSearchWalksOn) {
+    // the prefill's links walk on 8-bit codes of the keys in either case
+    // (codes of its own under walk_bits = 0, trained on the same keys), so
+    // the graph does not depend on walk_bits; the searches then differ
+    Data x = make_data(4000, kD, 2, 4000, 30, 1110);
+    auto on_codes = built(x, "walk_bits=8"), on_keys = built(x, "walk_bits=0");
+    expect_same_graph(*on_codes, *on_keys, "walk_bits 8 and 0");
+    EXPECT_EQ(on_codes->walk_codes.size(), size_t(x.n));
+    EXPECT_EQ(on_keys->walk_codes.size(), 0u); // the build's codes are not kept
+    EXPECT_EQ(on_keys->count_reachable(), on_keys->ntotal);
+    // a graph linked on codes finds the true top-10 on the keys as well
+    const idx_t k = 10;
+    std::vector<std::vector<double>> s;
+    std::vector<std::vector<idx_t>> ref;
+    test_truth(x, k, s, ref);
+    std::vector<float> dist;
+    std::vector<idx_t> labels;
+    search_all(*on_keys, x, k, 8 * k, dist, labels);
+    double recall = 0;
+    for (idx_t i = 0; i < x.n_test; i++) {
+        recall += recall_of(labels.data() + i * k, k, s[i], ref[i]);
+    }
+    EXPECT_GE(recall / double(x.n_test), 0.9);
+}
+
 TEST(RoarGraph, SampledTrainingQueriesDependOnSeedAndStream) {
     Data x = make_data(2000, kD, 2, 2000, 0, 1200);
     const char* p = "max_train_queries=64";
@@ -1291,7 +1317,8 @@ TEST(RoarGraph, AnchorSeedsMakeAnAnchorsOwnQueryExact) {
     // list: with a beam of only k, its top-k are the exact ones whatever the
     // graph, and without seeds the same beam misses some
     Data x = make_data(3000, kD, 2, 3000, 0, 1300);
-    auto g = built(x, "M=8,n_anchors=16,n_hubs=0,seed_anchors=1");
+    // on the keys: a walk on codes may drop a listed key at the beam's edge
+    auto g = built(x, "M=8,n_anchors=16,n_hubs=0,seed_anchors=1,walk_bits=0");
     ASSERT_EQ(g->anchor_pivots.size(), 16u);
     ASSERT_EQ(g->anchor_lists.size(), 16u * g->Nq);
     const idx_t k = 20;
@@ -1384,7 +1411,7 @@ TEST(RoarGraph, GroupedSeedsGiveAnAnchorItsOwnListScoringFewerAnchors) {
     // equal to an anchor is in its nearest centroid's group and nearest
     // itself, so its own exact list seeds the beam
     Data x = make_data(3000, kD, 2, 3000, 0, 1301);
-    auto g = built(x, "M=8,n_anchors=256,n_hubs=0,seed_anchors=256");
+    auto g = built(x, "M=8,n_anchors=256,n_hubs=0,seed_anchors=256,walk_bits=0");
     ASSERT_EQ(g->anchor_pivots.size(), 256u);
     ASSERT_EQ(g->anchor_groups.n_groups(), 16u);
     ASSERT_TRUE(g->seeds_by_group());
@@ -1643,7 +1670,7 @@ TEST(RoarGraph, TruncatedCodesReadBack) {
 
 TEST(RoarGraph, WalkOnCodesKeepsRecallAndReadsLess) {
     Data x = make_data(3000, kD, 2, 3000, 200, 1230);
-    auto g = built(x);
+    auto g = built(x, "walk_bits=0");
     idx_t k = 10;
     std::vector<std::vector<double>> s;
     std::vector<std::vector<idx_t>> ref;

@@ -71,15 +71,13 @@ struct AnchorGroups {
  *
  * Build (prefill), per KV head, from the prefill queries of its GQA group:
  *  1. training queries: all of them, or, when there are more than
- *     max_train_queries (16384), the last recent_queries (1024; at most
+ *     max_train_queries (4096), the last recent_queries (1024; at most
  *     half of the budget) positions of every query head and a seeded
  *     sample of the others: decode queries resemble the latest prompt
  *     queries most (the question, the needle just read), and a uniform
- *     sample holds few of those. Their
- *     exact lists cost n_train * n * d multiply-adds, the largest part of
- *     the build (128k keys on 2 cores: 8192 queries built in 17 s, 16384
- *     in 23 s, 24576 in 28 s; recall at equal keys read moved by 0 to
- *     +0.03);
+ *     sample holds few of those. Their exact lists cost n_train * n * d
+ *     multiply-adds; more of them sample the prompt's bulk more and its
+ *     question less (RESULTS "RoarGraph's defaults");
  *  2. each one's exact top-Nq keys by inner product, over every key of the
  *     prompt (not causally: the graph serves decode queries, which see
  *     them all), by blocked matrix products (exact_topk_blocked);
@@ -92,7 +90,10 @@ struct AnchorGroups {
  *  4. connectivity: the keys the projection left with fewer than M/4
  *     out-edges (most keys are in no query's list) are searched for from
  *     the entry point (the key nearest the mean of the keys) with a beam of
- *     build_L; the pruned result becomes their out-edges and they are
+ *     build_L, walking on 8-bit codes of the keys (walk_codes, or codes
+ *     made for the build alone under walk_bits = 0: the graph does not
+ *     depend on walk_bits), each beam then scored on the stored keys;
+ *     the pruned result becomes their out-edges and they are
  *     added to each of those neighbours' rows that has room (degree <=
  *     2M); a key no row took goes to the closest reached key with room, or
  *     trades away an edge whose target has another in-edge. Keys the
@@ -153,7 +154,7 @@ struct AnchorGroups {
  * and group centroids scored and of the seed lists. The visited marks are epoch-stamped per thread, so
  * nothing is cleared between queries.
  *
- * walk_bits = 8: the walk scores 8-bit codes of the keys (KeyCodes8: one
+ * walk_bits = 8 (the default): the walk scores 8-bit codes of the keys (KeyCodes8: one
  * range per dimension, a score within sum_j |q_j| step_j / 2 of the
  * exact one) instead of the stored rows, and the whole beam is then
  * scored on the stored keys, which order the answer. The walk is where
@@ -204,9 +205,9 @@ struct IndexRoarGraph : KVIndex {
     /// exact neighbours per training query; a prompt of fewer keys lists
     /// them all (the build's lists are min(Nq, keys) wide)
     int Nq = 100;
-    int build_L = 64;                ///< beam of the connectivity searches and inserts
-    idx_t max_train_queries = 16384; ///< training queries at most (seeded sample)
-    int efSearch = 128;              ///< beam of the searches (at least k)
+    int build_L = 16;                ///< beam of the connectivity searches and inserts
+    idx_t max_train_queries = 4096;  ///< training queries at most (seeded sample)
+    int efSearch = 256;              ///< beam of the searches (at least k)
     uint64_t seed = 1234;            ///< with `stream`, seeds the query sample; <= 2^53 (a knob)
     uint64_t stream = 0;             ///< one stream per (layer, head): set by KVCache
     idx_t n_hubs = -1;               ///< hubs to keep at prefill; -1: one per 256 prompt keys
@@ -228,7 +229,7 @@ struct IndexRoarGraph : KVIndex {
     /// 0: the beam scores the stored keys; 8: it walks on 8-bit codes of
     /// the keys (walk_codes) and the whole beam is scored again on the
     /// stored keys before the best k are kept
-    int walk_bits = 0;
+    int walk_bits = 8;
     /// decode queries kept as anchors (add_queries), the most recent ones,
     /// in a ring after the prompt's anchors; 0: none are learned. Setting
     /// it drops those learned.
@@ -449,22 +450,39 @@ struct IndexRoarGraph : KVIndex {
     /// Step 3: the projected graph from the training queries' lists
     /// (size n_lists * width).
     void project(const std::vector<idx_t>& lists, idx_t n_lists, int width);
-    /** Step 4 for `keys`, in batches: search, prune, link both ways.
+    /** Step 4 for `keys` (ascending), in batches: search, prune, link both ways.
      * growing: the keys are the graph's first ones (batches grow with the
      * keys already linked instead of starting at kLinkBatch). Returns
      * whether an edge was replaced (a full row had to take a key that got
-     * no other in-edge), after which reachability must be checked. */
-    bool link_keys(const std::vector<idx_t>& keys, bool growing);
-    /// Links the keys the entry point does not reach, until none is left.
-    void repair_reachability();
+     * no other in-edge), after which reachability must be checked.
+     * codes: the searches walk on these codes of every key, their beams
+     * then scored on the stored keys (nullptr: on the stored keys). */
+    bool link_keys(const std::vector<idx_t>& keys, bool growing, const KeyCodes8* codes = nullptr);
+    /// Links the keys the entry point does not reach, until none is left
+    /// (codes: as link_keys').
+    void repair_reachability(const KeyCodes8* codes = nullptr);
     /// Keys the entry point does not reach (breadth-first).
     std::vector<idx_t> unreachable_keys() const;
+    /** The keys being linked (link_keys), asked "is key i one of them" by
+     * add_edge: a mark per key when they are many (a repair after a
+     * prefill can link tens of thousands: a binary search of them was most
+     * of the serial part of the build), the sorted list searched when they
+     * are few (an append links a few keys among up to millions). */
+    struct LinkingSet {
+        const std::vector<idx_t>& sorted; ///< the keys, ascending
+        /// size the largest key + 1 when they are many, else empty
+        std::vector<uint8_t> marks;
+        explicit LinkingSet(const std::vector<idx_t>& keys);
+        bool contains(idx_t i) const {
+            return marks.empty() ? std::binary_search(sorted.begin(), sorted.end(), i)
+                                 : size_t(i) < marks.size() && marks[i] != 0;
+        }
+    };
     /** Adds the edge c -> x if c's row has room, or, when `force`, in place
      * of c's least similar neighbour that has another in-edge and is not in
-     * `keep` (sorted: the keys being linked, whose in-edges may be their
-     * only ones from the reachable graph). Returns whether c now links to
-     * x. */
-    bool add_edge(idx_t c, idx_t x, bool force, const std::vector<idx_t>& keep);
+     * `keep` (the keys being linked, whose in-edges may be their only ones
+     * from the reachable graph). Returns whether c now links to x. */
+    bool add_edge(idx_t c, idx_t x, bool force, const LinkingSet& keep);
     /// Hubs from the training lists of a prompt of n keys.
     void choose_hubs(const std::vector<idx_t>& lists, idx_t n);
     /// Keeps n_anchors of the training queries, with their pivots and bars
