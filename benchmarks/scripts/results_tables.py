@@ -453,6 +453,31 @@ def _(run):
                   run["points"])
 
 
+ROARGRAPH_FORMER = "RoarGraph32|max_train_queries=16384,build_L=64,efSearch=128,walk_bits=0"
+ROARGRAPH_TRACES = (("ood 64k, seed 101 (2 heads)", 101), ("ood 64k, seed 102 (2 heads)", 102),
+                    ("ood 64k, seed 103 (2 heads)", 103), ("ood 128k, d 128, seed 104", 104),
+                    ("ood 128k, d 64, seed 105", 105))
+
+
+@table("roargraph-defaults",
+       *(f"benchmarks/results/roargraph/defaults_ood_s{s}.json" for _, s in ROARGRAPH_TRACES),
+       "benchmarks/results/roargraph/defaults_mixed_128k.json")
+def _(*runs):
+    """RoarGraph32 at today's defaults beside the former defaults' knobs, on
+    the ood seeds (kvbench) and the synthetic 128k head (bench_recall)"""
+    by_trace = [{r["index"]: r for r in run["results"]} for run in runs[:-1]]
+    mixed = {p["index"]: p for p in runs[-1]["points"]}
+    cols = [("index", lambda name: code(name) + (" (today's defaults)" if name == "RoarGraph32"
+                                                 else " (the former defaults)"))]
+    for (title, _), rows in zip(ROARGRAPH_TRACES, by_trace):
+        cols.append((f"{title}: recall@100 / touched / build s", lambda name, rows=rows: " / ".join((
+            fixed(3)(rows[name]["recall_at_k"]), percent(2)(rows[name]["touched_frac"]),
+            fixed(2)(rows[name]["build_s"])))))
+    cols.append(("synthetic 128k: recall@100 / read / build s", lambda name: " / ".join((
+        fixed(3)(mixed[name]["recall"]), pct(mixed[name]["scanned"]) + "%", fixed(2)(mixed[name]["build_s"])))))
+    return render(cols, ["RoarGraph32", ROARGRAPH_FORMER])
+
+
 @table("roargraph-seeds", "benchmarks/results/s44/seeds_128k.json")
 def _(run):
     seeds = "RoarGraph32|max_train_queries=32768,n_anchors=32768,n_hubs=0,keys_per_seed_list=0,max_expansions=0,"

@@ -671,8 +671,9 @@ rule, reverse edges), links the keys no query list reached, and keeps every
 key reachable; decode-time tokens are linked as they arrive. search / attend
 walk it best-first with a beam of max(efSearch, k), seeded with the exact
 lists of the prompt queries nearest the query, and attend exactly over the k
-keys found. walk_bits=8 walks on 8-bit codes of the keys (a quarter of
-float32's bytes) and scores the whole beam again on the stored keys.
+keys found. walk_bits=8 (the default) walks on 8-bit codes of the keys (a
+quarter of float32's bytes) and scores the whole beam again on the stored
+keys; walk_bits=0 walks on the stored keys. The build links on the codes.
 max_expansions bounds the walk (0: the best keys of the seed lists);
 with every training query kept as an anchor, seeds and a short walk read
 the fewest keys (synthetic 128k: "RoarGraph32|max_train_queries=24576,

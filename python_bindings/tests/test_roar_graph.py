@@ -76,8 +76,10 @@ def test_appends_stay_reachable_and_m_is_refused_after_prefill():
 def test_walk_on_codes_is_exact_at_full_beam_and_reads_less():
     keys, values, queries, test = ood_prompt()
     index = kvindex.index_factory(keys.shape[1], "RoarGraph8")
+    assert index.walk_bits == 8  # the default
     index.prefill(keys, values, queries=queries)
     n, k = keys.shape[0], 10
+    kvindex.set_index_parameters(index, "walk_bits=0")  # the walk on the stored keys
     before = [s.n_scanned for s in index.select(test, params={"efSearch": 40, "k": k})]
     kvindex.set_index_parameters(index, "walk_bits=8")
     assert index.walk_bits == 8
