@@ -58,7 +58,8 @@ inline const ConformanceCase kConformance[] = {
         // the attention-aware graph (RetrievalAttention / RoarGraph)
         {"RoarGraph8", "k=7,efSearch=24", "k=1000000"},
         {"Sink2,Window8,RoarGraph6", "k=7,efSearch=12", "k=1000000"},
-        {"FP16,RoarGraph8", "k=7,efSearch=20", "k=1000000"},
+        // walked on the stored keys (the others walk on codes, the default)
+        {"FP16,RoarGraph8", "k=7,efSearch=20,walk_bits=0", "k=1000000"},
         // SAAP's asymmetric partitions, self-trained at prefill
         {"IVFAsym4", "nprobe=2", "nprobe=4"},
         {"Sink2,Window8,IVFAsym4_Centroid", "nprobe=3,group_probe=1", "nprobe=4"},
@@ -81,7 +82,7 @@ inline const ConformanceCase kConformance[] = {
         // every key scored, values read for a sample in proportion to the weights
         {"Weighted", "k=7,seed=5", "k=1000000"},
         {"Sink2,Window8,Hybrid(TopK(Flat),Weighted)", "k=7,sample=5", "k=1000000"},
-        // the graph walked on 8-bit codes of its bfloat16 keys
+        // the graph walked on 8-bit codes of its bfloat16 keys (the default, set)
         {"BF16,RoarGraph8", "k=7,efSearch=20,walk_bits=8", "k=1000000"},
         // token-range shards (context parallelism), their answers merged
         {"Shards64(Flat)", "", ""},
