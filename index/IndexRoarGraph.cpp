@@ -1131,11 +1131,12 @@ void IndexRoarGraph::prefill_impl(const PrefillInput& in) {
             // their walks score 8-bit codes of the keys, a quarter of the
             // bytes (at 128k keys of d = 128 the float rows no longer fit
             // in L3), and each beam is scored again on the stored keys
-            KeyCodes8 own_codes;
+            KeyCodes8 own_codes; // under walk_bits 0, made for the build alone
+            const KeyCodes8* codes = &walk_codes;
             if (walk_bits != 8) {
                 own_codes.train(storage);
+                codes = &own_codes;
             }
-            const KeyCodes8* codes = walk_bits == 8 ? &walk_codes : &own_codes;
             link_keys(sparse, false, codes);
             repair_reachability(codes);
             n_train_queries = nq;

@@ -108,8 +108,9 @@ struct AnchorGroups {
  * the seed only, not on the thread count.
  *
  * Tokens added later (add_kv: decode steps, or a prompt without queries)
- * are linked by step 4, each given an in-edge, so they are reachable at
- * once; a breadth-first check runs every 1024 tokens and after large adds.
+ * are linked by step 4, walking on the stored keys (the codes' ranges are
+ * the prompt's, which an appended key may leave), each given an in-edge,
+ * so they are reachable at once; a breadth-first check runs every 1024 tokens and after large adds.
  * Step 4 alone links a key by its inner products with keys, which is not
  * how queries find it; so prefill keeps n_anchors training queries
  * (anchors) with their pivot and the score of their Nq-th key, and an
