@@ -205,19 +205,28 @@ const Sequence& sequence() {
     return s;
 }
 
-/** A self-trained Q-model (IVFAsym) of width 8 instead of its default, and
- * a hybrid's split calibrated on 8 query positions instead of 64: the
- * training allocates the same buffers at every Adam step whatever the
- * width, and the split the same buffers whatever the rows, so the same
- * allocations fail in turn, at a fraction of the arithmetic (which ASan
- * and UBSan make dear: a prefill of the default width is most of this
- * binary's run under them). */
+/** A self-trained Q-model (IVFAsym) of width 8 and 20 Adam steps instead of
+ * its defaults (256, and 10 epochs of its rows), a
+ * hybrid's split calibrated on 8 query positions instead of 64, and a
+ * RoarGraph trained on 48 queries' 16 nearest keys instead of all 600
+ * queries' 100: the training allocates the same buffers at every Adam step
+ * whatever the width, the split the same buffers whatever the rows, and
+ * the graph's projection the same per query and per key whatever their
+ * numbers, so the same allocations fail in turn, at a fraction of the
+ * arithmetic (which ASan and UBSan make dear: a prefill of the defaults is
+ * most of this binary's run under them). */
 void narrow_self_training(KVIndex* index) {
     for (const ParameterInfo& p : index_parameter_info(index)) {
         if (p.name == "hidden") {
             set_index_parameter(index, "hidden", 8);
+        } else if (p.name == "train_iterations") {
+            set_index_parameter(index, "train_iterations", 20);
         } else if (p.name == "n_calibration") {
             set_index_parameter(index, "n_calibration", 8);
+        } else if (p.name == "max_train_queries") {
+            set_index_parameter(index, "max_train_queries", 48);
+        } else if (p.name == "Nq") {
+            set_index_parameter(index, "Nq", 16);
         }
     }
 }
