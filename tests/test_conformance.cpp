@@ -804,6 +804,11 @@ TEST_P(Conformance, AppendsRacingAttendsAreRefusedNeverTorn) {
         readers.emplace_back([&, t]() {
             std::vector<float> out(kQ * kDv), lse(kQ);
             while (!done.load()) {
+                // each reader attends a tenth of the time, so that the
+                // appends find a moment between them: with the readers
+                // always inside an attend (ASan makes one of a chain of
+                // shards dear), the appends were refused for tens of seconds
+                const auto t0 = std::chrono::steady_clock::now();
                 try {
                     index->attend(kQ, s.q.data(), out.data(), lse.data());
                     for (float x : lse) {
@@ -816,7 +821,8 @@ TEST_P(Conformance, AppendsRacingAttendsAreRefusedNeverTorn) {
                         errors[t] = e.what();
                     }
                 }
-                std::this_thread::sleep_for(std::chrono::microseconds(20));
+                std::this_thread::sleep_for(
+                        std::chrono::microseconds(20) + 9 * (std::chrono::steady_clock::now() - t0));
             }
         });
     }
