@@ -1,8 +1,12 @@
 #include "faiss_checks.h"
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <regex>
+#include <typeindex>
 #include <typeinfo>
+#include <utility>
 
 #include <faiss/IVFlib.h>
 #include <faiss/IndexFlatCodes.h>
@@ -253,17 +257,61 @@ int64_t product_quantizer_work(const std::string& s) {
     return most_over_product_quantizers(s, [](int64_t M, int64_t nbits) { return M << nbits; });
 }
 
+namespace {
+
+/// What check_faiss_retriever compares a read retriever with: the index
+/// faiss::index_factory builds from its string, untrained.
+struct FreshRetriever {
+    int family = 0;
+    std::type_index type = typeid(void);
+    size_t nlist = 0;     ///< IVF only
+    size_t code_size = 0; ///< IVF only
+};
+
+/// The fresh retriever of (d, string), built once per process (up to 256
+/// at a time): Faiss's
+/// factory compiles its regular expressions at every call (2 ms for
+/// "IVF4,Flat" in a Release build), and every read of a TopK checks one.
+FreshRetriever fresh_retriever_of(int d, const std::string& factory_string) {
+    static std::mutex mutex;
+    static std::map<std::pair<int, std::string>, FreshRetriever> built;
+    const auto key = std::make_pair(d, factory_string);
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        auto it = built.find(key);
+        if (it != built.end()) {
+            return it->second;
+        }
+    }
+    std::unique_ptr<faiss::Index> fresh(
+            faiss::index_factory(d, factory_string.c_str(), faiss::METRIC_INNER_PRODUCT));
+    FreshRetriever f;
+    f.family = family(fresh.get());
+    f.type = typeid(*fresh);
+    if (auto ivf = dynamic_cast<const faiss::IndexIVF*>(fresh.get())) {
+        f.nlist = ivf->nlist;
+        f.code_size = ivf->code_size;
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    if (built.size() >= 256) {
+        built.clear(); // forged files of many strings keep it bounded
+    }
+    built.emplace(key, f);
+    return f;
+}
+
+} // namespace
+
 void check_faiss_retriever(
         const faiss::Index* ret,
         const std::string& factory_string,
         int d,
         idx_t ntotal) {
     FAISS_THROW_IF_NOT_MSG(ret, "read_index: retriever missing");
-    std::unique_ptr<faiss::Index> fresh(
-            faiss::index_factory(d, factory_string.c_str(), faiss::METRIC_INNER_PRODUCT));
+    const FreshRetriever fresh = fresh_retriever_of(d, factory_string);
     FAISS_THROW_IF_NOT_FMT(
-            family(fresh.get()) == family(ret) &&
-                    (family(ret) != 0 || typeid(*fresh) == typeid(*ret)) && ret->d == d &&
+            fresh.family == family(ret) &&
+                    (family(ret) != 0 || fresh.type == std::type_index(typeid(*ret))) && ret->d == d &&
                     ret->metric_type == faiss::METRIC_INNER_PRODUCT && ret->ntotal == ntotal,
             "read_index: retriever is not a %s of d=%d with %zd vectors",
             factory_string.c_str(),
@@ -273,12 +321,11 @@ void check_faiss_retriever(
         check_flat_codes(f, ntotal, "Flat retriever");
     }
     if (auto ivf = dynamic_cast<const faiss::IndexIVF*>(ret)) {
-        auto fresh_ivf = dynamic_cast<const faiss::IndexIVF*>(fresh.get());
         FAISS_THROW_IF_NOT_FMT(
-                ivf->nlist == fresh_ivf->nlist && ivf->code_size == fresh_ivf->code_size,
+                ivf->nlist == fresh.nlist && ivf->code_size == fresh.code_size,
                 "read_index: IVF retriever has nlist=%zd, its string says %zd",
                 ivf->nlist,
-                fresh_ivf->nlist);
+                fresh.nlist);
         if (ivf->is_trained) {
             check_ivf(ivf, ntotal);
         }
