@@ -121,6 +121,20 @@ def small():
     return make_data("random", seed=7, n=256, d=32, nq=8)
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster of 2 CPUs (real worker processes) for every test
+    that spreads a cache over actors: a start costs ~6 s. Required, not
+    skipped, under KVINDEX_REQUIRE_RAY (the test command)."""
+    if os.environ.get("KVINDEX_REQUIRE_RAY"):
+        import ray
+    else:
+        ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(99)

@@ -20,10 +20,9 @@ N, APPENDS = 600, 4
 
 
 @pytest.fixture(scope="module", autouse=True)
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
+def cluster(ray_cluster):
+    """The session's local cluster of 2 CPUs (conftest.ray_cluster)."""
+    yield ray_cluster
 
 
 def tokens(seed, n=N):

@@ -279,33 +279,25 @@ def test_the_example_decodes_through_kvindex(hf):
     assert "Paris" in text
 
 
-def test_a_cache_spread_over_ray_actors_generates_as_in_process(hf):
+def test_a_cache_spread_over_ray_actors_generates_as_in_process(hf, ray_cluster):
     # KVIndexCache's storage on Ray actors (kvindex.distributed): with the
     # KV heads spread, every index is the in-process one, so the greedy
     # tokens and logits are; with tokens spread, Flat's are up to rounding
-    if os.environ.get("KVINDEX_REQUIRE_RAY"):
-        import ray
-    else:
-        ray = pytest.importorskip("ray")
     from kvindex.distributed import ray_storage
 
     model, tok = hf
     ids = real_text_ids(tok, 300)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        for string, placement in (("Sink4,Window16,TopK(Flat)|k=5%", "heads"), ("Flat", "tokens")):
-            local = generate(model, ids, 8, KVIndexCache(model, string))
-            cache = KVIndexCache(model, string, storage=ray_storage(shards=3 if placement == "heads" else 2,
-                                                                    placement=placement))
-            spread = generate(model, ids, 8, cache)
-            assert torch.equal(spread.sequences, local.sequences), placement
-            for a, b in zip(spread.logits, local.logits):
-                if placement == "heads":
-                    assert torch.equal(a, b)
-                else:
-                    assert (a - b).abs().max() <= 1e-4 * b.abs().max()
-            assert cache.memory_bytes() > 0
-            with pytest.raises(ValueError, match="checkpoint"):
-                cache.save("/nonexistent")
-    finally:
-        ray.shutdown()
+    for string, placement in (("Sink4,Window16,TopK(Flat)|k=5%", "heads"), ("Flat", "tokens")):
+        local = generate(model, ids, 8, KVIndexCache(model, string))
+        cache = KVIndexCache(model, string, storage=ray_storage(shards=3 if placement == "heads" else 2,
+                                                                placement=placement))
+        spread = generate(model, ids, 8, cache)
+        assert torch.equal(spread.sequences, local.sequences), placement
+        for a, b in zip(spread.logits, local.logits):
+            if placement == "heads":
+                assert torch.equal(a, b)
+            else:
+                assert (a - b).abs().max() <= 1e-4 * b.abs().max()
+        assert cache.memory_bytes() > 0
+        with pytest.raises(ValueError, match="checkpoint"):
+            cache.save("/nonexistent")
