@@ -354,9 +354,8 @@ py::array_t<T> to_numpy(const std::vector<T>& v) {
     return a;
 }
 
-} // namespace
-
-void bind_index(py::module_& m) {
+/// Selection and ParameterInfo: what select and index_parameter_info return.
+void bind_results(py::module_& m) {
     py::class_<kvindex::Selection>(m, "Selection",
                                    "The tokens one query's attention reads (KVIndex.select): ids, "
                                    "their inclusion probabilities u_i in (0, 1], and n_scanned, the "
@@ -391,19 +390,13 @@ void bind_index(py::module_& m) {
                 return "<kvindex.ParameterInfo " + p.name + " " + p.range() +
                         (p.prefill_time ? " (prefill-time)" : "") + ": " + p.doc + ">";
             });
+}
 
-    py::class_<KVIndex, std::shared_ptr<KVIndex>>(m, "KVIndex", R"doc(The KV cache of one (layer, KV head) as a Faiss index.
+using KVIndexClass = py::class_<KVIndex, std::shared_ptr<KVIndex>>;
 
-Row id = token position. The index owns its keys (dimension d) and values
-(dimension d_value). search returns the top-k keys by inner product (exact
-or approximate, per type) as faiss does; attend returns attention outputs
-and their log-sum-exp, with scores s_i = <q, k_i> / sqrt(d). Build one with
-kvindex.index_factory(d, "...").
-
-Thread safety: search, select, attend, reconstruct and write_index may run
-concurrently from many threads (the GIL is released); a write (add_kv,
-prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
-            .def_property_readonly("d", [](const KVIndex& s) { return s.d; }, "dimension of keys and queries")
+/// What an index is: sizes, budget, estimator, storage, RoPE, its string.
+void bind_kvindex_properties(KVIndexClass& c) {
+    c.def_property_readonly("d", [](const KVIndex& s) { return s.d; }, "dimension of keys and queries")
             .def_readonly("d_value", &KVIndex::d_value, "dimension of the values")
             .def_property_readonly("ntotal", [](const KVIndex& s) { return s.ntotal; }, "tokens held")
             .def_property_readonly("is_trained", [](const KVIndex& s) { return s.is_trained; })
@@ -446,8 +439,12 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
             .def_property_readonly("rope_style", [](const KVIndex& s) { return std::string(kvindex::rope_style_name(s.rope.style)); })
             .def("factory_string",
                  [](const KVIndex& s) { return read_guarded(s, "factory_string", [&] { return s.factory_string(); }); },
-                 "the chain's factory string without the storage prefix (index_factory_string has it)")
-            .def("add_kv",
+                 "the chain's factory string without the storage prefix (index_factory_string has it)");
+}
+
+/// The writes of tokens and queries: add_kv (undoable or not), add_queries, prefill.
+void bind_kvindex_writes(KVIndexClass& c) {
+    c.def("add_kv",
                  [](KVIndex& self, py::handle keys, py::handle values) { add_tokens(self, keys, values, false); },
                  py::arg("keys"), py::arg("values"),
                  "Appends n tokens (ids ntotal .. ntotal + n - 1): keys (n, d), values (n, d_value).")
@@ -488,8 +485,12 @@ prefill, reset, set_index_parameters) that overlaps any call raises.)doc")
 keys (n, d) and values (n, d_value), post-RoPE; queries (nq, d) or
 (n_query_heads, nq, d): the prompt's queries of the GQA group, which
 query-aware types (eviction, RoarGraph, IVFAsym) learn from;
-query_positions (nq,) int64, default the last nq positions.)doc")
-            .def("search", &search, py::arg("q"), py::arg("k"), py::arg("params") = py::none(),
+query_positions (nq,) int64, default the last nq positions.)doc");
+}
+
+/// The reads of a decode step: search, attend, select, reconstruct.
+void bind_kvindex_reads(KVIndexClass& c) {
+    c.def("search", &search, py::arg("q"), py::arg("k"), py::arg("params") = py::none(),
                  R"doc(D, I = index.search(q, k): top-k keys by inner product, as faiss.
 
 q (n, d) -> D float32 (n, k) unscaled inner products, decreasing; I int64
@@ -503,8 +504,12 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
             .def("reconstruct", [](const KVIndex& s, idx_t i) { return reconstruct(s, i, false); }, py::arg("i"),
                  "key of token i, float32 (d,)")
             .def("reconstruct_value", [](const KVIndex& s, idx_t i) { return reconstruct(s, i, true); },
-                 py::arg("i"), "value of token i, float32 (d_value,)")
-            .def("reset", [](KVIndex& s) {
+                 py::arg("i"), "value of token i, float32 (d_value,)");
+}
+
+/// reset, streams, adoption, memory, invariants, failed writes, children, knobs.
+void bind_kvindex_state(KVIndexClass& c) {
+    c.def("reset", [](KVIndex& s) {
                 py::gil_scoped_release release;
                 s.reset();
             }, "removes every token; the knobs stay")
@@ -544,7 +549,29 @@ than k are found. params: per-call knobs, "k=..,nprobe=.." or a dict.)doc")
                      return read_guarded(s, "parameter_info", [&] { return kvindex::index_parameter_info(&s); });
                  })
             .def("__repr__", [](const KVIndex& s) { return read_guarded(s, "repr", [&] { return repr(s); }); });
+}
 
+/// The base class every index type derives from.
+void bind_kvindex(py::module_& m) {
+    KVIndexClass c(m, "KVIndex", R"doc(The KV cache of one (layer, KV head) as a Faiss index.
+
+Row id = token position. The index owns its keys (dimension d) and values
+(dimension d_value). search returns the top-k keys by inner product (exact
+or approximate, per type) as faiss does; attend returns attention outputs
+and their log-sum-exp, with scores s_i = <q, k_i> / sqrt(d). Build one with
+kvindex.index_factory(d, "...").
+
+Thread safety: search, select, attend, reconstruct and write_index may run
+concurrently from many threads (the GIL is released); a write (add_kv,
+prefill, reset, set_index_parameters) that overlaps any call raises.)doc");
+    bind_kvindex_properties(c);
+    bind_kvindex_writes(c);
+    bind_kvindex_reads(c);
+    bind_kvindex_state(c);
+}
+
+/// Flat, TopK over a Faiss retriever, the sink and window, token-range shards.
+void bind_exact_and_wrappers(py::module_& m) {
     py::class_<kvindex::IndexKVFlat, KVIndex, std::shared_ptr<kvindex::IndexKVFlat>>(
             m, "IndexKVFlat",
             "Exact attention over every token: the dense baseline. search is exact top-k by inner "
@@ -620,7 +647,10 @@ tokens. Factory string: "Shards<T>(<chain>)".)doc")
                  },
                  py::arg("i"), py::return_value_policy::reference_internal,
                  "shard i (tokens i*T ..), valid until the next write of this index");
+}
 
+/// One-shot eviction (NaCl, H2O, TOVA, StreamingLLM) and MagicPIG's LSH sampling.
+void bind_eviction_and_lsh(py::module_& m) {
     py::class_<kvindex::IndexProxyEvict, KVIndex, std::shared_ptr<kvindex::IndexProxyEvict>>(
             m, "IndexProxyEvict",
             R"doc(One-shot eviction at prefill (NaCl, and H2O / TOVA / StreamingLLM / Random
@@ -661,7 +691,10 @@ the sample).)doc")
             .def_readonly("min_hits", &kvindex::IndexLSHSample::min_hits, "collisions needed")
             .def_readonly("max_sample", &kvindex::IndexLSHSample::max_sample, "cap on the sample (0: none)")
             .def_readonly("seed", &kvindex::IndexLSHSample::seed, "seed of the hyperplanes");
+}
 
+/// RetrievalAttention's graph.
+void bind_roar_graph(py::module_& m) {
     py::class_<kvindex::IndexRoarGraph, KVIndex, std::shared_ptr<kvindex::IndexRoarGraph>>(
             m, "IndexRoarGraph",
             R"doc(RetrievalAttention's attention-aware graph (built like RoarGraph): prefill
@@ -736,7 +769,10 @@ n_anchors, seed.)doc")
                      return read_guarded(g, "count_reachable", [&] { return g.count_reachable(); });
                  },
                  "keys reachable from the entry point (breadth-first)");
+}
 
+/// SAAP's asymmetric partitions and their Q-model.
+void bind_ivf_asym(py::module_& m) {
     py::class_<kvindex::IndexIVFAsym, KVIndex, std::shared_ptr<kvindex::IndexIVFAsym>>(
             m, "IndexIVFAsym",
             R"doc(SAAP's asymmetric partitions: keys in k-means buckets of their de-RoPEd
@@ -819,7 +855,10 @@ train_iterations, min_distance, seed.)doc")
                  },
                  py::arg("q"),
                  "_Moment probe: float32 [C], the estimated log sum_{k in b} exp(s <q, k>) of each bucket (-inf: empty)");
+}
 
+/// The uniform and weighted samples, and the weighted inclusion probabilities.
+void bind_samplers(py::module_& m) {
     py::class_<kvindex::IndexUniformSample, KVIndex, std::shared_ptr<kvindex::IndexUniformSample>>(
             m, "IndexUniformSample",
             R"doc(Uniform random sampling with the unbiased estimator: each query reads
@@ -862,7 +901,10 @@ Knobs: k, seed.)doc")
           },
           py::arg("scores"), py::arg("m"),
           "u_i = min(1, c e^{s_i}) with sum u = min(m, n) (float64 [n]); -inf scores get 0");
+}
 
+/// The hybrid of a heavy part and a sample, and Choose (Auto) among candidates.
+void bind_estimators(py::module_& m) {
     py::class_<kvindex::IndexHybrid, KVIndex, std::shared_ptr<kvindex::IndexHybrid>>(
             m, "IndexHybrid",
             R"doc(Exact heavy hitters plus an unbiased sample of the other tokens (vAttention's
@@ -942,7 +984,10 @@ read-only chosen.)doc")
                  },
                  "copies of the candidates as they are now (prefill replaces the ones it drops, so "
                  "references would not stay valid)");
+}
 
+/// index_factory, its strings, the knobs, and time_attend.
+void bind_factory_and_knobs(py::module_& m) {
     m.def("time_attend",
           [](const KVIndex& index, py::handle q, int repeats) {
               FloatArray qa = queries_of(index, q);
@@ -1010,6 +1055,20 @@ read-only chosen.)doc")
               return py::make_tuple(spec.factory, spec.params);
           },
           py::arg("spec"), "\"STRING|params\" -> (factory string, params string)");
+}
+
+} // namespace
+
+void bind_index(py::module_& m) {
+    bind_results(m);
+    bind_kvindex(m);
+    bind_exact_and_wrappers(m);
+    bind_eviction_and_lsh(m);
+    bind_roar_graph(m);
+    bind_ivf_asym(m);
+    bind_samplers(m);
+    bind_estimators(m);
+    bind_factory_and_knobs(m);
 }
 
 } // namespace kvpy
