@@ -102,7 +102,7 @@ struct AnchorGroups {
  *     inner products per refused edge, in the serial part of the build.)
  * Closeness between keys is their inner product, as between queries and
  * keys (as the official RoarGraph does for inner-product data; Euclidean
- * pruning and linking measured 0.10 lower recall at efSearch 100, 32k keys).
+ * pruning and linking found fewer of the top keys at the same beam).
  * The links of a batch of keys are searched in parallel on the graph as it
  * was before the batch and applied in key order, so the graph depends on
  * the seed only, not on the thread count.
@@ -115,10 +115,9 @@ struct AnchorGroups {
  * how queries find it; so prefill keeps n_anchors training queries
  * (anchors) with their pivot and the score of their Nq-th key, and an
  * appended key that would have entered an anchor's list is linked both
- * ways with that anchor's pivot too (the projection, done for one key).
- * Measured on the synthetic trace (32k keys, 4096 appended): the appended
- * keys in the true top-100 are found 0.72 of the time instead of 0.50
- * (0.87 had they been prefilled).
+ * ways with that anchor's pivot too (the projection, done for one key),
+ * so that the queries that would rank it find it (the DecodeAppends and
+ * LearntDecodeQueries tests of test_roar_graph.cpp).
  *
  * The anchors' lists follow the appends: a key that enters an anchor's
  * list (its score at least the bar) is put in its place, the last one
@@ -145,8 +144,8 @@ struct AnchorGroups {
  * of at most one anchor per 128 keys, spread over them; when the pool
  * would be larger than that, the anchors are grouped by k-means into
  * sqrt(n_anchors) groups and the search scores the centroids and the
- * members of the 4 nearest groups: at 128k keys ~160 vectors instead of
- * 1024, and 0.4% of the keys read less for the same recall). A query's top
+ * members of the 4 nearest groups: about 2 sqrt(pool) vectors instead of
+ * the whole pool). A query's top
  * keys are mostly in the lists of the prompt queries that resemble it,
  * which the projection has pruned to M per pivot; the seeds give them back
  * at the start. Scored by inner product; Selection::n_scanned counts, in
@@ -159,10 +158,10 @@ struct AnchorGroups {
  * range per dimension, a score within sum_j |q_j| step_j / 2 of the
  * exact one) instead of the stored rows, and the whole beam is then
  * scored on the stored keys, which order the answer. The walk is where
- * the bytes go (128k keys, efSearch 100: ~4600 scored for the 100 kept), and a
+ * the bytes go (it scores tens of keys for each one it keeps), and a
  * graph neighbour's code is one or two cache lines instead of eight; the
- * path is nearly the same (synthetic 128k: recall 0.961 against 0.961 at
- * efSearch 300, reading 2.4% of the keys' bytes instead of 7.1%).
+ * path is nearly the same (RESULTS.md, "RoarGraph", has the recall and the
+ * bytes of both walks).
  * Selection::n_scanned then counts the codes as their share of a stored
  * key's bytes (keys_read). The codes cost d bytes per token, are derived
  * from the keys (at prefill, on append, when the knob is set) and only
@@ -193,13 +192,11 @@ struct AnchorGroups {
  * at 128k for M = 32 (bench_recall --walk-floor). With every training
  * query kept as an anchor, the lists of the query's nearest anchors
  * already hold most of its top-k (RoarGraph's query-to-key bipartite
- * graph, read directly), so a few expansions from them finish the
- * search: synthetic 128k, "RoarGraph32|max_train_queries=24576,
- * n_anchors=24576,n_hubs=0,keys_per_seed_list=0,anchors_per_group=192,
- * seed_anchors=64,max_expansions=30": recall@100 0.954 scoring 2.79% of
- * the keys, build 24 s on 2 cores, 1617 bytes/token (RESULTS "Session
- * 44"). The defaults stay those of short contexts, where 64 lists of 100
- * would be most of the keys.
+ * graph, read directly), so a few expansions from them finish the search
+ * (n_anchors = max_train_queries, keys_per_seed_list = 0, max_expansions:
+ * RESULTS.md, "Issue 14's point", has the string and its figures). The
+ * defaults stay those of short contexts, where 64 lists of 100 would be
+ * most of the keys.
  */
 struct IndexRoarGraph : KVIndex {
     int M = 32;                      ///< out-degree of the projection; degree bound 2M
@@ -236,16 +233,14 @@ struct IndexRoarGraph : KVIndex {
     /// it drops those learned.
     int decode_anchors = 256;
     /// beam of the searches that learn decode queries; 0: twice efSearch
-    /// (their lists seed every later search: synthetic 128k, 4096 steps,
-    /// recall 0.908 / 0.929 / 0.938 with 1 / 2 / 4 times efSearch)
+    /// (their lists seed every later search, so a wider beam than a
+    /// search's pays back)
     int learn_efSearch = 0;
     /// while the index holds at most this many keys, a decode query's list
     /// is the exact top-Nq of a scan of the keys (scan_lists, one pass
-    /// shared by the call's queries: a GQA group) instead of a beam search.
-    /// Where the keys come from DRAM the scan costs ~13 ns a key and a
-    /// query, the beam ~60-75 µs: SmolLM2, 30 layers x 3 KV heads, learning
-    /// costs 12 ms a token at 2k keys scanned against 17 by the beam, 26
-    /// at 8k against 20. 0: always the beam
+    /// shared by the call's queries: a GQA group) instead of a beam search:
+    /// the scan's cost grows with the keys, a beam's hardly, so the scan is
+    /// the cheaper while they are few. 0: always the beam
     idx_t learn_scan_keys = 4096;
     /// decode queries learned since the prefill; the next one goes to ring
     /// slot n_learned % decode_anchors
