@@ -13,8 +13,9 @@
 #   python     the Python package (linking the library built above), its
 #              pytest suite (torch and transformers tests included) and
 #              examples (scripts/run_python_tests.sh)
-#   san-build  one clang build with ASan + UBSan + libFuzzer coverage for
-#              both the sanitizer tests and the fuzzers (build_sanitizers.sh)
+#   san-build  one clang build with ASan + UBSan + libFuzzer coverage of the
+#              library for both the sanitizer tests and the fuzzers (the
+#              tests' own code uninstrumented: build_sanitizers.sh)
 #   sanitizers the library's tests and the allocation-fault tests under
 #              ASan + UBSan, 4 gtest shards per core each, a core's worth
 #              at a time (scripts/run_sanitizers.sh)

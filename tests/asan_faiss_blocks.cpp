@@ -14,8 +14,8 @@
 #define KVINDEX_TEST_UNDER_ASAN 1
 #endif
 #endif
-#if defined(__SANITIZE_ADDRESS__)
-#define KVINDEX_TEST_UNDER_ASAN 1
+#if defined(__SANITIZE_ADDRESS__) || defined(KVINDEX_SANITIZER_BUILD)
+#define KVINDEX_TEST_UNDER_ASAN 1 // (the tests' own code is not instrumented there)
 #endif
 
 #ifdef KVINDEX_TEST_UNDER_ASAN
