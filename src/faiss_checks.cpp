@@ -269,9 +269,8 @@ struct FreshRetriever {
 };
 
 /// The fresh retriever of (d, string), built once per process (up to 256
-/// at a time): Faiss's
-/// factory compiles its regular expressions at every call (2 ms for
-/// "IVF4,Flat" in a Release build), and every read of a TopK checks one.
+/// at a time): Faiss's factory compiles its regular expressions at every
+/// call, and every read of a TopK checks one.
 FreshRetriever fresh_retriever_of(int d, const std::string& factory_string) {
     static std::mutex mutex;
     static std::map<std::pair<int, std::string>, FreshRetriever> built;

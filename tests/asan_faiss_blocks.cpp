@@ -3,9 +3,11 @@
 // 1024 floats, 16 MiB) at every call whatever its sizes, and ASan maps each
 // such block afresh and poisons its 2 MiB of shadow, freed or not: in the
 // k-means of the IVF and IVFAsym tests two thirds of the time went to page
-// faults. The instrumented test binaries use blocks of 256 x 64 (64 KiB):
-// the same BLAS path and the same allocation, from ASan's size classes.
-// Release builds keep Faiss's defaults.
+// faults. The test binaries of an ASan build (the sanitizer build, whose
+// tests' own code is not instrumented, says so by KVINDEX_SANITIZER_BUILD)
+// use blocks of 256 x 64 (64 KiB): the same BLAS path and the same
+// allocation, from ASan's size classes. Release builds keep Faiss's
+// defaults.
 
 #include <faiss/utils/distances.h>
 
