@@ -32,6 +32,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <omp.h>
@@ -205,28 +206,29 @@ const Sequence& sequence() {
     return s;
 }
 
-/** A self-trained Q-model (IVFAsym) of width 8 and 20 Adam steps instead of
- * its defaults (256, and 10 epochs of its rows), a
- * hybrid's split calibrated on 8 query positions instead of 64, and a
- * RoarGraph trained on 48 queries' 16 nearest keys instead of all 600
- * queries' 100: the training allocates the same buffers at every Adam step
- * whatever the width, the split the same buffers whatever the rows, and
- * the graph's projection the same per query and per key whatever their
- * numbers, so the same allocations fail in turn, at a fraction of the
- * arithmetic (which ASan and UBSan make dear: a prefill of the defaults is
- * most of this binary's run under them). */
+/** Training knobs narrowed to a fraction of their defaults' arithmetic
+ * (which ASan and UBSan make dear: a prefill of the defaults was most of
+ * this binary's run under them), while the same allocations fail in turn:
+ * IVFAsym's self-trained Q-model allocates the same buffers at every Adam
+ * step whatever its width and steps; a hybrid's split the same buffers
+ * whatever its calibration rows; RoarGraph's projection and linking the
+ * same per training query and per key whatever their numbers (with 48 of
+ * the 600 prompt queries the build samples them; taking them all is an
+ * iota in training_sample). */
+const std::pair<const char*, double> kNarrowedKnobs[] = {
+        {"hidden", 8},             // IVFAsym: Q-model width (default 256)
+        {"train_iterations", 20},  // IVFAsym: Adam steps (default 10 epochs of its rows)
+        {"n_calibration", 8},      // Hybrid: split calibrated on 8 positions (default 64)
+        {"max_train_queries", 48}, // RoarGraph: training queries (all 600 by default)
+        {"Nq", 16},                // RoarGraph: exact neighbours per query (default 100)
+};
+
 void narrow_self_training(KVIndex* index) {
     for (const ParameterInfo& p : index_parameter_info(index)) {
-        if (p.name == "hidden") {
-            set_index_parameter(index, "hidden", 8);
-        } else if (p.name == "train_iterations") {
-            set_index_parameter(index, "train_iterations", 20);
-        } else if (p.name == "n_calibration") {
-            set_index_parameter(index, "n_calibration", 8);
-        } else if (p.name == "max_train_queries") {
-            set_index_parameter(index, "max_train_queries", 48);
-        } else if (p.name == "Nq") {
-            set_index_parameter(index, "Nq", 16);
+        for (const auto& [name, value] : kNarrowedKnobs) {
+            if (p.name == name) {
+                set_index_parameter(index, name, value);
+            }
         }
     }
 }

@@ -19,10 +19,8 @@ L, HQ, HKV, D = 2, 4, 2, 16
 N, APPENDS = 600, 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cluster(ray_cluster):
-    """The session's local cluster of 2 CPUs (conftest.ray_cluster)."""
-    yield ray_cluster
+# every test runs on the session's local cluster of 2 CPUs (conftest.py)
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def tokens(seed, n=N):
