@@ -75,30 +75,35 @@ void register_gpu_index_types() {
                 {"GpuIndexKVFlat", fourcc("KGfl"), 1, "GPU,<chain>",
                  "the GPU twin of the chain that follows (Flat, TopK(Flat), "
                  "Sink<n>,Window<m>,TopK(Flat)); io writes the CPU twin",
-                 parse_gpu, make_empty<GpuIndexKVFlat>});
+                 parse_gpu, make_empty<GpuIndexKVFlat>,
+                 /*examples=*/{}});
         // built by the "GPU," row above; listed for io and the tools
         register_index_type(
                 {"GpuIndexTopK", fourcc("KGtk"), 1, "GPU,[Sink<n>,][Window<m>,]TopK(Flat)",
                  "exact top-k attention on the GPU with an exact sink and window, merged by lse",
-                 nullptr, make_empty<GpuIndexTopK>});
+                 nullptr, make_empty<GpuIndexTopK>,
+                 /*examples=*/{}});
         register_index_type(
                 {"GpuIndexProxyEvict", fourcc("KGpe"), 1,
                  "GPU,ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random]",
                  "one-shot eviction at prefill: proxy scores on the GPU, the CPU policy's choice, "
                  "dense attention over the kept tokens",
-                 nullptr, make_empty<GpuIndexProxyEvict>});
+                 nullptr, make_empty<GpuIndexProxyEvict>,
+                 /*examples=*/{}});
         register_index_type(
                 {"GpuIndexIVFAsym", fourcc("KGia"), 1,
                  "GPU,[Sink<n>,][Window<m>,]IVFAsym<C>[_Centroid|_CentroidRoPE|_Moment]",
                  "SAAP's buckets on the GPU: keys sorted by bucket, the probe as batched "
                  "products, one attention over the probed buckets and the static part",
-                 nullptr, make_empty<GpuIndexIVFAsym>});
+                 nullptr, make_empty<GpuIndexIVFAsym>,
+                 /*examples=*/{}});
         register_index_type(
                 {"GpuIndexLSHSample", fourcc("KGls"), 1,
                  "GPU,[Sink<n>,][Window<m>,]LSHSample<K>x<L>",
                  "MagicPIG on the GPU: the query hashed, the CSR tables walked and the "
                  "unbiased estimator over the sample, merged with the static part by lse",
-                 nullptr, make_empty<GpuIndexLSHSample>});
+                 nullptr, make_empty<GpuIndexLSHSample>,
+                 /*examples=*/{}});
     });
 }
 

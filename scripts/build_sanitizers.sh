@@ -6,7 +6,8 @@
 # library's tests (kvindex_tests, kvindex_fault_tests), whose own code (the
 # float64 references, the loops over cases) is not instrumented
 # (KVINDEX_TESTS_UNINSTRUMENTED: ASan still checks every access the library
-# makes), and the fuzz targets of tests/fuzz with their seed writer.
+# makes), and the fuzz targets of tests/fuzz with their seed writer. A
+# one-shot build: the library in unity batches (KVINDEX_UNITY_BUILD).
 # Used by run_sanitizers.sh and run_fuzzers.sh. Usage: bash scripts/build_sanitizers.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,7 @@ if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
     "-DCMAKE_CXX_FLAGS=$SAN" \
     -DKVINDEX_BUILD_FUZZERS=ON -DKVINDEX_BUILD_TESTS=ON -DKVINDEX_BUILD_BENCHMARKS=OFF \
     -DKVINDEX_TESTS_UNINSTRUMENTED=ON \
+    -DKVINDEX_UNITY_BUILD=ON \
     -DKVINDEX_ENABLE_GPU=OFF -DKVINDEX_ENABLE_PYTHON=OFF >/dev/null
 fi
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target kvindex_tests kvindex_fault_tests \

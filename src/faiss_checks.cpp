@@ -286,7 +286,8 @@ FreshRetriever fresh_retriever_of(int d, const std::string& factory_string) {
             faiss::index_factory(d, factory_string.c_str(), faiss::METRIC_INNER_PRODUCT));
     FreshRetriever f;
     f.family = family(fresh.get());
-    f.type = typeid(*fresh);
+    const faiss::Index& fresh_index = *fresh;  // (typeid of a plain reference: no side effect)
+    f.type = typeid(fresh_index);
     if (auto ivf = dynamic_cast<const faiss::IndexIVF*>(fresh.get())) {
         f.nlist = ivf->nlist;
         f.code_size = ivf->code_size;

@@ -25,10 +25,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 /// params ("k=2%", already free of "question") for a prompt of n tokens:
 /// percentages resolved, and refused on a knob of the spec's index that
 /// is not a count of tokens (an empty index of the spec says which).

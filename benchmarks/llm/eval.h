@@ -4,6 +4,7 @@
 // (e2e) and passkey retrieval (needle) of any index string against the
 // model's own dense attention.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -24,6 +25,11 @@
 #endif
 
 namespace kvllm {
+
+/// seconds from t0 to now, on the steady clock
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 /** Whether two generations give the same answer: the shorter one (its stop
  * token aside) is where the longer one starts, so that a decode that

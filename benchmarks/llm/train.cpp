@@ -30,10 +30,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-    return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 /// for (i in [0, n)) f(i) over OpenMP threads; the first exception is
 /// rethrown after the loop (an exception must not leave a parallel region)
 template <class F>
