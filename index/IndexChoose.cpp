@@ -24,7 +24,7 @@ namespace kvindex {
 
 namespace {
 
-constexpr const char* kGrammar = "Choose(<chain>;<chain>[;...]) or Auto";
+constexpr const char* kChooseGrammar = "Choose(<chain>;<chain>[;...]) or Auto";
 
 /// Splits the body of "Choose(...)" at the ';' outside parentheses.
 std::vector<std::string> split_candidates(const std::string& body, const std::string& element) {
@@ -171,7 +171,7 @@ std::unique_ptr<KVIndex> IndexChoose::from_factory(FactoryChain& chain) {
             "index_factory: '%s' in '%s': expected %s",
             e.c_str(),
             chain.description().c_str(),
-            kGrammar);
+            kChooseGrammar);
     chain.take();
     std::vector<std::string> parts = is_auto
             ? split_candidates(kAutoCandidates, e)
@@ -183,7 +183,7 @@ std::unique_ptr<KVIndex> IndexChoose::from_factory(FactoryChain& chain) {
             e.c_str(),
             kMaxCandidates,
             parts.size(),
-            kGrammar);
+            kChooseGrammar);
     std::vector<std::unique_ptr<KVIndex>> cands;
     for (size_t i = 0; i < parts.size(); i++) {
         FAISS_THROW_IF_NOT_FMT(
@@ -191,7 +191,7 @@ std::unique_ptr<KVIndex> IndexChoose::from_factory(FactoryChain& chain) {
                 "index_factory: '%s': candidate %zu is empty (%s)",
                 e.c_str(),
                 i + 1,
-                kGrammar);
+                kChooseGrammar);
         try {
             cands.push_back(chain.parse_nested(parts[i]));
         } catch (const faiss::FaissException& ex) {

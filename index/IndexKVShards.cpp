@@ -22,7 +22,7 @@ namespace kvindex {
 
 namespace {
 
-constexpr const char* kGrammar = "Shards<T>(<chain>)";
+constexpr const char* kShardsGrammar = "Shards<T>(<chain>)";
 
 /// Shards of T tokens that n tokens fill.
 idx_t shard_count(idx_t n, idx_t T) {
@@ -63,7 +63,7 @@ std::unique_ptr<KVIndex> IndexKVShards::from_factory(FactoryChain& chain) {
             "index_factory: '%s' in '%s': expected %s, T tokens per shard (>= 1) and the shards' chain",
             e.c_str(),
             chain.description().c_str(),
-            kGrammar);
+            kShardsGrammar);
     const idx_t T = std::stoll(e.substr(prefix.size(), open - prefix.size()));
     FAISS_THROW_IF_NOT_FMT(
             T >= 1, "index_factory: '%s': T=%zd tokens per shard must be >= 1", e.c_str(), ssize_t(T));

@@ -16,6 +16,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_attention {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -268,3 +270,5 @@ TEST(Attention, ANonFiniteResultIsRefused) {
                 "attention_from_scores: the result is not finite");
     }
 }
+
+}  // namespace test_attention

@@ -36,6 +36,8 @@
 #include "forge.h"
 #include "reference.h"
 
+namespace test_bad_input {
+
 using namespace kvindex;
 
 namespace {
@@ -949,3 +951,5 @@ TEST(BadInput, TheTrainerChecksItsPromptsLikePrefill) {
             assign_keys_to_buckets(x.data(), 10, d, 0, RopeParams{}, x.data() + 80, 2, buckets.data()),
             "non-finite");
 }
+
+}  // namespace test_bad_input

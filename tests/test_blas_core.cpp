@@ -16,6 +16,8 @@
 #include <kvindex/blas_threads.h>
 #include <kvindex/kernels.h>
 
+namespace test_blas_core {
+
 using namespace kvindex;
 
 TEST(BlasCore, WidestSetFollowsTheCpu) {
@@ -73,3 +75,5 @@ TEST(BlasThreads, AScopeIsClampedToTheCoresAndRestored) {
     ScopedBlasThreads none(0); // a no-op
     EXPECT_EQ(blas_num_threads(), before);
 }
+
+}  // namespace test_blas_core

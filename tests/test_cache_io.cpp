@@ -22,6 +22,8 @@
 #include "forge.h"
 #include "reference.h"
 
+namespace test_cache_io {
+
 using namespace kvindex;
 
 namespace {
@@ -535,3 +537,5 @@ TEST(CacheIO, HeadsOutOfStepAreRefusedByTheCacheAndItsFiles) {
     other->index(1, 1)->prefill(in);
     EXPECT_THROW_MSG(other->check_invariants(), "RoPE theta=10000");
 }
+
+}  // namespace test_cache_io

@@ -26,6 +26,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_choose {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -909,3 +911,5 @@ TEST(Choose, AutoIsChooseOverTheFastFamilies) {
     uniform->prefill(h.input());
     EXPECT_LT(2 * mean_error(*a, h, h.eval_q.data(), 8), mean_error(*uniform, h, h.eval_q.data(), 8));
 }
+
+}  // namespace test_choose

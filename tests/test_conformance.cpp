@@ -31,6 +31,8 @@
 #include "golden_data.h"
 #include "reference.h"
 
+namespace test_conformance {
+
 using namespace kvindex;
 using kvtest::ConformanceCase;
 
@@ -211,9 +213,9 @@ std::string param_name(const testing::TestParamInfo<ConformanceCase>& info) {
     return kvtest::conformance_test_name(info.index, info.param);
 }
 
-class Conformance : public testing::TestWithParam<ConformanceCase> {};
-
 } // namespace
+
+class Conformance : public testing::TestWithParam<ConformanceCase> {};
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, Conformance, testing::ValuesIn(kvtest::kConformance), param_name);
 
@@ -852,3 +854,5 @@ TEST_P(Conformance, AppendsRacingAttendsAreRefusedNeverTorn) {
     EXPECT_EQ(index->ntotal, reference->ntotal);
     index->check_invariants();
 }
+
+}  // namespace test_conformance

@@ -28,6 +28,8 @@
 
 #include "expect_throw.h"
 
+namespace test_errors {
+
 using namespace kvindex;
 
 namespace {
@@ -282,3 +284,5 @@ TEST(Errors, ASaveToAStreamWritesInPlaceAndNeverReplacesIt) {
         EXPECT_TRUE(S_ISCHR(st.st_mode)) << dev << " was replaced";
     }
 }
+
+}  // namespace test_errors

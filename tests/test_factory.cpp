@@ -23,6 +23,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_factory {
+
 using namespace kvindex;
 
 namespace {
@@ -479,3 +481,5 @@ TEST(Factory, KIsAKnobOnlyWhereATopKIsRead) {
         }
     }
 }
+
+}  // namespace test_factory

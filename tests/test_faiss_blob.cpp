@@ -23,6 +23,8 @@
 #include "expect_throw.h"
 #include "forge.h"
 
+namespace test_faiss_blob {
+
 namespace {
 
 using kvindex::idx_t;
@@ -238,3 +240,5 @@ TEST(FaissBlob, CorruptHnswGraphsAreRefused) {
 }
 
 } // namespace
+
+}  // namespace test_faiss_blob

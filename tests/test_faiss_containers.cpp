@@ -24,6 +24,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_faiss_containers {
+
 using namespace kvindex;
 
 namespace {
@@ -66,17 +68,17 @@ struct Tokens {
               prompt_queries(kvtest::gaussian(kGroup * 2 * kShardTokens, kD, base + 3, 1.5f)),
               queries(kvtest::gaussian(kQ, kD, base + 4, 2.0f)) {}
     std::unique_ptr<KVIndex> shard(const kvtest::ConformanceCase& c, idx_t first) const {
-        return ::shard(c, first, keys, values, prompt_queries);
+        return test_faiss_containers::shard(c, first, keys, values, prompt_queries);
     }
 };
-
-class FaissContainers : public testing::TestWithParam<kvtest::ConformanceCase> {};
 
 std::string param_name(const testing::TestParamInfo<kvtest::ConformanceCase>& info) {
     return kvtest::conformance_test_name(info.index, info.param);
 }
 
 } // namespace
+
+class FaissContainers : public testing::TestWithParam<kvtest::ConformanceCase> {};
 
 INSTANTIATE_TEST_SUITE_P(AllTypes, FaissContainers, testing::ValuesIn(kvtest::kConformance), param_name);
 
@@ -149,3 +151,5 @@ TEST_P(FaissContainers, ReplicasAnswerAsTheIndexDoes) {
     EXPECT_EQ(labels, ref_labels);
     EXPECT_THROW_MSG(replicas.add(1, t.keys.data()), "add_replica");
 }
+
+}  // namespace test_faiss_containers

@@ -22,6 +22,8 @@
 #include "forge.h"
 #include "golden_data.h"
 
+namespace test_golden {
+
 using namespace kvindex;
 
 namespace {
@@ -112,3 +114,5 @@ TEST(Golden, EveryVersionReadsBackAndAnswersAsSaved) {
     }
     EXPECT_GE(n_files, int(std::size(kvtest::kConformance)));
 }
+
+}  // namespace test_golden

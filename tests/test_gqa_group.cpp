@@ -29,6 +29,8 @@
 #include "reference.h"
 #include "simd_levels.h"
 
+namespace test_gqa_group {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -44,9 +46,9 @@ double rel_err(const float* a, const float* b, size_t n) {
     return err / mag;
 }
 
-class GroupKernelTest : public kvtest::SimdLevelTest {};
-
 } // namespace
+
+class GroupKernelTest : public kvtest::SimdLevelTest {};
 
 TEST_P(GroupKernelTest, EqualsSeparateDenseAttentionCalls) {
     constexpr double kTol = 1e-5;
@@ -217,3 +219,5 @@ TEST(GQAGroup, KVCacheAttendEqualsPerHeadAttends) {
         }
     }
 }
+
+}  // namespace test_gqa_group

@@ -21,6 +21,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_hybrid {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -1295,3 +1297,5 @@ TEST(Hybrid, ARefusedPrefillAddsNothing) {
     index->prefill(in);
     EXPECT_EQ(index->ntotal, 100);
 }
+
+}  // namespace test_hybrid

@@ -26,6 +26,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_indexes {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -465,3 +467,5 @@ TEST(ReadCounts, FloatStructuresAndCodesCountTheirBytesInStoredKeys) {
         EXPECT_EQ(ivf_asym->probe_cost(), size_t(4) * (type.empty() ? 1 : 2)) << type;
     }
 }
+
+}  // namespace test_indexes

@@ -46,6 +46,8 @@
 #include "forge.h"
 #include "reference.h"
 
+namespace test_io {
+
 using namespace kvindex;
 
 namespace {
@@ -768,3 +770,5 @@ TEST(IO, RecordVersionTooNew) {
         EXPECT_THROW_MSG(read_index(b), "IndexSinkWindow record version " + std::to_string(bad));
     }
 }
+
+}  // namespace test_io

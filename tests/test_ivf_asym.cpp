@@ -29,6 +29,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_ivf_asym {
+
 using namespace kvindex;
 
 namespace {
@@ -896,3 +898,5 @@ TEST(IVFAsym, TheQuestionsRowsCountRecentWeightTimesAndWindowQueriesTrain) {
     t.add_prompt(in);
     EXPECT_EQ(t.report.n_candidates, kGroup * (h.n - 1)); // positions 1 .. 599 (min_distance 0, no sink)
 }
+
+}  // namespace test_ivf_asym

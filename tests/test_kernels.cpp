@@ -13,12 +13,12 @@
 #include "reference.h"
 #include "simd_levels.h"
 
+namespace test_kernels {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
 namespace {
-
-class KernelsTest : public kvtest::SimdLevelTest {};
 
 const size_t kDims[] = {1, 3, 8, 17, 64, 128, 130};
 const size_t kCounts[] = {0, 1, 3, 4, 5, 255, 256, 257, 1000};
@@ -32,6 +32,8 @@ double dot_ref(const float* a, const float* b, size_t d) {
 }
 
 } // namespace
+
+class KernelsTest : public kvtest::SimdLevelTest {};
 
 TEST_P(KernelsTest, InnerProductsMatchReference) {
     for (size_t d : kDims) {
@@ -300,3 +302,5 @@ TEST(Kernels, LevelSelection) {
         EXPECT_EQ(get_simd_level(), levels.back());
     }
 }
+
+}  // namespace test_kernels

@@ -14,6 +14,8 @@
 #include <kvindex/parameters.h>
 #include <kvindex/registry.h>
 
+namespace test_knobs {
+
 using namespace kvindex;
 
 namespace {
@@ -100,3 +102,5 @@ TEST(Knobs, RangesReadAsTheReferencePrintsThem) {
     EXPECT_FALSE(ParameterInfo::integer("t", 1, 1e7, "d").accepts(1.5));
     EXPECT_FALSE(ParameterInfo::real("delta", 0, 1, "d").open_min().accepts(0));
 }
+
+}  // namespace test_knobs

@@ -31,6 +31,8 @@
 #include "reference.h"
 #include "simd_levels.h"
 
+namespace test_kv_type {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -252,8 +254,6 @@ TEST(KVType, ArrayChecksAgreeWithTheValueTestsAtEveryPosition) {
 
 namespace {
 
-class KVTypeKernels : public kvtest::SimdLevelTest {};
-
 /// n rows of dimension d stored as type t (with zeros, signed zeros and
 /// values that are fp16 subnormals mixed in), and the same rows as floats.
 struct StoredRows {
@@ -280,6 +280,8 @@ double dot_ref(const float* a, const float* b, size_t d) {
 }
 
 } // namespace
+
+class KVTypeKernels : public kvtest::SimdLevelTest {};
 
 TEST_P(KVTypeKernels, RowKernelsMatchDoubleReferenceOnStoredValues) {
     for (KVType t : {KVType::f32, KVType::bf16, KVType::f16}) {
@@ -764,3 +766,5 @@ TEST(KVStorage, LargeArraysAreHugePageAlignedAndKeepTheirRows) {
         EXPECT_EQ(std::memcmp(row.data(), k.data() + (i + 1000) * d, per_key), 0) << i;
     }
 }
+
+}  // namespace test_kv_type

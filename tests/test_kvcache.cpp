@@ -23,6 +23,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_kvcache {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -537,3 +539,5 @@ TEST(KVCache, AnAppendRacingACallOnOneHeadIsAllOrNothing) {
     EXPECT_NO_THROW(cache.attend(0, 1, q.data(), out.data(), nullptr));
     std::printf("[ KVCache ] %d appends (%d refused), %d attends on head 1\n", appended, refused, attends.load());
 }
+
+}  // namespace test_kvcache

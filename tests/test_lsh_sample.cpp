@@ -17,6 +17,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_lsh_sample {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -480,3 +482,5 @@ TEST(LSHSample, FactoryIoAndParameters) {
     EXPECT_THROW_MSG(index_factory(kD, "LSHSample17x10"), "K=17");
     EXPECT_THROW_MSG(index_factory(kD, "LSHSamplex10"), "LSHSamplex10");
 }
+
+}  // namespace test_lsh_sample

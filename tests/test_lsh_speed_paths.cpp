@@ -15,6 +15,8 @@
 #include "reference.h"
 #include "simd_levels.h"
 
+namespace test_lsh_speed_paths {
+
 using namespace kvindex;
 
 TEST(LSHSpeedPaths, InclusionTableMatchesExactWithinStatedBound) {
@@ -229,3 +231,5 @@ TEST(LSHSpeedPaths, AttendMatchesReferenceOnTheSampleWithTailsAndManyHits) {
         }
     }
 }
+
+}  // namespace test_lsh_speed_paths

@@ -27,6 +27,8 @@
 
 #include "reference.h"
 
+namespace test_memory_growth {
+
 using namespace kvindex;
 
 namespace {
@@ -174,3 +176,5 @@ TEST(MemoryGrowth, MemoryBytesCountsWhatIsHeld) {
         EXPECT_GE(held, 0.9 * tight) << s;
     }
 }
+
+}  // namespace test_memory_growth

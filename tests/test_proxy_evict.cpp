@@ -23,6 +23,8 @@
 #include "forge.h"
 #include "reference.h"
 
+namespace test_proxy_evict {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -1180,3 +1182,5 @@ TEST(ProxyEvictLayerVote, TheLayersScoresAreComputedOncePerLayer) {
     EXPECT_EQ(shared, alone);
     EXPECT_EQ(shared[0], shared[2]);
 }
+
+}  // namespace test_proxy_evict

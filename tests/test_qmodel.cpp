@@ -19,6 +19,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_qmodel {
+
 using namespace kvindex;
 
 namespace {
@@ -524,3 +526,5 @@ TEST(QModel, BadInputThrows) {
     broken.w2.pop_back();
     EXPECT_THROW_MSG(broken.check(), "w2 has");
 }
+
+}  // namespace test_qmodel

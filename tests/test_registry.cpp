@@ -23,6 +23,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_registry {
+
 using namespace kvindex;
 
 namespace {
@@ -215,3 +217,5 @@ TEST(Registry, UnregisteredTypeCannotBeWritten) {
     std::vector<uint8_t> buf;
     EXPECT_THROW_MSG(write_index(&index, &buf), "IndexUnlisted");
 }
+
+}  // namespace test_registry

@@ -34,6 +34,8 @@
 #include "forge.h"
 #include "reference.h"
 
+namespace test_roar_graph {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -2191,3 +2193,5 @@ TEST(RoarGraph, AnNqAboveTheKeysBuildsWhatNqOfEveryKeyBuilds) {
     every->search(x.n_test, x.test.data(), 10, d2.data(), l2.data());
     EXPECT_EQ(l1, l2);
 }
+
+}  // namespace test_roar_graph

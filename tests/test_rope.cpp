@@ -9,6 +9,8 @@
 
 #include "reference.h"
 
+namespace test_rope {
+
 using namespace kvindex;
 
 namespace {
@@ -115,3 +117,5 @@ TEST(Rope, ARefusedPositionLeavesEveryRowAsItWas) {
     EXPECT_THROW(invert_rope(4, d, x.data(), pos.data(), RopeParams{}), faiss::FaissException);
     EXPECT_EQ(x, before);
 }
+
+}  // namespace test_rope

@@ -18,6 +18,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_shards {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -233,3 +235,5 @@ TEST(Shards, AShardWrittenThroughAReferenceIsNamed) {
     index->prefill(prompt(kPrompt));
     EXPECT_NO_THROW(index->attend(1, t.queries.data(), out.data(), nullptr));
 }
+
+}  // namespace test_shards

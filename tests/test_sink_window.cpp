@@ -14,6 +14,8 @@
 
 #include "reference.h"
 
+namespace test_sink_window {
+
 using namespace kvindex;
 using kvtest::gaussian;
 
@@ -244,3 +246,5 @@ TEST(SinkWindow, FewerTokensThanTheStaticPart) {
     EXPECT_EQ(lab[3], -1);
     EXPECT_EQ(lab[4], -1);
 }
+
+}  // namespace test_sink_window

@@ -29,11 +29,11 @@
 #include "reference.h"
 #include "simd_levels.h"
 
+namespace test_topk_scan {
+
 using namespace kvindex;
 
 namespace {
-
-class TopKScanTest : public kvtest::SimdLevelTest {};
 
 /// Small integers: every dot product is exact in float and in double, and
 /// many of them tie, which exercises the tie rule.
@@ -59,6 +59,8 @@ const size_t kDims[] = {1, 3, 17, 64, 128, 130};
 const size_t kCounts[] = {0, 1, 5, 255, 256, 257, 1000, 3000};
 
 } // namespace
+
+class TopKScanTest : public kvtest::SimdLevelTest {};
 
 TEST_P(TopKScanTest, ExactTopKEqualsReferenceWithTies) {
     for (size_t d : kDims) {
@@ -482,3 +484,5 @@ TEST(RetrieverScan, HnswSearchEqualsFaissAndCountsEachQuery) {
     }
     EXPECT_EQ(wrong, std::vector<int>(indexes.size(), 0));
 }
+
+}  // namespace test_topk_scan

@@ -18,6 +18,8 @@
 #include "expect_throw.h"
 #include "reference.h"
 
+namespace test_trace {
+
 using namespace kvindex;
 namespace fs = std::filesystem;
 
@@ -490,3 +492,5 @@ TEST(TraceLayer, WriteChecks) {
     EXPECT_NO_THROW(write_trace_layer(dir, m, 0, t)); // 1e5 is fine in float32
     EXPECT_EQ(read_npy(dir + "/layer_0/keys.npy").dtype, "<f4");
 }
+
+}  // namespace test_trace

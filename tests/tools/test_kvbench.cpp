@@ -23,6 +23,8 @@
 #include "subcommand_options.h"
 #include "synthetic.h"
 
+namespace test_kvbench {
+
 using namespace kvindex;
 
 namespace {
@@ -480,3 +482,5 @@ TEST(KVBench, DefaultLayersAreThoseTheTraceHolds) {
     std::filesystem::remove_all(dir + "/layer_1");
     EXPECT_THROW_MSG(run(dir, {"Flat"}), "holds no layer directory");
 }
+
+}  // namespace test_kvbench

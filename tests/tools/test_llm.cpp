@@ -33,6 +33,8 @@
 #include "tokenizer.h"
 #include "train.h"
 
+namespace test_llm {
+
 using namespace kvllm;
 
 namespace {
@@ -640,3 +642,5 @@ TEST(KvllmTrain, TaskPromptsEndWithTheirQuestionAndAnswer) {
     EXPECT_THROW(task_training_prompts(tok, haystack, {"passkey"}, 1, 600, 7), std::invalid_argument);
     EXPECT_THROW(task_training_prompts(tok, haystack, tasks, 1, 200, 7), std::invalid_argument);
 }
+
+}  // namespace test_llm

@@ -28,6 +28,8 @@
 #include "llm_tiny_model.h"
 #include "tokenizer.h"
 
+namespace test_llm_errors {
+
 using namespace kvllm;
 
 namespace {
@@ -471,3 +473,5 @@ TEST(KvllmErrors, ANormStoredAsAQuantizedTypeIsRefused) {
               std::string::npos)
             << model_error(c);
 }
+
+}  // namespace test_llm_errors

@@ -28,6 +28,8 @@
 #include "ruler.h"
 #include "tokenizer.h"
 
+namespace test_ruler {
+
 using namespace kvllm;
 
 namespace {
@@ -643,3 +645,5 @@ TEST(RulerSmolLM2, ReferenceLikelihoodIsThatOfAPrefillOfPromptAndReference) {
     EXPECT_LE(top4.accuracy, 1.0);
     EXPECT_LE(dense.accuracy - top4.accuracy, 1.0 - top4.top1 + 1e-12);
 }
+
+}  // namespace test_ruler
