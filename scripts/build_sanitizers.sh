@@ -7,7 +7,7 @@
 # float64 references, the loops over cases) is not instrumented
 # (KVINDEX_TESTS_UNINSTRUMENTED: ASan still checks every access the library
 # makes), and the fuzz targets of tests/fuzz with their seed writer. A
-# one-shot build: the library in unity batches (KVINDEX_UNITY_BUILD).
+# one-shot build: the library and tests in unity batches (KVINDEX_UNITY_BUILD).
 # Used by run_sanitizers.sh and run_fuzzers.sh. Usage: bash scripts/build_sanitizers.sh [build-dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."

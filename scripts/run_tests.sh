@@ -3,8 +3,8 @@
 #
 #   setup      packages, the Python environment .venv (scripts/setup.sh)
 #   build      Release build with Ninja: library, tests, tools, GPU code
-#              (the libraries in unity batches: KVINDEX_UNITY_BUILD; the
-#              CUDA code to unoptimised PTX only, cicc -O0: no GPU here
+#              (libraries and tests in unity batches: KVINDEX_UNITY_BUILD;
+#              the CUDA code to unoptimised PTX only, cicc -O0: no GPU here
 #              runs it, and NVVM's optimiser took 3/4 of the CUDA compile;
 #              scripts/build_device.sh builds sm_90 for a GPU machine)
 #   ctest      every gtest, the tools' and the model's tests, the docs
