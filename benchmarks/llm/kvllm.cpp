@@ -51,10 +51,6 @@ using namespace kvllm;
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 /// The haystack units (ruler.h) of the files, in order.
 std::vector<std::string> haystack_of(const std::vector<std::string>& files) {
     std::vector<std::string> haystack;
