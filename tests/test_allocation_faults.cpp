@@ -47,6 +47,7 @@
 #include "conformance_list.h"
 #include "forge.h"
 #include "reference.h"
+#include "sanitizer_scale.h"
 
 namespace {
 
@@ -176,9 +177,10 @@ constexpr idx_t kNewTokens = 3;
 constexpr idx_t kQ = 4;
 constexpr idx_t kSearchK = 9;
 /// Every allocation up to this one fails in turn; past it, a spread of
-/// kSpread more (the first ones are where a write has changed least).
-constexpr long kEvery = 48;
-constexpr long kSpread = 48;
+/// kSpread more (the first ones are where a write has changed least). The
+/// sanitizer run takes half of each (sanitizer_scale.h).
+constexpr long kEvery = kvtest::release_or_sanitized(48L, 24L);
+constexpr long kSpread = kvtest::release_or_sanitized(48L, 24L);
 
 struct Sequence {
     std::vector<float> keys = kvtest::gaussian(kPrompt + kAppends + kNewTokens, kD, 201, 1.0f, 0.3f);

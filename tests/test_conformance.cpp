@@ -30,6 +30,7 @@
 #include "forge.h"
 #include "golden_data.h"
 #include "reference.h"
+#include "sanitizer_scale.h"
 
 namespace test_conformance {
 
@@ -339,7 +340,10 @@ TEST_P(Conformance, EveryTruncationThrows) {
     auto index = kvgolden::build_golden_index(c.factory, c.knobs); // a few KB
     std::vector<uint8_t> buf;
     write_index(index.get(), &buf);
-    for (size_t len = 0; len < buf.size(); len++) {
+    // the sanitizer run: every third length (3 is prime to the fields'
+    // widths); ForgedTruncationsThrow cuts at every field either way
+    const size_t step = kvtest::release_or_sanitized(1, 3);
+    for (size_t len = 0; len < buf.size(); len += step) {
         // copy the prefix so that a read past its end is a real overrun
         std::vector<uint8_t> prefix(buf.begin(), buf.begin() + len);
         EXPECT_THROW(read_index(prefix.data(), len), faiss::FaissException) << "prefix " << len;
@@ -400,7 +404,9 @@ TEST_P(Conformance, ByteFlips) {
     const auto& faiss_ranges = layout.faiss_ranges;
     std::mt19937_64 rng(2024);
     // checksum left as it is: every flip is caught
-    for (int trial = 0; trial < 500; trial++) {
+    // the sanitizer run flips fewer (fuzz_read_index mutates files there)
+    const int n_flips = kvtest::release_or_sanitized(500, 150);
+    for (int trial = 0; trial < n_flips; trial++) {
         std::vector<uint8_t> b = buf;
         b[std::uniform_int_distribution<size_t>(0, b.size() - 1)(rng)] ^=
                 uint8_t(std::uniform_int_distribution<int>(1, 255)(rng));
@@ -413,7 +419,8 @@ TEST_P(Conformance, ByteFlips) {
                            [&](auto r) { return pos >= r.first && pos < r.second; });
     };
     int n_thrown = 0, n_tried = 0;
-    while (n_tried < 400) {
+    const int n_forged = kvtest::release_or_sanitized(400, 120);
+    while (n_tried < n_forged) {
         size_t pos = std::uniform_int_distribution<size_t>(kHeaderSize, buf.size() - 1)(rng);
         if (in_faiss(pos)) {
             continue;
