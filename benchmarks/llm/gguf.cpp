@@ -1,10 +1,16 @@
 #include "gguf.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <set>
 #include <stdexcept>
+#include <utility>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <kvindex/trace.h> // half_to_float
 
@@ -20,7 +26,7 @@ namespace {
 
 /// Bounds-checked little-endian cursor over the file bytes.
 struct Cursor {
-    const std::vector<uint8_t>& b;
+    const MappedFile& b;
     const std::string& path;
     uint64_t pos = 0;
 
@@ -237,27 +243,66 @@ bool row_is_finite(uint32_t type, const uint8_t* src, int64_t n) {
     return true;
 }
 
-GgufFile::GgufFile(const std::string& path_in) : path(path_in) {
-    // a directory or pipe has no size to read (tellg gives -1: bad_alloc)
+namespace {
+
+/// The path's problem as the reader reports it: a directory or a pipe has
+/// no size to map.
+std::string checked_path(const std::string& path) {
     const std::string problem = file_problem(path);
     if (!problem.empty()) {
         fail(path, problem);
     }
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-        fail(path, "cannot open");
-    }
-    in.seekg(0, std::ios::end);
-    std::streamoff size = in.tellg();
-    in.seekg(0);
-    if (size < 0) {
-        fail(path, "cannot tell its size");
-    }
-    bytes.resize(size_t(size));
-    if (size > 0 && !in.read(reinterpret_cast<char*>(bytes.data()), size)) {
-        fail(path, "read failed");
-    }
+    return path;
+}
 
+} // namespace
+
+MappedFile::MappedFile(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fail(path, std::string("cannot open: ") + std::strerror(errno));
+    }
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || st.st_size < 0) {
+        const int err = errno;
+        ::close(fd);
+        fail(path, std::string("cannot tell its size: ") + std::strerror(err));
+    }
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {
+        void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        const int err = errno;
+        ::close(fd); // the mapping keeps the file
+        if (p == MAP_FAILED) {
+            fail(path, std::string("cannot map: ") + std::strerror(err));
+        }
+        data_ = static_cast<const uint8_t*>(p);
+    } else {
+        ::close(fd);
+    }
+}
+
+MappedFile::~MappedFile() {
+    if (data_) {
+        ::munmap(const_cast<uint8_t*>(data_), size_);
+    }
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+        : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+    if (this != &other) {
+        if (data_) {
+            ::munmap(const_cast<uint8_t*>(data_), size_);
+        }
+        data_ = std::exchange(other.data_, nullptr);
+        size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
+}
+
+GgufFile::GgufFile(const std::string& path_in) : path(path_in), bytes(checked_path(path_in)) {
     Cursor c{bytes, path};
     uint32_t magic = c.read<uint32_t>("magic");
     if (std::memcmp(&magic, "GGUF", 4) != 0) {

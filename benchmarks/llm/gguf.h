@@ -46,7 +46,33 @@ struct GgufTensor {
     int64_t n_elements() const;
 };
 
-/** A GGUF file read into memory. The constructor checks the whole
+/** A file mapped read-only into memory (POSIX mmap): a page is read when it
+ * is first touched, so a command that needs only the metadata (kvllm
+ * tokenize) reads a few MB of a 98 MB model. As with llama.cpp's mapping,
+ * the file must not be truncated while it is mapped. */
+class MappedFile {
+   public:
+    /// Throws std::runtime_error naming the path when it cannot be mapped.
+    explicit MappedFile(const std::string& path);
+    ~MappedFile();
+    MappedFile(MappedFile&& other) noexcept;
+    MappedFile& operator=(MappedFile&& other) noexcept;
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+
+    const uint8_t* data() const {
+        return data_;
+    }
+    size_t size() const {
+        return size_;
+    }
+
+   private:
+    const uint8_t* data_ = nullptr; ///< size_ bytes; null for an empty file
+    size_t size_ = 0;
+};
+
+/** A GGUF file mapped into memory. The constructor checks the whole
  * structure (magic, version, counts, string lengths, tensor extents and
  * types, no key or tensor name twice) and throws a message naming the file
  * and the problem. */
@@ -55,7 +81,7 @@ struct GgufFile {
     uint32_t version = 0;
     std::map<std::string, GgufValue> metadata;
     std::vector<GgufTensor> tensors;
-    std::vector<uint8_t> bytes; ///< the whole file
+    MappedFile bytes;           ///< the whole file
     uint64_t data_offset = 0;   ///< start of the tensor data section in bytes
 
     explicit GgufFile(const std::string& path);
