@@ -245,8 +245,8 @@ bool row_is_finite(uint32_t type, const uint8_t* src, int64_t n) {
 
 namespace {
 
-/// The path's problem as the reader reports it: a directory or a pipe has
-/// no size to map.
+/// The path, once checked to be a regular file (a directory or a pipe has
+/// no size to map): else the reader's error naming the problem.
 std::string checked_path(const std::string& path) {
     const std::string problem = file_problem(path);
     if (!problem.empty()) {
