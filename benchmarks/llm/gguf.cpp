@@ -243,21 +243,12 @@ bool row_is_finite(uint32_t type, const uint8_t* src, int64_t n) {
     return true;
 }
 
-namespace {
-
-/// The path, once checked to be a regular file (a directory or a pipe has
-/// no size to map): else the reader's error naming the problem.
-std::string checked_path(const std::string& path) {
+MappedFile::MappedFile(const std::string& path) {
+    // a directory or a pipe has no size to map
     const std::string problem = file_problem(path);
     if (!problem.empty()) {
         fail(path, problem);
     }
-    return path;
-}
-
-} // namespace
-
-MappedFile::MappedFile(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         fail(path, std::string("cannot open: ") + std::strerror(errno));
@@ -291,18 +282,7 @@ MappedFile::~MappedFile() {
 MappedFile::MappedFile(MappedFile&& other) noexcept
         : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
 
-MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
-    if (this != &other) {
-        if (data_) {
-            ::munmap(const_cast<uint8_t*>(data_), size_);
-        }
-        data_ = std::exchange(other.data_, nullptr);
-        size_ = std::exchange(other.size_, 0);
-    }
-    return *this;
-}
-
-GgufFile::GgufFile(const std::string& path_in) : path(path_in), bytes(checked_path(path_in)) {
+GgufFile::GgufFile(const std::string& path_in) : path(path_in), bytes(path_in) {
     Cursor c{bytes, path};
     uint32_t magic = c.read<uint32_t>("magic");
     if (std::memcmp(&magic, "GGUF", 4) != 0) {

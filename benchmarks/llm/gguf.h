@@ -52,11 +52,11 @@ struct GgufTensor {
  * the file must not be truncated while it is mapped. */
 class MappedFile {
    public:
-    /// Throws std::runtime_error naming the path when it cannot be mapped.
+    /// Throws std::runtime_error naming the path when it is not a regular
+    /// file or cannot be mapped.
     explicit MappedFile(const std::string& path);
     ~MappedFile();
     MappedFile(MappedFile&& other) noexcept;
-    MappedFile& operator=(MappedFile&& other) noexcept;
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
 
