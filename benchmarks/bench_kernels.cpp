@@ -165,6 +165,7 @@ void BM_DenseAttentionKV(benchmark::State& state) {
         kvindex::convert_from_float(type, vf.data(), vf.size(), kDim, values.data(), "values");
     }
     kvindex::KVRows k(keys.data(), kDim, type), v(values.data(), kDim, type);
+    k.finite = v.finite = true; // converted from floats, as a KVStorage holds them
     auto q = filled(kDim, 0.3f);
     std::vector<float> out(kDim);
     kvindex::SimdLevel saved = kvindex::get_simd_level();

@@ -9,6 +9,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #include <faiss/impl/FaissAssert.h>
 
@@ -139,10 +142,27 @@ void set_simd_level(SimdLevel level) {
 
 namespace {
 
-const RowKernels& row_kernels(KVType t) {
+/// Whether the FPU reads float subnormals as themselves: MXCSR's
+/// denormals-are-zero bit clear (x86; elsewhere unknown, so no).
+bool denormals_read_exactly() {
+#if defined(__SSE2__)
+    return (_mm_getcsr() & 0x0040u) == 0;
+#else
+    return false;
+#endif
+}
+
+/// The kernels for rows x (and y, read in the same call).
+const RowKernels& row_kernels(const KVRows& x, const KVRows* y = nullptr) {
     FAISS_THROW_IF_NOT_FMT(
-            unsigned(t) < unsigned(kNumKVTypes), "kernels: invalid KV storage type %d", int(t));
-    return kernels().rows[int(t)];
+            unsigned(x.type) < unsigned(kNumKVTypes),
+            "kernels: invalid KV storage type %d",
+            int(x.type));
+    const KernelTable& t = kernels();
+    if (x.type == KVType::f16 && x.finite && (!y || y->finite) && denormals_read_exactly()) {
+        return t.f16_finite;
+    }
+    return t.rows[int(x.type)];
 }
 
 const RowKernels& f32_kernels() {
@@ -254,20 +274,20 @@ void topk_inner_products(
 }
 
 void inner_products_scaled(const float* q, KVRows x, size_t n, float scale, float* s) {
-    row_kernels(x.type).inner_products_scaled(q, x.data, x.dim, n, scale, s);
+    row_kernels(x).inner_products_scaled(q, x.data, x.dim, n, scale, s);
 }
 
 void inner_products_by_ids(
         const float* q, KVRows x, const int64_t* ids, size_t n, float scale, float* s) {
-    row_kernels(x.type).inner_products_by_ids(q, x.data, x.dim, ids, n, scale, s);
+    row_kernels(x).inner_products_by_ids(q, x.data, x.dim, ids, n, scale, s);
 }
 
 void weighted_sum(const float* w, KVRows v, size_t n, float* out) {
-    row_kernels(v.type).weighted_sum(w, v.data, v.dim, n, out);
+    row_kernels(v).weighted_sum(w, v.data, v.dim, n, out);
 }
 
 void weighted_sum_by_ids(const float* w, KVRows v, const int64_t* ids, size_t n, float* out) {
-    row_kernels(v.type).weighted_sum_by_ids(w, v.data, v.dim, ids, n, out);
+    row_kernels(v).weighted_sum_by_ids(w, v.data, v.dim, ids, n, out);
 }
 
 float dense_attention(
@@ -277,7 +297,7 @@ float dense_attention(
             "dense_attention: keys stored as %s, values as %s; one type expected",
             kv_type_name(keys.type),
             kv_type_name(values.type));
-    return row_kernels(keys.type).dense_attention(
+    return row_kernels(keys, &values).dense_attention(
             q, keys.data, values.data, keys.dim, values.dim, n, scale, out);
 }
 
@@ -295,7 +315,7 @@ void dense_attention_group(
             "dense_attention_group: keys stored as %s, values as %s; one type expected",
             kv_type_name(keys.type),
             kv_type_name(values.type));
-    row_kernels(keys.type).dense_attention_group(
+    row_kernels(keys, &values).dense_attention_group(
             q, g, keys.data, values.data, keys.dim, values.dim, n, scale, out, lse);
 }
 
@@ -309,7 +329,7 @@ void topk_inner_products(
         float* heap_scores,
         int64_t* heap_ids,
         size_t* heap_size) {
-    row_kernels(x.type).topk_inner_products(
+    row_kernels(x).topk_inner_products(
             q, x.data, x.dim, n, ids, id0, k, heap_scores, heap_ids, heap_size);
 }
 

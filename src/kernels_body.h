@@ -116,6 +116,42 @@ inline vf load(const f16_t* p) {
     return bitcast<vf>(bitcast<vu>(mag) | sign);
 #endif
 }
+/// fp16 rows known to be finite (KVRows::finite: KVStorage refuses
+/// non-finite values on append and read), read while denormals-are-zero is
+/// off: kernels.cpp picks these kernels only then. Same bits as f16_t.
+struct f16_finite_t {
+    uint16_t bits;
+};
+
+inline vf load(const f16_finite_t* p) {
+#if KVINDEX_SIMD_BYTES >= 32
+    // the hardware conversion costs nothing more for any half
+    return load(reinterpret_cast<const f16_t*>(p));
+#else
+    // The half in the upper 16 bits, shifted right 3 with its sign: the
+    // sign stays in bit 31, its copies in bits 30-28 are cleared, and
+    // exponent and mantissa sit where a float has them. Those bits are the
+    // float half * 2^-112 (a float subnormal for a subnormal half); one
+    // multiply rescales it exactly. Two integer steps where
+    // load(const f16_t*) takes twelve. An exponent of 31 (inf / nan) would
+    // read as a finite value, and DAZ would read a subnormal half as zero:
+    // hence the two conditions above.
+#if defined(__SSE2__)
+    // one punpcklwd puts each half in the upper 16 bits of its lane
+    vi x = bitcast<vi>(_mm_srai_epi32(
+            _mm_unpacklo_epi16(
+                    _mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
+            3));
+#else
+    vi x = bitcast<vi>(load_u16(&p->bits) << 16) >> 3;
+#endif
+    return bitcast<vf>(bitcast<vu>(x) & 0x8fffffffu) * (vf{} + 0x1p112f);
+#endif
+}
+inline float to_float(f16_finite_t h) {
+    return kvindex::to_float(f16_t{h.bits});
+}
+
 /// W 8-bit codes (unsigned), widened to floats 0..255.
 inline vf load(const uint8_t* p) {
 #if KVINDEX_SIMD_BYTES == 64
@@ -616,6 +652,11 @@ const KernelTable table = {
         inclusion_pass,
         inner_products_multi,
         {row_kernels<float>(), row_kernels<bf16_t>(), row_kernels<f16_t>()},
+#if KVINDEX_SIMD_BYTES == 16
+        row_kernels<f16_finite_t>(),
+#else
+        row_kernels<f16_t>(), // vcvtph2ps reads every half at one cost
+#endif
         inner_products_by_ids_t<uint8_t>,
 };
 

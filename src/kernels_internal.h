@@ -33,6 +33,10 @@ struct KernelTable {
     double (*inclusion_pass)(const float*, size_t, double, size_t*, size_t*);
     void (*inner_products_multi)(const float*, size_t, const float*, size_t, size_t, float*, size_t);
     RowKernels rows[kNumKVTypes]; ///< indexed by KVType
+    /** fp16 rows known finite (KVRows::finite), read while denormals are
+     * read as themselves (no DAZ): the generic level widens them in two
+     * integer steps and a multiply; the others hold rows[f16] here. */
+    RowKernels f16_finite;
     /// gathered rows of 8-bit codes (KeyCodes8): the RowKernels entry for uint8_t
     void (*inner_products_u8_by_ids)(
             const float*, const void*, size_t, const int64_t*, size_t, float, float*);

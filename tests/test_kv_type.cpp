@@ -441,6 +441,103 @@ TEST_P(KVTypeKernels, Fp16SubnormalsWidenExactlyUnderDenormalsAreZero) {
 #endif
 }
 
+// Rows known finite (KVStorage's) take a shorter widening at the generic
+// level (kernels_body.h, f16_finite_t), while DAZ is off. Every finite half
+// must still read as itself, with DAZ on or off, and every kernel must give
+// the bits it gives on the same rows not marked finite.
+TEST_P(KVTypeKernels, FiniteFp16RowsReadExactlyAndAsUnmarkedRows) {
+    std::vector<f16_t> row;
+    std::vector<float> expected;
+    for (uint32_t bits = 0; bits < 0x10000; bits++) {
+        if (((bits >> 10) & 0x1f) != 0x1f) {
+            row.push_back(f16_t{uint16_t(bits)});
+            expected.push_back(to_float(f16_t{uint16_t(bits)}));
+        }
+    }
+    const float one = 1.0f;
+    for (bool daz : {false, true}) {
+        SCOPED_TRACE(daz ? "DAZ on" : "DAZ off");
+        KVRows r(row.data(), row.size(), KVType::f16);
+        r.finite = true;
+        std::vector<float> summed(row.size());
+#if defined(__x86_64__) || defined(__i386__)
+        std::unique_ptr<DenormalsAreZero> guard(daz ? new DenormalsAreZero : nullptr);
+#else
+        if (daz) {
+            continue;
+        }
+#endif
+        weighted_sum(&one, r, 1, summed.data());
+        for (size_t j = 0; j < row.size(); j++) {
+            ASSERT_EQ(summed[j], expected[j]) << "half 0x" << std::hex << row[j].bits;
+        }
+    }
+
+    const size_t n = 1000, g = 3;
+    for (size_t d : {3, 64, 130}) {
+        SCOPED_TRACE("d=" + std::to_string(d));
+        StoredRows x(KVType::f16, n, d, 7 + d, 4.0f); // subnormals among them
+        KVRows marked = x.st.key_rows(), values = x.st.value_rows();
+        ASSERT_TRUE(marked.finite && values.finite);
+        KVRows plain = marked, plain_values = values;
+        plain.finite = plain_values.finite = false;
+        auto q = gaussian(g, d, 11 + d);
+        std::vector<int64_t> ids(n);
+        for (size_t i = 0; i < n; i++) {
+            ids[i] = int64_t((i * 7919) % n);
+        }
+        auto w = gaussian(1, n, 13);
+        auto both = [&](auto run) {
+            std::vector<float> a = run(marked, values), b = run(plain, plain_values);
+            ASSERT_EQ(a.size(), b.size());
+            for (size_t i = 0; i < a.size(); i++) {
+                ASSERT_EQ(float_bits(a[i]), float_bits(b[i])) << "element " << i;
+            }
+        };
+        both([&](KVRows k, KVRows) {
+            std::vector<float> s(n);
+            inner_products_scaled(q.data(), k, n, 0.5f, s.data());
+            return s;
+        });
+        both([&](KVRows k, KVRows) {
+            std::vector<float> s(n);
+            inner_products_by_ids(q.data(), k, ids.data(), n, 0.5f, s.data());
+            return s;
+        });
+        both([&](KVRows, KVRows v) {
+            std::vector<float> o(d);
+            weighted_sum(w.data(), v, n, o.data());
+            return o;
+        });
+        both([&](KVRows, KVRows v) {
+            std::vector<float> o(d);
+            weighted_sum_by_ids(w.data(), v, ids.data(), n, o.data());
+            return o;
+        });
+        both([&](KVRows k, KVRows v) {
+            std::vector<float> o(d + 1);
+            o[d] = dense_attention(q.data(), k, v, n, 0.125f, o.data());
+            return o;
+        });
+        both([&](KVRows k, KVRows v) {
+            std::vector<float> o(g * d + g);
+            dense_attention_group(q.data(), g, k, v, n, 0.125f, o.data(), o.data() + g * d);
+            return o;
+        });
+        both([&](KVRows k, KVRows) {
+            size_t kk = 10, filled = 0;
+            std::vector<float> hs(kk);
+            std::vector<int64_t> hi(kk);
+            topk_inner_products(q.data(), k, n, nullptr, 0, kk, hs.data(), hi.data(), &filled);
+            topk_heap_sort(hs.data(), hi.data(), filled);
+            for (size_t j = 0; j < filled; j++) {
+                hs.push_back(float(hi[j]));
+            }
+            return hs;
+        });
+    }
+}
+
 KVTEST_AT_EVERY_SIMD_LEVEL(KVTypeKernels);
 
 // ---- every index type: bf16 / fp16 storage vs the same index in float32 ----

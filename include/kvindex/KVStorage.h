@@ -36,12 +36,13 @@ struct KVStorage {
     size_t value_bytes() const {
         return d_value * kv_type_size(type);
     }
-    /// The stored rows, for the kernels (kernels.h).
+    /// The stored rows, for the kernels (kernels.h); finite, as append and
+    /// read make them.
     KVRows key_rows() const {
-        return KVRows(keys.data(), d, type);
+        return finite_rows(KVRows(keys.data(), d, type));
     }
     KVRows value_rows() const {
-        return KVRows(values.data(), d_value, type);
+        return finite_rows(KVRows(values.data(), d_value, type));
     }
     /// Key / value of token i as floats (exact: the stored value widened).
     /// Every method below throws on tokens outside [0, size()) or n < 0.
@@ -80,6 +81,10 @@ struct KVStorage {
     void read(BufferReader& r, const char* what);
 
    private:
+    static KVRows finite_rows(KVRows r) {
+        r.finite = true;
+        return r;
+    }
     /// Throws unless [i0, i0 + n) is a range of stored tokens.
     void check_range(idx_t i0, idx_t n, const char* what) const;
 };

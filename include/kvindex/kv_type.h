@@ -173,6 +173,9 @@ struct KVRows {
     const void* data = nullptr;
     size_t dim = 0;
     KVType type = KVType::f32;
+    /// every element is finite (KVStorage's rows: it refuses the others on
+    /// append and read); lets the generic level widen fp16 in fewer steps
+    bool finite = false;
 
     KVRows() = default;
     KVRows(const void* data, size_t dim, KVType type) : data(data), dim(dim), type(type) {}
@@ -184,7 +187,9 @@ struct KVRows {
     }
     /// The rows from row i on.
     KVRows from(size_t i) const {
-        return KVRows(static_cast<const uint8_t*>(data) + i * row_bytes(), dim, type);
+        KVRows r(static_cast<const uint8_t*>(data) + i * row_bytes(), dim, type);
+        r.finite = finite;
+        return r;
     }
 };
 
