@@ -84,9 +84,20 @@ inline vu load_u16(const uint16_t* p) {
 #endif
 }
 
-/// bfloat16 is the upper half of a float: widen and shift.
+/// W stored 16-bit elements in the upper halves of 32-bit lanes (the lower
+/// halves zero): load_u16 << 16, in one punpcklwd at the SSE2 width.
+inline vu load_u16_high(const uint16_t* p) {
+#if KVINDEX_SIMD_BYTES == 16 && defined(__SSE2__)
+    return bitcast<vu>(_mm_unpacklo_epi16(
+            _mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+    return load_u16(p) << 16;
+#endif
+}
+
+/// bfloat16 is the upper half of a float.
 inline vf load(const bf16_t* p) {
-    return bitcast<vf>(load_u16(&p->bits) << 16);
+    return bitcast<vf>(load_u16_high(&p->bits));
 }
 
 /// IEEE half, as to_float(f16_t) in kv_type.h, whose integer steps keep it
@@ -136,15 +147,7 @@ inline vf load(const f16_finite_t* p) {
     // load(const f16_t*) takes twelve. An exponent of 31 (inf / nan) would
     // read as a finite value, and DAZ would read a subnormal half as zero:
     // hence the two conditions above.
-#if defined(__SSE2__)
-    // one punpcklwd puts each half in the upper 16 bits of its lane
-    vi x = bitcast<vi>(_mm_srai_epi32(
-            _mm_unpacklo_epi16(
-                    _mm_setzero_si128(), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
-            3));
-#else
-    vi x = bitcast<vi>(load_u16(&p->bits) << 16) >> 3;
-#endif
+    vi x = bitcast<vi>(load_u16_high(&p->bits)) >> 3;
     return bitcast<vf>(bitcast<vu>(x) & 0x8fffffffu) * (vf{} + 0x1p112f);
 #endif
 }
