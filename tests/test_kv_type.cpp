@@ -378,6 +378,27 @@ TEST_P(KVTypeKernels, HalfLoadHandlesInfNanAndSubnormals) {
     }
 }
 
+namespace {
+/// Every finite half (subnormals, zeros and normals of both signs) and its
+/// value, computed from the IEEE layout rather than by to_float.
+struct FiniteHalves {
+    std::vector<f16_t> row;
+    std::vector<float> value;
+    FiniteHalves() {
+        for (uint32_t bits = 0; bits < 0x10000; bits++) {
+            uint32_t e = (bits >> 10) & 0x1f, m = bits & 0x3ff;
+            if (e == 0x1f) {
+                continue;
+            }
+            float mag = e == 0 ? std::ldexp(float(m), -24)
+                               : std::ldexp(1.0f + float(m) / 1024, int(e) - 15);
+            row.push_back(f16_t{uint16_t(bits)});
+            value.push_back(bits & 0x8000 ? -mag : mag);
+        }
+    }
+};
+} // namespace
+
 #if defined(__x86_64__) || defined(__i386__)
 namespace {
 /// Sets MXCSR's denormals-are-zero and flush-to-zero bits, as a host built
@@ -399,20 +420,11 @@ struct DenormalsAreZero {
 // checked, so this is also the exhaustive test of the vector widening.
 TEST_P(KVTypeKernels, Fp16SubnormalsWidenExactlyUnderDenormalsAreZero) {
 #if defined(__x86_64__) || defined(__i386__)
-    // every finite half (subnormals, zeros and normals of both signs), and
-    // the smallest subnormal again for an odd length: the scalar tails run
-    std::vector<f16_t> row;
-    std::vector<float> expected;
-    for (uint32_t bits = 0; bits < 0x10000; bits++) {
-        uint32_t e = (bits >> 10) & 0x1f, m = bits & 0x3ff;
-        if (e == 0x1f) {
-            continue;
-        }
-        float mag = e == 0 ? std::ldexp(float(m), -24)
-                           : std::ldexp(1.0f + float(m) / 1024, int(e) - 15);
-        row.push_back(f16_t{uint16_t(bits)});
-        expected.push_back(bits & 0x8000 ? -mag : mag);
-    }
+    // every finite half, and the smallest subnormal again for an odd
+    // length: the scalar tails run
+    FiniteHalves halves;
+    std::vector<f16_t>& row = halves.row;
+    std::vector<float>& expected = halves.value;
     row.push_back(f16_t{0x0001});
     expected.push_back(std::ldexp(1.0f, -24));
     size_t d = row.size();
@@ -446,14 +458,9 @@ TEST_P(KVTypeKernels, Fp16SubnormalsWidenExactlyUnderDenormalsAreZero) {
 // must still read as itself, with DAZ on or off, and every kernel must give
 // the bits it gives on the same rows not marked finite.
 TEST_P(KVTypeKernels, FiniteFp16RowsReadExactlyAndAsUnmarkedRows) {
-    std::vector<f16_t> row;
-    std::vector<float> expected;
-    for (uint32_t bits = 0; bits < 0x10000; bits++) {
-        if (((bits >> 10) & 0x1f) != 0x1f) {
-            row.push_back(f16_t{uint16_t(bits)});
-            expected.push_back(to_float(f16_t{uint16_t(bits)}));
-        }
-    }
+    const FiniteHalves halves;
+    const std::vector<f16_t>& row = halves.row;
+    const std::vector<float>& expected = halves.value;
     const float one = 1.0f;
     for (bool daz : {false, true}) {
         SCOPED_TRACE(daz ? "DAZ on" : "DAZ off");
