@@ -28,6 +28,8 @@ void copy_policy(const IndexProxyEvict& from, IndexProxyEvict* to) {
     to->proxy_tokens = from.proxy_tokens;
     to->pool = from.pool;
     to->layer_vote = from.layer_vote;
+    to->head_budget = from.head_budget;
+    to->head_floor_percent = from.head_floor_percent;
     to->n_sink = from.n_sink;
     to->seed = from.seed;
     to->stream = from.stream;

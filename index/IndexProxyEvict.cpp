@@ -224,6 +224,18 @@ void IndexProxyEvict::check_scoring_knobs(const char* where) const {
             !layer_vote || scores_tokens(policy),
             "%s: layer_vote=1 needs a policy that scores: NaCl, H2O, TOVA (ProxyEvict%g is %s)",
             where, keep_percent, evict_policy_name(policy));
+    FAISS_THROW_IF_NOT_FMT(
+            !head_budget || scores_tokens(policy),
+            "%s: head_budget=1 needs a policy that scores: NaCl, H2O, TOVA (ProxyEvict%g is %s)",
+            where, keep_percent, evict_policy_name(policy));
+    FAISS_THROW_IF_NOT_FMT(
+            !(head_budget && layer_vote),
+            "%s: head_budget=1 with layer_vote=1: the layer's vote gives every head the same scores, "
+            "there is nothing to share by; set one of them",
+            where);
+    FAISS_THROW_IF_NOT_FMT(
+            head_floor_percent >= 0 && head_floor_percent <= 100,
+            "%s: head_floor=%g must be a percent in [0, 100]", where, head_floor_percent);
 }
 
 EvictBudget IndexProxyEvict::budget_for(idx_t n) const {
@@ -295,28 +307,28 @@ std::vector<double> max_pooled(const std::vector<double>& x, idx_t r) {
     return out;
 }
 
-/** The scores of every query head of the layer: `scorer` run for each KV
- * head g of `layer` on its keys over the same positions as `in`'s and its
- * query heads' queries at the positions `pos` (which must be among the
- * layer's queries), summed over g in order (every head sums alike).
+/** The scores of each KV head of the layer: `scorer` run for each KV head
+ * g of `layer` on its keys over the same positions as `in`'s and its query
+ * heads' queries at the positions `pos` (which must be among the layer's
+ * queries); out has size n_kv_heads * in.n_tokens, head g's at g * n.
  * Computed once per layer and prefill where the layer shares results
  * (LayerPrompt::shared: every head of a KVCache layer scores alike), else
- * by each head. */
-void layer_scores(
+ * by each head. `what` names the knob in messages. */
+std::vector<double> head_scores(
         const ProxyScorer& scorer,
         const PrefillInput& in,
         int d,
         const std::vector<idx_t>& pos,
         bool causal,
-        double* F) {
+        const char* what) {
     const LayerPrompt& L = *in.layer;
-    auto sum = [&](double* out) { // out: size in.n_tokens
-        const idx_t n = in.n_tokens;
+    const idx_t n = in.n_tokens;
+    auto score = [&] {
         KVINDEX_CHECK_ARG(
                 L.keys && in.first_position >= L.first_position &&
                         in.first_position + n <= L.first_position + L.n_tokens,
-                "ProxyEvict layer_vote: positions [%zd, %zd) are not in the layer's prompt [%zd, %zd)",
-                size_t(in.first_position), size_t(in.first_position + n), size_t(L.first_position),
+                "ProxyEvict %s: positions [%zd, %zd) are not in the layer's prompt [%zd, %zd)",
+                what, size_t(in.first_position), size_t(in.first_position + n), size_t(L.first_position),
                 size_t(L.first_position + L.n_tokens));
         // the layer's query of each scoring position
         std::unordered_map<idx_t, idx_t> row;
@@ -327,40 +339,90 @@ void layer_scores(
         for (idx_t p : pos) {
             auto it = row.find(p);
             KVINDEX_CHECK_ARG(
-                    it != row.end(), "ProxyEvict layer_vote: the layer has no query at position %zd", size_t(p));
+                    it != row.end(), "ProxyEvict %s: the layer has no query at position %zd", what, size_t(p));
             rows.push_back(it->second);
         }
         const int g = L.n_query_heads;
         const idx_t m = idx_t(rows.size());
-        std::vector<double> head(n);
-        std::fill(out, out + n, 0.0);
+        std::vector<double> out(size_t(L.n_kv_heads) * n);
         for (int kv = 0; kv < L.n_kv_heads; kv++) {
             std::vector<float> q =
                     gather_query_rows(L.queries + size_t(kv) * g * L.n_queries * d, g, L.n_queries, rows, d);
             const float* keys = L.keys + (size_t(kv) * L.n_tokens + (in.first_position - L.first_position)) * d;
-            scorer(keys, n, d, q.data(), g, m, pos.data(), in.first_position, causal, head.data());
-            for (idx_t j = 0; j < n; j++) {
-                out[j] += head[j];
-            }
+            scorer(keys, n, d, q.data(), g, m, pos.data(), in.first_position, causal, out.data() + size_t(kv) * n);
         }
+        return out;
     };
     if (!L.shared) {
-        sum(F);
-        return;
+        return score();
     }
-    std::string key = "ProxyEvict layer scores " + std::to_string(in.first_position) + " " +
-            std::to_string(in.n_tokens) + (causal ? " causal" : " all");
+    std::string key = "ProxyEvict head scores " + std::to_string(in.first_position) + " " + std::to_string(n) +
+            (causal ? " causal" : " all");
     for (idx_t p : pos) {
         key += " " + std::to_string(p);
     }
     std::lock_guard<std::mutex> lock(L.shared->mutex);
     auto it = L.shared->entries.find(key);
     if (it == L.shared->entries.end()) {
-        std::vector<double> scores(in.n_tokens);
-        sum(scores.data());
-        it = L.shared->entries.emplace(std::move(key), std::move(scores)).first;
+        it = L.shared->entries.emplace(std::move(key), score()).first;
     }
-    std::copy(it->second.begin(), it->second.end(), F);
+    return it->second;
+}
+
+/** The layer's vote (layer_vote): the scores of every query head of the
+ * layer, head_scores summed over the KV heads in order (every head sums
+ * alike). */
+void layer_scores(
+        const ProxyScorer& scorer,
+        const PrefillInput& in,
+        int d,
+        const std::vector<idx_t>& pos,
+        bool causal,
+        double* F) {
+    const idx_t n = in.n_tokens;
+    std::vector<double> S = head_scores(scorer, in, d, pos, causal, "layer_vote");
+    std::fill(F, F + n, 0.0);
+    for (int kv = 0; kv < in.layer->n_kv_heads; kv++) {
+        for (idx_t j = 0; j < n; j++) {
+            F[j] += S[size_t(kv) * n + j];
+        }
+    }
+}
+
+/** AdaKV's allocation (head_budget): how many of the candidates `cand`
+ * (the same positions in every head) each of the H heads keeps by score,
+ * given every head's scores S (size H * n). Each head first takes its own
+ * top `n_floor`; the layer's other H * (n_top - n_floor) picks go to the
+ * highest remaining scores of any head (ties: the lower head, then the
+ * earlier token), at most `cap` in one head. Within a head the picks are
+ * its top by (score, earlier token), the order choose_kept keeps. */
+std::vector<idx_t> head_budgets(
+        const std::vector<double>& S,
+        int H,
+        idx_t n,
+        const std::vector<idx_t>& cand,
+        idx_t n_top,
+        idx_t n_floor,
+        idx_t cap) {
+    std::vector<std::vector<idx_t>> order(H, cand);
+    for (int h = 0; h < H; h++) {
+        const double* F = S.data() + size_t(h) * n;
+        std::sort(order[h].begin(), order[h].end(),
+                  [&](idx_t x, idx_t y) { return F[x] > F[y] || (F[x] == F[y] && x < y); });
+    }
+    std::vector<idx_t> count(H, n_floor);
+    // a merge of the heads' orders: the next best of every head that has room
+    auto next = [&](int h) { return S[size_t(h) * n + order[h][count[h]]]; };
+    for (idx_t left = idx_t(H) * (n_top - n_floor); left > 0; left--) {
+        int best = -1;
+        for (int h = 0; h < H; h++) {
+            if (count[h] < cap && (best < 0 || next(h) > next(best))) {
+                best = h;
+            }
+        }
+        count[best]++; // room remains: H * cap >= H * n_top
+    }
+    return count;
 }
 
 } // namespace
@@ -389,6 +451,7 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
 
     // scores from the proxy queries, for the policies that use them
     std::vector<double> F(n, 0.0);
+    idx_t n_top = b.n_top; // this head's share of the layer's under head_budget
     if (scores_tokens(policy) && b.n_top + b.n_random > 0) {
         // The caller's prompt ends n_after tokens after this index's last
         // one (a wrapper's window, when this index holds the middle): the
@@ -415,19 +478,43 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
                 "score the prompt with",
                 factory_string().c_str(), size_t(from), size_t(end));
         KVINDEX_CHECK_ARG(
-                !layer_vote || in.layer,
-                "%s: layer_vote=1 scores with every head of the layer: prefill it through a "
+                !(layer_vote || head_budget) || in.layer,
+                "%s: %s scores with every head of the layer: prefill it through a "
                 "KVCache, which hands each head the layer's prompt",
-                factory_string().c_str());
+                factory_string().c_str(), layer_vote ? "layer_vote=1" : "head_budget=1");
         const bool causal = policy == EvictPolicy::h2o;
         if (layer_vote) {
             layer_scores(scorer, in, d, pos, causal, F.data());
+        } else if (head_budget) {
+            const int H = in.layer->n_kv_heads, h = in.layer_kv_head;
+            KVINDEX_CHECK_ARG(
+                    h >= 0 && h < H, "%s: head_budget=1: this head's place in the layer (%d) is not one of its %d",
+                    factory_string().c_str(), h, H);
+            std::vector<double> S = head_scores(scorer, in, d, pos, causal, "head_budget");
+            if (pool > 1) {
+                for (int g = 0; g < H; g++) {
+                    std::vector<double> f(S.begin() + size_t(g) * n, S.begin() + size_t(g + 1) * n);
+                    f = max_pooled(f, pool / 2);
+                    std::copy(f.begin(), f.end(), S.begin() + size_t(g) * n);
+                }
+            }
+            std::vector<idx_t> cand;
+            for (idx_t j = 0; j < n; j++) {
+                if (!taken[j]) {
+                    cand.push_back(j);
+                }
+            }
+            // a head keeps at most what leaves room for its random part
+            const idx_t cap = idx_t(cand.size()) - b.n_random;
+            const idx_t n_floor = std::min(b.n_top, idx_t(std::floor(b.n_top * head_floor_percent / 100)));
+            n_top = head_budgets(S, H, n, cand, b.n_top, n_floor, cap)[h];
+            std::copy(S.begin() + size_t(h) * n, S.begin() + size_t(h + 1) * n, F.begin());
         } else {
             std::vector<float> q = gather_query_rows(in.queries, in.n_query_heads, in.n_queries, pick, d);
             scorer(in.keys, n, d, q.data(), in.n_query_heads, idx_t(pick.size()), pos.data(),
                    in.first_position, causal, F.data());
         }
-        if (pool > 1) {
+        if (pool > 1 && !head_budget) {
             F = max_pooled(F, pool / 2);
         }
     }
@@ -439,16 +526,16 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
         }
     }
     // top by score (ties to the earlier token)
-    std::partial_sort(cand.begin(), cand.begin() + b.n_top, cand.end(), [&](idx_t x, idx_t y) {
+    std::partial_sort(cand.begin(), cand.begin() + n_top, cand.end(), [&](idx_t x, idx_t y) {
         return F[x] > F[y] || (F[x] == F[y] && x < y);
     });
-    for (idx_t i = 0; i < b.n_top; i++) {
+    for (idx_t i = 0; i < n_top; i++) {
         keep(cand[i]);
     }
     // random part: n_random of the rest without replacement, with
     // probabilities softmax(F) (uniform for Random, where F = 0). Gumbel-top-k:
     // the largest F_j + G_j are a sample without replacement from softmax(F).
-    std::vector<idx_t> rest(cand.begin() + b.n_top, cand.end());
+    std::vector<idx_t> rest(cand.begin() + n_top, cand.end());
     std::mt19937_64 rng(stream_seed(seed, stream));
     std::uniform_real_distribution<double> unif(0.0, 1.0);
     std::vector<double> key(n);
@@ -462,12 +549,13 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
         keep(rest[i]);
     }
     std::sort(kept.begin(), kept.end());
-    // the split sums to the budget by construction (budget_for)
+    // the split sums to the budget by construction (budget_for); a head's
+    // share of the layer's scored part moves it (head_budget)
     FAISS_THROW_IF_NOT_FMT(
-            idx_t(kept.size()) == b.n_keep,
+            idx_t(kept.size()) == b.n_keep - b.n_top + n_top,
             "ProxyEvict: kept %zd tokens for a budget of %zd (internal error)",
             kept.size(),
-            size_t(b.n_keep));
+            size_t(b.n_keep - b.n_top + n_top));
     return kept;
 }
 
@@ -597,6 +685,12 @@ std::vector<ParameterInfo> IndexProxyEvict::parameter_info() const {
             "keep the same positions; 0 = this KV head's query heads (default)";
     info.push_back((scores_tokens(policy) ? P::flag("layer_vote", vote_doc) : P::integer("layer_vote", 0, 0, vote_doc))
                            .prefill());
+    const std::string head_doc =
+            "NaCl, H2O, TOVA: 1 shares the layer's tokens kept by score among its KV heads by score (AdaKV; "
+            "through a KVCache; not with layer_vote); 0 = the same count per head (default)";
+    info.push_back((scores_tokens(policy) ? P::flag("head_budget", head_doc) : P::integer("head_budget", 0, 0, head_doc))
+                           .prefill());
+    info.push_back(P::real("head_floor", 0, 100, "head_budget: percent of its by-score tokens a head keeps by its own scores first (AdaKV's safeguard)").prefill());
     info.push_back(P::integer("n_sink", 0, P::kNoBound, "first tokens among the protected ones (NaCl, StreamingLLM)").prefill());
     info.push_back(P::integer("seed", 0, P::kNoBound, "seed of the random part (with the per-head stream)").prefill());
     info.erase(std::remove_if(info.begin(), info.end(),
@@ -618,6 +712,9 @@ bool IndexProxyEvict::policy_reads(const std::string& name) const {
     }
     if (name == "seed") {
         return policy == EvictPolicy::nacl || policy == EvictPolicy::random;
+    }
+    if (name == "head_floor") {
+        return scores_tokens(policy);
     }
     return true;
 }
@@ -665,7 +762,30 @@ bool IndexProxyEvict::set_parameter(const std::string& name, double value) {
                 !vote || scores_tokens(policy),
                 "parameter layer_vote=1: %s keeps tokens without scores, there is nothing to vote on",
                 evict_policy_name(policy));
+        FAISS_THROW_IF_NOT_MSG(
+                !vote || !head_budget,
+                "parameter layer_vote=1: head_budget=1 is set, and the layer's vote would give every head the "
+                "same scores; set head_budget=0 first");
         layer_vote = vote;
+        return true;
+    }
+    if (name == "head_budget") {
+        const bool share = flag_parameter(name, value);
+        FAISS_THROW_IF_NOT_FMT(
+                !share || scores_tokens(policy),
+                "parameter head_budget=1: %s keeps tokens without scores, there is nothing to share by",
+                evict_policy_name(policy));
+        FAISS_THROW_IF_NOT_MSG(
+                !share || !layer_vote,
+                "parameter head_budget=1: layer_vote=1 is set, and gives every head the same scores; set "
+                "layer_vote=0 first");
+        head_budget = share;
+        return true;
+    }
+    if (name == "head_floor") {
+        FAISS_THROW_IF_NOT_FMT(
+                value >= 0 && value <= 100, "parameter head_floor=%g must be a percent in [0, 100]", value);
+        head_floor_percent = value;
         return true;
     }
     if (name == "budget" || name == "n_sink" || name == "seed") {
@@ -713,6 +833,8 @@ bool IndexProxyEvict::get_parameter(const std::string& name, double* value) cons
             {"proxy_tokens", double(proxy_tokens)},
             {"pool", double(pool)},
             {"layer_vote", layer_vote ? 1.0 : 0.0},
+            {"head_budget", head_budget ? 1.0 : 0.0},
+            {"head_floor", head_floor_percent},
             {"n_sink", double(n_sink)},
             {"seed", double(seed)}};
     for (auto& [n, v] : knobs) {
@@ -739,6 +861,8 @@ void IndexProxyEvict::write_fields(BufferWriter& w) const {
     w.value<int64_t>(proxy_tokens); // from record version 2
     w.value<int64_t>(pool);         // from record version 3
     w.value<uint8_t>(uint8_t(layer_vote)); // from record version 4
+    w.value<uint8_t>(uint8_t(head_budget)); // from record version 5
+    w.value<double>(head_floor_percent);    // from record version 5
     w.value<int64_t>(n_sink);
     w.value<uint64_t>(seed);
     w.value<uint64_t>(stream);
@@ -764,6 +888,15 @@ void IndexProxyEvict::read_fields(BufferReader& r, uint32_t version) {
         layer_vote = vote == 1;
     } else {
         layer_vote = false;
+    }
+    if (version >= 5) { // every head kept the same count before v5
+        uint8_t share = r.value<uint8_t>("head budget");
+        FAISS_THROW_IF_NOT_FMT(share <= 1, "read_index: invalid head budget flag %d", int(share));
+        head_budget = share == 1;
+        head_floor_percent = r.value<double>("head floor percent");
+    } else {
+        head_budget = false;
+        head_floor_percent = 20;
     }
     n_sink = r.value<int64_t>("n_sink");
     seed = r.value<uint64_t>("seed");

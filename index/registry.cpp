@@ -36,7 +36,7 @@ std::vector<IndexTypeInfo> builtin_types() {
             {"IndexSinkWindow", fourcc("KVSw"), 2, "Sink<n>,Window<m>,<index>",
              "first n and last m tokens exact, the rest by the inner index, merged by lse",
              IndexSinkWindow::from_factory, make_empty<IndexSinkWindow>, {"Sink4,Window64,Flat"}},
-            {"IndexProxyEvict", fourcc("KVPe"), 4,
+            {"IndexProxyEvict", fourcc("KVPe"), 5,
              "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]",
              "one-shot eviction at prefill (NaCl and its baselines), then any index over the kept tokens",
              IndexProxyEvict::from_factory, make_empty<IndexProxyEvict>,

@@ -269,6 +269,7 @@ void KVCache::prefill(
         parallel_for(n_kv_heads, [&](idx_t h) {
             PrefillInput in;
             in.layer = &whole;
+            in.layer_kv_head = int(h);
             in.n_tokens = n;
             in.keys = keys + h * n * d;
             in.values = values + h * n * d_value;

@@ -8,6 +8,7 @@
 #include <map>
 #include <numeric>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -866,11 +867,12 @@ TEST(ProxyEvictTokens, IoKeepsTheKnobAndReadsVersion1) {
     std::vector<uint8_t> again;
     write_index(copy.get(), &again);
     EXPECT_TRUE(again == buf);
-    // the record is version 4 (proxy_tokens from 2, pool from 3, layer_vote from 4)
+    // the record is version 5 (proxy_tokens from 2, pool from 3, layer_vote
+    // from 4, head_budget and head_floor from 5)
     const size_t version_at = kvtest::kIndexHeaderSize + 4; // after the outer fourcc
     uint32_t v;
     std::memcpy(&v, buf.data() + version_at, 4);
-    EXPECT_EQ(v, 4u);
+    EXPECT_EQ(v, 5u);
 
     // sentinels locate the fields
     auto* pe = dynamic_cast<IndexProxyEvict*>(index.get());
@@ -878,31 +880,40 @@ TEST(ProxyEvictTokens, IoKeepsTheKnobAndReadsVersion1) {
     pe->proxy_tokens = sentinel;
     pe->pool = pool_sentinel;
     pe->layer_vote = true;
+    pe->head_floor_percent = 37.625; // head_budget stays 0: layer_vote excludes it
     std::vector<uint8_t> marked;
     write_index(index.get(), &marked);
     pe->proxy_tokens = 24;
     pe->pool = 0;
     pe->layer_vote = false;
+    pe->head_floor_percent = 20;
     size_t at = find_unique_i64(marked, sentinel), pool_at = find_unique_i64(marked, pool_sentinel);
     ASSERT_NE(at, std::string::npos);
     ASSERT_EQ(pool_at, at + 8);
     const size_t vote_at = pool_at + 8; // one byte
     ASSERT_EQ(marked[vote_at], 1);
+    const size_t head_at = vote_at + 1, floor_at = head_at + 1; // one byte, a double
+    ASSERT_EQ(marked[head_at], 0);
+    double floor_read;
+    std::memcpy(&floor_read, marked.data() + floor_at, 8);
+    ASSERT_EQ(floor_read, 37.625);
     const int64_t as_written[2] = {24, 0}; // proxy_tokens, pool
     std::memcpy(marked.data() + at, as_written, 16);
     marked[vote_at] = 0;
+    const double floor_written = 20;
+    std::memcpy(marked.data() + floor_at, &floor_written, 8);
     kvtest::forge_header(marked); // the checksum of the restored bytes
     EXPECT_TRUE(marked == buf);
     // an older record: without the fields its version did not have
     auto older = [&](uint32_t version) {
         std::vector<uint8_t> old(marked);
-        const size_t from = version == 1 ? at : version == 2 ? pool_at : vote_at;
-        old.erase(old.begin() + from, old.begin() + vote_at + 1);
+        const size_t from = version == 1 ? at : version == 2 ? pool_at : version == 3 ? vote_at : head_at;
+        old.erase(old.begin() + from, old.begin() + floor_at + 8);
         std::memcpy(old.data() + version_at, &version, 4);
         kvtest::forge_header(old);
         return old;
     };
-    for (uint32_t version : {1u, 2u, 3u}) {
+    for (uint32_t version : {1u, 2u, 3u, 4u}) {
         SCOPED_TRACE("version " + std::to_string(version));
         // version 1 reads as the percent window, versions 2 and 3 keep the
         // tokens; none pools or votes over the layer; same answers (the
@@ -917,12 +928,14 @@ TEST(ProxyEvictTokens, IoKeepsTheKnobAndReadsVersion1) {
         old->attend(4, q.data(), o3.data(), l3.data());
         EXPECT_EQ(o1, o3);
         EXPECT_EQ(l1, l3);
-        // written back as version 4
+        EXPECT_EQ(get_index_parameter(old.get(), "head_budget"), 0.0);
+        EXPECT_EQ(get_index_parameter(old.get(), "head_floor"), 20.0);
+        // written back as version 5
         std::vector<uint8_t> up;
         write_index(old.get(), &up);
         std::memcpy(&v, up.data() + version_at, 4);
-        EXPECT_EQ(v, 4u);
-        EXPECT_EQ(up.size(), bytes.size() + (version == 1 ? 17 : version == 2 ? 9 : 1));
+        EXPECT_EQ(v, 5u);
+        EXPECT_EQ(up.size(), bytes.size() + 9 + (version == 1 ? 17 : version == 2 ? 9 : version == 3 ? 1 : 0));
     }
     {   // a forged layer vote other than 0 or 1 is refused
         std::vector<uint8_t> bad(marked);
@@ -944,12 +957,29 @@ TEST(ProxyEvictTokens, IoKeepsTheKnobAndReadsVersion1) {
         kvtest::forge_header(bad);
         EXPECT_THROW_MSG(read_index(bad), "proxy_tokens=-5");
     }
-    {   // a version 5 record is from a newer build
+    {   // a forged head budget flag other than 0 or 1, or a floor out of
+        // [0, 100], is refused
+        std::vector<uint8_t> bad(marked);
+        bad[head_at] = 3;
+        kvtest::forge_header(bad);
+        EXPECT_THROW_MSG(read_index(bad), "invalid head budget flag 3");
+        std::vector<uint8_t> bad_floor(marked);
+        const double over = 140;
+        std::memcpy(bad_floor.data() + floor_at, &over, 8);
+        kvtest::forge_header(bad_floor);
+        EXPECT_THROW_MSG(read_index(bad_floor), "head_floor=140");
+        std::vector<uint8_t> both(marked); // head_budget with the layer's vote
+        both[head_at] = 1;
+        both[vote_at] = 1;
+        kvtest::forge_header(both);
+        EXPECT_THROW_MSG(read_index(both), "head_budget=1 with layer_vote=1");
+    }
+    {   // a version 6 record is from a newer build
         std::vector<uint8_t> newer(buf);
-        uint32_t five = 5;
-        std::memcpy(newer.data() + version_at, &five, 4);
+        uint32_t six = 6;
+        std::memcpy(newer.data() + version_at, &six, 4);
         kvtest::forge_header(newer);
-        EXPECT_THROW_MSG(read_index(newer), "IndexProxyEvict record version 5");
+        EXPECT_THROW_MSG(read_index(newer), "IndexProxyEvict record version 6");
     }
     {   // proxy_tokens > 0 forged on H2O is refused (and never written:
         // the writer checks what the reader does). The field sits where
@@ -1068,15 +1098,19 @@ struct LayerPrompt3 {
     std::vector<double> scores(const std::vector<idx_t>& qs, bool causal) const {
         std::vector<double> F(n, 0.0);
         for (int kv = 0; kv < n_kv; kv++) {
-            Prompt p(n, group, 1);
-            std::copy_n(keys.begin() + size_t(kv) * n * kD, n * kD, p.keys.begin());
-            std::copy_n(queries.begin() + size_t(kv) * group * n * kD, size_t(group) * n * kD, p.queries.begin());
-            std::vector<double> f = ref_scores(p, qs, causal);
+            std::vector<double> f = head_scores(kv, qs, causal);
             for (idx_t j = 0; j < n; j++) {
                 F[j] += f[j];
             }
         }
         return F;
+    }
+    /// the same for KV head kv's own query heads only
+    std::vector<double> head_scores(int kv, const std::vector<idx_t>& qs, bool causal) const {
+        Prompt p(n, group, 1);
+        std::copy_n(keys.begin() + size_t(kv) * n * kD, n * kD, p.keys.begin());
+        std::copy_n(queries.begin() + size_t(kv) * group * n * kD, size_t(group) * n * kD, p.queries.begin());
+        return ref_scores(p, qs, causal);
     }
 };
 
@@ -1181,6 +1215,159 @@ TEST(ProxyEvictLayerVote, TheLayersScoresAreComputedOncePerLayer) {
     EXPECT_EQ(calls, p.n_kv); // once per KV head of the layer, for all of them
     EXPECT_EQ(shared, alone);
     EXPECT_EQ(shared[0], shared[2]);
+}
+
+// ---- head_budget: the layer's scored budget shared among its KV heads (AdaKV) ----
+
+namespace {
+
+/// AdaKV's allocation written plainly, for `cand` positions of each head:
+/// each head's own top `floor`, then the layer's other picks by one sort
+/// of every (score, head, position) left; returns each head's kept set.
+std::vector<std::vector<idx_t>> ref_head_budgets(
+        const std::vector<std::vector<double>>& F, const std::vector<idx_t>& cand, idx_t n_top, idx_t floor) {
+    const int H = int(F.size());
+    std::vector<std::vector<idx_t>> kept(H);
+    std::vector<std::tuple<double, int, idx_t>> rest; // (-score, head, position): ascending = best first
+    for (int h = 0; h < H; h++) {
+        kept[h] = top_of(F[h], cand, floor);
+        for (idx_t j : cand) {
+            if (!std::binary_search(kept[h].begin(), kept[h].end(), j)) {
+                rest.emplace_back(-F[h][j], h, j);
+            }
+        }
+    }
+    std::sort(rest.begin(), rest.end());
+    for (idx_t i = 0; i < idx_t(H) * (n_top - floor); i++) {
+        kept[std::get<1>(rest[i])].push_back(std::get<2>(rest[i]));
+    }
+    for (auto& k : kept) {
+        std::sort(k.begin(), k.end());
+    }
+    return kept;
+}
+
+/// A layer whose KV heads attend differently: head 0's queries are sharp
+/// (its attention sits on few keys), head 2's flat.
+LayerPrompt3 uneven_layer(idx_t n, uint64_t seed) {
+    LayerPrompt3 p(n, 3, 3, seed);
+    const float scale[3] = {4.0f, 1.0f, 0.25f};
+    for (int kv = 0; kv < 3; kv++) {
+        for (size_t i = 0; i < size_t(p.group) * n * kD; i++) {
+            p.queries[size_t(kv) * p.group * n * kD + i] *= scale[kv];
+        }
+    }
+    return p;
+}
+
+} // namespace
+
+TEST(ProxyEvictHeadBudget, TheLayersScoredTokensGoToTheHighestScoresOfAnyHead) {
+    LayerPrompt3 p = uneven_layer(300, 83);
+    std::vector<idx_t> all(p.n);
+    std::iota(all.begin(), all.end(), 0);
+    // TOVA, B = 60 per head, all by score: 180 for the layer, 12 (20%) per
+    // head first
+    auto c = p.cache("ProxyEvict20_TOVA|head_budget=1");
+    std::vector<std::vector<double>> F;
+    for (int kv = 0; kv < p.n_kv; kv++) {
+        F.push_back(p.head_scores(kv, {p.n - 1}, false));
+    }
+    auto want = ref_head_budgets(F, all, 60, 12);
+    size_t total = 0;
+    for (int h = 0; h < p.n_kv; h++) {
+        EXPECT_EQ(kept_of(*c, h), want[h]) << "KV head " << h;
+        EXPECT_GE(kept_of(*c, h).size(), 12u);
+        total += kept_of(*c, h).size();
+    }
+    EXPECT_EQ(total, 180u); // the layer keeps its budget
+    // the sharp head needs fewer tokens for its mass than the flat one
+    EXPECT_LT(kept_of(*c, 0).size(), 60u);
+    EXPECT_GT(kept_of(*c, 2).size(), 60u);
+    // what a head keeps holds at least the mass of its top 60 summed over
+    // the layer: the allocation maximises the layer's kept scores
+    double shared = 0, even = 0;
+    for (int h = 0; h < p.n_kv; h++) {
+        for (idx_t j : kept_of(*c, h)) {
+            shared += F[h][j];
+        }
+        for (idx_t j : top_of(F[h], all, 60)) {
+            even += F[h][j];
+        }
+    }
+    EXPECT_GT(shared, even);
+
+    // a floor of 100% is every head's own top: the plain policy
+    auto own = p.cache("ProxyEvict20_TOVA|head_budget=1,head_floor=100");
+    auto plain = p.cache("ProxyEvict20_TOVA");
+    for (int h = 0; h < p.n_kv; h++) {
+        EXPECT_EQ(kept_of(*own, h), kept_of(*plain, h)) << "KV head " << h;
+    }
+    // a floor of 0: the layer's top 180 of every (head, token) score
+    auto none = p.cache("ProxyEvict20_TOVA|head_budget=1,head_floor=0");
+    auto want0 = ref_head_budgets(F, all, 60, 0);
+    for (int h = 0; h < p.n_kv; h++) {
+        EXPECT_EQ(kept_of(*none, h), want0[h]) << "KV head " << h;
+    }
+
+    // H2O: the recent half stays per head, the heavy hitters are shared
+    auto h2o = p.cache("ProxyEvict20_H2O|head_budget=1");
+    std::vector<idx_t> older(all.begin(), all.end() - 30);
+    std::vector<std::vector<double>> Fc;
+    for (int kv = 0; kv < p.n_kv; kv++) {
+        Fc.push_back(p.head_scores(kv, all, true));
+    }
+    auto want_h2o = ref_head_budgets(Fc, older, 30, 6);
+    for (int h = 0; h < p.n_kv; h++) {
+        for (idx_t j = p.n - 30; j < p.n; j++) {
+            want_h2o[h].push_back(j);
+        }
+        EXPECT_EQ(kept_of(*h2o, h), want_h2o[h]) << "KV head " << h;
+    }
+
+    // NaCl: protected and random parts per head, the part by score shared
+    // (B = 60: 6 protected, 18 by score, 36 drawn)
+    auto nacl = p.cache("ProxyEvict20|head_budget=1,proxy_tokens=16");
+    size_t nacl_total = 0;
+    for (int h = 0; h < p.n_kv; h++) {
+        const auto& k = kept_of(*nacl, h);
+        nacl_total += k.size();
+        EXPECT_GE(k.size(), 6u + 3 + 36) << "KV head " << h; // its floor of the 18
+        for (idx_t j : {idx_t(0), idx_t(1), idx_t(2), idx_t(3), p.n - 2, p.n - 1}) { // 4 sinks, 2 recent
+            EXPECT_TRUE(std::binary_search(k.begin(), k.end(), j)) << "KV head " << h << ", token " << j;
+        }
+    }
+    EXPECT_EQ(nacl_total, 180u);
+}
+
+TEST(ProxyEvictHeadBudget, KnobsIoAndRefusals) {
+    auto e = evict("ProxyEvict20_TOVA");
+    EXPECT_EQ(get_index_parameter(e.get(), "head_budget"), 0.0); // default: n_top per head
+    EXPECT_EQ(get_index_parameter(e.get(), "head_floor"), 20.0);
+    set_index_parameters(e.get(), "head_budget=1,head_floor=35");
+    EXPECT_EQ(get_index_parameter(e.get(), "head_budget"), 1.0);
+    EXPECT_EQ(get_index_parameter(e.get(), "head_floor"), 35.0);
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "head_budget=2"), "head_budget=2");
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "head_floor=101"), "head_floor=101");
+    EXPECT_THROW_MSG(set_index_parameters(e.get(), "layer_vote=1"), "head_budget=1 is set");
+    auto v = evict("ProxyEvict20_TOVA|layer_vote=1");
+    EXPECT_THROW_MSG(set_index_parameters(v.get(), "head_budget=1"), "layer_vote=1 is set");
+    for (const char* s : {"ProxyEvict20_StreamingLLM", "ProxyEvict20_Random"}) {
+        EXPECT_THROW_MSG(set_index_parameters(evict(s).get(), "head_budget=1"), "nothing to share by");
+    }
+    // an index prefilled alone has no layer to share with
+    Prompt p(200, 2, 5);
+    EXPECT_THROW_MSG(e->prefill(p.input()), "through a KVCache");
+    EXPECT_EQ(e->ntotal, 0);
+    // the knobs survive io, and the kept positions with them
+    LayerPrompt3 lp = uneven_layer(200, 9);
+    auto c = lp.cache("ProxyEvict20_TOVA|head_budget=1,head_floor=35");
+    std::vector<uint8_t> buf;
+    write_index(c->index(0, 2), &buf);
+    auto back = read_index(buf);
+    EXPECT_EQ(get_index_parameter(back.get(), "head_budget"), 1.0);
+    EXPECT_EQ(get_index_parameter(back.get(), "head_floor"), 35.0);
+    EXPECT_EQ(dynamic_cast<IndexProxyEvict&>(*back).positions, kept_of(*c, 2));
 }
 
 }  // namespace test_proxy_evict

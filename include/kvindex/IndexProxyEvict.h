@@ -137,10 +137,25 @@ using ProxyScorer = std::function<void(
  * head loses them (RESULTS.md, "Side by side with kvpress"). NaCl's random
  * part is still drawn per head (its stream), from the layer's scores.
  *
+ * Head-wise budgets (head_budget = 1; AdaKV, Feng et al. 2024, arXiv
+ * 2407.11550, as kvpress's AdaKVPress allocates): each KV head scores
+ * with its own query heads, and the part kept by score (n_top of every
+ * head, H * n_top for the layer's H heads) is shared among the heads by
+ * score: each head first keeps its own top head_floor percent of n_top
+ * (AdaKV's safeguard), then the layer's remaining picks go to the highest
+ * scores of any head. A head whose attention sits on few tokens gives
+ * the rest of its share to heads that spread theirs. Scores are sums of
+ * softmax rows, so they compare across heads; the protected tokens and
+ * NaCl's random part stay per head, so each head keeps between its floor
+ * and all of its candidates, and the layer keeps its budget. It needs the
+ * layer's prompt (KVCache::prefill) and excludes layer_vote, which gives
+ * every head the same scores.
+ *
  * Factory string: "ProxyEvict<P>[_H2O|_TOVA|_StreamingLLM|_Random][,<index>]".
  * Knobs (prefill-time): budget, protect, proxy_keep, proxy_window,
- * proxy_tokens, pool, layer_vote, n_sink, seed
- * ("ProxyEvict20|proxy_tokens=32,pool=7", "ProxyEvict20_TOVA|layer_vote=1").
+ * proxy_tokens, pool, layer_vote, head_budget, head_floor, n_sink, seed
+ * ("ProxyEvict20|proxy_tokens=32,pool=7", "ProxyEvict20_TOVA|layer_vote=1",
+ * "ProxyEvict20_TOVA|head_budget=1").
  */
 struct IndexProxyEvict : KVIndex {
     EvictPolicy policy = EvictPolicy::nacl;
@@ -161,6 +176,12 @@ struct IndexProxyEvict : KVIndex {
     /// (PrefillInput::layer), so the layer's KV heads keep the same
     /// positions by score; 0: this KV head's query heads (default)
     bool layer_vote = false;
+    /// scored policies: 1 shares the layer's scored budget among its KV
+    /// heads by score (AdaKV; PrefillInput::layer); 0: n_top per head
+    bool head_budget = false;
+    /// head_budget: percent of its n_top a head keeps by its own scores
+    /// before the layer's are shared (AdaKV's safeguard), in [0, 100]
+    double head_floor_percent = 20;
     idx_t n_sink = 4;          ///< first tokens among the protected ones (NaCl, StreamingLLM)
     uint64_t seed = 1234;      ///< with `stream`, seeds the random part; <= 2^53 (a knob)
     uint64_t stream = 0;       ///< one stream per (layer, head): set by KVCache

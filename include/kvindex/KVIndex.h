@@ -177,6 +177,8 @@ struct PrefillInput {
     /// the whole layer's prompt, this head's included (KVCache::prefill);
     /// nullptr when the index is prefilled alone
     const LayerPrompt* layer = nullptr;
+    /// which of layer->n_kv_heads this head is; -1 with no layer
+    int layer_kv_head = -1;
 
     /// Absolute position of query i < n_queries: query_positions[i], or
     /// the i-th of the prompt's last n_queries positions.

@@ -662,7 +662,9 @@ knobs: budget, protect, proxy_keep, proxy_window, proxy_tokens (NaCl's proxy
 window in tokens: the question), pool (scores max-pooled over that many
 neighbouring tokens, odd: SnapKV), layer_vote (1: every query head of the
 layer scores, through a KVCache, so its KV heads keep the same positions),
-n_sink, seed.)doc")
+head_budget (1: the layer's tokens kept by score shared among its KV heads
+by score, AdaKV), head_floor (each head's own share first, percent), n_sink,
+seed.)doc")
             .def_readonly("keep_percent", &kvindex::IndexProxyEvict::keep_percent)
             .def_readonly("budget_tokens", &kvindex::IndexProxyEvict::budget_tokens)
             .def_property_readonly("positions", [](const kvindex::IndexProxyEvict& s) {

@@ -104,6 +104,33 @@ def test_a_layer_vote_keeps_the_same_positions_in_every_kv_head(model_data):
         lone.prefill(t["keys"][0], t["values"][0], queries=t["queries"][:2])
 
 
+def test_head_budgets_share_the_layers_tokens_by_score(model_data):
+    # AdaKV over TOVA: each KV head scores with the last query of its own
+    # query heads; each keeps its top 20% of 60 first, and the layer's other
+    # picks go to the highest scores of any head
+    t = model_data[0]
+    cache = kvindex.KVCache(1, HQ, HKV, DH, "ProxyEvict20_TOVA|head_budget=1")
+    cache.prefill(0, t["keys"], t["values"], queries=t["queries"])
+    g = HQ // HKV
+    f = np.zeros((HKV, N))
+    for h in range(HQ):
+        s = t["keys"][h // g].astype(np.float64) @ t["queries"][h, -1] / np.sqrt(DH)
+        w = np.exp(s - s.max())
+        f[h // g] += w / w.sum()
+    floor = 12
+    want = [list(np.argsort(-f[h], kind="stable")[:floor]) for h in range(HKV)]
+    rest = sorted((-f[h, j], h, j) for h in range(HKV) for j in range(N) if j not in want[h])
+    for _, h, j in rest[:HKV * (60 - floor)]:
+        want[h].append(j)
+    sizes = [len(cache.index(0, h).positions) for h in range(HKV)]
+    for h in range(HKV):
+        np.testing.assert_array_equal(cache.index(0, h).positions, np.sort(want[h]))
+    assert sum(sizes) == 60 * HKV and len(set(sizes)) > 1, sizes
+    lone = kvindex.index_factory(DH, "ProxyEvict20_TOVA|head_budget=1")
+    with pytest.raises(ValueError, match="through a KVCache"):
+        lone.prefill(t["keys"][0], t["values"][0], queries=t["queries"][:2])
+
+
 def test_dense_layers_and_d_value(model_data):
     dv = 16
     cache = kvindex.KVCache(L, HQ, HKV, DH, "TopK(Flat)", d_value=dv, dense_string="Flat",
