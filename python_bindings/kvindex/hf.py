@@ -36,6 +36,7 @@ import json
 import math
 import os
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -145,10 +146,21 @@ class KVIndexLayer(CacheLayerMixin):
 
     def __init__(self, cache, layer_idx):
         super().__init__()
-        self.cache = cache
+        # a weak reference: the cache holds its layers, and a layer holding
+        # the cache would keep a dropped cache's indexes until the cycle
+        # collector ran
+        self._cache = weakref.ref(cache)
         self.layer_idx = layer_idx
         self.built = False
         self.n_tokens = 0  # every position seen, padding included (what the masks count)
+
+    @property
+    def cache(self):
+        cache = self._cache()
+        if cache is None:
+            raise RuntimeError(f"KVIndexCache: layer {self.layer_idx}'s cache was dropped; keep the KVIndexCache "
+                               f"while the model decodes through it")
+        return cache
 
     def lazy_initialization(self, key_states, value_states):
         self.device, self.dtype = key_states.device, key_states.dtype

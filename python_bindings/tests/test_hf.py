@@ -6,10 +6,12 @@ The references are independent of kvindex: the model's own sdpa attention
 project's C++ runtime, on the same weights and string."""
 import contextlib
 import functools
+import gc
 import glob
 import json
 import os
 import subprocess
+import weakref
 
 import numpy as np
 import pytest
@@ -166,6 +168,25 @@ def test_the_same_string_in_kvllm_and_in_transformers(hf, tmp_path):
     out = generate(model, prompt, n_new, KVIndexCache(model, string, dense_layers=(0,)))
     hf_text = tok.decode(out.sequences[0, prompt.shape[1]:])
     assert kvllm_text.rstrip("\n") == hf_text, (kvllm_text, hf_text)
+
+
+def test_a_dropped_cache_is_freed_at_once(hf):
+    # its layers do not refer back to it: dropping the last reference frees
+    # the cache and its indexes then, not when the cycle collector runs
+    # (a loop over strings would otherwise hold every cache it made)
+    model, tok = hf
+    ids = real_text_ids(tok, 200)
+    gc.disable()
+    try:
+        cache = KVIndexCache(model, "Flat")
+        with torch.no_grad():
+            model(ids, cache=cache, use_cache=True)
+        assert cache.sequences[0].n_tokens(0) == 200
+        gone = weakref.ref(cache)
+        del cache
+        assert gone() is None, "a reference cycle holds the dropped KVIndexCache"
+    finally:
+        gc.enable()
 
 
 def test_save_and_load_mid_generation_continue_identically(hf, tmp_path):
