@@ -111,6 +111,7 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TASKS = "niah_single,niah_multikey,niah_multivalue,vt,cwe,passkey"
 BUDGETS = "0.02,0.05,0.2"
 DEFAULT_PROMPTS = os.path.join(ROOT, "data", "peers_kvpress_prompts.json")
+MACHINE = "2-core AMD EPYC, AVX2, 24 GiB, no GPU"  # name yours with --machine
 
 
 def raw_path(library):
@@ -217,13 +218,19 @@ class Records:
             with open(path) as f:
                 old = json.load(f)
             self.data["records"] = old.get("records", [])
+            for r in self.data["records"]:  # files written before records named their machine
+                r.setdefault("machine", old.get("meta", {}).get("machine"))
             self.data["commands"] = old.get("commands", [])
+            # every run's meta, oldest first (the records of a run name its machine)
+            self.data["metas"] = old.get("metas", [old["meta"]] if "meta" in old else [])
+        self.data.setdefault("metas", []).append(meta)
         self.done = {(r["case"], r["method"], r["budget"]) for r in self.data["records"]}
 
     def has(self, case, method, budget):
         return (case, method, budget) in self.done
 
     def add(self, rec):
+        rec.setdefault("machine", self.data["meta"]["machine"])
         self.data["records"].append(rec)
         self.done.add((rec["case"], rec["method"], rec["budget"]))
         self.data["rows"] = aggregate(self.data["records"])
@@ -481,6 +488,10 @@ def kvindex_methods(context):
         "ProxyEvict(NaCl)+layer": lambda b: f"ProxyEvict{pct(b)}|layer_vote=1",
         "ProxyEvict_H2O+layer": lambda b: f"ProxyEvict{pct(b)}_H2O|layer_vote=1",
         "ProxyEvict_TOVA+layer": lambda b: f"ProxyEvict{pct(b)}_TOVA|layer_vote=1",
+        # the layer's tokens kept by score shared among its KV heads, as AdaKV
+        "ProxyEvict(NaCl)+head": lambda b: f"ProxyEvict{pct(b)}|head_budget=1",
+        "ProxyEvict_H2O+head": lambda b: f"ProxyEvict{pct(b)}_H2O|head_budget=1",
+        "ProxyEvict_TOVA+head": lambda b: f"ProxyEvict{pct(b)}_TOVA|head_budget=1",
     }
 
 
@@ -700,8 +711,12 @@ def cmd_report(args):
             if vals:
                 row[key] = sum(vals) / len(vals)
         rows.append(row)
-    out = {"issue": 63, "machine": args.machine, "runs": [{k: v for k, v in run.items() if k != "records"} |
-                                                          {"records": len(run["records"])} for run in runs],
+    machines = {}
+    for r in records:  # the machine of each context's records (older files: their run's meta)
+        machines.setdefault(str(r["context"]), set()).add(r.get("machine") or "unnamed")
+    out = {"issue": 63, "machine": args.machine, "machines": {c: sorted(m) for c, m in sorted(machines.items())},
+           "runs": [{k: v for k, v in run.items() if k != "records"} | {"records": len(run["records"])}
+                    for run in runs],
            "cases": sorted(both), "token_mismatch": sorted(mismatched),
            "dense_answers_equal": f"{dense_agree} of {len(dense)}", "rows": rows}  # records: the raw files
     write_json(args.json, out)
@@ -718,7 +733,8 @@ def fmt(x, digits=2):
 
 
 EVICTION = ("ProxyEvict(NaCl)", "ProxyEvict_H2O", "ProxyEvict_TOVA", "ProxyEvict_StreamingLLM",
-            "ProxyEvict(NaCl)+layer", "ProxyEvict_H2O+layer", "ProxyEvict_TOVA+layer")
+            "ProxyEvict(NaCl)+layer", "ProxyEvict_H2O+layer", "ProxyEvict_TOVA+layer",
+            "ProxyEvict(NaCl)+head", "ProxyEvict_H2O+head", "ProxyEvict_TOVA+head")
 
 
 def markdown(rows):
@@ -857,11 +873,11 @@ def main(argv=None):
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--verify", action="store_true", help="check the first case against the plain path")
     s.add_argument("--out", help="default benchmarks/results/peers_kvpress_raw_<library>.json")
-    s.add_argument("--machine", default="2-core AMD EPYC, AVX-512, 24 GiB, no GPU")
+    s.add_argument("--machine", default=MACHINE)
     s = sub.add_parser("report", help="merge both runs: JSON, Markdown tables, PNG")
     s.add_argument("--json", default=os.path.join(RESULTS, "peers_kvpress.json"))
     s.add_argument("--plot", default=os.path.join(RESULTS, "peers_kvpress.png"))
-    s.add_argument("--machine", default="2-core AMD EPYC, AVX-512, 24 GiB, no GPU")
+    s.add_argument("--machine", default=MACHINE)
     args = p.parse_args(argv)
     {"prompts": cmd_prompts, "run": cmd_run, "report": cmd_report}[args.command](args)
 
