@@ -32,6 +32,7 @@ Batches: each sequence gets its own ``kvindex.KVCache``; a left-padded batch
 works, and padding never enters an index (the pad positions are read from
 the attention mask at prefill). Right padding is refused.
 """
+import copy
 import json
 import math
 import os
@@ -153,6 +154,21 @@ class KVIndexLayer(CacheLayerMixin):
         self.layer_idx = layer_idx
         self.built = False
         self.n_tokens = 0  # every position seen, padding included (what the masks count)
+
+    def __deepcopy__(self, memo):
+        """A deep copy of the cache (transformers' prompt reuse) copies its
+        layers, each referring to the copy; a layer copied alone refers to
+        the same cache."""
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            if name == "_cache":
+                cache = value()
+                value = weakref.ref(memo.get(id(cache), cache)) if cache is not None else value
+            else:
+                value = copy.deepcopy(value, memo)
+            setattr(new, name, value)
+        return new
 
     @property
     def cache(self):
@@ -378,6 +394,17 @@ class KVIndexCache(Cache):
             raise TypeError("KVIndexCache.index: this cache's indexes live in its storage's processes "
                             "(cache.sequences[b] is the storage's cache)")
         return self.sequences[sequence].index(layer, kv_head)
+
+    def __deepcopy__(self, memo):
+        """A deep copy (transformers' prompt reuse: copy.deepcopy of a
+        prefilled cache, one per continuation): its own indexes and layers,
+        for the same model (the model's config is shared, not copied)."""
+        memo[id(self._config)] = self._config
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            setattr(new, name, copy.deepcopy(value, memo))
+        return new
 
     def memory_bytes(self):
         return sum(seq.memory_bytes() for seq in self.sequences)

@@ -5,6 +5,7 @@ The references are independent of kvindex: the model's own sdpa attention
 (a DynamicCache), a top-k attention written here in torch, and kvllm, the
 project's C++ runtime, on the same weights and string."""
 import contextlib
+import copy
 import functools
 import gc
 import glob
@@ -187,6 +188,23 @@ def test_a_dropped_cache_is_freed_at_once(hf):
         assert gone() is None, "a reference cycle holds the dropped KVIndexCache"
     finally:
         gc.enable()
+
+
+def test_a_deep_copy_decodes_on_its_own(hf):
+    # transformers' prompt reuse: a prefilled cache deep-copied, each copy
+    # decoding its own continuation
+    model, tok = hf
+    ids = real_text_ids(tok, 200)
+    cache = KVIndexCache(model, "Flat")
+    with torch.no_grad():
+        model(ids, cache=cache, use_cache=True)
+    twin = copy.deepcopy(cache)
+    assert all(layer.cache is twin for layer in twin.layers)
+    assert all(layer.cache is cache for layer in cache.layers)
+    with torch.no_grad():
+        model(ids[:, -1:], cache=twin, use_cache=True, position_ids=torch.tensor([[200]]))
+    assert twin.sequences[0].n_tokens(0) == 201
+    assert cache.sequences[0].n_tokens(0) == 200
 
 
 def test_save_and_load_mid_generation_continue_identically(hf, tmp_path):
