@@ -449,6 +449,13 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
         keep(j);
     }
 
+    // the tokens left to choose from: the same positions in every head
+    std::vector<idx_t> cand;
+    for (idx_t j = 0; j < n; j++) {
+        if (!taken[j]) {
+            cand.push_back(j);
+        }
+    }
     // scores from the proxy queries, for the policies that use them
     std::vector<double> F(n, 0.0);
     idx_t n_top = b.n_top; // this head's share of the layer's under head_budget
@@ -498,12 +505,6 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
                     std::copy(f.begin(), f.end(), S.begin() + size_t(g) * n);
                 }
             }
-            std::vector<idx_t> cand;
-            for (idx_t j = 0; j < n; j++) {
-                if (!taken[j]) {
-                    cand.push_back(j);
-                }
-            }
             // a head keeps at most what leaves room for its random part
             const idx_t cap = idx_t(cand.size()) - b.n_random;
             const idx_t n_floor = std::min(b.n_top, idx_t(std::floor(b.n_top * head_floor_percent / 100)));
@@ -519,12 +520,6 @@ std::vector<idx_t> IndexProxyEvict::choose_kept(
         }
     }
 
-    std::vector<idx_t> cand;
-    for (idx_t j = 0; j < n; j++) {
-        if (!taken[j]) {
-            cand.push_back(j);
-        }
-    }
     // top by score (ties to the earlier token)
     std::partial_sort(cand.begin(), cand.begin() + n_top, cand.end(), [&](idx_t x, idx_t y) {
         return F[x] > F[y] || (F[x] == F[y] && x < y);
