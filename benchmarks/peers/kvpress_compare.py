@@ -504,6 +504,14 @@ KVINDEX_ABLATIONS = {
     "ProxyEvict(NaCl)+layer+question+pool-random": "ProxyEvict{p}|layer_vote=1,proxy_tokens=32,pool=7,protect=2,"
                                                    "proxy_keep=18",
     "ProxyEvict(NaCl)+layer-random": "ProxyEvict{p}|layer_vote=1,protect=2,proxy_keep=18",
+    # at a 20% budget: the official code's newer splits (protect 1, proxy-keep
+    # 12, random 7, proxy window 1) instead of Table 4's
+    "ProxyEvict(NaCl-code)": "ProxyEvict{p}|protect=1,proxy_keep=12,proxy_window=1",
+    "ProxyEvict(NaCl-code)+layer": "ProxyEvict{p}|layer_vote=1,protect=1,proxy_keep=12,proxy_window=1",
+    # the proxy queries: the prompt's last position only (TOVA's), the splits
+    # of Table 4 and of the code
+    "ProxyEvict(NaCl)+layer+last": "ProxyEvict{p}|layer_vote=1,proxy_tokens=1",
+    "ProxyEvict(NaCl-code)+layer+last": "ProxyEvict{p}|layer_vote=1,protect=1,proxy_keep=12,proxy_tokens=1",
 }
 
 
@@ -670,7 +678,7 @@ def cmd_run(args):
 def cmd_report(args):
     runs = []
     for lib in ("kvindex", "kvpress"):
-        path = raw_path(lib)
+        path = getattr(args, f"raw_{lib}") or raw_path(lib)
         if os.path.exists(path):
             with open(path) as f:
                 runs.append(json.load(f))
@@ -724,7 +732,11 @@ def cmd_report(args):
     print(tables)
     print(f"\ncases both ran: {len(both)}; token sequences differ in {len(mismatched)}; "
           f"dense answers equal across the two venvs: {dense_agree} of {len(dense)}")
-    plot(rows, args.plot)
+    if len({r["budget"] for r in rows if r["method"] != "dense"}) == 1:
+        print(paired(records))
+        plot_bars(rows, records, args.plot)  # one budget: no curve to draw
+    else:
+        plot(rows, args.plot)
     log(f"report: {args.json}, {args.plot}")
 
 
@@ -734,7 +746,9 @@ def fmt(x, digits=2):
 
 EVICTION = ("ProxyEvict(NaCl)", "ProxyEvict_H2O", "ProxyEvict_TOVA", "ProxyEvict_StreamingLLM",
             "ProxyEvict(NaCl)+layer", "ProxyEvict_H2O+layer", "ProxyEvict_TOVA+layer",
-            "ProxyEvict(NaCl)+head", "ProxyEvict_H2O+head", "ProxyEvict_TOVA+head")
+            "ProxyEvict(NaCl)+head", "ProxyEvict_H2O+head", "ProxyEvict_TOVA+head",
+            "ProxyEvict(NaCl-code)", "ProxyEvict(NaCl-code)+layer", "ProxyEvict(NaCl)+layer+last",
+            "ProxyEvict(NaCl-code)+layer+last")
 
 
 def markdown(rows):
@@ -849,6 +863,75 @@ def plot(rows, path):
     fig.savefig(path, dpi=100)
 
 
+def paired(records):
+    """One budget: every kvindex method against every kvpress press, case by
+    case: the mean of (kvindex's score - the press's) over the cases both ran,
+    with 1.96 standard errors of that mean (the cases paired, so the
+    prompts' difficulty cancels)."""
+    score = {(r["library"], r["method"], r["case"]): r["score"] for r in records if r["method"] != "dense"}
+    ours = sorted({m for lib, m, _ in score if lib == "kvindex"})
+    theirs = sorted({m for lib, m, _ in score if lib == "kvpress"})
+    lines = ["\n**Paired differences**: kvindex's score less the press's, mean over the cases (± 1.96 standard "
+             "errors of the mean).\n", "| kvindex | " + " | ".join(f"`{m}`" for m in theirs) + " |",
+             "|---|" + "---|" * len(theirs)]
+    for m in ours:
+        cells = []
+        for t in theirs:
+            d = [score[("kvindex", m, c)] - score[("kvpress", t, c)] for lib, mm, c in score
+                 if lib == "kvindex" and mm == m and ("kvpress", t, c) in score]
+            mean = sum(d) / len(d)
+            se = (sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1) / len(d)) ** 0.5
+            cells.append(f"{mean:+.2f} ± {1.96 * se:.2f}")
+        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_bars(rows, records, path):
+    """One budget: each method's mean score per task as a bar, with a 95%
+    interval (1.96 standard errors of the mean over the task's cases)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t for t in TASKS.split(",") if any(r["task"] == t for r in rows)]
+    (budget,) = {r["budget"] for r in rows if r["method"] != "dense"}
+    context = sorted({r["context"] for r in rows})
+    methods = [("kvindex", m) for m in sorted({r["method"] for r in rows if r["library"] == "kvindex"}
+                                              - {"dense"})]
+    methods += [("kvpress", m) for m in sorted({r["method"] for r in rows if r["library"] == "kvpress"}
+                                               - {"dense"})]
+    scores = {}
+    for r in records:
+        if r["method"] != "dense":
+            scores.setdefault((r["library"], r["method"], r["task"]), []).append(r["score"])
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.4 * len(tasks), 5.2), squeeze=False, sharey=True)
+    for ti, t in enumerate(tasks):
+        ax = axes[0][ti]
+        for mi, (lib, m) in enumerate(methods):
+            xs = scores.get((lib, m, t), [])
+            if not xs:
+                continue
+            mean = sum(xs) / len(xs)
+            var = sum((x - mean) ** 2 for x in xs) / max(1, len(xs) - 1)
+            ax.barh(mi, mean, xerr=1.96 * (var / len(xs)) ** 0.5, color="tab:blue" if lib == "kvindex"
+                    else "tab:orange", error_kw={"linewidth": 0.8})
+        d = [r for r in rows if r["method"] == "dense" and r["task"] == t]
+        if d:
+            ax.axvline(d[0]["accuracy"], color="black", linewidth=1, linestyle=":")
+            ax.set_title(f"{t} (n={d[0]['n']}; dotted: dense)", fontsize=8)
+        ax.set_yticks(range(len(methods)))
+        ax.set_yticklabels([f"{lib}: {m}" for lib, m in methods], fontsize=7)
+        ax.set_xlim(0, 1.05)
+        ax.set_xlabel("accuracy (mean; bar: 95% interval)", fontsize=8)
+    ax.invert_yaxis()
+    fig.suptitle(f"SmolLM2-135M-Instruct, kvllm tasks at {', '.join(map(str, context))} tokens: every eviction "
+                 f"method keeping {pct(budget)}% of the prompt (blue: kvindex's ProxyEvict policies, "
+                 "orange: kvpress 0.5.5's presses)", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=100)
+
+
 # ---- command line -------------------------------------------------------------
 
 def main(argv=None):
@@ -878,6 +961,8 @@ def main(argv=None):
     s.add_argument("--json", default=os.path.join(RESULTS, "peers_kvpress.json"))
     s.add_argument("--plot", default=os.path.join(RESULTS, "peers_kvpress.png"))
     s.add_argument("--machine", default=MACHINE)
+    s.add_argument("--raw-kvindex", help="kvindex's raw file (default: the grid's)")
+    s.add_argument("--raw-kvpress", help="kvpress's raw file (default: the grid's)")
     args = p.parse_args(argv)
     {"prompts": cmd_prompts, "run": cmd_run, "report": cmd_report}[args.command](args)
 
