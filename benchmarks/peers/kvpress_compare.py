@@ -683,7 +683,10 @@ def cmd_run(args):
 def cmd_report(args):
     runs = []
     for lib in ("kvindex", "kvpress"):
-        path = getattr(args, f"raw_{lib}") or raw_path(lib)
+        given = getattr(args, f"raw_{lib}")
+        if given and not os.path.exists(given):
+            sys.exit(f"report: --raw-{lib} {given}: no such file")
+        path = given or raw_path(lib)
         if os.path.exists(path):
             with open(path) as f:
                 runs.append(json.load(f))
@@ -868,6 +871,13 @@ def plot(rows, path):
     fig.savefig(path, dpi=100)
 
 
+def mean_interval(xs):
+    """(mean, 1.96 standard errors of the mean) of a sample."""
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / max(1, len(xs) - 1)
+    return mean, 1.96 * (var / len(xs)) ** 0.5
+
+
 def paired(records):
     """One budget: every kvindex method against every kvpress press, case by
     case: the mean of (kvindex's score - the press's) over the cases both ran,
@@ -884,9 +894,11 @@ def paired(records):
         for t in theirs:
             d = [score[("kvindex", m, c)] - score[("kvpress", t, c)] for lib, mm, c in score
                  if lib == "kvindex" and mm == m and ("kvpress", t, c) in score]
-            mean = sum(d) / len(d)
-            se = (sum((x - mean) ** 2 for x in d) / max(1, len(d) - 1) / len(d)) ** 0.5
-            cells.append(f"{mean:+.2f} ± {1.96 * se:.2f}")
+            if not d:
+                cells.append("–")
+                continue
+            mean, half = mean_interval(d)
+            cells.append(f"{mean:+.2f} ± {half:.2f}")
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -917,9 +929,8 @@ def plot_bars(rows, records, path):
             xs = scores.get((lib, m, t), [])
             if not xs:
                 continue
-            mean = sum(xs) / len(xs)
-            var = sum((x - mean) ** 2 for x in xs) / max(1, len(xs) - 1)
-            ax.barh(mi, mean, xerr=1.96 * (var / len(xs)) ** 0.5, color="tab:blue" if lib == "kvindex"
+            mean, half = mean_interval(xs)
+            ax.barh(mi, mean, xerr=half, color="tab:blue" if lib == "kvindex"
                     else "tab:orange", error_kw={"linewidth": 0.8})
         d = [r for r in rows if r["method"] == "dense" and r["task"] == t]
         if d:
