@@ -752,11 +752,10 @@ def fmt(x, digits=2):
     return "–" if x is None else f"{x:.{digits}f}"
 
 
-EVICTION = ("ProxyEvict(NaCl)", "ProxyEvict_H2O", "ProxyEvict_TOVA", "ProxyEvict_StreamingLLM",
-            "ProxyEvict(NaCl)+layer", "ProxyEvict_H2O+layer", "ProxyEvict_TOVA+layer",
-            "ProxyEvict(NaCl)+head", "ProxyEvict_H2O+head", "ProxyEvict_TOVA+head",
-            "ProxyEvict(NaCl-code)", "ProxyEvict(NaCl-code)+layer", "ProxyEvict(NaCl)+layer+last",
-            "ProxyEvict(NaCl-code)+layer+last")
+def evicts(method):
+    """Whether a kvindex method keeps only part of the prompt: every
+    ProxyEvict row of kvindex_methods() and KVINDEX_ABLATIONS."""
+    return method.startswith("ProxyEvict")
 
 
 def markdown(rows):
@@ -782,7 +781,7 @@ def markdown(rows):
         lines.append("| " + " | ".join(dense) + " |")
         for lib in ("kvindex", "kvpress"):
             methods = sorted({k[1] for k in cell if k[0] == lib and k[1] != "dense"},
-                             key=lambda m: (m in EVICTION, -sum(cell[(lib, m, b, "all")]["accuracy"]
+                             key=lambda m: (evicts(m), -sum(cell[(lib, m, b, "all")]["accuracy"]
                                                                 for b in budgets if (lib, m, b, "all") in cell)))
             for m in methods:
                 rs = [cell.get((lib, m, b, "all")) for b in budgets]
@@ -811,7 +810,7 @@ def markdown(rows):
         for t in tasks:
             for b in budgets:
                 ai, ni = best(lambda k: k[0] == "kvindex" and k[2] == b and k[3] == t and k[1] != "dense")
-                ae, ne = best(lambda k: k[0] == "kvindex" and k[2] == b and k[3] == t and k[1] in EVICTION)
+                ae, ne = best(lambda k: k[0] == "kvindex" and k[2] == b and k[3] == t and evicts(k[1]))
                 ap, np_ = best(lambda k: k[0] == "kvpress" and k[2] == b and k[3] == t and k[1] != "dense")
                 if ai is None or ap is None:
                     continue
@@ -836,14 +835,14 @@ def plot(rows, path):
     cmap = plt.get_cmap("tab20")
     for pi, (c, lib) in enumerate(panels):
         methods = sorted({r["method"] for r in rows if r["library"] == lib and r["method"] != "dense"},
-                         key=lambda m: (m in EVICTION, m))
+                         key=lambda m: (evicts(m), m))
         for ti, t in enumerate(tasks):
             ax = axes[pi][ti]
             for mi, m in enumerate(methods):
                 pts = sorted((r["budget"], r["accuracy"]) for r in rows
                              if r["library"] == lib and r["method"] == m and r["task"] == t and r["context"] == c)
                 jitter = 0.012 * (mi - (len(methods) - 1) / 2)  # identical scores stay visible
-                evict = lib == "kvpress" or m in EVICTION
+                evict = lib == "kvpress" or evicts(m)
                 if pts:
                     ax.plot([100 * p[0] for p in pts], [p[1] + jitter for p in pts], label=m, color=cmap(mi % 20),
                             linestyle="--" if evict else "-", marker="s" if evict else "o", markersize=3,
