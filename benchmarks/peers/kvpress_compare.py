@@ -782,7 +782,7 @@ def markdown(rows):
         for lib in ("kvindex", "kvpress"):
             methods = sorted({k[1] for k in cell if k[0] == lib and k[1] != "dense"},
                              key=lambda m: (evicts(m), -sum(cell[(lib, m, b, "all")]["accuracy"]
-                                                                for b in budgets if (lib, m, b, "all") in cell)))
+                                                                for b in budgets if (lib, m, b, "all") in cell), m))
             for m in methods:
                 rs = [cell.get((lib, m, b, "all")) for b in budgets]
                 kept = " / ".join(fmt(r.get("kept_fraction"), 3) if r else "–" for r in rs)
